@@ -1,0 +1,107 @@
+"""The values that flow through an experiment (DESIGN.md §2).
+
+Plain dataclasses holding numpy arrays: nothing here knows about JAX, gin or
+the wire, so every stage (task, sampler, reward, curation, algorithm) can be
+tested with hand-made values.
+
+Shape legend used across rlax: B batch (rows), G group size (completions per
+prompt), P prompt length, C completion length, T = P + C, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    """One problem to solve.
+
+    Attributes:
+      id: stable identifier (the same problem always has the same id).
+      text: the prompt as text.
+      tokens: token ids of the prompt, int32 [P].
+      answer: the task's ground truth, handed to reward plugins.
+      metadata: free-form task data (split, difficulty, ...).
+    """
+
+    id: str
+    text: str
+    tokens: np.ndarray
+    answer: Any
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One sampled continuation of a prompt.
+
+    Attributes:
+      tokens: generated token ids, int32 [C'] (C' <= max new tokens, stop token
+        included when one was produced).
+      logprobs: the sampler's log-probability of each generated token, float32 [C'].
+      text: the decoded text, stop token excluded.
+      finish_reason: "stop" (a stop token) or "length" (ran out of tokens).
+      policy_version: the weight version that produced it.
+    """
+
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    text: str
+    finish_reason: str
+    policy_version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """A prompt, its completions and their rewards.
+
+    Group-relative algorithms (GRPO and relatives) normalise within a group.
+    """
+
+    prompt: Prompt
+    completions: tuple[Completion, ...]
+    rewards: np.ndarray  # float32 [G]
+
+    def __post_init__(self) -> None:
+        if len(self.completions) != len(self.rewards):
+            raise ValueError(
+                f"group {self.prompt.id!r}: {len(self.completions)} completions "
+                f"but {len(self.rewards)} rewards"
+            )
+
+    @property
+    def policy_version(self) -> int:
+        """The oldest weight version among the completions."""
+        return min(c.policy_version for c in self.completions)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainBatch:
+    """Padded arrays ready for the jitted train step.
+
+    Row r is one completion; its prompt is left-padded to P and its completion
+    right-padded to C, so ``tokens[r, P:]`` are the generated tokens.
+
+    Attributes:
+      tokens: int32 [B, T] prompt then completion token ids (0 where padded).
+      attention_mask: bool [B, T], True on real tokens.
+      loss_mask: float32 [B, T-1], 1 where position t predicts a generated token
+        (the target is ``tokens[:, t+1]``).
+      old_logprobs: float32 [B, T-1], the sampler's log-probability of
+        ``tokens[:, t+1]`` (0 off the loss mask).
+      advantages: float32 [B, T-1] per-token advantages (0 off the loss mask).
+      group_ids: int32 [B], which group each row belongs to.
+      ref_logprobs: optional float32 [B, T-1] of a frozen reference policy.
+    """
+
+    tokens: np.ndarray
+    attention_mask: np.ndarray
+    loss_mask: np.ndarray
+    old_logprobs: np.ndarray
+    advantages: np.ndarray
+    group_ids: np.ndarray
+    ref_logprobs: np.ndarray | None = None
