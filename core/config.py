@@ -1,0 +1,248 @@
+"""gin configuration for the CLI: registering configurables and parsing files.
+
+The start-up order (t5x's): build the plugin manager and load its plugins
+(which registers each component as a configurable under its kind), call
+:func:`register_core_configurables`, then :func:`parse` the gin files and the
+command-line bindings with unknown names as errors. Library code never reads
+gin; only the CLI calls :func:`configured` to get the configured entry point.
+
+gin keeps one registry per process. :func:`register_configurables` therefore
+replaces an entry whose factory changed, so a new plugin manager built in the
+same process (tests build many) takes over its kinds cleanly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tokenize
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any
+
+import gin
+
+from rlax.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlax.core.plugins import PluginManager
+
+__all__ = [
+    "config_text",
+    "configured",
+    "operative_config_text",
+    "parse",
+    "register_configurables",
+    "register_core_configurables",
+]
+
+_OPTAX_NAMES = (
+    "adam",
+    "adamw",
+    "sgd",
+    "constant_schedule",
+    "linear_schedule",
+    "warmup_cosine_decay_schedule",
+)
+
+
+# -------------------------------------------------------------------------
+# Registering configurables
+# -------------------------------------------------------------------------
+
+
+def _gin_registry() -> Any:
+    """gin's process-global registry of configurables (a ``SelectorMap``)."""
+    registry = getattr(gin.config, "_REGISTRY", None)
+    if not all(hasattr(registry, attr) for attr in ("pop", "get", "items")):
+        raise RuntimeError(
+            "gin.config._REGISTRY is not the SelectorMap rlax expects (pop/get/items); "
+            "this gin-config version is unsupported for re-registering configurables"
+        )
+    return registry
+
+
+def register_configurables(
+    module: str, factories: Mapping[str, Callable[..., Any]], *, exclusive: bool = False
+) -> None:
+    """Makes each factory the gin configurable ``<module>.<name>``; idempotent.
+
+    An entry already registered under that selector is kept if it wraps the
+    same factory and replaced otherwise. Registration works even after the
+    config was finalized (locked): it adds names, it binds no values.
+
+    Args:
+      module: the gin module, e.g. ``"rewards"`` or ``"optax"``.
+      factories: configurable name -> class or function.
+      exclusive: also drop every other configurable of ``module``, so the
+        module holds exactly ``factories`` (used for the plugin kinds).
+    """
+    registry = _gin_registry()
+    with gin.unlock_config():
+        if exclusive:
+            for selector, info in list(registry.items()):
+                if info.module == module and info.name not in factories:
+                    registry.pop(selector)
+        for name, factory in factories.items():
+            current = registry.get(f"{module}.{name}")
+            if current is not None and current.wrapped is factory:
+                continue
+            if current is not None:
+                registry.pop(f"{module}.{name}")
+            gin.external_configurable(factory, name=name, module=module)
+
+
+def register_core_configurables() -> None:
+    """Registers optax optimisers/schedules (``optax.*``) and ``rlax.train``/``rlax.evaluate``.
+
+    Idempotent. Imports optax and the experiment module only when called.
+    """
+    import optax
+
+    from rlax.core import experiment
+
+    register_configurables("optax", {name: getattr(optax, name) for name in _OPTAX_NAMES})
+    register_configurables("rlax", {"train": experiment.train, "evaluate": experiment.evaluate})
+
+
+def configured(module: str, name: str) -> Callable[..., Any]:
+    """Returns the gin-wrapped callable ``<module>.<name>`` (bindings applied on call).
+
+    Raises:
+      ConfigError: nothing is registered under that name.
+    """
+    selector = f"{module}.{name}"
+    if _gin_registry().get(selector) is None:
+        raise ConfigError(f"no gin configurable {selector!r} is registered")
+    return gin.get_configurable(selector)
+
+
+def operative_config_text() -> str:
+    """The values actually used so far (gin's operative config), as gin text."""
+    return gin.operative_config_str()
+
+
+def config_text() -> str:
+    """Every value bound by the parsed files and bindings, as gin text."""
+    return gin.config_str()
+
+
+# -------------------------------------------------------------------------
+# Parsing
+# -------------------------------------------------------------------------
+
+
+def parse(
+    gin_files: Sequence[str | os.PathLike[str]],
+    bindings: Sequence[str] = (),
+    *,
+    plugins: PluginManager | None = None,
+) -> None:
+    """Replaces the process's gin config with these files and bindings, then locks it.
+
+    ``include`` paths resolve against the including file's directory first,
+    then the working directory. Unknown configurables and parameters are
+    errors, and so is a ``%gin.REQUIRED`` value left unset.
+
+    Args:
+      gin_files: gin files, parsed in order.
+      bindings: single bindings such as ``"train.steps=10"``, parsed after
+        the files (so they override them).
+      plugins: the loaded plugin manager, used to list the valid names when a
+        plugin reference such as ``@algorithms.nope()`` is unknown.
+
+    Raises:
+      ConfigError: a file is missing or malformed, or a binding is wrong; the
+        message starts with ``FILE:LINE:`` (or the binding) and says what.
+    """
+    gin.clear_config()
+    with _include_resolution():
+        for path in [os.fspath(f) for f in gin_files]:
+            if not os.path.isfile(path):
+                raise ConfigError(f"{path}: no such gin file")
+            with _as_config_error(plugins):
+                gin.parse_config_file(path)
+    for binding in bindings:
+        with _as_config_error(plugins, binding=binding):
+            gin.parse_config(binding)
+    with _as_config_error(plugins):
+        gin.finalize()
+
+
+_INCLUDING_DIRS: list[str] = []  # directory of each gin file being parsed, innermost last
+
+
+def _resolve(path: str) -> str | None:
+    if os.path.isabs(path):
+        return path if os.path.isfile(path) else None
+    if _INCLUDING_DIRS:
+        candidate = os.path.join(_INCLUDING_DIRS[-1], path)
+        if os.path.isfile(candidate):
+            return candidate
+    return path if os.path.isfile(path) else None
+
+
+@contextlib.contextmanager
+def _open_gin_file(path: str) -> Iterator[IO[str]]:
+    resolved = _resolve(path) or path
+    with open(resolved, encoding="utf-8") as f:
+        _INCLUDING_DIRS.append(os.path.dirname(resolved))
+        try:
+            yield f
+        except tokenize.TokenError as exc:  # e.g. an unclosed bracket: gin gives no file
+            raise SyntaxError(exc.args[0], (resolved, exc.args[1][0], 0, "")) from exc
+        finally:
+            _INCLUDING_DIRS.pop()
+
+
+@contextlib.contextmanager
+def _include_resolution() -> Iterator[None]:
+    """Puts rlax's gin file reader first while parsing (gin has no public API for order)."""
+    readers = getattr(gin.config, "_FILE_READERS", None)
+    if not isinstance(readers, list):
+        raise RuntimeError(  # noqa: TRY004 -- a gin version problem, not a caller's type error
+            "gin.config._FILE_READERS is not a list; unsupported gin-config version"
+        )
+    entry = (_open_gin_file, lambda path: _resolve(path) is not None)
+    readers.insert(0, entry)
+    try:
+        yield
+    finally:
+        readers.remove(entry)
+
+
+_LOCATION = re.compile(r'\n\s*In file "(?P<file>[^"]*)", line (?P<line>\d+)')
+_UNKNOWN = re.compile(r"No configurable matching (?:reference )?'@?(?P<selector>[\w./]+)")
+
+
+@contextlib.contextmanager
+def _as_config_error(plugins: PluginManager | None, binding: str | None = None) -> Iterator[None]:
+    try:
+        yield
+    except ConfigError:
+        raise
+    except SyntaxError as exc:
+        where = f"{exc.filename}:{exc.lineno}" if exc.filename else f"binding {binding!r}"
+        raise ConfigError(f"{where}: syntax error: {exc.msg}") from exc
+    except Exception as exc:  # anything gin raises while parsing is a config error
+        raise ConfigError(_describe(str(exc), plugins, binding)) from exc
+
+
+def _describe(message: str, plugins: PluginManager | None, binding: str | None) -> str:
+    """Rewrites gin's message as ``WHERE: WHAT`` (innermost file first)."""
+    locations = list(_LOCATION.finditer(message))
+    what = re.split(r"\n\s*In (?:file|bindings string)", message, maxsplit=1)[0].strip()
+    unknown = _UNKNOWN.search(what)
+    if unknown and plugins is not None:
+        kind, _, name = unknown["selector"].rpartition("/")[2].rpartition(".")
+        if kind in plugins.kinds:
+            valid = ", ".join(plugins.names(kind)) or "(none registered)"
+            what = f"{what} No {kind} plugin is named {name!r}; valid {kind}: {valid}"
+    if locations:
+        first, *outer = locations
+        where = f"{first['file']}:{first['line']}"
+        chain = "".join(f" (included from {m['file']}:{m['line']})" for m in outer)
+        return f"{where}: {what}{chain}"
+    if binding is not None:
+        return f"binding {binding!r}: {what}"
+    return what

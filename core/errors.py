@@ -1,0 +1,41 @@
+"""The exceptions the core raises at its edges.
+
+The CLI maps each to an exit status (``rlax.core.cli``): configuration and
+plugin errors are usage errors (status 2, a one-line message, no traceback);
+:class:`Preempted` is the orderly "stop at a safe point" (status 75).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "DuplicatePluginError",
+    "PluginError",
+    "PluginLoadError",
+    "Preempted",
+    "UnknownPluginError",
+]
+
+
+class ConfigError(Exception):
+    """A gin file or binding is wrong; the message says what and where."""
+
+
+class PluginError(Exception):
+    """Base of the plugin errors: a plugin or a component is unusable."""
+
+
+class PluginLoadError(PluginError):
+    """A plugin (an entry point or a ``-p MODULE``) could not be imported."""
+
+
+class DuplicatePluginError(PluginError):
+    """Two plugins registered the same component name within one kind."""
+
+
+class UnknownPluginError(PluginError, LookupError):
+    """A component name (or kind) is not registered; the message lists the valid ones."""
+
+
+class Preempted(Exception):
+    """The process stopped at a safe point because it was asked to (not a failure)."""

@@ -1,0 +1,153 @@
+# mypy: disable-error-code="empty-body"
+"""Every hook rlax calls: the whole contract between the core and its plugins.
+
+A plugin is a module (or any object) with functions named after these hooks
+and marked with ``rlax.core.hookimpl``; an implementation may accept any
+subset of a hook's arguments. Plugins are found through the entry-point group
+``rlax`` (the built-ins are listed there too) and loaded by
+``rlax.core.plugins.PluginManager.load``.
+
+No hook here is ``firstresult`` or ``historic``: every registration hook's
+results are collected from all plugins, and every lifecycle hook is a plain
+notification to all plugins. ``docs/plugin_hooks.md`` documents each hook with
+a runnable example.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlax.core import hookspec
+
+# -------------------------------------------------------------------------
+# Registration hooks: each returns ``{component name: factory}``.
+#
+# A factory is a class or function whose parameters are keyword-only; every
+# registered component becomes a gin configurable named after its kind, e.g.
+# ``@algorithms.grpo()`` or ``rewards.arithmetic.timeout_s = 5``. A name must
+# be a Python identifier and unique within its kind across all plugins.
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def rlax_register_algorithms() -> dict[str, Callable[..., object]]:
+    """Register RL algorithms (advantages + loss, see DESIGN.md §3).
+
+    Called once per plugin when the plugin manager loads; not firstresult, not
+    historic.
+
+    Returns:
+      A dict mapping each algorithm name to its factory. The gin configurable
+      is ``algorithms.<name>``.
+    """
+
+
+@hookspec
+def rlax_register_rewards() -> dict[str, Callable[..., object]]:
+    """Register reward functions.
+
+    A reward object has ``score(prompt, completion_text) -> float`` where
+    ``prompt`` is a ``rlax.core.types.Prompt``. Called once per plugin when the
+    plugin manager loads; not firstresult, not historic.
+
+    Returns:
+      A dict mapping each reward name to its factory. The gin configurable is
+      ``rewards.<name>``.
+    """
+
+
+@hookspec
+def rlax_register_samplers() -> dict[str, Callable[..., object]]:
+    """Register samplers (``load_weights`` + ``generate`` with logprobs).
+
+    Called once per plugin when the plugin manager loads; not firstresult, not
+    historic.
+
+    Returns:
+      A dict mapping each sampler name to its factory. The gin configurable is
+      ``samplers.<name>``.
+    """
+
+
+@hookspec
+def rlax_register_curation_filters() -> dict[str, Callable[..., object]]:
+    """Register curation filters (``offline(dataset)`` and/or ``online(groups)``).
+
+    Called once per plugin when the plugin manager loads; not firstresult, not
+    historic.
+
+    Returns:
+      A dict mapping each filter name to its factory. The gin configurable is
+      ``curation.<name>``.
+    """
+
+
+@hookspec
+def rlax_register_tasks() -> dict[str, Callable[..., object]]:
+    """Register tasks (sources of ``Prompt`` values naming a default reward).
+
+    Called once per plugin when the plugin manager loads; not firstresult, not
+    historic.
+
+    Returns:
+      A dict mapping each task name to its factory. The gin configurable is
+      ``tasks.<name>``.
+    """
+
+
+# -------------------------------------------------------------------------
+# Lifecycle hooks: notifications from a running experiment.
+#
+# Loggers, dashboards and alerts are plugins of this kind. Each is called on
+# every plugin that implements it; return values are ignored.
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def rlax_on_step_end(step: int, metrics: dict[str, float]) -> None:
+    """The trainer finished an optimisation step.
+
+    Not firstresult, not historic; return values are ignored.
+
+    Args:
+      step: the number of the step just finished (the first step is 1).
+      metrics: scalar metrics of that step by name, e.g. ``{"loss": 0.31}``.
+        Plugins must not mutate it.
+    """
+
+
+@hookspec
+def rlax_on_weights_published(version: int) -> None:
+    """The trainer published a new weight version to the parameter server.
+
+    Not firstresult, not historic; return values are ignored.
+
+    Args:
+      version: the weight version now current (it only ever increases).
+    """
+
+
+@hookspec
+def rlax_on_checkpoint(step: int, path: str) -> None:
+    """A checkpoint was written completely.
+
+    Not firstresult, not historic; return values are ignored.
+
+    Args:
+      step: the step the checkpoint restores to.
+      path: the checkpoint's directory.
+    """
+
+
+@hookspec
+def rlax_on_preemption(role: str, reason: str) -> None:
+    """A process was asked to stop and is about to stop at a safe point.
+
+    Not firstresult, not historic; return values are ignored. The process
+    then exits with status 75 (``rlax.core.cli.EXIT_PREEMPTED``).
+
+    Args:
+      role: the role of the process: ``"trainer"``, ``"worker"``,
+        ``"param_server"`` or ``"local"``.
+      reason: what asked it to stop, e.g. ``"SIGTERM"`` or a notice file's path.
+    """

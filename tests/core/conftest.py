@@ -1,0 +1,88 @@
+"""Fixtures for the plugin, config and CLI tests: fake installed distributions."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import pathlib
+import sys
+import textwrap
+
+import pytest
+
+from rlax.core import plugins
+
+REWARD_PLUGIN = """
+    from rlax.core import hookimpl
+
+    class {cls}:
+        def __init__(self, *, weight: float = 1.0):
+            self.weight = weight
+
+        def score(self, prompt, completion_text):
+            return self.weight * len(completion_text)
+
+    @hookimpl
+    def rlax_register_rewards():
+        return {{{names}}}
+"""
+
+
+class FakeSite:
+    """A site-packages directory of fake distributions with ``rlax`` entry points.
+
+    While the fixture is active, the plugin manager sees only these entry
+    points (never the installed built-ins), so each test controls every plugin.
+    """
+
+    def __init__(self, root: pathlib.Path) -> None:
+        self.root = root
+        self.modules: list[str] = []
+
+    def install(
+        self, dist: str, version: str, entry_points: dict[str, str], *, ep_name: str = ""
+    ) -> None:
+        """Installs ``dist``: each entry point ``name`` is a module ``name`` with that source.
+
+        ``ep_name`` renames the (single) entry point while keeping its module.
+        """
+        info = self.root / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        lines = "".join(f"{ep_name or name} = {name}\n" for name in entry_points)
+        (info / "entry_points.txt").write_text(f"[rlax]\n{lines}")
+        for name, source in entry_points.items():
+            self.module(name, source)
+
+    def module(self, name: str, source: str) -> str:
+        """Writes an importable module (not an entry point); returns its name."""
+        (self.root / f"{name}.py").write_text(textwrap.dedent(source))
+        self.modules.append(name)
+        importlib.invalidate_caches()
+        return name
+
+    @staticmethod
+    def rewards(*names: str, cls: str = "Reward") -> str:
+        """Source of a plugin registering class ``cls`` as each reward in ``names``."""
+        return REWARD_PLUGIN.format(cls=cls, names=", ".join(f"{n!r}: {cls}" for n in names))
+
+    def entry_points(self) -> list[importlib.metadata.EntryPoint]:
+        return [
+            ep
+            for dist in importlib.metadata.distributions(path=[str(self.root)])
+            for ep in dist.entry_points
+            if ep.group == plugins.ENTRY_POINT_GROUP
+        ]
+
+
+@pytest.fixture
+def site(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch):
+    root = tmp_path / "site"
+    root.mkdir()
+    fake = FakeSite(root)
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setattr(plugins, "installed_entry_points", fake.entry_points)
+    monkeypatch.delenv(plugins.AUTOLOAD_ENV, raising=False)
+    yield fake
+    for name in fake.modules:
+        sys.modules.pop(name, None)
