@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -12,7 +13,13 @@ import pytest
 
 from rlax.core import config, hookimpl
 from rlax.core.errors import DuplicatePluginError, PluginError, PluginLoadError, UnknownPluginError
-from rlax.core.plugins import AUTOLOAD_ENV, Component, PluginManager, build_plugin_manager
+from rlax.core.plugins import (
+    AUTOLOAD_ENV,
+    Component,
+    PluginManager,
+    build_plugin_manager,
+    installed_entry_points,
+)
 
 
 def test_entry_point_is_discovered_with_its_distribution(site):
@@ -257,6 +264,32 @@ def test_new_manager_replaces_gin_entries_of_its_kinds(site):
     with pytest.raises(ValueError, match="No configurable matching 'rewards.dropped'"):
         gin.parse_config("rewards.dropped.weight = 1.0")
     gin.clear_config()
+
+
+# -- the built-ins ------------------------------------------------------------
+
+BUILTINS = {
+    ("algorithms", "grpo"),
+    ("rewards", "arithmetic"),
+    ("samplers", "jax"),
+    ("tasks", "arithmetic"),
+    ("curation", "zero_variance"),
+}
+
+
+def test_builtin_plugins_load_through_their_entry_points(monkeypatch):
+    entry_points = {ep.name: ep.value for ep in installed_entry_points()}
+    if not all(importlib.util.find_spec(module) for module in entry_points.values()):
+        pytest.skip("a built-in plugin module is not written yet")
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+
+    pm = build_plugin_manager()
+
+    listed = {(c.kind, c.name): c for c in pm.components()}
+    assert BUILTINS <= set(listed)
+    for key in BUILTINS:
+        assert listed[key].plugin in entry_points
+        assert listed[key].distribution == "rlax-llm"
 
 
 # -- no import-time side effects -------------------------------------------
