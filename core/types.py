@@ -105,3 +105,11 @@ class TrainBatch:
     advantages: np.ndarray
     group_ids: np.ndarray
     ref_logprobs: np.ndarray | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardResult:
+    """A reward plugin's verdict: the score and why (shown in logs and reports)."""
+
+    score: float
+    reason: str = ""

@@ -1,0 +1,68 @@
+"""Groups -> TrainBatch: the padded arrays the jitted train step consumes.
+
+Row layout matches the sampler's: the prompt left-padded to P, the completion
+right-padded to C. Masks come from lengths, never from token values, so a
+generated token that happens to equal the pad id still counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from rlax.core.types import Group, TrainBatch
+
+
+def _bucket(n: int, multiple: int) -> int:
+    return max(multiple, -(-n // multiple) * multiple)
+
+
+def make_batch(
+    groups: Sequence[Group],
+    advantages: np.ndarray,  # [N, G] sequence-level advantages
+    *,
+    pad_id: int = 0,
+    length_bucket: int = 8,
+    rows: int | None = None,
+) -> TrainBatch:
+    """Packs ``groups`` into a TrainBatch.
+
+    Args:
+      groups: N groups of G completions each.
+      advantages: one advantage per completion, broadcast to its tokens.
+      pad_id: token id written in padding.
+      length_bucket: P and C are rounded up to multiples of this, so the train
+        step sees few distinct shapes.
+      rows: pad the batch to this many rows (all-masked filler rows), keeping
+        the train step's shape fixed when a filter removed groups.
+    """
+    if not groups:
+        raise ValueError("make_batch: no groups")
+    if advantages.shape[0] != len(groups):
+        raise ValueError(f"make_batch: {len(groups)} groups but advantages {advantages.shape}")
+    completions = [(gi, g.prompt, c) for gi, g in enumerate(groups) for c in g.completions]
+    n = len(completions) if rows is None else rows
+    if n < len(completions):
+        raise ValueError(f"make_batch: {len(completions)} completions exceed rows={rows}")
+    p = _bucket(max(len(g.prompt.tokens) for g in groups), length_bucket)
+    c_len = _bucket(max(len(c.tokens) for _, _, c in completions), length_bucket)
+    t = p + c_len
+    tokens = np.full((n, t), pad_id, np.int32)
+    attention = np.zeros((n, t), bool)
+    loss_mask = np.zeros((n, t - 1), np.float32)
+    old_logprobs = np.zeros((n, t - 1), np.float32)
+    adv = np.zeros((n, t - 1), np.float32)
+    group_ids = np.full((n,), -1, np.int32)
+    flat_adv = np.asarray(advantages, np.float32).reshape(-1)
+    for r, (gi, prompt, comp) in enumerate(completions):
+        lp, lc = len(prompt.tokens), len(comp.tokens)
+        tokens[r, p - lp : p] = prompt.tokens
+        tokens[r, p : p + lc] = comp.tokens
+        attention[r, p - lp : p + lc] = True
+        # Position t predicts token t+1: generated tokens are targets at p-1 .. p+lc-2.
+        loss_mask[r, p - 1 : p - 1 + lc] = 1.0
+        old_logprobs[r, p - 1 : p - 1 + lc] = comp.logprobs
+        adv[r, p - 1 : p - 1 + lc] = flat_adv[r]
+        group_ids[r] = gi
+    return TrainBatch(tokens, attention, loss_mask, old_logprobs, adv, group_ids)

@@ -1,0 +1,108 @@
+"""A model on disk: architecture, tokenizer and parameters in one directory.
+
+Layout::
+
+    DIR/model.json   {"format": "rlax-model/1", "config": {...}, "tokenizer": {...}, "info": {...}}
+    DIR/params/      an orbax checkpoint of the parameter tree
+
+The parameters are saved as a plain nested dict of arrays (``nnx.to_pure_dict``)
+so a checkpoint does not depend on flax's internal state classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from rlax.core.models.tokenizer import CharTokenizer
+from rlax.core.models.transformer import Transformer, TransformerConfig
+
+FORMAT = "rlax-model/1"
+
+
+@dataclasses.dataclass
+class ModelBundle:
+    """A live model with its tokenizer and free-form info (step, provenance)."""
+
+    model: Transformer
+    tokenizer: CharTokenizer
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def config(self) -> TransformerConfig:
+        return self.model.cfg
+
+
+def new_model(cfg: TransformerConfig, seed: int) -> Transformer:
+    return Transformer(cfg, rngs=nnx.Rngs(seed))
+
+
+def save_params(path: pathlib.Path, state: nnx.State) -> None:
+    """Writes a parameter state as an orbax checkpoint at ``path`` (must not exist)."""
+    tree = jax.tree.map(np.asarray, nnx.to_pure_dict(state))
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(path.absolute(), tree)
+        ckptr.wait_until_finished()
+
+
+def restore_params(path: pathlib.Path, model: Transformer) -> None:
+    """Loads parameters from ``path`` into ``model``; shapes must match exactly."""
+    state = nnx.state(model)
+    target = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(state)
+    )
+    with ocp.StandardCheckpointer() as ckptr:
+        restored = ckptr.restore(path.absolute(), target)
+    nnx.replace_by_pure_dict(state, restored)
+    nnx.update(model, state)
+
+
+def save_model(path: str | pathlib.Path, bundle: ModelBundle) -> pathlib.Path:
+    path = pathlib.Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_params(path / "params", nnx.state(bundle.model))
+    meta = {
+        "format": FORMAT,
+        "config": bundle.config.to_dict(),
+        "tokenizer": bundle.tokenizer.to_dict(),
+        "info": bundle.info,
+    }
+    (path / "model.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def load_model(path: str | pathlib.Path) -> ModelBundle:
+    """Loads a model directory written by :func:`save_model`.
+
+    Raises:
+      FileNotFoundError / ValueError naming the path when the directory is not a
+      complete rlax model.
+    """
+    path = pathlib.Path(path)
+    meta_path = path / "model.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{path}: not an rlax model directory (no model.json)")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{meta_path}: corrupt model metadata: {err}") from None
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    cfg = TransformerConfig.from_dict(meta["config"])
+    tokenizer = CharTokenizer.from_dict(meta["tokenizer"])
+    # Abstract init: the random weights are never materialised, only shapes.
+    model = nnx.eval_shape(lambda: new_model(cfg, 0))
+    if not (path / "params").is_dir():
+        raise FileNotFoundError(f"{path}: model.json present but params/ missing")
+    try:
+        restore_params(path / "params", model)
+    except Exception as err:  # orbax raises many types for a damaged checkpoint
+        raise ValueError(f"{path / 'params'}: cannot restore parameters: {err}") from err
+    return ModelBundle(model=model, tokenizer=tokenizer, info=meta.get("info", {}))

@@ -1,0 +1,60 @@
+"""A character tokenizer for the toy tasks (HF tokenizers arrive with real models).
+
+Ids 0, 1, 2 are pad, bos and eos; every other id is one character of the
+alphabet. Encoding text with a character outside the alphabet is an error that
+names the character, never a silent drop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+PAD, BOS, EOS = 0, 1, 2
+_SPECIALS = 3
+
+
+class CharTokenizer:
+    """Maps each character of ``alphabet`` to one id."""
+
+    def __init__(self, alphabet: str):
+        if len(set(alphabet)) != len(alphabet):
+            raise ValueError(f"alphabet has repeated characters: {alphabet!r}")
+        self.alphabet = alphabet
+        self._ids = {ch: i + _SPECIALS for i, ch in enumerate(alphabet)}
+        self.pad_id, self.bos_id, self.eos_id = PAD, BOS, EOS
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.alphabet) + _SPECIALS
+
+    def encode(self, text: str, *, bos: bool = False) -> np.ndarray:
+        try:
+            ids = [self._ids[ch] for ch in text]
+        except KeyError as err:
+            raise ValueError(
+                f"character {err.args[0]!r} in {text!r} is not in the tokenizer's "
+                f"alphabet {self.alphabet!r}"
+            ) from None
+        return np.asarray(([BOS] if bos else []) + ids, dtype=np.int32)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """Text of ``ids`` up to the first eos; special ids are dropped."""
+        out = []
+        for i in np.asarray(ids).tolist():
+            if i == EOS:
+                break
+            if i >= _SPECIALS:
+                out.append(self.alphabet[i - _SPECIALS])
+        return "".join(out)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "char", "alphabet": self.alphabet}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> CharTokenizer:
+        if values.get("type") != "char":
+            raise ValueError(f"not a char tokenizer spec: {values!r}")
+        return cls(values["alphabet"])

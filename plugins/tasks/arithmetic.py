@@ -1,0 +1,109 @@
+"""Multi-digit arithmetic: a verifiable toy task generated from a seed.
+
+Problems are ``a OP b`` with ``a, b`` in ``[0, 10**digits)``. Whether a problem
+belongs to the held-out split is a pure function of the problem (a hash of its
+text), so the split is disjoint from training by construction and the same
+for every seed; the seed only decides the order in which problems are drawn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+from collections.abc import Iterator
+
+import numpy as np
+
+from rlax.core import hookimpl
+from rlax.core.types import Prompt
+
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+ALPHABET = "0123456789+-*="
+
+
+def is_held_out(problem: str, eval_fraction: float) -> bool:
+    """True if ``problem`` (e.g. "12+34") belongs to the held-out split."""
+    digest = hashlib.blake2b(problem.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % 10_000 < eval_fraction * 10_000
+
+
+class ArithmeticTask:
+    """Prompts like ``"123+45="``; the answer is the integer result as text.
+
+    Args:
+      digits: largest operand has this many digits.
+      operations: which of ``+ - *`` to draw from.
+      eval_fraction: share of the problem space held out for evaluation.
+      num_eval: how many held-out problems ``prompts("eval")`` yields.
+    """
+
+    alphabet = ALPHABET
+    default_reward = "arithmetic"
+
+    def __init__(
+        self,
+        *,
+        digits: int = 2,
+        operations: str = "+",
+        eval_fraction: float = 0.1,
+        num_eval: int = 200,
+    ):
+        if digits < 1:
+            raise ValueError(f"arithmetic task: digits must be >= 1, got {digits}")
+        bad = set(operations) - set(_OPS)
+        if not operations or bad:
+            raise ValueError(f"arithmetic task: operations must be from '+-*', got {operations!r}")
+        if not 0 < eval_fraction < 1:
+            raise ValueError(f"arithmetic task: eval_fraction must be in (0, 1), got {eval_fraction}")
+        space = len(operations) * 10 ** (2 * digits)
+        if num_eval > space * eval_fraction / 2:
+            raise ValueError(
+                f"arithmetic task: num_eval={num_eval} is too many for ~{int(space * eval_fraction)} "
+                "held-out problems"
+            )
+        self.digits = digits
+        self.operations = operations
+        self.eval_fraction = eval_fraction
+        self.num_eval = num_eval
+
+    def _draw(self, rng: np.random.Generator) -> tuple[int, str, int]:
+        hi = 10**self.digits
+        a, b = (int(x) for x in rng.integers(0, hi, size=2))
+        return a, self.operations[int(rng.integers(len(self.operations)))], b
+
+    def make_prompt(self, a: int, op: str, b: int, tokenizer, split: str) -> Prompt:
+        problem = f"{a}{op}{b}"
+        text = problem + "="
+        return Prompt(
+            id=problem,
+            text=text,
+            tokens=tokenizer.encode(text, bos=True),
+            answer=str(_OPS[op](a, b)),
+            metadata={"split": split},
+        )
+
+    def prompts(self, split: str, *, tokenizer, seed: int) -> Iterator[Prompt]:
+        """``"train"``: an endless stream of training problems in seeded order.
+        ``"eval"``: ``num_eval`` distinct held-out problems, always the same ones.
+        """
+        if split not in ("train", "eval"):
+            raise ValueError(f"arithmetic task: unknown split {split!r} (use 'train' or 'eval')")
+        held_out = split == "eval"
+        # The eval set must not depend on the run's seed: fixed generator.
+        rng = np.random.default_rng(seed if split == "train" else 0x5EED)
+        seen: set[str] = set()
+        while not held_out or len(seen) < self.num_eval:
+            a, op, b = self._draw(rng)
+            problem = f"{a}{op}{b}"
+            if is_held_out(problem, self.eval_fraction) != held_out:
+                continue
+            if held_out:
+                if problem in seen:
+                    continue
+                seen.add(problem)
+            yield self.make_prompt(a, op, b, tokenizer, split)
+
+
+@hookimpl
+def rlax_register_tasks():
+    return {"arithmetic": ArithmeticTask}
