@@ -24,7 +24,8 @@ def make_batch(
     *,
     pad_id: int = 0,
     length_bucket: int = 8,
-    rows: int | None = None,
+    row_multiple: int = 1,
+    completion_len: int | None = None,
 ) -> TrainBatch:
     """Packs ``groups`` into a TrainBatch.
 
@@ -34,19 +35,26 @@ def make_batch(
       pad_id: token id written in padding.
       length_bucket: P and C are rounded up to multiples of this, so the train
         step sees few distinct shapes.
-      rows: pad the batch to this many rows (all-masked filler rows), keeping
-        the train step's shape fixed when a filter removed groups.
+      row_multiple: pad the row count up to a multiple of this (all-masked
+        filler rows), so a filter that removed groups costs at most a few
+        distinct shapes for the train step.
+      completion_len: pad completions to exactly this length (the sampler's
+        budget) instead of the bucketed longest one, so the shape does not
+        depend on the data.
     """
     if not groups:
         raise ValueError("make_batch: no groups")
     if advantages.shape[0] != len(groups):
         raise ValueError(f"make_batch: {len(groups)} groups but advantages {advantages.shape}")
     completions = [(gi, g.prompt, c) for gi, g in enumerate(groups) for c in g.completions]
-    n = len(completions) if rows is None else rows
-    if n < len(completions):
-        raise ValueError(f"make_batch: {len(completions)} completions exceed rows={rows}")
+    if row_multiple < 1:
+        raise ValueError(f"make_batch: row_multiple must be >= 1, got {row_multiple}")
+    n = _bucket(len(completions), row_multiple)
     p = _bucket(max(len(g.prompt.tokens) for g in groups), length_bucket)
-    c_len = _bucket(max(len(c.tokens) for _, _, c in completions), length_bucket)
+    longest = max(len(c.tokens) for _, _, c in completions)
+    if completion_len is not None and longest > completion_len:
+        raise ValueError(f"make_batch: a completion has {longest} tokens > completion_len={completion_len}")
+    c_len = completion_len if completion_len is not None else _bucket(longest, length_bucket)
     t = p + c_len
     tokens = np.full((n, t), pad_id, np.int32)
     attention = np.zeros((n, t), bool)

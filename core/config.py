@@ -93,16 +93,24 @@ def register_configurables(
 
 
 def register_core_configurables() -> None:
-    """Registers optax optimisers/schedules (``optax.*``) and ``rlax.train``/``rlax.evaluate``.
+    """Registers optax optimisers/schedules (``optax.*``), ``rlax.train``/``rlax.evaluate``
+    and ``rlax.clipped_optimizer``.
 
     Idempotent. Imports optax and the experiment module only when called.
     """
     import optax
 
-    from rlax.core import experiment
+    from rlax.core import experiment, optim
 
     register_configurables("optax", {name: getattr(optax, name) for name in _OPTAX_NAMES})
-    register_configurables("rlax", {"train": experiment.train, "evaluate": experiment.evaluate})
+    register_configurables(
+        "rlax",
+        {
+            "train": experiment.train,
+            "evaluate": experiment.evaluate,
+            "clipped_optimizer": optim.clipped_optimizer,
+        },
+    )
 
 
 def configured(module: str, name: str) -> Callable[..., Any]:

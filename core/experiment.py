@@ -98,7 +98,7 @@ def _batches(stream: Iterator[Prompt], size: int) -> Iterator[list[Prompt]]:
         yield list(itertools.islice(stream, size))
 
 
-def _train_step(step, prompts, *, sampler, reward, curation, trainer, group_size, seed, rows):
+def _train_step(step, prompts, *, sampler, reward, curation, trainer, group_size, seed):
     """One rollout + update; returns the step's metrics (no update if every group was filtered)."""
     start = time.perf_counter()
     groups = rollout(prompts, sampler, reward, group_size, seed=seed * 1_000_003 + step)
@@ -115,7 +115,9 @@ def _train_step(step, prompts, *, sampler, reward, curation, trainer, group_size
     metrics["groups_kept"] = len(kept)
     if kept:
         advantages = trainer.algorithm.advantages(np.stack([g.rewards for g in kept]))
-        metrics.update(trainer.step(make_batch(kept, advantages, rows=rows)))
+        metrics.update(trainer.step(make_batch(
+            kept, advantages, row_multiple=8 * group_size, completion_len=sampler.max_new_tokens
+        )))
         sampler.load_weights(trainer.state.params, trainer.state.step)
     elapsed = time.perf_counter() - start
     metrics["tokens_per_s"] = generated_tokens(groups) / elapsed
@@ -155,7 +157,11 @@ def train(
     eval_prompts = list(task.prompts("eval", tokenizer=bundle.tokenizer, seed=seed))
     eval_args = dict(samples=eval_samples, ks=eval_ks, seed=seed + 1, progress=progress)
     results = {"before": evaluate_pass_at_k(sampler, reward, eval_prompts, **eval_args)}
-    print(f"held-out before RL: {results['before']}", flush=True)
+    print(
+        f"held-out pass@k of the base policy ({len(eval_prompts)} problems x {eval_samples} samples)\n"
+        + format_eval_table({"before": results["before"]}),
+        flush=True,
+    )
 
     log = MetricsLog(run_dir / "metrics.jsonl")
     stream = _batches(task.prompts("train", tokenizer=bundle.tokenizer, seed=seed), prompts_per_step)
@@ -163,10 +169,12 @@ def train(
     for step in bar:
         metrics = _train_step(
             step, next(stream), sampler=sampler, reward=reward, curation=curation,
-            trainer=trainer, group_size=group_size, seed=seed, rows=prompts_per_step * group_size,
+            trainer=trainer, group_size=group_size, seed=seed,
         )  # fmt: skip
         log.write(metrics)
-        bar.set_postfix(reward=f"{metrics['reward']:.2f}", kl=f"{metrics.get('kl_old', 0):.1e}")
+        bar.set_postfix(
+            reward=f"{metrics['reward']:.2f}", kl=f"{metrics.get('kl_old', 0):.1e}", refresh=False
+        )
         hook.rlax_on_step_end(step=step, metrics=metrics)
         hook.rlax_on_weights_published(version=trainer.state.step)
 
@@ -184,8 +192,7 @@ def _finish(run_dir, hook, trainer, bundle, log, results) -> None:
     (run_dir / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
     if log.rows:
         plot_curves(log.rows, run_dir / "curves.png", title=run_dir.name)
-    print("\nheld-out pass@k (unbiased, "
-          f"{len(next(iter(results.values())))} values)\n" + format_eval_table(results))  # fmt: skip
+    print("\nheld-out pass@k (unbiased estimator)\n" + format_eval_table(results))
     print(f"\nrun directory: {run_dir}", flush=True)
 
 

@@ -93,7 +93,7 @@ class Trainer:
             entropy=_masked_mean(entropy, mask),
             kl_old=_masked_mean(jnp.exp(d) - d - 1.0, mask),
             sampler_logprob_gap=_masked_mean(jnp.abs(logp - batch["old_logprobs"]), mask),
-            grad_norm=optax.global_norm(grads),
+            grad_norm=optax.tree.norm(grads),
         )
         return params, opt_state, metrics
 

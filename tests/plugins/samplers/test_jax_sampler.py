@@ -1,0 +1,95 @@
+"""The KV-cache sampler: its logprobs are the model's, stops are honoured, seeds reproduce."""
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlax.core.batching import make_batch
+from rlax.core.models.tokenizer import CharTokenizer
+from rlax.core.models.transformer import Transformer, TransformerConfig, sequence_logprobs
+from rlax.core.types import Group, Prompt
+from rlax.plugins.samplers.jax_sampler import JaxSampler
+
+TOK = CharTokenizer("0123456789+=")
+CFG = TransformerConfig(
+    vocab_size=TOK.vocab_size, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2,
+    head_dim=8, mlp_dim=64,
+)  # fmt: skip
+
+
+def prompt(text):
+    return Prompt(id=text, text=text, tokens=TOK.encode(text, bos=True), answer="")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Transformer(CFG, rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="module")
+def sampler(model):
+    s = JaxSampler(max_new_tokens=6, temperature=1.0)
+    s.setup(model, TOK)
+    return s
+
+
+def recomputed(model, groups, max_new_tokens, temperature=1.0):
+    """The model's own logprobs of the sampled tokens, from a full forward pass."""
+    batch = make_batch(groups, np.zeros((len(groups), len(groups[0].completions))), completion_len=max_new_tokens)
+    logp, _ = sequence_logprobs(model, batch.tokens, batch.attention_mask, temperature)
+    return np.asarray(logp), batch
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampler_logprobs_equal_model_logprobs(model, temperature):
+    s = JaxSampler(max_new_tokens=6, temperature=temperature)
+    s.setup(model, TOK)
+    prompts = [prompt("7+5="), prompt("123+45="), prompt("1=")]  # different lengths: left padding
+    out = s.generate(prompts, 4, seed=3)
+    groups = [Group(p, cs, np.zeros(4, np.float32)) for p, cs in zip(prompts, out)]
+    logp, batch = recomputed(model, groups, 6, temperature)
+    mask = batch.loss_mask > 0
+    assert mask.sum() == sum(len(c.tokens) for cs in out for c in cs)
+    np.testing.assert_allclose(logp[mask], batch.old_logprobs[mask], atol=1e-5)
+    assert np.all(batch.old_logprobs[mask] < 0)
+
+
+def test_completions_end_at_the_stop_token_or_the_budget(sampler):
+    out = sampler.generate([prompt("1+1=")], 32, seed=0)[0]
+    for c in out:
+        assert len(c.tokens) == len(c.logprobs) <= 6
+        stops = np.flatnonzero(c.tokens == TOK.eos_id)
+        if c.finish_reason == "stop":
+            assert list(stops) == [len(c.tokens) - 1]
+        else:
+            assert c.finish_reason == "length" and len(c.tokens) == 6 and len(stops) == 0
+        assert c.text == TOK.decode(c.tokens)
+        assert c.policy_version == sampler.version
+
+
+def test_same_seed_same_samples_other_seed_differs(sampler):
+    ps = [prompt("12+34="), prompt("5+6=")]
+    a = sampler.generate(ps, 8, seed=11)
+    b = sampler.generate(ps, 8, seed=11)
+    c = sampler.generate(ps, 8, seed=12)
+    flat = lambda out: [tuple(x.tokens) for cs in out for x in cs]  # noqa: E731
+    assert flat(a) == flat(b)
+    assert flat(a) != flat(c)
+
+
+def test_load_weights_changes_the_policy_and_version(model):
+    s = JaxSampler(max_new_tokens=4)
+    s.setup(model, TOK)
+    other = Transformer(CFG, rngs=nnx.Rngs(7))
+    before = s.generate([prompt("9=")], 16, seed=0)[0]
+    s.load_weights(nnx.state(other), version=3)
+    after = s.generate([prompt("9=")], 16, seed=0)[0]
+    assert all(c.policy_version == 3 for c in after)
+    assert [tuple(c.logprobs) for c in before] != [tuple(c.logprobs) for c in after]
+
+
+def test_invalid_settings_and_missing_setup():
+    with pytest.raises(ValueError, match="temperature"):
+        JaxSampler(temperature=0.0)
+    with pytest.raises(RuntimeError, match="setup"):
+        JaxSampler().generate([prompt("1=")], 1, seed=0)
