@@ -53,7 +53,9 @@ def make_batch(
     p = _bucket(max(len(g.prompt.tokens) for g in groups), length_bucket)
     longest = max(len(c.tokens) for _, _, c in completions)
     if completion_len is not None and longest > completion_len:
-        raise ValueError(f"make_batch: a completion has {longest} tokens > completion_len={completion_len}")
+        raise ValueError(
+            f"make_batch: a completion has {longest} tokens > completion_len={completion_len}"
+        )
     c_len = completion_len if completion_len is not None else _bucket(longest, length_bucket)
     t = p + c_len
     tokens = np.full((n, t), pad_id, np.int32)

@@ -117,6 +117,9 @@ def _split_bindings(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _error(message: str, status: int) -> int:
+    # gin appends "In call to configurable ..." to errors raised inside a
+    # configurable; the message already says what and where.
+    message = message.split("\n  In call to configurable")[0]
     print(f"rlax: error: {message}", file=sys.stderr)
     return status
 

@@ -16,6 +16,7 @@ contracts are the Protocols in ``core/rollout.py`` and ``core/trainer.py``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import pathlib
@@ -28,6 +29,7 @@ import optax
 from tqdm import tqdm
 
 from rlax.core.batching import make_batch
+from rlax.core.errors import ConfigError
 from rlax.core.metrics import MetricsLog, mean_pass_at_k
 from rlax.core.models.bundle import ModelBundle, load_model, save_model
 from rlax.core.plot import plot_curves
@@ -53,6 +55,13 @@ def make_run_dir(run_root: str | pathlib.Path, run_name: str) -> pathlib.Path:
         except FileExistsError:
             continue
     raise AssertionError("unreachable")
+
+
+def _load_policy(path: str | pathlib.Path, setting: str) -> ModelBundle:
+    try:
+        return load_model(path)
+    except (FileNotFoundError, ValueError) as err:
+        raise ConfigError(f"{setting}: {err}") from err
 
 
 def _save_config(run_dir: pathlib.Path) -> None:
@@ -89,7 +98,9 @@ def format_eval_table(rows: dict[str, dict[str, float]]) -> str:
         lines.append(f"{name:<8}" + "".join(f"{100 * values[k]:>9.1f}%" for k in keys))
     if len(rows) == 2:
         before, after = rows.values()
-        lines.append(f"{'change':<8}" + "".join(f"{100 * (after[k] - before[k]):>+9.1f} " for k in keys))
+        lines.append(
+            f"{'change':<8}" + "".join(f"{100 * (after[k] - before[k]):>+9.1f} " for k in keys)
+        )
     return "\n".join(lines)
 
 
@@ -115,9 +126,16 @@ def _train_step(step, prompts, *, sampler, reward, curation, trainer, group_size
     metrics["groups_kept"] = len(kept)
     if kept:
         advantages = trainer.algorithm.advantages(np.stack([g.rewards for g in kept]))
-        metrics.update(trainer.step(make_batch(
-            kept, advantages, row_multiple=8 * group_size, completion_len=sampler.max_new_tokens
-        )))
+        metrics.update(
+            trainer.step(
+                make_batch(
+                    kept,
+                    advantages,
+                    row_multiple=8 * group_size,
+                    completion_len=sampler.max_new_tokens,
+                )
+            )
+        )
         sampler.load_weights(trainer.state.params, trainer.state.step)
     elapsed = time.perf_counter() - start
     metrics["tokens_per_s"] = generated_tokens(groups) / elapsed
@@ -148,23 +166,27 @@ def train(
 ) -> int:
     """Runs RL from ``init_checkpoint`` for ``steps`` steps; returns the exit code (0)."""
     hook = hook or _NoHooks()
+    bundle = _load_policy(init_checkpoint, "rlax.train.init_checkpoint")
     run_dir = pathlib.Path(run_dir) if run_dir else make_run_dir(run_root, run_name)
     run_dir.mkdir(parents=True, exist_ok=True)
     _save_config(run_dir)
-    bundle = load_model(init_checkpoint)
     sampler.setup(bundle.model, bundle.tokenizer)
     trainer = Trainer(bundle.model, algorithm, optimizer, temperature=sampler.temperature)
     eval_prompts = list(task.prompts("eval", tokenizer=bundle.tokenizer, seed=seed))
-    eval_args = dict(samples=eval_samples, ks=eval_ks, seed=seed + 1, progress=progress)
-    results = {"before": evaluate_pass_at_k(sampler, reward, eval_prompts, **eval_args)}
+    evaluate_now = functools.partial(
+        evaluate_pass_at_k, sampler, reward, eval_prompts,
+        samples=eval_samples, ks=eval_ks, seed=seed + 1, progress=progress,
+    )  # fmt: skip
+    results = {"before": evaluate_now()}
     print(
-        f"held-out pass@k of the base policy ({len(eval_prompts)} problems x {eval_samples} samples)\n"
-        + format_eval_table({"before": results["before"]}),
+        f"held-out pass@k of the base policy ({len(eval_prompts)} problems x {eval_samples} "
+        f"samples)\n{format_eval_table(results)}",
         flush=True,
     )
-
     log = MetricsLog(run_dir / "metrics.jsonl")
-    stream = _batches(task.prompts("train", tokenizer=bundle.tokenizer, seed=seed), prompts_per_step)
+    stream = _batches(
+        task.prompts("train", tokenizer=bundle.tokenizer, seed=seed), prompts_per_step
+    )
     bar = tqdm(range(steps), desc="rl", disable=not progress)
     for step in bar:
         metrics = _train_step(
@@ -177,8 +199,7 @@ def train(
         )
         hook.rlax_on_step_end(step=step, metrics=metrics)
         hook.rlax_on_weights_published(version=trainer.state.step)
-
-    results["after"] = evaluate_pass_at_k(sampler, reward, eval_prompts, **eval_args)
+    results["after"] = evaluate_now()
     _finish(run_dir, hook, trainer, bundle, log, results)
     return 0
 
@@ -209,7 +230,7 @@ def evaluate(
     progress: bool = True,
 ) -> int:
     """Prints the held-out pass@k table of the model in ``checkpoint``; returns 0."""
-    bundle = load_model(checkpoint)
+    bundle = _load_policy(checkpoint, "--checkpoint")
     sampler.setup(bundle.model, bundle.tokenizer)
     prompts = list(task.prompts("eval", tokenizer=bundle.tokenizer, seed=seed))
     result = evaluate_pass_at_k(

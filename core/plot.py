@@ -11,7 +11,7 @@ PANELS = (
     ("reward", "reward (train)"),
     ("pass_rate", "pass rate (train)"),
     ("loss", "loss"),
-    ("kl_old", "KL(new || old)"),
+    ("kl_old", "KL(old || new) per update"),
     ("entropy", "entropy"),
     ("tokens_per_s", "tokens / s"),
 )

@@ -13,7 +13,9 @@ from rlax.core.types import Completion, Group, Prompt, RewardResult
 class Sampler(Protocol):
     version: int
 
-    def generate(self, prompts: Sequence[Prompt], n: int, *, seed: int) -> list[tuple[Completion, ...]]: ...
+    def generate(
+        self, prompts: Sequence[Prompt], n: int, *, seed: int
+    ) -> list[tuple[Completion, ...]]: ...
 
 
 class Reward(Protocol):
@@ -25,7 +27,9 @@ def score(reward: Reward, prompt: Prompt, text: str) -> float:
     value = result.score if isinstance(result, RewardResult) else result
     value = float(value)
     if not np.isfinite(value):
-        raise ValueError(f"reward {type(reward).__name__} returned {value} for prompt {prompt.id!r}")
+        raise ValueError(
+            f"reward {type(reward).__name__} returned {value} for prompt {prompt.id!r}"
+        )
     return value
 
 

@@ -44,7 +44,9 @@ def supervised_finetune(
     @jax.jit
     def step(params, opt_state, batch):
         def loss_fn(p):
-            logp, _ = sequence_logprobs(nnx.merge(graphdef, p), batch["tokens"], batch["attention_mask"])
+            logp, _ = sequence_logprobs(
+                nnx.merge(graphdef, p), batch["tokens"], batch["attention_mask"]
+            )
             return -_masked_mean(logp, batch["loss_mask"])
 
         loss, grads = jax.value_and_grad(loss_fn)(params)

@@ -3,7 +3,7 @@
 The step recomputes the policy's logprobs with the training graph, hands them
 to ``algorithm.loss`` (a pure function of arrays), applies the optax update and,
 in the same compiled program, measures how far the update moved the policy on
-the batch's own tokens (the k3 estimate of KL(new || old)). It never branches
+the batch's own tokens (the k3 estimate of KL(old || new)). It never branches
 on which algorithm it runs. Sharding over a device mesh arrives with the mesh
 trainer; this single-device step is its unsharded special case.
 """
@@ -29,7 +29,9 @@ class Algorithm(Protocol):
 
     def advantages(self, rewards: np.ndarray) -> np.ndarray: ...
 
-    def loss(self, new_logprobs: jax.Array, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict]: ...
+    def loss(
+        self, new_logprobs: jax.Array, batch: dict[str, jax.Array]
+    ) -> tuple[jax.Array, dict]: ...
 
 
 def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
@@ -69,7 +71,9 @@ class Trainer:
         self.optimizer = optimizer
         self.temperature = temperature
         self.state = TrainState(params=params, opt_state=optimizer.init(params))
-        self._step = jax.jit(self._train_step, donate_argnums=(1,))  # params stay readable by the sampler
+        self._step = jax.jit(
+            self._train_step, donate_argnums=(1,)
+        )  # params stay readable by the sampler
 
     def _logprobs(self, params, batch):
         model = nnx.merge(self.graphdef, params)
@@ -86,7 +90,9 @@ class Trainer:
         params = optax.apply_updates(params, updates)
         mask = batch["loss_mask"]
         new_logp, _ = self._logprobs(params, batch)
-        d = logp - new_logp
+        # k3 estimator of KL(old || new) on tokens sampled from the old policy:
+        # E_old[r - 1 - log r] with r = new / old (Schulman 2020, "Approximating KL").
+        d = new_logp - logp
         metrics = dict(
             metrics,
             loss=loss,

@@ -55,9 +55,7 @@ def save_params(path: pathlib.Path, state: nnx.State) -> None:
 def restore_params(path: pathlib.Path, model: Transformer) -> None:
     """Loads parameters from ``path`` into ``model``; shapes must match exactly."""
     state = nnx.state(model)
-    target = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(state)
-    )
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(state))
     with ocp.StandardCheckpointer() as ckptr:
         restored = ckptr.restore(path.absolute(), target)
     nnx.replace_by_pure_dict(state, restored)

@@ -203,8 +203,7 @@ class Transformer(nnx.Module):
 def init_cache(cfg: TransformerConfig, batch: int, length: int, dtype=jnp.float32) -> KVCache:
     shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
     return [
-        {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
-        for _ in range(cfg.num_layers)
+        {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)} for _ in range(cfg.num_layers)
     ]
 
 

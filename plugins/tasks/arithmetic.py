@@ -54,7 +54,9 @@ class ArithmeticTask:
         if not operations or bad:
             raise ValueError(f"arithmetic task: operations must be from '+-*', got {operations!r}")
         if not 0 < eval_fraction < 1:
-            raise ValueError(f"arithmetic task: eval_fraction must be in (0, 1), got {eval_fraction}")
+            raise ValueError(
+                f"arithmetic task: eval_fraction must be in (0, 1), got {eval_fraction}"
+            )
         space = len(operations) * 10 ** (2 * digits)
         if num_eval > space * eval_fraction / 2:
             raise ValueError(

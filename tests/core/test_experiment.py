@@ -39,7 +39,9 @@ def metrics(run_dir):
 def test_reward_rises(run_dir):
     rewards = np.array([row["reward"] for row in metrics(run_dir)])
     first, last = rewards[:20].mean(), rewards[-20:].mean()
-    assert last > first + 0.03, f"reward did not rise: first 20 steps {first:.3f}, last 20 {last:.3f}"
+    assert last > first + 0.03, (
+        f"reward did not rise: first 20 steps {first:.3f}, last 20 {last:.3f}"
+    )
 
 
 def test_metrics_has_every_step_and_field(run_dir):
@@ -76,3 +78,22 @@ def test_eval_command_reproduces_the_after_row(run_dir, capsys):
     # Same problems, seed and sampler: the checkpoint evaluates exactly as the run's final policy.
     line = next(line for line in out.splitlines() if line.startswith("model"))
     assert line.split()[1:] == [f"{100 * after['pass@1']:.1f}%", f"{100 * after['pass@8']:.1f}%"]
+
+
+def test_missing_or_corrupt_checkpoint_is_a_configuration_error(tmp_path, capsys):
+    status = cli.main(["eval", *SHORT, "--checkpoint", str(tmp_path / "nowhere")])
+    err = capsys.readouterr().err
+    assert status == cli.EXIT_USAGE
+    assert f"--checkpoint: {tmp_path / 'nowhere'}: not an rlax model directory" in err
+    assert "In call to configurable" not in err
+
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "model.json").write_text("{not json")
+    status = cli.main(["run", *SHORT, f"--gin.rlax.train.init_checkpoint='{tmp_path / 'bad'}'",
+                       "--run-dir", str(tmp_path / "run")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == cli.EXIT_USAGE
+    assert (
+        f"rlax.train.init_checkpoint: {tmp_path / 'bad' / 'model.json'}: corrupt model metadata"
+        in err
+    )

@@ -1,5 +1,6 @@
 """pass@k against hand-computed cases and the binomial formula."""
 
+import itertools
 import math
 
 import numpy as np
@@ -30,7 +31,7 @@ def test_pass_at_k_matches_binomial_formula_and_is_monotone_in_k():
             values = [pass_at_k(n, c, k) for k in range(1, n + 1)]
             for k, v in enumerate(values, start=1):
                 assert v == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k), abs=1e-12)
-            assert all(a <= b + 1e-12 for a, b in zip(values, values[1:]))
+            assert all(a <= b + 1e-12 for a, b in itertools.pairwise(values))
 
 
 @pytest.mark.parametrize("n,c,k", [(4, 5, 1), (4, -1, 1), (4, 2, 0), (4, 2, 5)])

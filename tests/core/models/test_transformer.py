@@ -78,7 +78,15 @@ def test_config_validation():
     import pytest
 
     with pytest.raises(ValueError, match="multiple"):
-        TransformerConfig(vocab_size=5, num_layers=1, embed_dim=8, num_heads=3, num_kv_heads=2, head_dim=4, mlp_dim=8)
+        TransformerConfig(
+            vocab_size=5,
+            num_layers=1,
+            embed_dim=8,
+            num_heads=3,
+            num_kv_heads=2,
+            head_dim=4,
+            mlp_dim=8,
+        )
     with pytest.raises(ValueError, match="unknown"):
         TransformerConfig.from_dict({**CFG.to_dict(), "bogus": 1})
     assert TransformerConfig.from_dict(CFG.to_dict()) == CFG

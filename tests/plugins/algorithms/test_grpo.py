@@ -62,8 +62,12 @@ def test_aggregations_by_hand():
     mask = jnp.array([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
     assert float(aggregate(x, mask, "token-mean")) == pytest.approx((1 + 2 + 3 + 10) / 4)
     assert float(aggregate(x, mask, "seq-mean-token-mean")) == pytest.approx((2.0 + 10.0) / 2)
-    assert float(aggregate(x, mask, "seq-mean-token-sum-norm")) == pytest.approx((6 / 4 + 10 / 4) / 2)
-    assert float(aggregate(x, mask, "seq-mean-token-sum-norm", max_len=8)) == pytest.approx((6 / 8 + 10 / 8) / 2)
+    assert float(aggregate(x, mask, "seq-mean-token-sum-norm")) == pytest.approx(
+        (6 / 4 + 10 / 4) / 2
+    )
+    assert float(aggregate(x, mask, "seq-mean-token-sum-norm", max_len=8)) == pytest.approx(
+        (6 / 8 + 10 / 8) / 2
+    )
 
 
 def test_empty_rows_do_not_count_as_sequences():

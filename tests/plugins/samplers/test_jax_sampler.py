@@ -35,7 +35,9 @@ def sampler(model):
 
 def recomputed(model, groups, max_new_tokens, temperature=1.0):
     """The model's own logprobs of the sampled tokens, from a full forward pass."""
-    batch = make_batch(groups, np.zeros((len(groups), len(groups[0].completions))), completion_len=max_new_tokens)
+    batch = make_batch(
+        groups, np.zeros((len(groups), len(groups[0].completions))), completion_len=max_new_tokens
+    )
     logp, _ = sequence_logprobs(model, batch.tokens, batch.attention_mask, temperature)
     return np.asarray(logp), batch
 
@@ -72,7 +74,7 @@ def test_same_seed_same_samples_other_seed_differs(sampler):
     a = sampler.generate(ps, 8, seed=11)
     b = sampler.generate(ps, 8, seed=11)
     c = sampler.generate(ps, 8, seed=12)
-    flat = lambda out: [tuple(x.tokens) for cs in out for x in cs]  # noqa: E731
+    flat = lambda out: [tuple(x.tokens) for cs in out for x in cs]
     assert flat(a) == flat(b)
     assert flat(a) != flat(c)
 

@@ -18,7 +18,6 @@ def take(task, split, seed, n):
 def test_prompt_text_tokens_and_answer():
     task = ArithmeticTask(digits=3, operations="+-*", num_eval=50)
     for p in take(task, "train", 0, 200):
-        a, op, b = p.id.partition("+")[0], None, None
         left, right = p.text[:-1], p.text[-1]
         assert right == "="
         assert str(eval(left)) == p.answer  # the expression is plain Python arithmetic
