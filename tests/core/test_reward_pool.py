@@ -1,0 +1,135 @@
+"""RewardPool: hangs, crashes and exceptions are counted zeros; the pool keeps serving."""
+
+from __future__ import annotations
+
+import pathlib
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from rlax.core.reward_pool import RewardPool
+from rlax.core.types import Prompt
+
+DOUBLES = """
+    import os, time
+    from rlax.core.types import RewardResult
+
+    class Doubles:
+        '''Behaves as the completion text says: a number, "hang", "crash", "raise", "nan".'''
+
+        def score(self, prompt, text):
+            if text == "hang":
+                time.sleep(3600)
+            if text == "spin":
+                while True:
+                    pass
+            if text == "crash":
+                os._exit(3)
+            if text == "raise":
+                raise KeyError("boom")
+            if text == "nan":
+                return float("nan")
+            if text == "child":
+                import subprocess
+                child = subprocess.Popen(["sleep", "3600"])
+                with open(prompt.text, "w") as f:
+                    f.write(str(child.pid))
+                time.sleep(3600)
+            if text == "pid":
+                return RewardResult(float(os.getpid()), "pid")
+            return RewardResult(float(text), f"value {text}")
+"""
+
+
+@pytest.fixture
+def doubles(tmp_path, monkeypatch):
+    (tmp_path / "pool_doubles.py").write_text(textwrap.dedent(DOUBLES))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import pool_doubles
+
+    return pool_doubles.Doubles()
+
+
+def prompt(text: str = "p") -> Prompt:
+    return Prompt(id="p", text=text, tokens=np.zeros(1, np.int32), answer=None)
+
+
+def test_failures_are_counted_zeros_with_reasons_and_the_rest_is_scored(doubles):
+    texts = ["1", "hang", "2", "crash", "raise", "nan", "spin", "3"]
+    with RewardPool(doubles, workers=2, timeout_s=1.0) as pool:
+        start = time.monotonic()
+        result = pool.score([prompt()] * len(texts), texts)
+        elapsed = time.monotonic() - start
+
+    np.testing.assert_array_equal(result.scores, [1, 0, 2, 0, 0, 0, 0, 3])
+    np.testing.assert_array_equal(result.failed, [0, 1, 0, 1, 1, 1, 1, 0])
+    assert (result.errors, result.timeouts) == (3, 2)
+    assert result.reasons[0] == "value 1"
+    assert "timed out after 1s" in result.reasons[1]
+    assert "worker crashed (exit code 3)" in result.reasons[3]
+    assert "KeyError" in result.reasons[4]
+    assert "non-finite" in result.reasons[5]
+    # Two 1 s timeouts on two workers run side by side, not one after the other.
+    assert elapsed < 8
+
+
+def test_the_pool_keeps_serving_after_killing_workers(doubles):
+    with RewardPool(doubles, workers=1, timeout_s=0.5) as pool:
+        first = pool.score([prompt()] * 2, ["hang", "pid"])
+        second = pool.score([prompt()] * 2, ["crash", "pid"])
+        third = pool.score([prompt()], ["5"])
+        assert pool.restarts == 2
+    assert first.timeouts == 1 and second.errors == 1
+    assert first.scores[1] != second.scores[1]  # a fresh process replaced the killed one
+    assert third.scores.tolist() == [5.0] and not third.failed.any()
+
+
+def test_a_timeout_kills_everything_the_call_started(doubles, tmp_path):
+    marker = tmp_path / "pgid"
+    with RewardPool(doubles, workers=1, timeout_s=1.5) as pool:
+        result = pool.score([prompt(str(marker))], ["child"])
+    assert result.timeouts == 1
+    assert gone(int(marker.read_text()))  # the reward's own child did not survive
+
+
+def gone(pid: int, wait_s: float = 3.0) -> bool:
+    """True once ``pid`` has exited (a zombie waiting for init to reap it counts)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+        except FileNotFoundError:
+            return True
+        if stat.rsplit(")", 1)[1].split()[0] in "ZX":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_in_process_mode_contains_exceptions(doubles):
+    pool = RewardPool(doubles, workers=0)
+    result = pool.score([prompt()] * 3, ["1", "raise", "nan"])
+    assert result.scores.tolist() == [1.0, 0.0, 0.0]
+    assert (result.errors, result.timeouts) == (2, 0)
+
+
+def test_an_unloadable_reward_is_an_error_at_start():
+    class Local:  # defined in a function: a worker cannot import it
+        def score(self, prompt, text):
+            return 1.0
+
+    with pytest.raises(RuntimeError, match="pickle"):
+        RewardPool(Local(), workers=1)
+
+
+def test_bad_arguments(doubles):
+    with pytest.raises(ValueError, match="timeout_s"):
+        RewardPool(doubles, workers=1, timeout_s=0)
+    pool = RewardPool(doubles, workers=0)
+    with pytest.raises(ValueError, match="2 prompts but 1 texts"):
+        pool.score([prompt(), prompt()], ["1"])
+    pool.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.score([], [])
