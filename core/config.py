@@ -100,7 +100,8 @@ def register_core_configurables() -> None:
     """
     import optax
 
-    from rlax.core import experiment, optim
+    from rlax.core import experiment, optim, roles, worker
+    from rlax.core.param_server import settings
 
     register_configurables("optax", {name: getattr(optax, name) for name in _OPTAX_NAMES})
     register_configurables(
@@ -109,6 +110,10 @@ def register_core_configurables() -> None:
             "train": experiment.train,
             "evaluate": experiment.evaluate,
             "clipped_optimizer": optim.clipped_optimizer,
+            "param_server": roles.param_server,
+            "worker": worker.worker,
+            "local_cluster": roles.local_cluster,
+            "ps_settings": settings.ServerSettings,
         },
     )
 

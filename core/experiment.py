@@ -21,7 +21,7 @@ import itertools
 import json
 import pathlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -32,10 +32,14 @@ from rlax.core.batching import make_batch
 from rlax.core.errors import ConfigError
 from rlax.core.metrics import MetricsLog, mean_pass_at_k
 from rlax.core.models.bundle import ModelBundle, load_model, save_model
+from rlax.core.param_server.client import ParamServerClient
+from rlax.core.param_server.settings import ServerSettings
 from rlax.core.plot import plot_curves
 from rlax.core.rollout import generated_tokens, rollout
+from rlax.core.rollout_source import InlineRollouts, RemoteRollouts
 from rlax.core.trainer import Trainer
-from rlax.core.types import Prompt
+from rlax.core.types import Group, Prompt
+from rlax.core.weight_sync import WirePlan
 
 
 class _NoHooks:
@@ -104,59 +108,63 @@ def format_eval_table(rows: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def _batches(stream: Iterator[Prompt], size: int) -> Iterator[list[Prompt]]:
-    while True:
-        yield list(itertools.islice(stream, size))
-
-
-def _train_step(step, prompts, *, sampler, reward, curation, trainer, group_size, seed):
-    """One rollout + update; returns the step's metrics (no update if every group was filtered)."""
+def _train_step(step: int, source, trainer: Trainer, *, group_size: int, completion_len: int):
+    """Takes one batch, updates, publishes the new weights; returns the step's metrics."""
     start = time.perf_counter()
-    groups = rollout(prompts, sampler, reward, group_size, seed=seed * 1_000_003 + step)
-    rewards = np.stack([g.rewards for g in groups])
-    metrics = {
+    entries, info = source.next_batch(trainer.state.step)
+    rewards = np.concatenate([e.rewards if isinstance(e, Group) else e for e in entries])
+    kept = [e for e in entries if isinstance(e, Group)]
+    metrics: dict[str, float] = {
         "step": step,
         "reward": float(rewards.mean()),
         "pass_rate": float((rewards >= 1.0).mean()),
-        "policy_version": sampler.version,
+        "groups_kept": len(kept),
+        **info,
     }
-    kept = groups
-    for f in curation:
-        kept = f.online(kept)
-    metrics["groups_kept"] = len(kept)
     if kept:
         advantages = trainer.algorithm.advantages(np.stack([g.rewards for g in kept]))
-        metrics.update(
-            trainer.step(
-                make_batch(
-                    kept,
-                    advantages,
-                    row_multiple=8 * group_size,
-                    completion_len=sampler.max_new_tokens,
-                )
-            )
-        )
-        sampler.load_weights(trainer.state.params, trainer.state.step)
+        batch = make_batch(kept, advantages, row_multiple=8 * group_size, completion_len=completion_len)
+        metrics.update(trainer.step(batch))
+        metrics.update(source.publish(trainer.state.params, trainer.state.step))
+    source.done()
+    metrics["version"] = trainer.state.step
     elapsed = time.perf_counter() - start
-    metrics["tokens_per_s"] = generated_tokens(groups) / elapsed
+    metrics["tokens_per_s"] = generated_tokens(kept) / elapsed
     metrics["step_s"] = elapsed
     return metrics
+
+
+def _rollout_source(inline, *, task, tokenizer, sampler, reward, curation, settings, plan,
+                    prompts_per_step, group_size, max_staleness, seed):  # fmt: skip
+    if inline:
+        prompts = task.prompts("train", tokenizer=tokenizer, seed=seed)
+        return InlineRollouts(
+            prompts, sampler, reward, curation, group_size=group_size,
+            prompts_per_step=prompts_per_step, seed=seed,
+        )  # fmt: skip
+    if settings is None:
+        raise ConfigError("rlax.train.settings: the trainer role needs parameter server settings")
+    client = ParamServerClient(settings)
+    return RemoteRollouts(client, plan, prompts_per_step=prompts_per_step, max_staleness=max_staleness)
 
 
 def train(
     *,
     hook: Any = None,
     run_dir: pathlib.Path | None = None,
+    inline: bool = False,
     task: Any,
     reward: Any,
     sampler: Any,
     algorithm: Any,
     optimizer: optax.GradientTransformation,
     init_checkpoint: str,
+    settings: ServerSettings | None = None,
     curation: Sequence[Any] = (),
     steps: int = 100,
     prompts_per_step: int = 16,
     group_size: int = 8,
+    max_staleness: int = 0,
     seed: int = 0,
     eval_samples: int = 8,
     eval_ks: Sequence[int] = (1, 8),
@@ -164,7 +172,13 @@ def train(
     run_name: str = "run",
     progress: bool = True,
 ) -> int:
-    """Runs RL from ``init_checkpoint`` for ``steps`` steps; returns the exit code (0)."""
+    """The trainer role: RL from ``init_checkpoint`` for ``steps`` steps; returns the exit code.
+
+    With ``inline`` (``--role inline``) rollouts are sampled in this process;
+    otherwise weights go to and groups come from the parameter server.
+    ``task``, ``reward`` and ``sampler`` also serve the held-out evaluation
+    before and after training.
+    """
     hook = hook or _NoHooks()
     bundle = _load_policy(init_checkpoint, "rlax.train.init_checkpoint")
     run_dir = pathlib.Path(run_dir) if run_dir else make_run_dir(run_root, run_name)
@@ -172,6 +186,13 @@ def train(
     _save_config(run_dir)
     sampler.setup(bundle.model, bundle.tokenizer)
     trainer = Trainer(bundle.model, algorithm, optimizer, temperature=sampler.temperature)
+    plan = WirePlan.for_tree(trainer.state.params, settings.wire_dtype if settings else "float32")
+    source = _rollout_source(
+        inline, task=task, tokenizer=bundle.tokenizer, sampler=sampler, reward=reward,
+        curation=curation, settings=settings, plan=plan, prompts_per_step=prompts_per_step,
+        group_size=group_size, max_staleness=max_staleness, seed=seed,
+    )  # fmt: skip
+    source.publish(trainer.state.params, trainer.state.step)  # version 0: workers can start
     eval_prompts = list(task.prompts("eval", tokenizer=bundle.tokenizer, seed=seed))
     evaluate_now = functools.partial(
         evaluate_pass_at_k, sampler, reward, eval_prompts,
@@ -184,21 +205,21 @@ def train(
         flush=True,
     )
     log = MetricsLog(run_dir / "metrics.jsonl")
-    stream = _batches(
-        task.prompts("train", tokenizer=bundle.tokenizer, seed=seed), prompts_per_step
-    )
     bar = tqdm(range(steps), desc="rl", disable=not progress)
-    for step in bar:
-        metrics = _train_step(
-            step, next(stream), sampler=sampler, reward=reward, curation=curation,
-            trainer=trainer, group_size=group_size, seed=seed,
-        )  # fmt: skip
-        log.write(metrics)
-        bar.set_postfix(
-            reward=f"{metrics['reward']:.2f}", kl=f"{metrics.get('kl_old', 0):.1e}", refresh=False
-        )
-        hook.rlax_on_step_end(step=step, metrics=metrics)
-        hook.rlax_on_weights_published(version=trainer.state.step)
+    try:
+        for step in bar:
+            metrics = _train_step(
+                step, source, trainer, group_size=group_size, completion_len=sampler.max_new_tokens
+            )
+            log.write(metrics)
+            bar.set_postfix(
+                reward=f"{metrics['reward']:.2f}", kl=f"{metrics.get('kl_old', 0):.1e}", refresh=False
+            )
+            hook.rlax_on_step_end(step=step, metrics=metrics)
+            hook.rlax_on_weights_published(version=trainer.state.step)
+    finally:
+        source.close()
+    sampler.load_weights(trainer.state.params, trainer.state.step)
     results["after"] = evaluate_now()
     _finish(run_dir, hook, trainer, bundle, log, results)
     return 0

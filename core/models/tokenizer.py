@@ -58,3 +58,18 @@ class CharTokenizer:
         if values.get("type") != "char":
             raise ValueError(f"not a char tokenizer spec: {values!r}")
         return cls(values["alphabet"])
+
+
+def load_tokenizer(model_dir) -> CharTokenizer:
+    """The tokenizer of a model directory, read without loading its weights."""
+    import json
+    import pathlib
+
+    path = pathlib.Path(model_dir) / "model.json"
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{model_dir}: not an rlax model directory (no model.json)") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: corrupt model metadata: {err}") from None
+    return CharTokenizer.from_dict(meta["tokenizer"])

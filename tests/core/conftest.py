@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import itertools
 import pathlib
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from rlax.core import plugins
+from rlax.core.param_server.client import ParamServerClient
+from rlax.core.param_server.server import ParamServer
+from rlax.core.param_server.settings import ServerSettings
+from rlax.core.types import Prompt
 
 REWARD_PLUGIN = """
     from rlax.core import hookimpl
@@ -86,3 +92,54 @@ def site(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch):
     yield fake
     for name in fake.modules:
         sys.modules.pop(name, None)
+
+
+# -- a real parameter server on a free loopback port (param_server and worker tests) --
+
+
+TOKEN = "test-token"
+
+
+def prompts():
+    for i in itertools.count():
+        yield Prompt(
+            id=f"p{i}", text=f"{i}=", tokens=np.array([1, 3 + i % 5], np.int32), answer=str(i)
+        )
+
+
+class Running:
+    def __init__(self, **kwargs):
+        settings = kwargs.pop(
+            "settings",
+            ServerSettings(address="127.0.0.1:0", token=TOKEN, max_message_mb=8, chunk_mb=1),
+        )
+        self.server = ParamServer(
+            settings, prompts(), **{"capacity": 8, "lease_ttl_s": 60.0, **kwargs}
+        )
+        port = self.server.start()
+        self.settings = ServerSettings(**{**settings.__dict__, "address": f"127.0.0.1:{port}"})
+        self.client = ParamServerClient(self.settings, retry_s=0.0)
+
+    def stop(self):
+        self.client.close()
+        self.server.stop(grace=None)
+
+
+@pytest.fixture
+def ps():
+    running = Running()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def make_ps():
+    made = []
+
+    def make(**kwargs):
+        made.append(Running(**kwargs))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.stop()

@@ -28,7 +28,7 @@ SHORT = [
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> pathlib.Path:
     path = tmp_path_factory.mktemp("quickstart") / "run"
-    assert cli.main(["run", *SHORT, "--run-dir", str(path)]) == cli.EXIT_OK
+    assert cli.main(["run", *SHORT, "--role", "inline", "--run-dir", str(path)]) == cli.EXIT_OK
     return path
 
 
@@ -51,8 +51,7 @@ def test_metrics_has_every_step_and_field(run_dir):
         assert all(np.isfinite(r[field]) for r in rows if r["groups_kept"]), field
     assert all(0 <= r["pass_rate"] <= 1 and r["kl_old"] >= 0 for r in rows if r["groups_kept"])
     # Each update publishes a new weight version to the sampler.
-    versions = [r["policy_version"] for r in rows]
-    assert versions == sorted(versions) and versions[-1] > versions[0]
+    assert [r["version"] for r in rows] == list(range(1, STEPS + 1))
 
 
 def test_run_directory_contents(run_dir):
@@ -90,7 +89,7 @@ def test_missing_or_corrupt_checkpoint_is_a_configuration_error(tmp_path, capsys
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "model.json").write_text("{not json")
     status = cli.main(["run", *SHORT, f"--gin.rlax.train.init_checkpoint='{tmp_path / 'bad'}'",
-                       "--run-dir", str(tmp_path / "run")])  # fmt: skip
+                       "--role", "inline", "--run-dir", str(tmp_path / "run")])  # fmt: skip
     err = capsys.readouterr().err
     assert status == cli.EXIT_USAGE
     assert (

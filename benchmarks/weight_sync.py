@@ -1,0 +1,156 @@
+"""Weight sync throughput on loopback: raw TCP (the link's limit here) vs our push and pull.
+
+In one run, with the receiving side in a separate process every time:
+  tcp     one socket ``sendall`` of the bytes into a process that ``recv_into``s a
+          preallocated buffer (the baseline: what the link gives a copy-once reader)
+  push    ``ParamServerClient.push`` of a parameter tree of that size to a
+          parameter-server process (pack, stream, verify, commit)
+  pull    ``ParamServerClient.pull`` of it back (stream, verify, write into the buffer)
+  pull4   four processes pulling at once; aggregate MB/s
+
+    python benchmarks/weight_sync.py --mb 256
+
+Prints a table, then one JSON line:
+``{"tcp_mb_s", "push_mb_s", "pull_mb_s", "pull4_aggregate_mb_s", "push_vs_tcp", "pull_vs_tcp"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import time
+
+import numpy as np
+
+TOKEN = "bench-token"
+
+
+def _tcp_receiver(port_q, done_q, nbytes):
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port_q.put(srv.getsockname()[1])
+    conn, _ = srv.accept()
+    buf = bytearray(nbytes)
+    view, got = memoryview(buf), 0
+    while got < nbytes:
+        got += conn.recv_into(view[got:], min(nbytes - got, 8 << 20))
+    done_q.put(time.perf_counter())
+    conn.close()
+
+
+def tcp_mb_s(payload: memoryview) -> float:
+    port_q, done_q = mp.Queue(), mp.Queue()
+    p = mp.Process(target=_tcp_receiver, args=(port_q, done_q, len(payload)))
+    p.start()
+    sock = socket.create_connection(("127.0.0.1", port_q.get()))
+    start = time.perf_counter()
+    sock.sendall(payload)
+    end = done_q.get()
+    sock.close()
+    p.join()
+    return len(payload) / 2**20 / (end - start)
+
+
+def _server(port_q, stop_evt):
+    from rlax.core.param_server.server import ParamServer
+    from rlax.core.param_server.settings import ServerSettings
+
+    def no_prompts():
+        yield from ()
+
+    server = ParamServer(
+        ServerSettings(address="127.0.0.1:0", token=TOKEN), no_prompts(), capacity=1
+    )
+    port_q.put(server.start())
+    stop_evt.wait()
+    server.stop(grace=None)
+
+
+def _settings(port):
+    from rlax.core.param_server.settings import ServerSettings
+
+    return ServerSettings(address=f"127.0.0.1:{port}", token=TOKEN)
+
+
+def _puller(port, barrier, out_q, nbytes):
+    from rlax.core.param_server.client import ParamServerClient
+
+    client = ParamServerClient(_settings(port))
+    client._buffers = {nbytes: bytearray(nbytes)}  # preallocated, as a running worker has it
+    barrier.wait()
+    start = time.perf_counter()
+    version, _, buf = client.pull(-1)
+    out_q.put((start, time.perf_counter(), len(buf)))
+    client.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    mp.set_start_method("spawn")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+    from rlax.core.param_server.client import ParamServerClient
+    from rlax.core.weight_sync import WirePlan
+
+    n_tensors = 32
+    per = args.mb * 2**20 // 4 // n_tensors
+    rng = np.random.default_rng(0)
+    tree = {f"layer_{i:02d}": rng.standard_normal(per, dtype=np.float32) for i in range(n_tensors)}
+    plan = WirePlan.for_tree(tree)
+    nbytes = plan.nbytes
+    mb = nbytes / 2**20
+    packed = plan.pack(tree)
+
+    tcp = statistics.median(tcp_mb_s(memoryview(packed)) for _ in range(args.repeats))
+
+    port_q, stop_evt = mp.Queue(), mp.Event()
+    server = mp.Process(target=_server, args=(port_q, stop_evt))
+    server.start()
+    port = port_q.get()
+    client = ParamServerClient(_settings(port))
+    push_s, pull_s = [], []
+    for version in range(args.repeats):
+        start = time.perf_counter()
+        client.push(plan, tree, version)
+        push_s.append(time.perf_counter() - start)
+        client._buffers = {nbytes: bytearray(nbytes)}
+        start = time.perf_counter()
+        got = client.pull(version - 1)
+        pull_s.append(time.perf_counter() - start)
+        assert got is not None and bytes(got[2][:64]) == packed[:64].tobytes()
+    push, pull = mb / statistics.median(push_s), mb / statistics.median(pull_s)
+
+    barrier, out_q = mp.Barrier(4), mp.Queue()
+    pullers = [mp.Process(target=_puller, args=(port, barrier, out_q, nbytes)) for _ in range(4)]
+    for p in pullers:
+        p.start()
+    results = [out_q.get() for _ in pullers]
+    for p in pullers:
+        p.join()
+    pull4 = 4 * mb / (max(r[1] for r in results) - min(r[0] for r in results))
+    client.close()
+    stop_evt.set()
+    server.join()
+
+    print(f"\nweight sync, {mb:.0f} MB fp32 in {n_tensors} tensors, loopback, median of {args.repeats}")
+    print(f"{'path':<28}{'MB/s':>10}{'vs tcp':>9}")
+    for name, value in (("raw TCP socket (baseline)", tcp), ("rlax push", push), ("rlax pull", pull),
+                        ("rlax pull, 4 at once (sum)", pull4)):  # fmt: skip
+        print(f"{name:<28}{value:>10.0f}{value / tcp:>9.2f}")
+    print(json.dumps({
+        "tcp_mb_s": round(tcp, 1), "push_mb_s": round(push, 1), "pull_mb_s": round(pull, 1),
+        "pull4_aggregate_mb_s": round(pull4, 1), "push_vs_tcp": round(push / tcp, 3),
+        "pull_vs_tcp": round(pull / tcp, 3),
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""One gRPC server process hosting WeightStore and RolloutQueue.
+
+Weight chunks travel as raw serialized messages in both directions (identity
+(de)serializers): a pushed chunk is parsed once to be verified, stored as the
+bytes that arrived, and served to every puller as those same bytes.
+Mutating calls need the shared token in the ``authorization`` metadata;
+a missing or wrong token is UNAUTHENTICATED and touches nothing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hmac
+import logging
+from collections.abc import Iterator
+
+import grpc
+
+from rlax.core.param_server import rlax_pb2 as pb
+from rlax.core.param_server.queue import QueueError, RolloutQueue
+from rlax.core.param_server.settings import MB, ServerSettings
+from rlax.core.param_server.weights import PushRejected, WeightStore
+from rlax.core.types import Prompt
+
+log = logging.getLogger("rlax.param_server")
+
+PROTECTED = {
+    "/rlax.v1.WeightStore/Push",
+    "/rlax.v1.RolloutQueue/Lease",
+    "/rlax.v1.RolloutQueue/Submit",
+    "/rlax.v1.RolloutQueue/Take",
+    "/rlax.v1.RolloutQueue/Ack",
+}
+
+
+class _TokenCheck(grpc.ServerInterceptor):
+    def __init__(self, token: str):
+        self._expected = f"Bearer {token}".encode()
+
+        def deny(request, context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
+
+        self._deny = {
+            False: grpc.unary_unary_rpc_method_handler(deny),
+            True: grpc.stream_unary_rpc_method_handler(deny),
+        }
+
+    def intercept_service(self, continuation, details):
+        if details.method in PROTECTED:
+            given = dict(details.invocation_metadata).get("authorization", "")
+            if not hmac.compare_digest(given.encode(), self._expected):
+                log.warning("rejected %s: missing or wrong token", details.method)
+                return self._deny[details.method.endswith("/Push")]
+        return continuation(details)
+
+
+class ParamServer:
+    """The services' state plus the gRPC glue. ``start()`` binds; ``stop()`` shuts down."""
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        prompts: Iterator[Prompt],
+        *,
+        capacity: int,
+        lease_ttl_s: float = 120.0,
+        threads: int = 64,
+    ):
+        self.settings = settings.resolved()
+        self.weights = WeightStore(max_version_bytes=self.settings.max_version_mb * MB)
+        self.queue = RolloutQueue(
+            prompts, capacity=capacity, lease_ttl_s=lease_ttl_s, version_fn=lambda: self.weights.version
+        )
+        self._server = grpc.server(
+            concurrent.futures.ThreadPoolExecutor(max_workers=threads),
+            interceptors=[_TokenCheck(self.settings.token)],
+            options=self.settings.grpc_options(),
+        )
+        self._server.add_generic_rpc_handlers([self._weight_handlers(), self._queue_handlers()])
+        self.port = 0
+
+    def start(self) -> int:
+        creds = self.settings.server_credentials()
+        address = self.settings.address
+        if creds is None:
+            self.port = self._server.add_insecure_port(address)
+        else:
+            self.port = self._server.add_secure_port(address, creds)
+        if not self.port:
+            raise OSError(f"parameter server: cannot bind {address}")
+        self._server.start()
+        log.info("parameter server listening on %s (port %d, tls=%s)", address, self.port, bool(creds))
+        return self.port
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        self._server.stop(grace).wait()
+
+    def wait(self) -> None:
+        self._server.wait_for_termination()
+
+    # -- WeightStore --------------------------------------------------------
+
+    def _push(self, request_iterator, context):
+        try:
+            return self.weights.push(request_iterator)
+        except PushRejected as err:
+            log.warning("push rejected: %s", err)
+            context.abort(err.code, str(err))
+
+    def _pull(self, request: pb.PullRequest, context):
+        yield from self.weights.messages_for(request.have_version)
+
+    def _wait(self, request: pb.WaitRequest, context):
+        return pb.VersionInfo(version=self.weights.wait_for(request.after_version, request.timeout_s))
+
+    def _stat(self, request, context):
+        return pb.StatReply(
+            version=self.weights.version,
+            version_bytes=self.weights.version_bytes,
+            pushes_rejected=self.weights.rejected,
+            queue=self.queue.stats(),
+        )
+
+    def _weight_handlers(self):
+        return grpc.method_handlers_generic_handler(
+            "rlax.v1.WeightStore",
+            {
+                "Push": grpc.stream_unary_rpc_method_handler(
+                    self._push, request_deserializer=None, response_serializer=pb.PushReply.SerializeToString
+                ),
+                "Pull": grpc.unary_stream_rpc_method_handler(
+                    self._pull, request_deserializer=pb.PullRequest.FromString, response_serializer=None
+                ),
+                "WaitForVersion": _unary(self._wait, pb.WaitRequest, pb.VersionInfo),
+                "Stat": _unary(self._stat, pb.StatRequest, pb.StatReply),
+            },
+        )
+
+    # -- RolloutQueue -------------------------------------------------------
+
+    def _queue_call(self, method):
+        def call(request, context):
+            try:
+                return method(request)
+            except QueueError as err:
+                context.abort(err.code, str(err))
+
+        return call
+
+    def _queue_handlers(self):
+        q = self.queue
+        return grpc.method_handlers_generic_handler(
+            "rlax.v1.RolloutQueue",
+            {
+                "Lease": _unary(self._queue_call(q.lease), pb.LeaseRequest, pb.LeaseReply),
+                "Submit": _unary(self._queue_call(q.submit), pb.SubmitRequest, pb.SubmitReply),
+                "Take": _unary(self._queue_call(q.take), pb.TakeRequest, pb.TakeReply),
+                "Ack": _unary(self._queue_call(q.ack), pb.AckRequest, pb.AckReply),
+            },
+        )
+
+
+def _unary(fn, request_cls, reply_cls):
+    return grpc.unary_unary_rpc_method_handler(
+        fn, request_deserializer=request_cls.FromString, response_serializer=reply_cls.SerializeToString
+    )

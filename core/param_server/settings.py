@@ -1,0 +1,102 @@
+"""Where the parameter server listens, how clients reach it, and the shared secret.
+
+Values come from gin (``rlax.ps_settings``) and the environment: the
+environment wins for the address and token, so a supervisor or a cluster
+scheduler can place processes without editing gin files.
+
+  RLAX_PS_ADDRESS     host:port of the server (clients) / to bind (server)
+  RLAX_PS_TOKEN       the shared token
+  RLAX_PS_TOKEN_FILE  a file holding the token (first line)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+
+import grpc
+
+ADDRESS_ENV = "RLAX_PS_ADDRESS"
+TOKEN_ENV = "RLAX_PS_TOKEN"
+TOKEN_FILE_ENV = "RLAX_PS_TOKEN_FILE"
+MB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSettings:
+    """Connection settings shared by the server and its clients.
+
+    Args:
+      address: ``host:port``. The server binds to it (loopback by default: a
+        wider address must be configured on purpose).
+      token: shared secret for Push, Lease, Submit, Take and Ack.
+      token_file: read the token from this file instead.
+      tls_cert: PEM certificate chain. Set: the server serves TLS with it and
+        ``tls_key``, and clients trust it as their root.
+      tls_key: PEM private key (server only).
+      tls_server_name: the name clients check in the certificate.
+      chunk_mb: size of weight chunks on the wire.
+      max_message_mb: gRPC message limit, both directions.
+      max_version_mb: the largest weight version the server accepts.
+      wire_dtype: dtype of weights on the wire: "float32" or "bfloat16".
+    """
+
+    address: str = "127.0.0.1:50051"
+    token: str | None = None
+    token_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_server_name: str | None = None
+    chunk_mb: int = 4
+    max_message_mb: int = 64
+    max_version_mb: int = 16_384
+    wire_dtype: str = "float32"
+
+    def resolved(self) -> ServerSettings:
+        """A copy with the environment applied and the token read from its file."""
+        address = os.environ.get(ADDRESS_ENV) or self.address
+        token = os.environ.get(TOKEN_ENV) or self.token
+        token_file = os.environ.get(TOKEN_FILE_ENV) or self.token_file
+        if not token and token_file:
+            try:
+                token = pathlib.Path(token_file).read_text().splitlines()[0].strip()
+            except (OSError, IndexError) as err:
+                raise ValueError(f"parameter server token file {token_file}: {err}") from None
+        if not token:
+            raise ValueError(
+                f"parameter server: no token; set {TOKEN_ENV}, {TOKEN_FILE_ENV}, "
+                "rlax.ps_settings.token or rlax.ps_settings.token_file"
+            )
+        if self.chunk_mb * MB > self.max_message_mb * MB - 4096:
+            raise ValueError("parameter server: chunk_mb must be below max_message_mb")
+        return dataclasses.replace(self, address=address, token=token, token_file=token_file)
+
+    def grpc_options(self) -> list[tuple[str, int]]:
+        limit = self.max_message_mb * MB
+        return [
+            ("grpc.max_send_message_length", limit),
+            ("grpc.max_receive_message_length", limit),
+            # Large flow-control windows: weights are big and loopback is fast.
+            ("grpc.http2.lookahead_bytes", 64 * MB),
+            ("grpc.http2.bdp_probe", 1),
+        ]
+
+    def server_credentials(self) -> grpc.ServerCredentials | None:
+        if not self.tls_cert:
+            return None
+        if not self.tls_key:
+            raise ValueError("parameter server: tls_cert is set but tls_key is not")
+        key = pathlib.Path(self.tls_key).read_bytes()
+        cert = pathlib.Path(self.tls_cert).read_bytes()
+        return grpc.ssl_server_credentials([(key, cert)])
+
+    def channel(self) -> grpc.Channel:
+        options = self.grpc_options()
+        if not self.tls_cert:
+            return grpc.insecure_channel(self.address, options=options)
+        if self.tls_server_name:
+            options.append(("grpc.ssl_target_name_override", self.tls_server_name))
+        creds = grpc.ssl_channel_credentials(pathlib.Path(self.tls_cert).read_bytes())
+        return grpc.secure_channel(self.address, creds, options=options)
+

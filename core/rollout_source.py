@@ -1,0 +1,112 @@
+"""Where the trainer's batches come from and where its weights go.
+
+:class:`RemoteRollouts` is the system of DESIGN.md §4: weights are pushed to
+the parameter server, groups are taken from its rollout queue under the
+staleness rule and acknowledged once trained on. :class:`InlineRollouts`
+does the same in one process (a sampler beside the trainer): for debugging
+and for tests that need the loop without processes. The trainer loop is the
+same for both.
+
+``next_batch`` returns one entry per prompt: a scored :class:`Group`, or just
+the rewards (a float array) of a group an online curation filter dropped.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from rlax.core.param_server.client import ParamServerClient
+from rlax.core.rollout import rollout
+from rlax.core.types import Group, Prompt
+from rlax.core.weight_sync import WirePlan
+
+Entry = Group | np.ndarray
+
+
+class InlineRollouts:
+    """Samples in the trainer's process; every group is on-policy."""
+
+    def __init__(self, prompts: Iterator[Prompt], sampler, reward, curation: Sequence[Any], *,
+                 group_size: int, prompts_per_step: int, seed: int):  # fmt: skip
+        self.prompts, self.sampler, self.reward = prompts, sampler, reward
+        self.curation = list(curation)
+        self.group_size, self.prompts_per_step, self.seed = group_size, prompts_per_step, seed
+        self._step = 0
+
+    def publish(self, params, version: int) -> dict[str, float]:
+        self.sampler.load_weights(params, version)
+        return {}
+
+    def next_batch(self, version: int) -> tuple[list[Entry], dict[str, float]]:
+        batch = list(itertools.islice(self.prompts, self.prompts_per_step))
+        groups = rollout(batch, self.sampler, self.reward, self.group_size, self.seed * 1_000_003 + self._step)
+        self._step += 1
+        kept = groups
+        for f in self.curation:
+            kept = f.online(kept)
+        ids = {id(g) for g in kept}
+        return [g if id(g) in ids else g.rewards for g in groups], {}
+
+    def done(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class RemoteRollouts:
+    """Pushes weights to and takes groups from the parameter server."""
+
+    def __init__(self, client: ParamServerClient, plan: WirePlan, *, prompts_per_step: int,
+                 max_staleness: int):  # fmt: skip
+        self.client, self.plan = client, plan
+        self.prompts_per_step, self.max_staleness = prompts_per_step, max_staleness
+        self._takes: list[str] = []
+
+    def publish(self, params, version: int) -> dict[str, float]:
+        start = time.perf_counter()
+        buffer = self.plan.pack(params)
+        reply = self.client.push(self.plan, buffer, version)
+        if not reply.committed:
+            raise RuntimeError(f"parameter server did not commit version {version}")
+        seconds = time.perf_counter() - start
+        return {"weight_sync_s": seconds, "weight_sync_mb_s": self.plan.nbytes / 2**20 / seconds}
+
+    def next_batch(self, version: int) -> tuple[list[Entry], dict[str, float]]:
+        entries: list[Entry] = []
+        dropped = 0
+        start = time.perf_counter()
+        while len(entries) < self.prompts_per_step:
+            take_id, got, stale = self.client.take(
+                self.prompts_per_step - len(entries), current_version=version,
+                max_staleness=self.max_staleness, wait_s=5.0,
+            )  # fmt: skip
+            dropped += stale
+            if got:
+                self._takes.append(take_id)
+                entries.extend(got)
+        info: dict[str, float] = {"take_wait_s": time.perf_counter() - start, "dropped_stale": dropped}
+        ages = collections.Counter(version - g.policy_version for g in entries if isinstance(g, Group))
+        if any(age > self.max_staleness or age < 0 for age in ages):
+            raise RuntimeError(f"staleness rule violated: ages {dict(ages)} with max {self.max_staleness}")
+        info.update({f"staleness_{age}": float(n) for age, n in sorted(ages.items())})
+        q = self.client.stat().queue
+        info["queue_depth"] = float(q.queued)
+        total = q.worker_idle_s + q.worker_busy_s
+        info["worker_idle_fraction"] = q.worker_idle_s / total if total else 0.0
+        return entries, info
+
+    def done(self) -> None:
+        """Acknowledges the batch the trainer just trained on (after its new weights were pushed)."""
+        for take_id in self._takes:
+            self.client.ack(take_id)
+        self._takes = []
+
+    def close(self) -> None:
+        self.client.close()

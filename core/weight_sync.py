@@ -1,0 +1,122 @@
+"""Pytree <-> one flat byte buffer, the unit the parameter server stores and streams.
+
+A :class:`WirePlan` is computed once from a parameter tree: the flattened
+names, shapes, byte offsets and the dtype on the wire. After that, packing is
+one jitted call that casts, ravels and concatenates every leaf into a single
+array (one device-to-host transfer), and unpacking is one jitted call that
+slices, reshapes and casts back: no Python loop over tensors on the hot path.
+
+The buffer of one version is cut into large chunks for the gRPC stream; the
+receiver writes each chunk at its offset into a preallocated buffer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+WIRE_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+
+
+def leaf_name(path: tuple) -> str:
+    parts = []
+    for key in path:
+        for attr in ("key", "idx", "name"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return "/".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype  # the parameter's own dtype
+    offset: int  # bytes, in the wire buffer
+    nbytes: int  # bytes on the wire
+
+
+@dataclasses.dataclass
+class WirePlan:
+    """Layout of a parameter tree in the wire buffer; built once, reused every version."""
+
+    treedef: Any
+    tensors: tuple[TensorSpec, ...]
+    wire_dtype: np.dtype
+    nbytes: int
+
+    @classmethod
+    def for_tree(cls, tree: Any, wire_dtype: str = "float32") -> WirePlan:
+        if wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"wire dtype {wire_dtype!r} not supported; use one of {sorted(WIRE_DTYPES)}")
+        wire = WIRE_DTYPES[wire_dtype]
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+        tensors, offset = [], 0
+        for path, leaf in leaves:
+            dtype = np.dtype(leaf.dtype)
+            if not np.issubdtype(dtype, np.floating) and dtype != ml_dtypes.bfloat16:
+                raise TypeError(f"weight sync: leaf {leaf_name(path)!r} has non-float dtype {dtype}")
+            nbytes = int(np.prod(leaf.shape, dtype=np.int64)) * wire.itemsize
+            tensors.append(TensorSpec(leaf_name(path), tuple(leaf.shape), dtype, offset, nbytes))
+            offset += nbytes
+        return cls(treedef, tuple(tensors), wire, offset)
+
+    def __post_init__(self) -> None:
+        wire = self.wire_dtype
+        self._pack = jax.jit(
+            lambda leaves: jnp.concatenate([jnp.ravel(x).astype(wire) for x in leaves])
+        )
+        sizes = [t.nbytes // wire.itemsize for t in self.tensors]
+        bounds = np.cumsum([0, *sizes])
+
+        def unpack(flat):
+            return [
+                flat[bounds[i] : bounds[i + 1]].reshape(t.shape).astype(t.dtype)
+                for i, t in enumerate(self.tensors)
+            ]
+
+        self._unpack = jax.jit(unpack)
+
+    def pack(self, tree: Any) -> np.ndarray:
+        """The whole tree as one uint8 array of ``nbytes`` bytes (wire dtype, C order)."""
+        leaves = jax.tree_util.tree_leaves(tree)
+        if len(leaves) != len(self.tensors):
+            raise ValueError(f"weight sync: tree has {len(leaves)} leaves, plan has {len(self.tensors)}")
+        flat = np.asarray(self._pack(leaves))
+        return flat.view(np.uint8)
+
+    def unpack(self, buffer: bytes | bytearray | memoryview | np.ndarray) -> Any:
+        """The tree back from a wire buffer of exactly ``nbytes`` bytes."""
+        flat = np.frombuffer(buffer, dtype=self.wire_dtype)
+        if flat.nbytes != self.nbytes:
+            raise ValueError(f"weight sync: buffer has {flat.nbytes} bytes, plan expects {self.nbytes}")
+        return jax.tree_util.tree_unflatten(self.treedef, self._unpack(flat))
+
+    def check_layout(self, tensors: list[dict]) -> None:
+        """Raises ValueError unless ``tensors`` (name, shape, offset, nbytes) match this plan."""
+        mine = [(t.name, t.shape, t.offset, t.nbytes) for t in self.tensors]
+        theirs = [(t["name"], tuple(t["shape"]), t["offset"], t["nbytes"]) for t in tensors]
+        if mine != theirs:
+            diff = next(((a, b) for a, b in zip(mine, theirs) if a != b), (len(mine), len(theirs)))
+            raise ValueError(f"weight sync: layout differs from this model's: {diff}")
+
+
+def chunks(buffer: np.ndarray | bytes, chunk_bytes: int) -> Iterator[tuple[int, memoryview]]:
+    """(offset, view) pairs covering ``buffer`` in order."""
+    view = memoryview(buffer).cast("B")
+    for offset in range(0, len(view), chunk_bytes):
+        yield offset, view[offset : offset + chunk_bytes]
+
+
+def crc32(buffer: np.ndarray | bytes | bytearray | memoryview) -> int:
+    return zlib.crc32(memoryview(buffer).cast("B")) & 0xFFFFFFFF

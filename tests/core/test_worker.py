@@ -1,0 +1,61 @@
+"""The worker's reload rule and one lease -> generate -> submit round, against a real server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlax.core.models.bundle import load_model
+from rlax.core.weight_sync import WirePlan
+from rlax.core.worker import Worker
+from rlax.plugins.curation.zero_variance import ZeroVarianceFilter
+from rlax.plugins.rewards.arithmetic import ArithmeticReward
+from rlax.plugins.samplers.jax_sampler import JaxSampler
+
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    import pathlib
+
+    return load_model(pathlib.Path(__file__).resolve().parents[2] / "assets" / "quickstart-base")
+
+
+def make_worker(client, bundle, reload_staleness):
+    sampler = JaxSampler(max_new_tokens=4)
+    sampler.setup(bundle.model, bundle.tokenizer)
+    return Worker(
+        client, sampler, ArithmeticReward(), [ZeroVarianceFilter()], group_size=4,
+        prompts_per_lease=3, reload_staleness=reload_staleness, worker_id="w0", seed=0,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("reload_staleness,expected", [(0, [0, 1, 2, 3]), (1, [0, 0, 2, 2]), (2, [0, 0, 0, 3])])
+def test_reload_when_more_than_r_versions_behind(ps, bundle, reload_staleness, expected):
+    state = nnx.state(bundle.model)
+    plan = WirePlan.for_tree(state)
+    worker = make_worker(ps.client, bundle, reload_staleness)
+    seen = []
+    for version in range(4):
+        ps.client.push(plan, state, version)
+        worker.maybe_reload(plan)
+        seen.append(worker.version)
+    assert seen == expected  # the first version is always loaded, whatever r is
+
+
+def test_one_round_submits_every_leased_prompt_tagged_with_its_version(ps, bundle):
+    state = nnx.state(bundle.model)
+    plan = WirePlan.for_tree(state)
+    ps.client.push(plan, state, 0)
+    worker = make_worker(ps.client, bundle, 0)
+    assert worker.run_once(plan) == 3
+    q = ps.client.stat().queue
+    assert (q.leased, q.queued) == (0, 3)
+    _, entries, _ = ps.client.take(3, current_version=0, max_staleness=0, wait_s=0)
+    assert len(entries) == 3
+    kept = [e for e in entries if not isinstance(e, np.ndarray)]
+    assert q.filtered == 3 - len(kept)
+    for group in kept:
+        assert all(c.policy_version == 0 for c in group.completions)
+        assert np.ptp(group.rewards) > 0  # the zero-variance filter ran in the worker
