@@ -1,0 +1,212 @@
+"""The ``rlax`` command.
+
+::
+
+    rlax plugins [--json] [-p no:NAME | -p MODULE ...]
+    rlax run  --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...] [--run-dir DIR]
+    rlax eval --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...] --checkpoint DIR
+    rlax curate --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...] [--out DIR]
+
+Start-up, in this order: build the plugin manager and load the plugins
+(registering their components with gin), register the core configurables,
+parse the gin files and bindings; then call the configured ``rlax.train`` or
+``rlax.evaluate``. Exit statuses are the ``EXIT_*`` constants below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import traceback
+from collections.abc import Sequence
+
+from rlax.core import config
+from rlax.core.errors import ConfigError, PluginError, Preempted
+from rlax.core.plugins import PluginManager, build_plugin_manager
+
+__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE", "main"]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2  # bad arguments, gin configuration or plugins
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped at a safe point; restart to resume
+
+ROLES = ("all", "inline", "param_server", "trainer", "worker")
+_BINDING_PREFIX = "--gin."
+_PLUGIN_COLUMNS = ("kind", "name", "plugin", "distribution", "version")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the ``rlax`` command line and returns its exit status.
+
+    Args:
+      argv: the arguments after the program name; ``sys.argv[1:]`` if None.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    try:
+        argv, bindings = _split_bindings(argv)
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has printed usage or help
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except ValueError as exc:
+        parser.print_usage(sys.stderr)
+        return _error(str(exc), EXIT_USAGE)
+    if bindings and args.command == "plugins":
+        return _error("--gin.NAME=VALUE bindings apply to 'run' and 'eval' only", EXIT_USAGE)
+    try:
+        return args.handler(args, bindings)
+    except (ConfigError, PluginError) as exc:
+        return _error(str(exc), EXIT_USAGE)
+    except Preempted as exc:
+        print(f"rlax: preempted: {exc}", file=sys.stderr)
+        return EXIT_PREEMPTED
+    except Exception:  # noqa: BLE001 -- report, then fail with a status rather than a crash
+        traceback.print_exc()
+        return EXIT_FAILURE
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-p",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="load plugin NAME (an entry-point name or a module), or block it with no:NAME",
+    )
+    gin_files = argparse.ArgumentParser(add_help=False)
+    gin_files.add_argument(
+        "--gin", action="append", required=True, metavar="FILE", help="gin file (repeatable)"
+    )
+    parser = argparse.ArgumentParser(
+        prog="rlax",
+        description="RL for language models in JAX.",
+        epilog="--gin.NAME=VALUE adds the gin binding NAME = VALUE (after the files).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    plugins = commands.add_parser("plugins", parents=[common], help="list registered components")
+    plugins.add_argument("--json", action="store_true", help="print a JSON list")
+    plugins.set_defaults(handler=_plugins)
+
+    run = commands.add_parser("run", parents=[common, gin_files], help="train (rlax.train)")
+    run.add_argument("--run-dir", type=pathlib.Path, default=None, metavar="DIR")
+    run.add_argument(
+        "--role",
+        choices=ROLES,
+        default="all",
+        help="all (default): parameter server + trainer + workers on this machine, supervised; "
+        "inline: trainer with an in-process sampler; or one role of a cluster deployment",
+    )
+    run.set_defaults(handler=_run)
+
+    evaluate = commands.add_parser(
+        "eval", parents=[common, gin_files], help="evaluate a checkpoint (rlax.evaluate)"
+    )
+    evaluate.add_argument("--checkpoint", type=pathlib.Path, required=True, metavar="DIR")
+    evaluate.set_defaults(handler=_eval)
+
+    curate = commands.add_parser(
+        "curate", parents=[common, gin_files], help="curate a dataset offline (rlax.curate)"
+    )
+    curate.add_argument("--out", type=pathlib.Path, default=None, metavar="DIR")
+    curate.set_defaults(handler=_curate)
+    return parser
+
+
+def _split_bindings(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Takes ``--gin.NAME=VALUE`` out of ``argv`` as gin bindings ``NAME=VALUE``."""
+    rest, bindings = [], []
+    for arg in argv:
+        if not arg.startswith(_BINDING_PREFIX):
+            rest.append(arg)
+        elif "=" in arg:
+            bindings.append(arg[len(_BINDING_PREFIX) :])
+        else:
+            raise ValueError(f"{arg}: a binding needs a value: --gin.NAME=VALUE")
+    return rest, bindings
+
+
+def _error(message: str, status: int) -> int:
+    # gin appends "In call to configurable ..." to errors raised inside a
+    # configurable; the message already says what and where.
+    message = message.split("\n  In call to configurable")[0]
+    print(f"rlax: error: {message}", file=sys.stderr)
+    return status
+
+
+def _plugin_manager(args: argparse.Namespace) -> PluginManager:
+    disabled = [p.removeprefix("no:") for p in args.plugins if p.startswith("no:")]
+    extra = [p for p in args.plugins if not p.startswith("no:")]
+    return build_plugin_manager(disabled=disabled, extra=extra)
+
+
+def _configure(args: argparse.Namespace, bindings: list[str]) -> PluginManager:
+    pm = _plugin_manager(args)
+    config.register_core_configurables()
+    config.parse(args.gin, bindings, plugins=pm)
+    return pm
+
+
+def _plugins(args: argparse.Namespace, bindings: list[str]) -> int:
+    rows = [
+        {column: str(getattr(c, column)) for column in _PLUGIN_COLUMNS}
+        for c in _plugin_manager(args).components()
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    table = [{c: c.upper() for c in _PLUGIN_COLUMNS}, *rows]
+    widths = {c: max(len(row[c]) for row in table) for c in _PLUGIN_COLUMNS}
+    for row in table:
+        print("  ".join(row[c].ljust(widths[c]) for c in _PLUGIN_COLUMNS).rstrip())
+    return EXIT_OK
+
+
+def _status(result: object) -> int:
+    if result is None:
+        return EXIT_OK
+    if isinstance(result, int) and not isinstance(result, bool):
+        return result
+    raise TypeError(f"expected an exit status (int or None), got {result!r}")
+
+
+def _run(args: argparse.Namespace, bindings: list[str]) -> int:
+    pm = _configure(args, bindings)
+    role = args.role
+    if role == "all":
+        child_argv = [a for f in args.gin for a in ("--gin", f)]
+        child_argv += [f"--gin.{b}" for b in bindings] + [f"-p{p}" for p in args.plugins]
+        if args.run_dir:
+            child_argv += ["--run-dir", str(args.run_dir)]
+        return _status(config.configured("rlax", "local_cluster")(argv=child_argv))
+    if role in ("trainer", "inline"):
+        train = config.configured("rlax", "train")
+        return _status(train(hook=pm.hook, run_dir=args.run_dir, inline=role == "inline"))
+    return _status(config.configured("rlax", role)(hook=pm.hook))
+
+
+def _eval(args: argparse.Namespace, bindings: list[str]) -> int:
+    pm = _configure(args, bindings)
+    evaluate = config.configured("rlax", "evaluate")
+    return _status(evaluate(hook=pm.hook, checkpoint=args.checkpoint))
+
+
+def _curate(args: argparse.Namespace, bindings: list[str]) -> int:
+    from rlax.core import curate
+
+    pm = _plugin_manager(args)
+    config.register_core_configurables()
+    config.register_configurables("rlax", {"curate": curate.curate})
+    config.parse(args.gin, bindings, plugins=pm)
+    run = config.configured("rlax", "curate")
+    overrides = {"output_dir": str(args.out)} if args.out else {}
+    return _status(run(hook=pm.hook, **overrides))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
