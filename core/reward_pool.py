@@ -109,7 +109,8 @@ def _worker_main(conn: Any, reward_bytes: bytes, sys_path: list[str]) -> None:
 class _Worker:
     """One worker process and the parent's end of its pipe."""
 
-    def __init__(self, ctx: Any, reward_bytes: bytes) -> None:
+    def __init__(self, ctx: Any, reward_bytes: bytes, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
         self.conn, child = ctx.Pipe(duplex=True)
         self.process = ctx.Process(
             target=_worker_main, args=(child, reward_bytes, list(sys.path)), daemon=True
@@ -118,8 +119,18 @@ class _Worker:
         child.close()
         self.ready = False
         self.started = time.monotonic()
-        self.task: int | None = None
-        self.deadline = 0.0
+        # Calls sent and not answered yet, oldest first; the worker runs them in
+        # order, so the oldest is the one running, since ``head_since``.
+        self.tasks: collections.deque[int] = collections.deque()
+        self.head_since = 0.0
+
+    @property
+    def deadline(self) -> float:
+        return self.head_since + self.timeout_s
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.tasks)
 
     def kill(self) -> None:
         pid = self.process.pid
@@ -150,6 +161,10 @@ class RewardPool:
       start_timeout_s: how long a worker may take to start and load the reward.
       start_method: the multiprocessing start method (``forkserver`` by default;
         ``spawn`` also works; ``fork`` is unsafe in a process running JAX).
+      prefetch: calls queued at a worker at once, so fast verifiers do not wait
+        on a round trip per call; each call still gets its own ``timeout_s``,
+        counted from when the worker reaches it, and the calls queued behind a
+        killed one are handed out again.
 
     Raises:
       RuntimeError: a worker could not load the reward (it is not picklable,
@@ -164,14 +179,18 @@ class RewardPool:
         timeout_s: float = 10.0,
         start_timeout_s: float = 120.0,
         start_method: str = "forkserver",
+        prefetch: int = 4,
     ) -> None:
         if workers < 0:
             raise ValueError(f"RewardPool: workers must be >= 0, got {workers}")
         if timeout_s <= 0:
             raise ValueError(f"RewardPool: timeout_s must be > 0, got {timeout_s}")
         self.reward = reward
+        if prefetch < 1:
+            raise ValueError(f"RewardPool: prefetch must be >= 1, got {prefetch}")
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
+        self.prefetch = prefetch
         self.restarts = 0
         self._workers: list[_Worker] = []
         self._closed = False
@@ -182,7 +201,9 @@ class RewardPool:
             self._reward_bytes = pickle.dumps(reward)
         except Exception as exc:
             raise RuntimeError(f"RewardPool: the reward cannot be pickled: {exc}") from exc
-        self._workers = [_Worker(self._ctx, self._reward_bytes) for _ in range(workers)]
+        self._workers = [
+            _Worker(self._ctx, self._reward_bytes, self.timeout_s) for _ in range(workers)
+        ]
         self._finalizer = weakref.finalize(self, _kill_all, self._workers)
         self._wait_ready()
 
@@ -232,65 +253,75 @@ class RewardPool:
                     state.error(i, f"{type(exc).__name__}: {exc}")
             return state.result()
         pending = collections.deque(range(len(texts)))
-        while pending or any(w.task is not None for w in self._workers):
+        while pending or any(w.busy for w in self._workers):
             self._dispatch(pending, prompts, texts)
-            self._collect(state)
-            self._enforce_deadlines(state)
+            self._collect(state, pending)
+            self._enforce_deadlines(state, pending)
         return state.result()
 
     def _dispatch(self, pending: collections.deque, prompts, texts) -> None:
         for worker in self._workers:
-            if pending and worker.ready and worker.task is None:
+            while pending and worker.ready and len(worker.tasks) < self.prefetch:
                 index = pending.popleft()
                 try:
                     worker.conn.send((index, prompts[index], texts[index]))
                 except (BrokenPipeError, OSError):
                     pending.appendleft(index)
-                    self._replace(worker)
-                    continue
-                worker.task = index
-                worker.deadline = time.monotonic() + self.timeout_s
+                    self._replace(worker, pending)
+                    break
+                if not worker.tasks:
+                    worker.head_since = time.monotonic()
+                worker.tasks.append(index)
 
-    def _collect(self, state: _Tally) -> None:
-        live = [w for w in self._workers if w.task is not None or not w.ready]
-        deadlines = [w.deadline for w in live if w.task is not None]
+    def _collect(self, state: _Tally, pending: collections.deque) -> None:
+        live = [w for w in self._workers if w.busy or not w.ready]
+        deadlines = [w.deadline for w in live if w.busy]
         wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 0.05
         for conn in multiprocessing.connection.wait([w.conn for w in live], timeout=wait_s):
             worker = next(w for w in live if w.conn is conn)
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                if worker.task is not None:
-                    worker.process.join(timeout=1)
-                    state.error(
-                        worker.task, f"worker crashed (exit code {worker.process.exitcode})"
-                    )
-                self._replace(worker)
-                continue
-            if message[0] == "ready":
-                worker.ready = True
-            elif message[0] == "ok":
-                state.ok(message[1], message[2], message[3])
-                worker.task = None
-            elif message[0] == "error":
-                state.error(message[1], message[2])
-                worker.task = None
-            else:  # init_error of a restarted worker: the reward loaded before, so retry
-                self._replace(worker)
+            while worker in self._workers and conn.poll():
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    if worker.busy:
+                        worker.process.join(timeout=1)
+                        code = worker.process.exitcode
+                        state.error(worker.tasks.popleft(), f"worker crashed (exit code {code})")
+                    self._replace(worker, pending)
+                    break
+                self._handle(worker, message, state, pending)
 
-    def _enforce_deadlines(self, state: _Tally) -> None:
+    def _handle(self, worker: _Worker, message: tuple, state: _Tally, pending) -> None:
+        kind = message[0]
+        if kind == "ready":
+            worker.ready = True
+            return
+        if kind == "init_error":  # a restarted worker: the reward loaded before, so retry
+            self._replace(worker, pending)
+            return
+        worker.tasks.popleft()
+        worker.head_since = time.monotonic()
+        if kind == "ok":
+            state.ok(message[1], message[2], message[3])
+        else:
+            state.error(message[1], message[2])
+
+    def _enforce_deadlines(self, state: _Tally, pending: collections.deque) -> None:
         now = time.monotonic()
-        for worker in self._workers:
-            if worker.task is not None and now >= worker.deadline:
-                state.timeout(worker.task, f"timed out after {self.timeout_s:g}s (worker killed)")
-                self._replace(worker)
+        for worker in list(self._workers):
+            if worker.busy and now >= worker.deadline:
+                index = worker.tasks.popleft()
+                state.timeout(index, f"timed out after {self.timeout_s:g}s (worker killed)")
+                self._replace(worker, pending)
             elif not worker.ready and now - worker.started > self.start_timeout_s:
-                self._replace(worker)
+                self._replace(worker, pending)
 
-    def _replace(self, worker: _Worker) -> None:
+    def _replace(self, worker: _Worker, pending: collections.deque) -> None:
+        """Kills ``worker`` (and all it started); its queued calls go back to ``pending``."""
         worker.kill()
-        worker.task = None
-        fresh = _Worker(self._ctx, self._reward_bytes)
+        pending.extendleft(reversed(worker.tasks))
+        worker.tasks.clear()
+        fresh = _Worker(self._ctx, self._reward_bytes, self.timeout_s)
         self._workers[self._workers.index(worker)] = fresh
         self.restarts += 1
 

@@ -86,6 +86,30 @@ def test_the_pool_keeps_serving_after_killing_workers(doubles):
     assert third.scores.tolist() == [5.0] and not third.failed.any()
 
 
+def test_calls_queued_behind_a_hung_one_are_handed_out_again(doubles):
+    texts = ["1", "hang", "2", "3", "4"]
+    with RewardPool(doubles, workers=1, timeout_s=1.0, prefetch=4) as pool:
+        start = time.monotonic()
+        result = pool.score([prompt()] * len(texts), texts)
+        elapsed = time.monotonic() - start
+    assert result.scores.tolist() == [1, 0, 2, 3, 4]
+    assert (result.errors, result.timeouts) == (0, 1)
+    assert elapsed < 4  # one timeout, not one per queued call
+
+
+def test_each_call_gets_its_own_timeout_counted_from_when_it_starts(doubles, tmp_path):
+    # Four calls of 0.4 s queued at one worker: 1.6 s in all, none over its 0.6 s budget.
+    (tmp_path / "slow.py").write_text(
+        "import time\nclass Slow:\n    def score(self, prompt, text):\n"
+        "        time.sleep(0.4)\n        return 1.0\n"
+    )
+    import slow
+
+    with RewardPool(slow.Slow(), workers=1, timeout_s=0.6, prefetch=4) as pool:
+        result = pool.score([prompt()] * 4, ["x"] * 4)
+    assert result.scores.tolist() == [1, 1, 1, 1] and result.timeouts == 0
+
+
 def test_a_timeout_kills_everything_the_call_started(doubles, tmp_path):
     marker = tmp_path / "pgid"
     with RewardPool(doubles, workers=1, timeout_s=1.5) as pool:
