@@ -1,0 +1,71 @@
+"""Filling a batch despite online curation: DAPO's "keep sampling until the batch is full".
+
+An online curation filter may drop groups (``curation.dynamic_sampling``
+drops those whose rewards are all equal). A filter that wants the dropped
+groups replaced declares ``extra_rounds``: how many more rounds of sampling
+the loop may spend per update. :func:`fill_batch` is the loop's side of that
+contract, independent of where rounds come from (a sampler in the trainer's
+process, or the parameter server's rollout queue).
+
+An *entry* is what a round yields per prompt: the scored :class:`Group` when
+curation kept it, or just its rewards (a float array) when a filter dropped
+it, so that reward and pass-rate metrics still see every sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from rlax.core.types import Group
+
+Entry = Group | np.ndarray
+
+
+def extra_rounds(curation: Sequence[Any]) -> int:
+    """The most extra sampling rounds any of the online filters asks for (0 if none does).
+
+    ``extra_rounds`` is an optional attribute of a curation filter; filters
+    without it only filter.
+    """
+    return max((int(getattr(f, "extra_rounds", 0)) for f in curation), default=0)
+
+
+def fill_batch(
+    take_round: Callable[[int], list[Entry]], *, target: int, extra_rounds: int
+) -> tuple[list[Entry], int]:
+    """Takes rounds of ``target`` entries until ``target`` groups are kept or the cap is hit.
+
+    Args:
+      take_round: samples (or takes from the queue) ``n`` prompts' entries.
+      target: groups per update (the loop's prompts per step).
+      extra_rounds: rounds allowed after the first; 0 takes exactly one round.
+
+    Returns:
+      Every entry taken, in order, with the groups beyond the first ``target``
+      replaced by their rewards (seen by the metrics, not trained on), and the
+      number of rounds taken.
+    """
+    if target < 1 or extra_rounds < 0:
+        raise ValueError(
+            f"fill_batch: need target >= 1 and extra_rounds >= 0, got {target}, {extra_rounds}"
+        )
+    entries: list[Entry] = []
+    rounds = 0
+    while True:
+        entries.extend(take_round(target))
+        rounds += 1
+        kept = sum(isinstance(e, Group) for e in entries)
+        if kept >= target or rounds > extra_rounds:
+            break
+    out: list[Entry] = []
+    n = 0
+    for e in entries:
+        if isinstance(e, Group) and n >= target:
+            out.append(e.rewards)
+            continue
+        n += isinstance(e, Group)
+        out.append(e)
+    return out, rounds

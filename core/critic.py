@@ -1,0 +1,107 @@
+"""Critics for the decoder: a value head on the policy's trunk, or a separate value model.
+
+An algorithm that ``needs_critic`` names its architecture (``value_model``):
+
+- ``head``: one linear layer D -> 1 on the policy's final hidden states. One
+  forward pass gives both logprobs and values, and the value loss also
+  shapes the policy's features (PPO's original shared-parameter setting).
+- ``separate``: a second transformer, initialised as a copy of the policy,
+  with its own value head (the usual choice for LLMs in verl and OpenRLHF).
+
+Either way the value of position t is read from the hidden state that
+predicts token t+1, so ``values[:, t]`` lines up with ``logprobs[:, t]`` and
+the loss mask: it estimates the return of the prefix before that token.
+The heads start at zero (V = 0 everywhere), so the critic's first gradients
+cannot disturb the policy.
+
+Shape legend: B batch, T sequence length, D embed dim.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rlax.core.models.transformer import (
+    Transformer,
+    causal_mask,
+    positions_from_mask,
+    token_logprobs,
+)
+
+VALUE_MODELS = ("head", "separate")
+
+
+def hidden_states(
+    model: Transformer,
+    tokens: jax.Array,  # [B, T]
+    attention_mask: jax.Array,  # [B, T]
+) -> jax.Array:
+    """The final-normed hidden states [B, T, D] of a full (cache-free) forward pass.
+
+    The same computation as ``Transformer.__call__`` up to the output head.
+    """
+    positions = positions_from_mask(attention_mask)
+    mask = causal_mask(attention_mask)
+    x = model.embed(tokens)
+    for block in model.blocks:
+        x, _ = block(x, positions, mask, None, None)
+    return model.final_norm(x)
+
+
+def logits_from_hidden(model: Transformer, hidden: jax.Array) -> jax.Array:
+    """The output head of ``model`` applied to ``hidden``: logits [B, T, V], float32."""
+    logits = model.embed.attend(hidden) if model.cfg.tie_embeddings else model.head(hidden)
+    return logits.astype(jnp.float32)
+
+
+class ValueHead(nnx.Module):
+    """Hidden states [B, T, D] -> values [B, T], initialised to output 0."""
+
+    def __init__(self, dim: int, *, rngs: nnx.Rngs):
+        zeros = nnx.initializers.zeros_init()
+        self.proj = nnx.Linear(dim, 1, kernel_init=zeros, bias_init=zeros, rngs=rngs)
+
+    def __call__(self, hidden: jax.Array) -> jax.Array:
+        return self.proj(hidden)[..., 0].astype(jnp.float32)
+
+
+class ValueModel(nnx.Module):
+    """A separate critic: its own transformer trunk and a value head."""
+
+    def __init__(self, trunk: Transformer, *, rngs: nnx.Rngs):
+        self.trunk = trunk
+        self.head = ValueHead(trunk.cfg.embed_dim, rngs=rngs)
+
+    def __call__(self, tokens: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        return self.head(hidden_states(self.trunk, tokens, attention_mask))
+
+
+def build_critic(policy: Transformer, value_model: str, *, seed: int = 0) -> nnx.Module:
+    """A fresh critic for ``policy``: a :class:`ValueHead` or a :class:`ValueModel`."""
+    rngs = nnx.Rngs(seed)
+    if value_model == "head":
+        return ValueHead(policy.cfg.embed_dim, rngs=rngs)
+    if value_model == "separate":
+        return ValueModel(nnx.clone(policy), rngs=rngs)
+    raise ValueError(f"unknown value model {value_model!r}; valid: {', '.join(VALUE_MODELS)}")
+
+
+def forward_with_values(
+    policy: Transformer,
+    critic: nnx.Module,
+    tokens: jax.Array,  # [B, T]
+    attention_mask: jax.Array,  # [B, T]
+    temperature: float = 1.0,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-token logprobs, entropies and values, each [B, T-1]."""
+    hidden = hidden_states(policy, tokens, attention_mask)
+    logp, entropy = token_logprobs(logits_from_hidden(policy, hidden), tokens, temperature)
+    if isinstance(critic, ValueHead):
+        values = critic(hidden)
+    elif isinstance(critic, ValueModel):
+        values = critic(tokens, attention_mask)
+    else:
+        raise TypeError(f"not a critic: {type(critic).__name__}")
+    return logp, entropy, values[:, :-1]

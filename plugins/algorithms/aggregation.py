@@ -1,0 +1,95 @@
+"""Loss aggregation: how per-token values become one number.
+
+This is the *aggregation weight* of the RLAX unified objective: every
+algorithm computes a per-token value ``x[b, t]`` on the loss mask and one of
+these reductions turns it into the scalar whose gradient is followed. The
+choice changes which sequences dominate the gradient (long ones under
+``token-mean``, every sequence equally under ``seq-mean-token-mean``) and is
+the main difference between GRPO, DAPO and Dr.GRPO.
+
+Shape legend: B rows (completions), T positions (the loss mask's width).
+
+References:
+  Shao et al., 2024, DeepSeekMath (GRPO), https://arxiv.org/abs/2402.03300 (seq-mean-token-mean)
+  Yu et al., 2025, DAPO, https://arxiv.org/abs/2503.14476 (token-mean)
+  Liu et al., 2025, Dr.GRPO, https://arxiv.org/abs/2503.20783 (constant normaliser)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+AGGREGATIONS = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+    "seq-mean-token-sum",
+)
+
+
+def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean of ``x`` over the positions where ``mask`` is 1 (0 when the mask is empty)."""
+    return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def aggregate(
+    per_token: jax.Array,  # [B, T]
+    mask: jax.Array,  # [B, T]
+    mode: str,
+    max_len: int | None = None,
+) -> jax.Array:
+    """Reduces a per-token value over the mask to a scalar.
+
+    With :math:`m_{i,t}` the mask, :math:`|o_i| = \\sum_t m_{i,t}` and :math:`N`
+    the number of rows with at least one token:
+
+    - ``token-mean``: :math:`\\sum_{i,t} m x / \\sum_{i,t} m`.
+    - ``seq-mean-token-mean``: :math:`\\frac1N \\sum_i \\frac{1}{|o_i|} \\sum_t m x`.
+    - ``seq-mean-token-sum-norm``: :math:`\\frac1N \\sum_i \\frac{1}{L} \\sum_t m x`
+      with the constant :math:`L` = ``max_len`` (default: T).
+    - ``seq-mean-token-sum``: :math:`\\frac1N \\sum_i \\sum_t m x` (a sequence is one
+      action whose log-probability is the sum of its tokens').
+
+    Rows without tokens (batch padding) count in no denominator.
+    """
+    if mode == "token-mean":
+        return masked_mean(per_token, mask)
+    seq_tokens = jnp.sum(mask, axis=-1)
+    has_tokens = (seq_tokens > 0).astype(per_token.dtype)
+    n_seq = jnp.maximum(jnp.sum(has_tokens), 1.0)
+    seq_sum = jnp.sum(per_token * mask, axis=-1)
+    if mode == "seq-mean-token-mean":
+        per_seq = seq_sum / jnp.maximum(seq_tokens, 1.0)
+    elif mode == "seq-mean-token-sum-norm":
+        per_seq = seq_sum / (max_len or per_token.shape[-1])
+    elif mode == "seq-mean-token-sum":
+        per_seq = seq_sum
+    else:
+        raise ValueError(f"unknown aggregation {mode!r}; valid: {', '.join(AGGREGATIONS)}")
+    return jnp.sum(per_seq * has_tokens) / n_seq
+
+
+@dataclasses.dataclass(frozen=True)
+class Aggregation:
+    """A validated aggregation setting: ``mode`` and, for ``seq-mean-token-sum-norm``, L.
+
+    Args:
+      mode: one of :data:`AGGREGATIONS`.
+      max_len: the constant L of ``seq-mean-token-sum-norm`` (Dr.GRPO's L_max);
+        None means the batch's width T.
+    """
+
+    mode: str = "seq-mean-token-mean"
+    max_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {self.mode!r}; valid: {', '.join(AGGREGATIONS)}")
+        if self.max_len is not None and self.max_len < 1:
+            raise ValueError(f"aggregation max_len must be >= 1, got {self.max_len}")
+
+    def __call__(self, per_token: jax.Array, mask: jax.Array) -> jax.Array:
+        return aggregate(per_token, mask, self.mode, self.max_len)

@@ -1,0 +1,72 @@
+"""DAPO: GRPO's loss with clip-higher and token-mean aggregation.
+
+.. math::
+
+   L(\\theta) = \\frac{1}{\\sum_i |o_i|} \\sum_i \\sum_t
+       -\\min\\big(r_{i,t} A_i,\\ \\mathrm{clip}(r_{i,t}, 1-\\varepsilon_{low}, 1+\\varepsilon_{high}) A_i\\big),
+   \\qquad A_i = \\frac{R_i - \\mathrm{mean}(R)}{\\mathrm{std}(R) + \\epsilon}
+
+with ε_low = 0.2, ε_high = 0.28 (a larger upper clip leaves room for
+low-probability tokens to grow) and every token of the batch weighted
+equally, so long sequences are not down-weighted. The paper's two other
+ingredients are separate plugins, reusable with any algorithm:
+
+- dynamic sampling: ``@curation.dynamic_sampling()``
+  (:mod:`rlax.plugins.curation.dynamic_sampling`) drops groups whose rewards
+  are all equal and keeps sampling until the batch is full;
+- overlong reward shaping: ``@rewards.overlong()``
+  (:mod:`rlax.plugins.rewards.overlong`).
+
+``configs/dapo.gin`` puts the four together.
+
+Reference: Yu et al., 2025, DAPO, https://arxiv.org/abs/2503.14476 (eq. 8-13).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from rlax.core import hookimpl
+from rlax.plugins.algorithms.advantages import group_normalized
+from rlax.plugins.algorithms.aggregation import Aggregation
+from rlax.plugins.algorithms.objectives import ClippedSurrogate
+from rlax.plugins.algorithms.policy_gradient import PolicyGradient, alignment_of, settings_of
+
+
+def dapo(
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    kl_beta: float = 0.0,
+    aggregation: str = "token-mean",
+    std_eps: float = 1e-6,
+    alignment: str = "none",
+    is_cap: float = 2.0,
+    is_bounds: tuple[float, float] = (0.5, 2.0),
+) -> PolicyGradient:
+    """Decoupled Clip and Dynamic sAmpling Policy Optimization (arXiv 2503.14476).
+
+    Args:
+      eps_low: lower clip ε_low of the ratio.
+      eps_high: upper clip ε_high ("clip-higher").
+      kl_beta: weight of a k3 KL to a reference (the paper drops it: 0).
+      aggregation: token-mean (the paper's); any of the aggregations.
+      std_eps: ε added to the group std.
+      alignment: ``none``, ``tis`` or ``mask``.
+      is_cap: C of truncated importance sampling.
+      is_bounds: [C_min, C_max] of masked importance sampling.
+    """
+    with settings_of("dapo"):
+        return PolicyGradient(
+            name="dapo",
+            estimator=functools.partial(group_normalized, eps=std_eps),
+            objective=ClippedSurrogate(eps_low, eps_high),
+            aggregation=Aggregation(aggregation),
+            alignment=alignment_of(alignment, is_cap, is_bounds),
+            kl_beta=kl_beta,
+        )
+
+
+@hookimpl
+def rlax_register_algorithms():
+    return {"dapo": dapo}

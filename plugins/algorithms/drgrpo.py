@@ -1,0 +1,61 @@
+"""Dr.GRPO: GRPO done right — no std normalisation, a constant loss normaliser.
+
+.. math::
+
+   A_i = R_i - \\mathrm{mean}(R), \\qquad
+   L(\\theta) = \\frac{1}{G\\,L_{max}} \\sum_{i=1}^{G} \\sum_t
+       -\\min\\big(r_{i,t} A_i,\\ \\mathrm{clip}(r_{i,t}, 1-\\varepsilon, 1+\\varepsilon) A_i\\big)
+
+Dividing each sequence by its own length |o_i| (GRPO) favours short correct
+answers and long wrong ones; dividing by the std favours groups that are almost
+all right or almost all wrong. Dr.GRPO removes both: every token of every
+sequence has the same weight 1 / (G L_max), with L_max the generation budget.
+Over a batch of groups this is ``seq-mean-token-sum-norm`` with L = L_max.
+
+Reference: Liu et al., 2025, "Understanding R1-Zero-Like Training: A Critical
+Perspective", https://arxiv.org/abs/2503.20783 (section 3.2, eq. 3).
+"""
+
+from __future__ import annotations
+
+from rlax.core import hookimpl
+from rlax.plugins.algorithms.advantages import group_centered
+from rlax.plugins.algorithms.aggregation import Aggregation
+from rlax.plugins.algorithms.objectives import ClippedSurrogate
+from rlax.plugins.algorithms.policy_gradient import PolicyGradient, alignment_of, settings_of
+
+
+def drgrpo(
+    *,
+    max_len: int,
+    clip_eps: float = 0.2,
+    kl_beta: float = 0.0,
+    alignment: str = "none",
+    is_cap: float = 2.0,
+    is_bounds: tuple[float, float] = (0.5, 2.0),
+) -> PolicyGradient:
+    """Dr.GRPO (arXiv 2503.20783).
+
+    Args:
+      max_len: L_max, the constant normaliser: the sampler's generation budget
+        in tokens (required).
+      clip_eps: ε of the clipped surrogate (both sides).
+      kl_beta: weight of a k3 KL to a reference (the paper uses none: 0).
+      alignment: ``none``, ``tis`` or ``mask``.
+      is_cap: C of truncated importance sampling.
+      is_bounds: [C_min, C_max] of masked importance sampling.
+    """
+    with settings_of("drgrpo"):
+        return PolicyGradient(
+            name="drgrpo",
+            estimator=group_centered,
+            objective=ClippedSurrogate(clip_eps, clip_eps),
+            aggregation=Aggregation("seq-mean-token-sum-norm", max_len=max_len),
+            alignment=alignment_of(alignment, is_cap, is_bounds),
+            kl_beta=kl_beta,
+        )
+
+
+@hookimpl
+def rlax_register_algorithms():
+    return {"drgrpo": drgrpo}

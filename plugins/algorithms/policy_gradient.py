@@ -1,0 +1,143 @@
+"""An algorithm as a composition of pure pieces: the RLAX unified objective.
+
+Every algorithm of the suite is one :class:`PolicyGradient` value, built by a
+short factory (``grpo()``, ``dapo()``, ``ppo()``, ...) from the pieces in this
+package. Its loss is
+
+.. math::
+
+   L(\\theta) = \\mathrm{Agg}_{i,t}\\Big[\\, w_{i,t}\\,\\big(\\ell_{i,t}(\\theta; A_{i,t})
+               + \\beta\\,\\mathrm{KL}_{i,t}(\\theta)\\big)\\Big] + c_V L_V(\\theta)
+
+- :math:`\\mathrm{Agg}`, the aggregation weight: :mod:`.aggregation`;
+- :math:`w`, the importance weight of train/inference alignment: :mod:`.alignment`;
+- :math:`\\ell(\\theta; A)`, advantage × gradient term: :mod:`.objectives`, with
+  :math:`A` from a sequence-level estimator (:mod:`.advantages`, on the host)
+  and optionally token-level returns (:mod:`.returns`, in the step);
+- the extra terms: a k3 KL to a frozen reference and a critic's value loss
+  (:mod:`.value`).
+
+The trainer calls ``loss(new_logprobs, batch)`` with the batch's arrays plus
+``train_logprobs`` (its own logprobs at the start of the step, no gradient)
+and, for an algorithm with a critic, ``values`` (with gradient) and
+``old_values`` (no gradient); ``ref_logprobs`` when ``needs_reference``.
+
+References:
+  Zhou et al., 2025, RLAX, https://arxiv.org/abs/2512.06392 (the unified objective)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+import jax
+import numpy as np
+
+from rlax.plugins.algorithms.aggregation import Aggregation, masked_mean
+from rlax.plugins.algorithms.alignment import Alignment
+from rlax.plugins.algorithms.objectives import k3_kl
+from rlax.plugins.algorithms.returns import Returns
+from rlax.plugins.algorithms.value import ValueLoss
+
+Batch = dict[str, jax.Array]
+
+
+class Objective(Protocol):
+    """A per-token policy loss: (logp, old_logp, advantages, mask) -> (loss [B, T], metrics)."""
+
+    def __call__(
+        self, logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array
+    ) -> tuple[jax.Array, dict[str, jax.Array]]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyGradient:
+    """A policy-gradient algorithm: the unified objective over the given pieces.
+
+    Args:
+      name: the algorithm's name, for messages.
+      estimator: rewards [N, G] -> sequence advantages [N, G] (host, numpy).
+      objective: the per-token policy loss.
+      aggregation: how per-token values become the scalar loss.
+      alignment: the importance weight against the sampler's logprobs.
+      returns: token-level advantages computed in the step (PPO, REINFORCE++);
+        None uses the sequence advantages as they are.
+      kl_beta: β of the k3 KL(π_θ ‖ π_ref) term in the loss (0 = none).
+      critic: the value loss of a critic (PPO); needs ``returns``.
+    """
+
+    name: str
+    estimator: Callable[[np.ndarray], np.ndarray]
+    objective: Objective
+    aggregation: Aggregation
+    alignment: Alignment = dataclasses.field(default_factory=Alignment)
+    returns: Returns | None = None
+    kl_beta: float = 0.0
+    critic: ValueLoss | None = None
+
+    def __post_init__(self) -> None:
+        if self.kl_beta < 0:
+            raise ValueError(f"{self.name}: kl_beta must be >= 0, got {self.kl_beta}")
+        if self.critic is not None and self.returns is None:
+            raise ValueError(f"{self.name}: a critic needs token-level returns (GAE)")
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_beta > 0 or (self.returns is not None and self.returns.needs_reference)
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.critic is not None
+
+    @property
+    def value_model(self) -> str:
+        """The critic's architecture, ``head`` or ``separate`` (only with a critic)."""
+        if self.critic is None:
+            raise AttributeError(f"{self.name} has no critic")
+        return self.critic.model
+
+    def advantages(self, rewards: np.ndarray) -> np.ndarray:
+        """Sequence advantages [N, G] from rewards [N, G]; every token gets its row's value."""
+        return np.asarray(self.estimator(rewards), np.float32)
+
+    def loss(self, new_logprobs: jax.Array, batch: Batch) -> tuple[jax.Array, dict]:
+        """The scalar loss and its metrics; ``batch`` holds [B, T] arrays (see module doc)."""
+        old_logp, weight, mask, metrics = self.alignment(batch)
+        if self.returns is None:
+            advantages, returns = batch["advantages"], None
+        else:
+            old_values = batch["old_values"] if self.critic is not None else None
+            advantages, returns, extra = self.returns(batch, mask, old_values)
+            metrics.update(extra)
+        per_token, extra = self.objective(new_logprobs, old_logp, advantages, mask)
+        metrics.update(extra)
+        if self.kl_beta > 0:
+            kl = k3_kl(new_logprobs, batch["ref_logprobs"])
+            per_token = per_token + self.kl_beta * kl
+            metrics["kl_ref"] = masked_mean(kl, mask)
+        loss = self.aggregation(weight * per_token, mask)
+        if self.critic is not None:
+            assert returns is not None  # guaranteed by __post_init__
+            value_loss, extra = self.critic(batch["values"], batch["old_values"], returns, mask)
+            metrics.update(extra)
+            loss = loss + value_loss
+        return loss, metrics
+
+
+@contextlib.contextmanager
+def settings_of(name: str) -> Iterator[None]:
+    """Prefixes a ValueError raised while building an algorithm's pieces with its name."""
+    try:
+        yield
+    except ValueError as err:
+        if str(err).startswith(f"{name}:"):
+            raise
+        raise ValueError(f"{name}: {err}") from err
+
+
+def alignment_of(mode: str, cap: float, bounds: tuple[float, float]) -> Alignment:
+    """The :class:`Alignment` of an algorithm's ``alignment``/``is_cap``/``is_bounds`` settings."""
+    return Alignment(mode=mode, cap=cap, bounds=tuple(bounds))  # gin may hand over a list

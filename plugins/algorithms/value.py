@@ -1,0 +1,71 @@
+"""The critic's loss: PPO's clipped value regression (an *extra term* of the objective)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from rlax.plugins.algorithms.aggregation import masked_mean
+
+VALUE_MODELS = ("head", "separate")
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueLoss:
+    """Clipped value loss, token-mean over the mask, weighted by ``coef``.
+
+    .. math::
+
+       L_V = \\tfrac12\\,\\mathrm{mean}_t \\max\\big((V_t - R_t)^2,\\
+             (V^{old}_t + \\mathrm{clip}(V_t - V^{old}_t, -\\varepsilon_V, \\varepsilon_V) - R_t)^2\\big)
+
+    :math:`V^{old}` are the critic's values at the start of the step and
+    :math:`R` the GAE returns computed from them.
+
+    Args:
+      clip_eps: ε_V; the value may move at most this far from the old value
+        before the regression stops pulling it.
+      coef: weight of :math:`L_V` in the total loss (c_1 in the PPO paper).
+      model: ``head`` (a value head on the policy's own trunk) or ``separate``
+        (a value model initialised from the policy, with its own trunk).
+
+    References:
+      Schulman et al., 2017, PPO, https://arxiv.org/abs/1707.06347 (eq. 9)
+      Huang et al., 2022, "The 37 implementation details of PPO",
+      https://iclr-blog-track.github.io/2022/03/25/ppo-implementation-details/ (value clipping)
+    """
+
+    clip_eps: float = 0.2
+    coef: float = 0.5
+    model: str = "head"
+
+    def __post_init__(self) -> None:
+        if self.model not in VALUE_MODELS:
+            raise ValueError(
+                f"unknown value model {self.model!r}; valid: {', '.join(VALUE_MODELS)}"
+            )
+        if self.clip_eps <= 0 or self.coef <= 0:
+            raise ValueError(
+                f"value loss: need clip_eps > 0 and coef > 0, got {self.clip_eps}, {self.coef}"
+            )
+
+    def __call__(
+        self,
+        values: jax.Array,  # [B, T]
+        old_values: jax.Array,  # [B, T]
+        returns: jax.Array,  # [B, T]
+        mask: jax.Array,  # [B, T]
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """Returns (coef × L_V, metrics)."""
+        clipped = old_values + jnp.clip(values - old_values, -self.clip_eps, self.clip_eps)
+        err = jnp.square(values - returns)
+        err_clipped = jnp.square(clipped - returns)
+        loss = 0.5 * masked_mean(jnp.maximum(err, err_clipped), mask)
+        metrics = {
+            "value_loss": loss,
+            "value_clip_fraction": masked_mean((err_clipped > err).astype(jnp.float32), mask),
+            "value_mean": masked_mean(values, mask),
+        }
+        return self.coef * loss, metrics
