@@ -84,7 +84,7 @@ def _puller(port, barrier, out_q, nbytes):
     client._buffers = {nbytes: bytearray(nbytes)}  # preallocated, as a running worker has it
     barrier.wait()
     start = time.perf_counter()
-    version, _, buf = client.pull(-1)
+    _, _, buf = client.pull(-1)
     out_q.put((start, time.perf_counter(), len(buf)))
     client.close()
 
@@ -140,7 +140,9 @@ def main() -> None:
     stop_evt.set()
     server.join()
 
-    print(f"\nweight sync, {mb:.0f} MB fp32 in {n_tensors} tensors, loopback, median of {args.repeats}")
+    print(
+        f"\nweight sync, {mb:.0f} MB fp32 in {n_tensors} tensors, loopback, median of {args.repeats}"
+    )
     print(f"{'path':<28}{'MB/s':>10}{'vs tcp':>9}")
     for name, value in (("raw TCP socket (baseline)", tcp), ("rlax push", push), ("rlax pull", pull),
                         ("rlax pull, 4 at once (sum)", pull4)):  # fmt: skip

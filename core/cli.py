@@ -186,7 +186,8 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> int:
         return _status(config.configured("rlax", "local_cluster")(argv=child_argv))
     if role in ("trainer", "inline"):
         train = config.configured("rlax", "train")
-        return _status(train(hook=pm.hook, run_dir=args.run_dir, inline=role == "inline"))
+        extra = {"inline": True} if role == "inline" else {}
+        return _status(train(hook=pm.hook, run_dir=args.run_dir, **extra))
     return _status(config.configured("rlax", role)(hook=pm.hook))
 
 

@@ -123,7 +123,9 @@ def _train_step(step: int, source, trainer: Trainer, *, group_size: int, complet
     }
     if kept:
         advantages = trainer.algorithm.advantages(np.stack([g.rewards for g in kept]))
-        batch = make_batch(kept, advantages, row_multiple=8 * group_size, completion_len=completion_len)
+        batch = make_batch(
+            kept, advantages, row_multiple=8 * group_size, completion_len=completion_len
+        )
         metrics.update(trainer.step(batch))
         metrics.update(source.publish(trainer.state.params, trainer.state.step))
     source.done()
@@ -145,7 +147,9 @@ def _rollout_source(inline, *, task, tokenizer, sampler, reward, curation, setti
     if settings is None:
         raise ConfigError("rlax.train.settings: the trainer role needs parameter server settings")
     client = ParamServerClient(settings)
-    return RemoteRollouts(client, plan, prompts_per_step=prompts_per_step, max_staleness=max_staleness)
+    return RemoteRollouts(
+        client, plan, prompts_per_step=prompts_per_step, max_staleness=max_staleness
+    )
 
 
 def train(
@@ -213,7 +217,9 @@ def train(
             )
             log.write(metrics)
             bar.set_postfix(
-                reward=f"{metrics['reward']:.2f}", kl=f"{metrics.get('kl_old', 0):.1e}", refresh=False
+                reward=f"{metrics['reward']:.2f}",
+                kl=f"{metrics.get('kl_old', 0):.1e}",
+                refresh=False,
             )
             hook.rlax_on_step_end(step=step, metrics=metrics)
             hook.rlax_on_weights_published(version=trainer.state.step)

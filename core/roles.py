@@ -83,18 +83,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+try:  # resolved here, in the parent: the child between fork and exec only calls it
+    _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+except (OSError, AttributeError):
+    _PRCTL = None
+
+
 def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM if the supervisor dies (Linux prctl)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    """In the child, before exec: get SIGTERM if the supervisor dies (PR_SET_PDEATHSIG)."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)
 
 
 class _Child:
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], cores: Sequence[int] | None):
+    def __init__(
+        self, name: str, argv: list[str], env: dict[str, str], cores: Sequence[int] | None
+    ):
         self.name = name
-        self.proc = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509 -- no locks taken in it
         if cores:
             os.sched_setaffinity(self.proc.pid, set(cores))
 
@@ -114,13 +120,17 @@ def _wait_ready(settings: ServerSettings, server: _Child, timeout_s: float = 120
     try:
         while True:
             if server.proc.poll() is not None:
-                raise RuntimeError(f"parameter server exited with status {server.proc.returncode} at start")
+                raise RuntimeError(
+                    f"parameter server exited with status {server.proc.returncode} at start"
+                )
             try:
                 client.stat()
                 return
             except Exception:  # noqa: BLE001 -- not listening yet
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"parameter server not reachable after {timeout_s:.0f}s") from None
+                    raise RuntimeError(
+                        f"parameter server not reachable after {timeout_s:.0f}s"
+                    ) from None
                 time.sleep(0.2)
     finally:
         client.close()
@@ -154,12 +164,16 @@ def local_cluster(
     server = _Child("param_server", [*base, "--role", "param_server"], env, None)
     children = [server]
     try:
-        _wait_ready(dataclasses.replace(settings, address=env[ADDRESS_ENV], token=env[TOKEN_ENV]), server)
+        _wait_ready(
+            dataclasses.replace(settings, address=env[ADDRESS_ENV], token=env[TOKEN_ENV]), server
+        )
         trainer = _Child("trainer", [*base, "--role", "trainer"], env, trainer_cores)
         children.append(trainer)
         for i in range(num_workers):
             worker_env = dict(env, **{WORKER_ID_ENV: f"worker-{i}"})
-            children.append(_Child(f"worker-{i}", [*base, "--role", "worker"], worker_env, worker_cores))
+            children.append(
+                _Child(f"worker-{i}", [*base, "--role", "worker"], worker_env, worker_cores)
+            )
         return _supervise(trainer, children)
     finally:
         for child in reversed(children):
@@ -171,7 +185,10 @@ def _supervise(trainer: _Child, children: list[_Child]) -> int:
         status = trainer.proc.poll()
         if status is not None:
             if status:
-                print(f"rlax: trainer (pid {trainer.proc.pid}) exited with status {status}", file=sys.stderr)
+                print(
+                    f"rlax: trainer (pid {trainer.proc.pid}) exited with status {status}",
+                    file=sys.stderr,
+                )
             return status
         for child in children:
             code = child.proc.poll()

@@ -58,14 +58,18 @@ class WirePlan:
     @classmethod
     def for_tree(cls, tree: Any, wire_dtype: str = "float32") -> WirePlan:
         if wire_dtype not in WIRE_DTYPES:
-            raise ValueError(f"wire dtype {wire_dtype!r} not supported; use one of {sorted(WIRE_DTYPES)}")
+            raise ValueError(
+                f"wire dtype {wire_dtype!r} not supported; use one of {sorted(WIRE_DTYPES)}"
+            )
         wire = WIRE_DTYPES[wire_dtype]
         leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
         tensors, offset = [], 0
         for path, leaf in leaves:
             dtype = np.dtype(leaf.dtype)
             if not np.issubdtype(dtype, np.floating) and dtype != ml_dtypes.bfloat16:
-                raise TypeError(f"weight sync: leaf {leaf_name(path)!r} has non-float dtype {dtype}")
+                raise TypeError(
+                    f"weight sync: leaf {leaf_name(path)!r} has non-float dtype {dtype}"
+                )
             nbytes = int(np.prod(leaf.shape, dtype=np.int64)) * wire.itemsize
             tensors.append(TensorSpec(leaf_name(path), tuple(leaf.shape), dtype, offset, nbytes))
             offset += nbytes
@@ -91,7 +95,9 @@ class WirePlan:
         """The whole tree as one uint8 array of ``nbytes`` bytes (wire dtype, C order)."""
         leaves = jax.tree_util.tree_leaves(tree)
         if len(leaves) != len(self.tensors):
-            raise ValueError(f"weight sync: tree has {len(leaves)} leaves, plan has {len(self.tensors)}")
+            raise ValueError(
+                f"weight sync: tree has {len(leaves)} leaves, plan has {len(self.tensors)}"
+            )
         flat = np.asarray(self._pack(leaves))
         return flat.view(np.uint8)
 
@@ -99,7 +105,9 @@ class WirePlan:
         """The tree back from a wire buffer of exactly ``nbytes`` bytes."""
         flat = np.frombuffer(buffer, dtype=self.wire_dtype)
         if flat.nbytes != self.nbytes:
-            raise ValueError(f"weight sync: buffer has {flat.nbytes} bytes, plan expects {self.nbytes}")
+            raise ValueError(
+                f"weight sync: buffer has {flat.nbytes} bytes, plan expects {self.nbytes}"
+            )
         return jax.tree_util.tree_unflatten(self.treedef, self._unpack(flat))
 
     def check_layout(self, tensors: list[dict]) -> None:
@@ -109,6 +117,54 @@ class WirePlan:
         if mine != theirs:
             diff = next(((a, b) for a, b in zip(mine, theirs) if a != b), (len(mine), len(theirs)))
             raise ValueError(f"weight sync: layout differs from this model's: {diff}")
+
+
+def _host_resident(leaf) -> bool:
+    if isinstance(leaf, np.ndarray):
+        return True
+    devices = getattr(leaf, "devices", None)
+    return devices is not None and all(d.platform == "cpu" for d in devices())
+
+
+def stream(plan: WirePlan, tree: Any, chunk_bytes: int) -> Iterator[tuple[int, memoryview]]:
+    """(offset, view) pairs covering the wire buffer of ``tree``, in order.
+
+    Host-resident leaves already in the wire dtype are sent from their own
+    memory (no copy); small leaves are gathered into one chunk. Anything else
+    (accelerator arrays, a dtype cast) goes through the one-call :meth:`WirePlan.pack`.
+    """
+    leaves = jax.tree_util.tree_leaves(tree)
+    if not all(_host_resident(x) and np.dtype(x.dtype) == plan.wire_dtype for x in leaves):
+        yield from chunks(plan.pack(tree), chunk_bytes)
+        return
+    small: list[memoryview] = []
+    start = 0
+    for spec, leaf in zip(plan.tensors, leaves, strict=True):
+        view = memoryview(np.ascontiguousarray(np.asarray(leaf))).cast("B")
+        if len(view) != spec.nbytes:
+            raise ValueError(
+                f"weight sync: {spec.name} has {len(view)} bytes, plan says {spec.nbytes}"
+            )
+        if len(view) < chunk_bytes // 4:  # gathered: one message for many small tensors
+            if not small:
+                start = spec.offset
+            small.append(view)
+            if sum(len(v) for v in small) >= chunk_bytes:
+                yield from _gathered(start, small, chunk_bytes)
+                small = []
+            continue
+        if small:
+            yield from _gathered(start, small, chunk_bytes)
+            small = []
+        yield from ((spec.offset + o, v) for o, v in chunks(view, chunk_bytes))
+    if small:
+        yield from _gathered(start, small, chunk_bytes)
+
+
+def _gathered(
+    start: int, views: list[memoryview], chunk_bytes: int
+) -> Iterator[tuple[int, memoryview]]:
+    return ((start + o, v) for o, v in chunks(b"".join(views), chunk_bytes))
 
 
 def chunks(buffer: np.ndarray | bytes, chunk_bytes: int) -> Iterator[tuple[int, memoryview]]:

@@ -17,6 +17,8 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
+import grpc
+
 from rlax.core.models.bundle import load_model
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
@@ -52,9 +54,14 @@ class Worker:
         self.version = -1
         self.idle_s = self.busy_s = 0.0
         self.batches = 0
+        self.lost_leases = 0
 
     def maybe_reload(self, plan: WirePlan, wait_s: float = 0.0) -> None:
-        latest = self.client.wait_for_version(self.version, wait_s) if wait_s else self.client.stat().version
+        latest = (
+            self.client.wait_for_version(self.version, wait_s)
+            if wait_s
+            else self.client.stat().version
+        )
         behind = latest - self.version
         if latest >= 0 and (self.version < 0 or behind > self.reload_staleness):
             pulled = self.client.pull(self.version)
@@ -73,7 +80,11 @@ class Worker:
                 self.idle_s += time.perf_counter() - start
                 return 0
         leases = self.client.lease(
-            self.worker_id, self.prompts_per_lease, wait_s=2.0, idle_s=self.idle_s, busy_s=self.busy_s
+            self.worker_id,
+            self.prompts_per_lease,
+            wait_s=2.0,
+            idle_s=self.idle_s,
+            busy_s=self.busy_s,
         )
         waited = time.perf_counter()
         self.idle_s += waited - start
@@ -88,7 +99,14 @@ class Worker:
             kept = f.online(kept)
         kept_ids = {id(g) for g in kept}
         for (lease_id, _), group in zip(leases, groups):
-            self.client.submit(group, lease_id, filtered=id(group) not in kept_ids)
+            try:
+                self.client.submit(group, lease_id, filtered=id(group) not in kept_ids)
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+                # The lease expired while we generated: the prompt is someone else's now.
+                log.warning("%s: %s", self.worker_id, err.details())
+                self.lost_leases += 1
         self.busy_s += time.perf_counter() - waited
         return len(groups)
 

@@ -20,9 +20,9 @@ import numpy as np
 
 from rlax.core.param_server import codec
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server.settings import MB, ServerSettings
+from rlax.core.param_server.settings import MB, ServerSettings, tune_malloc
 from rlax.core.types import Group, Prompt
-from rlax.core.weight_sync import WirePlan, chunks, crc32
+from rlax.core.weight_sync import WirePlan, chunks, stream
 
 log = logging.getLogger("rlax.client")
 
@@ -50,15 +50,16 @@ def _read_varint(buf: memoryview, i: int) -> tuple[int, int]:
 
 
 def encode_chunk(part: int, offset: int, data: memoryview) -> bytes:
-    """WeightChunk{part, offset, data} in protobuf wire format, built around ``data``."""
+    """WeightChunk{part, offset, data, crc32} in protobuf wire format, built around ``data``."""
     head = b"\x10" + _varint(part) + b"\x18" + _varint(offset) + b"\x22" + _varint(len(data))
-    return b"".join((head, data))
+    tail = b"\x28" + _varint(zlib.crc32(data) & 0xFFFFFFFF)
+    return b"".join((head, data, tail))
 
 
-def decode_chunk(raw: bytes) -> tuple[int, int, memoryview] | None:
-    """(part, offset, data view) of a data chunk, or None if ``raw`` is a header message."""
+def decode_chunk(raw: bytes) -> tuple[int, int, memoryview, int] | None:
+    """(part, offset, data view, crc32) of a data chunk, or None for a header message."""
     buf = memoryview(raw)
-    i, part, offset, data = 0, 0, 0, buf[0:0]
+    i, part, offset, data, crc = 0, 0, 0, buf[0:0], 0
     while i < len(buf):
         key, i = _read_varint(buf, i)
         field, kind = key >> 3, key & 7
@@ -70,6 +71,8 @@ def decode_chunk(raw: bytes) -> tuple[int, int, memoryview] | None:
                 part = value
             elif field == 3:
                 offset = value
+            elif field == 5:
+                crc = value
         elif kind == 2:
             n, i = _read_varint(buf, i)
             if field == 4:
@@ -77,7 +80,7 @@ def decode_chunk(raw: bytes) -> tuple[int, int, memoryview] | None:
             i += n
         else:
             raise ValueError(f"weight chunk: unexpected wire type {kind}")
-    return part, offset, data
+    return part, offset, data, crc
 
 
 class ParamServerClient:
@@ -86,11 +89,14 @@ class ParamServerClient:
     def __init__(self, settings: ServerSettings, *, retry_s: float = 60.0):
         self.settings = settings.resolved()
         self.retry_s = retry_s
+        tune_malloc()
         self._channel = self.settings.channel()
         self._auth = (("authorization", f"Bearer {self.settings.token}"),)
         ch = self._channel
         self._push = ch.stream_unary(
-            "/rlax.v1.WeightStore/Push", request_serializer=None, response_deserializer=pb.PushReply.FromString
+            "/rlax.v1.WeightStore/Push",
+            request_serializer=None,
+            response_deserializer=pb.PushReply.FromString,
         )
         self._pull = ch.unary_stream(
             "/rlax.v1.WeightStore/Pull", request_serializer=pb.PullRequest.SerializeToString,
@@ -130,24 +136,31 @@ class ParamServerClient:
 
     # -- weights ------------------------------------------------------------
 
-    def push_messages(self, plan: WirePlan, buffer: np.ndarray, version: int) -> Iterator[bytes]:
+    def push_messages(self, plan: WirePlan, tree_or_buffer, version: int) -> Iterator[bytes]:
         """The wire messages of one whole-model push (part 0 of 1)."""
         header = pb.PartHeader(
-            version=version, part=0, num_parts=1, nbytes=plan.nbytes, crc32=crc32(buffer),
-            push_id=uuid.uuid4().hex,
-        )  # fmt: skip
+            version=version, part=0, num_parts=1, nbytes=plan.nbytes, push_id=uuid.uuid4().hex
+        )
         for t in plan.tensors:
             header.tensors.add(
-                name=t.name, dtype=plan.wire_dtype.name, shape=t.shape, offset=t.offset, nbytes=t.nbytes
+                name=t.name,
+                dtype=plan.wire_dtype.name,
+                shape=t.shape,
+                offset=t.offset,
+                nbytes=t.nbytes,
             )
         yield pb.WeightChunk(header=header, part=0).SerializeToString()
-        for offset, view in chunks(buffer, self.settings.chunk_mb * MB):
+        chunk = self.settings.chunk_mb * MB
+        if isinstance(tree_or_buffer, np.ndarray) and tree_or_buffer.dtype == np.uint8:
+            pieces = chunks(tree_or_buffer, chunk)  # already packed
+        else:
+            pieces = stream(plan, tree_or_buffer, chunk)
+        for offset, view in pieces:
             yield encode_chunk(0, offset, view)
 
     def push(self, plan: WirePlan, tree_or_buffer, version: int) -> pb.PushReply:
-        """Publishes a parameter tree (or its packed buffer) as ``version``."""
-        buffer = tree_or_buffer if isinstance(tree_or_buffer, np.ndarray) else plan.pack(tree_or_buffer)
-        return self._push(self.push_messages(plan, buffer, version), metadata=self._auth)
+        """Publishes a parameter tree (or its packed uint8 buffer) as ``version``."""
+        return self._push(self.push_messages(plan, tree_or_buffer, version), metadata=self._auth)
 
     def pull(self, have_version: int = -1) -> tuple[int, list[dict], bytearray] | None:
         """(version, tensor list, buffer) of the newest version, or None if we have it.
@@ -155,7 +168,7 @@ class ParamServerClient:
         Single-part versions only (multi-host pushes are reassembled by the mesh trainer's
         pull, later); the buffer is reused between pulls of the same size.
         """
-        header, buf, received, crc = None, None, 0, 0
+        header, buf, received = None, None, 0
         for raw in self._pull(pb.PullRequest(have_version=have_version)):
             decoded = decode_chunk(raw)
             if decoded is None:
@@ -165,18 +178,29 @@ class ParamServerClient:
                 buf = self._buffers.get(header.nbytes) or bytearray(header.nbytes)
                 self._buffers = {header.nbytes: buf}
                 continue
-            _, offset, data = decoded
+            _, offset, data, crc = decoded
             if header is None or offset != received:
                 raise ValueError(f"pull: chunk at {offset}, expected {received}")
+            if zlib.crc32(data) & 0xFFFFFFFF != crc:
+                raise ValueError(
+                    f"pull of version {header.version}: CRC32 mismatch at offset {offset}"
+                )
             buf[offset : offset + len(data)] = data
-            crc = zlib.crc32(data, crc)
             received += len(data)
         if header is None:
             return None
-        if received != header.nbytes or crc & 0xFFFFFFFF != header.crc32:
-            raise ValueError(f"pull of version {header.version}: incomplete or corrupt")
+        if received != header.nbytes:
+            raise ValueError(
+                f"pull of version {header.version}: {received} of {header.nbytes} bytes"
+            )
         tensors = [
-            {"name": t.name, "shape": list(t.shape), "offset": t.offset, "nbytes": t.nbytes, "dtype": t.dtype}
+            {
+                "name": t.name,
+                "shape": list(t.shape),
+                "offset": t.offset,
+                "nbytes": t.nbytes,
+                "dtype": t.dtype,
+            }
             for t in header.tensors
         ]
         return header.version, tensors, buf
@@ -192,7 +216,9 @@ class ParamServerClient:
 
     def lease(self, worker: str, max_prompts: int, *, wait_s: float = 5.0,
               idle_s: float = 0.0, busy_s: float = 0.0) -> list[tuple[str, Prompt]]:  # fmt: skip
-        req = pb.LeaseRequest(worker=worker, max_prompts=max_prompts, wait_s=wait_s, idle_s=idle_s, busy_s=busy_s)
+        req = pb.LeaseRequest(
+            worker=worker, max_prompts=max_prompts, wait_s=wait_s, idle_s=idle_s, busy_s=busy_s
+        )
         reply = self._call("Lease", req, timeout=wait_s + 30)
         return [(x.lease_id, codec.msg_to_prompt(x.prompt)) for x in reply.leases]
 
@@ -205,11 +231,15 @@ class ParamServerClient:
              wait_s: float = 5.0) -> tuple[str, list[Group | np.ndarray], int]:  # fmt: skip
         """(take id, groups — just the rewards for a filtered one — and how many were stale)."""
         req = pb.TakeRequest(
-            max_groups=max_groups, current_version=current_version, max_staleness=max_staleness, wait_s=wait_s
+            max_groups=max_groups,
+            current_version=current_version,
+            max_staleness=max_staleness,
+            wait_s=wait_s,
         )
         reply = self._call("Take", req, timeout=wait_s + 60)
         groups = [
-            np.asarray(m.rewards, np.float32) if m.filtered else codec.msg_to_group(m) for m in reply.groups
+            np.asarray(m.rewards, np.float32) if m.filtered else codec.msg_to_group(m)
+            for m in reply.groups
         ]
         return reply.take_id, groups, reply.dropped_stale
 

@@ -56,7 +56,9 @@ def group_to_msg(g: Group, lease_id: str, filtered: bool = False) -> pb.GroupMsg
     return msg
 
 
-def check_group(m: pb.GroupMsg, *, max_completions: int, max_tokens: int, newest_version: int) -> None:
+def check_group(
+    m: pb.GroupMsg, *, max_completions: int, max_tokens: int, newest_version: int
+) -> None:
     """Raises WireError unless ``m`` is a well-formed group."""
     where = f"group for prompt {m.prompt.id!r}"
     if m.filtered:
@@ -74,7 +76,9 @@ def check_group(m: pb.GroupMsg, *, max_completions: int, max_tokens: int, newest
     for i, c in enumerate(m.completions):
         n_tok, n_lp = len(c.tokens), len(c.logprobs)
         if n_tok % 4 or n_lp != n_tok or not 0 < n_tok // 4 <= max_tokens:
-            raise WireError(f"{where}: completion {i} has {n_tok} token bytes and {n_lp} logprob bytes")
+            raise WireError(
+                f"{where}: completion {i} has {n_tok} token bytes and {n_lp} logprob bytes"
+            )
         if not 0 <= c.policy_version <= newest_version:
             raise WireError(
                 f"{where}: completion {i} claims policy version {c.policy_version}, "

@@ -54,7 +54,9 @@ class RolloutQueue:
         version_fn=lambda: 0,
     ):
         if capacity < 1 or lease_ttl_s <= 0:
-            raise ValueError(f"rollout queue: need capacity >= 1 and lease_ttl_s > 0, got {capacity}, {lease_ttl_s}")
+            raise ValueError(
+                f"rollout queue: need capacity >= 1 and lease_ttl_s > 0, got {capacity}, {lease_ttl_s}"
+            )
         self._source = prompts
         self.capacity = capacity
         self.lease_ttl_s = lease_ttl_s
@@ -66,8 +68,10 @@ class RolloutQueue:
         self._leases: dict[str, _Lease] = {}
         self._queue: collections.deque[pb.GroupMsg] = collections.deque()
         self._taken: dict[str, list[pb.GroupMsg]] = {}
+        # Lease ids submitted and not yet acknowledged (a retried Submit is a no-op),
+        # and recent take ids (a retried Ack is a no-op): both bounded, so memory stays flat.
         self._submitted: set[str] = set()
-        self._acked: set[str] = set()
+        self._acked: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._workers: dict[str, tuple[float, float]] = {}
         self.counts = collections.Counter()
 
@@ -103,7 +107,9 @@ class RolloutQueue:
 
     def lease(self, req: pb.LeaseRequest) -> pb.LeaseReply:
         if not 0 < req.max_prompts <= 65536:
-            raise QueueError(grpc.StatusCode.INVALID_ARGUMENT, f"max_prompts {req.max_prompts} out of range")
+            raise QueueError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"max_prompts {req.max_prompts} out of range"
+            )
         with self._cv:
             self._workers[req.worker] = (req.idle_s, req.busy_s)
             self._expire()
@@ -116,7 +122,11 @@ class RolloutQueue:
                 lease_id = uuid.uuid4().hex
                 self._leases[lease_id] = _Lease(prompt, req.worker, expires)
                 reply.leases.append(
-                    pb.Lease(lease_id=lease_id, prompt=codec.prompt_to_msg(prompt), ttl_s=self.lease_ttl_s)
+                    pb.Lease(
+                        lease_id=lease_id,
+                        prompt=codec.prompt_to_msg(prompt),
+                        ttl_s=self.lease_ttl_s,
+                    )
                 )
             return reply
 
@@ -153,14 +163,18 @@ class RolloutQueue:
 
     def take(self, req: pb.TakeRequest) -> pb.TakeReply:
         if not 0 < req.max_groups <= 65536 or req.max_staleness < 0:
-            raise QueueError(grpc.StatusCode.INVALID_ARGUMENT, "max_groups or max_staleness out of range")
+            raise QueueError(
+                grpc.StatusCode.INVALID_ARGUMENT, "max_groups or max_staleness out of range"
+            )
         with self._cv:
             self._wait(lambda: len(self._queue) >= req.max_groups, req.wait_s)
             reply = pb.TakeReply(take_id=uuid.uuid4().hex)
             taken = []
             while self._queue and len(taken) < req.max_groups:
                 group = self._queue.popleft()
-                oldest = min((c.policy_version for c in group.completions), default=req.current_version)
+                oldest = min(
+                    (c.policy_version for c in group.completions), default=req.current_version
+                )
                 if not group.filtered and req.current_version - oldest > req.max_staleness:
                     self._pool.appendleft(codec.msg_to_prompt(group.prompt))
                     self._submitted.discard(group.lease_id)
@@ -180,8 +194,13 @@ class RolloutQueue:
                 return pb.AckReply(duplicate=True)
             taken = self._taken.pop(req.take_id, None)
             if taken is None:
-                raise QueueError(grpc.StatusCode.NOT_FOUND, f"no take {req.take_id[:12]!r} to acknowledge")
-            self._acked.add(req.take_id)
+                raise QueueError(
+                    grpc.StatusCode.NOT_FOUND, f"no take {req.take_id[:12]!r} to acknowledge"
+                )
+            self._acked[req.take_id] = None
+            while len(self._acked) > 4096:
+                self._acked.popitem(last=False)
+            self._submitted.difference_update(g.lease_id for g in taken)
             self.counts["consumed"] += len(taken)
             self._cv.notify_all()
             return pb.AckReply(consumed=len(taken))
@@ -189,7 +208,9 @@ class RolloutQueue:
     def stats(self) -> pb.QueueStats:
         with self._cv:
             self._expire()
-            idle, busy = (sum(x) for x in zip(*self._workers.values())) if self._workers else (0.0, 0.0)
+            idle, busy = (
+                (sum(x) for x in zip(*self._workers.values())) if self._workers else (0.0, 0.0)
+            )
             return pb.QueueStats(
                 pool=len(self._pool),
                 leased=len(self._leases),
@@ -204,4 +225,3 @@ class RolloutQueue:
                 worker_idle_s=idle,
                 worker_busy_s=busy,
             )
-

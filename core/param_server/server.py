@@ -18,7 +18,7 @@ import grpc
 
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.queue import QueueError, RolloutQueue
-from rlax.core.param_server.settings import MB, ServerSettings
+from rlax.core.param_server.settings import MB, ServerSettings, tune_malloc
 from rlax.core.param_server.weights import PushRejected, WeightStore
 from rlax.core.types import Prompt
 
@@ -67,9 +67,13 @@ class ParamServer:
         threads: int = 64,
     ):
         self.settings = settings.resolved()
+        tune_malloc()
         self.weights = WeightStore(max_version_bytes=self.settings.max_version_mb * MB)
         self.queue = RolloutQueue(
-            prompts, capacity=capacity, lease_ttl_s=lease_ttl_s, version_fn=lambda: self.weights.version
+            prompts,
+            capacity=capacity,
+            lease_ttl_s=lease_ttl_s,
+            version_fn=lambda: self.weights.version,
         )
         self._server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(max_workers=threads),
@@ -89,7 +93,9 @@ class ParamServer:
         if not self.port:
             raise OSError(f"parameter server: cannot bind {address}")
         self._server.start()
-        log.info("parameter server listening on %s (port %d, tls=%s)", address, self.port, bool(creds))
+        log.info(
+            "parameter server listening on %s (port %d, tls=%s)", address, self.port, bool(creds)
+        )
         return self.port
 
     def stop(self, grace: float | None = 1.0) -> None:
@@ -111,7 +117,9 @@ class ParamServer:
         yield from self.weights.messages_for(request.have_version)
 
     def _wait(self, request: pb.WaitRequest, context):
-        return pb.VersionInfo(version=self.weights.wait_for(request.after_version, request.timeout_s))
+        return pb.VersionInfo(
+            version=self.weights.wait_for(request.after_version, request.timeout_s)
+        )
 
     def _stat(self, request, context):
         return pb.StatReply(
@@ -126,10 +134,14 @@ class ParamServer:
             "rlax.v1.WeightStore",
             {
                 "Push": grpc.stream_unary_rpc_method_handler(
-                    self._push, request_deserializer=None, response_serializer=pb.PushReply.SerializeToString
+                    self._push,
+                    request_deserializer=None,
+                    response_serializer=pb.PushReply.SerializeToString,
                 ),
                 "Pull": grpc.unary_stream_rpc_method_handler(
-                    self._pull, request_deserializer=pb.PullRequest.FromString, response_serializer=None
+                    self._pull,
+                    request_deserializer=pb.PullRequest.FromString,
+                    response_serializer=None,
                 ),
                 "WaitForVersion": _unary(self._wait, pb.WaitRequest, pb.VersionInfo),
                 "Stat": _unary(self._stat, pb.StatRequest, pb.StatReply),
@@ -162,5 +174,7 @@ class ParamServer:
 
 def _unary(fn, request_cls, reply_cls):
     return grpc.unary_unary_rpc_method_handler(
-        fn, request_deserializer=request_cls.FromString, response_serializer=reply_cls.SerializeToString
+        fn,
+        request_deserializer=request_cls.FromString,
+        response_serializer=reply_cls.SerializeToString,
     )

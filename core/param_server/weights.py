@@ -3,7 +3,7 @@
 A version is made of ``num_parts`` parts (one per trainer host); each part is a
 header then data chunks in offset order. The server keeps the received
 messages as they came off the wire and, once a version's every part is
-complete, its sizes add up and its CRC32 matches, commits it atomically as
+complete, its sizes add up and every chunk's CRC32 matches, commits it atomically as
 the newest version; Pull then streams those same messages out again without
 re-encoding them. Anything wrong — a cut-off stream, a gap, a duplicate chunk,
 an unknown tensor, a wrong size or checksum, a version that is not newer —
@@ -115,7 +115,9 @@ class WeightStore:
             raise PushRejected(bad, f"part {h.part} of {h.num_parts} is out of range")
         pending = self._pending.get(h.version)
         if pending and pending.num_parts != h.num_parts:
-            raise PushRejected(bad, f"version {h.version}: num_parts {h.num_parts} != {pending.num_parts}")
+            raise PushRejected(
+                bad, f"version {h.version}: num_parts {h.num_parts} != {pending.num_parts}"
+            )
         if not 0 < h.nbytes <= self.max_version_bytes:
             raise PushRejected(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -159,7 +161,7 @@ class WeightStore:
     def _push(self, messages) -> pb.PushReply:
         bad = grpc.StatusCode.INVALID_ARGUMENT
         part: _Part | None = None
-        received = crc = 0
+        received = 0
         done: list[_Part] = []
         for raw in messages:
             try:
@@ -172,9 +174,11 @@ class WeightStore:
                                             f"{part.header.nbytes} bytes")  # fmt: skip
                 with self._lock:
                     if chunk.header.push_id and chunk.header.push_id in self._push_ids:
-                        return pb.PushReply(version=self._push_ids[chunk.header.push_id], duplicate=True)
+                        return pb.PushReply(
+                            version=self._push_ids[chunk.header.push_id], duplicate=True
+                        )
                     self._check_header(chunk.header)
-                part, received, crc = _Part(chunk.header, []), 0, 0
+                part, received = _Part(chunk.header, []), 0
                 if chunk.data:
                     raise PushRejected(bad, "a header message carries no data")
                 part.messages.append(raw)
@@ -190,12 +194,14 @@ class WeightStore:
             if not chunk.data or received + len(chunk.data) > part.header.nbytes:
                 raise PushRejected(bad, f"chunk at offset {chunk.offset} overruns the part's "
                                         f"{part.header.nbytes} bytes")  # fmt: skip
-            crc = zlib.crc32(chunk.data, crc)
+            if zlib.crc32(chunk.data) & 0xFFFFFFFF != chunk.crc32:
+                raise PushRejected(
+                    grpc.StatusCode.DATA_LOSS,
+                    f"CRC32 mismatch in the chunk at offset {chunk.offset}",
+                )
             received += len(chunk.data)
             part.messages.append(raw)
             if received == part.header.nbytes:
-                if crc & 0xFFFFFFFF != part.header.crc32:
-                    raise PushRejected(grpc.StatusCode.DATA_LOSS, f"part {part.header.part}: CRC32 mismatch")
                 done.append(part)
                 part = None
         if part is not None or not done:

@@ -110,12 +110,31 @@ def test_disable_autoload_lists_nothing(site, monkeypatch, capsys):
 # -- rlax run / eval ---------------------------------------------------------
 
 
+def test_run_all_hands_its_arguments_to_the_local_cluster(site, monkeypatch, tmp_path):
+    from rlax.core import roles
+
+    seen = {}
+
+    def local_cluster(*, argv, settings=None):
+        seen["argv"] = list(argv)
+        return 0
+
+    monkeypatch.setattr(roles, "local_cluster", local_cluster)
+    path = gin_file(tmp_path, "")
+    args = ["--gin", path, "--gin.local_cluster.settings=None", "-p", "no:foo", "--run-dir", "out"]
+    assert cli.main(["run", *args]) == 0
+    assert seen["argv"] == [
+        "--gin", path, "--gin.local_cluster.settings=None", "-pno:foo", "--run-dir", "out"
+    ]  # fmt: skip
+
+
 def test_run_calls_the_configured_train_with_the_hook(site, fake_experiment, tmp_path):
     recorder = site.module("fake_recorder", RECORDER)
     path = gin_file(tmp_path, "train.steps = 2\ntrain.label = 'from file'\n")
 
     status = cli.main(
-        ["run", "--gin", path, "--gin.train.label='cli'", "-p", recorder, "--run-dir", "out"]
+        ["run", "--role", "trainer", "--gin", path, "--gin.train.label='cli'", "-p", recorder,
+         "--run-dir", "out"]  # fmt: skip
     )
 
     assert status == cli.EXIT_OK
@@ -126,7 +145,7 @@ def test_run_calls_the_configured_train_with_the_hook(site, fake_experiment, tmp
 def test_run_returns_train_s_status(site, fake_experiment, tmp_path):
     path = gin_file(tmp_path, "train.status = 3\n")
 
-    assert cli.main(["run", "--gin", path]) == 3
+    assert cli.main(["run", "--role", "trainer", "--gin", path]) == 3
     assert fake_experiment["train"]["run_dir"] is None
 
 
@@ -144,7 +163,7 @@ def test_preempted_exits_75(site, monkeypatch, tmp_path, capsys):
 
     monkeypatch.setattr(experiment, "train", train)
 
-    assert cli.main(["run", "--gin", gin_file(tmp_path, "")]) == cli.EXIT_PREEMPTED == 75
+    assert cli.main(["run", "--role", "trainer", "--gin", gin_file(tmp_path, "")]) == 75
     assert "SIGTERM at step 4" in capsys.readouterr().err
 
 
@@ -154,7 +173,7 @@ def test_failure_exits_1_with_a_traceback(site, monkeypatch, tmp_path, capsys):
 
     monkeypatch.setattr(experiment, "train", train)
 
-    assert cli.main(["run", "--gin", gin_file(tmp_path, "")]) == cli.EXIT_FAILURE == 1
+    assert cli.main(["run", "--role", "trainer", "--gin", gin_file(tmp_path, "")]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "RuntimeError: boom" in err
 

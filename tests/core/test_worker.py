@@ -14,7 +14,6 @@ from rlax.plugins.rewards.arithmetic import ArithmeticReward
 from rlax.plugins.samplers.jax_sampler import JaxSampler
 
 
-
 @pytest.fixture(scope="module")
 def bundle():
     import pathlib
@@ -31,7 +30,9 @@ def make_worker(client, bundle, reload_staleness):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("reload_staleness,expected", [(0, [0, 1, 2, 3]), (1, [0, 0, 2, 2]), (2, [0, 0, 0, 3])])
+@pytest.mark.parametrize(
+    "reload_staleness,expected", [(0, [0, 1, 2, 3]), (1, [0, 0, 2, 2]), (2, [0, 0, 0, 3])]
+)
 def test_reload_when_more_than_r_versions_behind(ps, bundle, reload_staleness, expected):
     state = nnx.state(bundle.model)
     plan = WirePlan.for_tree(state)
@@ -59,3 +60,25 @@ def test_one_round_submits_every_leased_prompt_tagged_with_its_version(ps, bundl
     for group in kept:
         assert all(c.policy_version == 0 for c in group.completions)
         assert np.ptp(group.rewards) > 0  # the zero-variance filter ran in the worker
+
+
+def test_a_lease_that_expired_during_generation_is_counted_not_fatal(make_ps, bundle):
+    running = make_ps(lease_ttl_s=0.05)
+    state = nnx.state(bundle.model)
+    plan = WirePlan.for_tree(state)
+    running.client.push(plan, state, 0)
+    worker = make_worker(running.client, bundle, 0)
+    worker.maybe_reload(plan)
+    slow = worker.sampler.generate
+
+    def generate_slowly(*args, **kwargs):
+        import time
+
+        time.sleep(0.2)  # longer than the lease
+        return slow(*args, **kwargs)
+
+    worker.sampler.generate = generate_slowly
+    assert worker.run_once(plan) == 3
+    assert worker.lost_leases == 3
+    q = running.client.stat().queue
+    assert (q.queued, q.expired_leases, q.pool) == (0, 3, 3)  # the prompts wait for another worker

@@ -17,7 +17,9 @@ TREE = {"w": np.zeros((4,), np.float32)}
 
 def group_for(prompt, version=0, n=2, rewards=(1.0, 0.0)):
     comps = tuple(
-        Completion(np.array([5, 2], np.int32), np.array([-0.5, -0.1], np.float32), "x", "stop", version)
+        Completion(
+            np.array([5, 2], np.int32), np.array([-0.5, -0.1], np.float32), "x", "stop", version
+        )
         for _ in range(n)
     )
     return Group(prompt, comps, np.asarray(rewards[:n], np.float32))
@@ -43,7 +45,7 @@ def test_lease_submit_take_ack_accounts_for_every_prompt(ps):
 
 def test_retried_submit_and_ack_change_nothing(ps):
     publish(ps.client, 0)
-    (lease_id, prompt), = ps.client.lease("w", 1, wait_s=0)
+    ((lease_id, prompt),) = ps.client.lease("w", 1, wait_s=0)
     assert ps.client.submit(group_for(prompt), lease_id) is False
     assert ps.client.submit(group_for(prompt), lease_id) is True  # duplicate
     take_id, groups, _ = ps.client.take(5, current_version=0, max_staleness=0, wait_s=0)
@@ -56,9 +58,9 @@ def test_retried_submit_and_ack_change_nothing(ps):
 def test_expired_lease_is_handed_out_again_and_its_late_submit_refused(make_ps):
     running = make_ps(lease_ttl_s=0.3)
     publish(running.client, 0)
-    (old_lease, prompt), = running.client.lease("dead-worker", 1, wait_s=0)
+    ((old_lease, prompt),) = running.client.lease("dead-worker", 1, wait_s=0)
     time.sleep(0.5)
-    (new_lease, again), = running.client.lease("live-worker", 1, wait_s=0)
+    ((new_lease, again),) = running.client.lease("live-worker", 1, wait_s=0)
     assert again.id == prompt.id and new_lease != old_lease
     with pytest.raises(grpc.RpcError) as err:
         running.client.submit(group_for(prompt), old_lease)
@@ -69,20 +71,20 @@ def test_expired_lease_is_handed_out_again_and_its_late_submit_refused(make_ps):
 
 def test_stale_group_is_dropped_counted_and_its_prompt_served_again(ps):
     publish(ps.client, 0)
-    (lease_id, prompt), = ps.client.lease("w", 1, wait_s=0)
+    ((lease_id, prompt),) = ps.client.lease("w", 1, wait_s=0)
     ps.client.submit(group_for(prompt, version=0), lease_id)
     publish(ps.client, 1)
     publish(ps.client, 2)
-    take_id, groups, dropped = ps.client.take(1, current_version=2, max_staleness=1, wait_s=0)
+    _, groups, dropped = ps.client.take(1, current_version=2, max_staleness=1, wait_s=0)
     assert groups == [] and dropped == 1
     assert ps.client.stat().queue.dropped_stale == 1
-    (_, again), = ps.client.lease("w", 1, wait_s=0)
+    ((_, again),) = ps.client.lease("w", 1, wait_s=0)
     assert again.id == prompt.id
 
 
 def test_within_staleness_group_is_kept(ps):
     publish(ps.client, 0)
-    (lease_id, prompt), = ps.client.lease("w", 1, wait_s=0)
+    ((lease_id, prompt),) = ps.client.lease("w", 1, wait_s=0)
     ps.client.submit(group_for(prompt, version=0), lease_id)
     publish(ps.client, 1)
     _, groups, dropped = ps.client.take(1, current_version=1, max_staleness=1, wait_s=0)
@@ -100,10 +102,10 @@ def test_backpressure_blocks_leases_until_the_trainer_acks(make_ps):
     assert time.monotonic() - start >= 0.35
     for lease_id, prompt in leases:
         c.submit(group_for(prompt), lease_id)
-    take_id, groups, _ = c.take(2, current_version=0, max_staleness=0, wait_s=0)
+    take_id, _, _ = c.take(2, current_version=0, max_staleness=0, wait_s=0)
     assert c.lease("w", 1, wait_s=0) == []  # taken but not acknowledged still holds room
     c.ack(take_id)
-    (_, nxt), = c.lease("w", 1, wait_s=0)
+    ((_, nxt),) = c.lease("w", 1, wait_s=0)
     assert nxt.id == "p2"
     q = c.stat().queue
     assert q.consumed == 2 and q.cursor == 3
@@ -111,7 +113,7 @@ def test_backpressure_blocks_leases_until_the_trainer_acks(make_ps):
 
 def test_filtered_groups_carry_rewards_only(ps):
     publish(ps.client, 0)
-    (lease_id, prompt), = ps.client.lease("w", 1, wait_s=0)
+    ((lease_id, prompt),) = ps.client.lease("w", 1, wait_s=0)
     ps.client.submit(group_for(prompt, rewards=(0.0, 0.0)), lease_id, filtered=True)
     _, entries, _ = ps.client.take(1, current_version=0, max_staleness=0, wait_s=0)
     assert isinstance(entries[0], np.ndarray)
@@ -135,7 +137,7 @@ def test_malformed_groups_are_rejected_and_the_lease_kept(ps, mutate, match):
     from rlax.core.param_server import rlax_pb2 as pb
 
     publish(ps.client, 0)
-    (lease_id, prompt), = ps.client.lease("w", 1, wait_s=0)
+    ((lease_id, prompt),) = ps.client.lease("w", 1, wait_s=0)
     msg = codec.group_to_msg(group_for(prompt), lease_id)
     mutate(msg)
     with pytest.raises(grpc.RpcError) as err:
@@ -158,7 +160,9 @@ def test_queue_mutations_need_the_token(ps, call):
         "Ack": pb.AckRequest(take_id="x"),
     }
     with pytest.raises(grpc.RpcError) as err:
-        ps.client._calls[call](requests[call], metadata=(("authorization", "Bearer nope"),), timeout=5)
+        ps.client._calls[call](
+            requests[call], metadata=(("authorization", "Bearer nope"),), timeout=5
+        )
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert ps.client.stat().queue.cursor == 0
 
@@ -178,7 +182,9 @@ def test_tls_with_a_self_signed_certificate(tmp_path, make_ps):
          "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
         check=True, capture_output=True,
     )  # fmt: skip
-    settings = ServerSettings(address="127.0.0.1:0", token="t", tls_cert=str(cert), tls_key=str(key))
+    settings = ServerSettings(
+        address="127.0.0.1:0", token="t", tls_cert=str(cert), tls_key=str(key)
+    )
     running = make_ps(settings=settings)
     publish(running.client, 0)
     assert running.client.stat().version == 0

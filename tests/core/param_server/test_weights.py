@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import zlib
 
 import grpc
 import ml_dtypes
@@ -42,9 +43,10 @@ def test_chunk_codec_matches_protobuf():
     data = memoryview(bytes(range(200)) * 3)
     raw = encode_chunk(2, 123456789, data)
     msg = pb.WeightChunk.FromString(raw)
-    assert (msg.part, msg.offset, msg.data) == (2, 123456789, bytes(data))
-    part, offset, view = decode_chunk(msg.SerializeToString())
-    assert (part, offset, bytes(view)) == (2, 123456789, bytes(data))
+    crc = zlib.crc32(bytes(data))
+    assert (msg.part, msg.offset, msg.data, msg.crc32) == (2, 123456789, bytes(data), crc)
+    part, offset, view, got_crc = decode_chunk(msg.SerializeToString())
+    assert (part, offset, bytes(view), got_crc) == (2, 123456789, bytes(data), crc)
     assert decode_chunk(pb.WeightChunk(header=pb.PartHeader(version=1)).SerializeToString()) is None
 
 
@@ -65,7 +67,9 @@ def test_bf16_round_trip_is_bf16_rounding(ps):
     _, back = pulled_tree(ps.client, plan)
     expected = {k: v for k, v in TREE.items()}
     for x, y in zip(_leaves(back), _leaves(expected)):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y).astype(ml_dtypes.bfloat16).astype(np.float32))
+        np.testing.assert_array_equal(
+            np.asarray(x), np.asarray(y).astype(ml_dtypes.bfloat16).astype(np.float32)
+        )
     assert plan.nbytes * 2 == WirePlan.for_tree(TREE).nbytes
 
 
@@ -98,6 +102,12 @@ def _state(client, plan):
     return stat.version, stat.version_bytes, pulled_tree(client, plan)[1]
 
 
+def _flip_crc(raw):
+    msg = pb.WeightChunk.FromString(raw)
+    msg.crc32 ^= 1
+    return msg.SerializeToString()
+
+
 def _tamper_header(messages, fn):
     first = pb.WeightChunk.FromString(messages[0])
     fn(first.header)
@@ -113,8 +123,9 @@ BAD_PUSHES = {
                     grpc.StatusCode.INVALID_ARGUMENT),
     "wrong size": (lambda m, c, p: _tamper_header(m, lambda h: setattr(h, "nbytes", h.nbytes + 4)),
                    grpc.StatusCode.INVALID_ARGUMENT),
-    "bad checksum": (lambda m, c, p: _tamper_header(m, lambda h: setattr(h, "crc32", h.crc32 ^ 1)),
-                     grpc.StatusCode.DATA_LOSS),
+    "bad checksum": (lambda m, c, p: [m[0], _flip_crc(m[1]), *m[2:]], grpc.StatusCode.DATA_LOSS),
+    "corrupted data": (lambda m, c, p: [m[0], m[1][:40] + bytes([m[1][40] ^ 1]) + m[1][41:], *m[2:]],
+                       grpc.StatusCode.DATA_LOSS),
     "version regression": (lambda m, c, p: _tamper_header(m, lambda h: setattr(h, "version", 0)),
                            grpc.StatusCode.FAILED_PRECONDITION),
     "out-of-order chunk": (lambda m, c, p: [m[0], m[2], m[1], *m[3:]], grpc.StatusCode.INVALID_ARGUMENT),
@@ -129,7 +140,10 @@ BAD_PUSHES = {
 def test_bad_push_is_rejected_and_changes_nothing(make_ps, case):
     running = make_ps()
     client = ParamServerClient(dataclasses.replace(running.settings, chunk_mb=1), retry_s=0)
-    big = {"a": rng.standard_normal((3 << 18) + 7).astype(np.float32), "b": np.ones((4, 4), np.float32)}
+    big = {
+        "a": rng.standard_normal((3 << 18) + 7).astype(np.float32),
+        "b": np.ones((4, 4), np.float32),
+    }
     plan = WirePlan.for_tree(big)
     client.push(plan, big, 0)
     before = _state(client, plan)
@@ -149,7 +163,12 @@ def test_bad_push_is_rejected_and_changes_nothing(make_ps, case):
 def test_stream_broken_by_the_client_leaves_the_previous_version(ps):
     plan = WirePlan.for_tree(TREE)
     ps.client.push(plan, TREE, 0)
-    messages = _messages(ps.client, plan, {"embed": TREE["embed"] + 1, "blocks": TREE["blocks"], "norm": TREE["norm"]}, 1)
+    messages = _messages(
+        ps.client,
+        plan,
+        {"embed": TREE["embed"] + 1, "blocks": TREE["blocks"], "norm": TREE["norm"]},
+        1,
+    )
 
     def cut():
         yield messages[0]
@@ -192,8 +211,19 @@ def test_same_push_id_twice_is_a_duplicate(ps):
     assert again.duplicate and ps.client.stat().pushes_rejected == 0
 
 
-def test_crc32_helper_matches_zlib():
-    import zlib
+def test_streamed_chunks_cover_the_packed_buffer_exactly():
+    from rlax.core.weight_sync import stream
 
+    tree = {"a": np.arange(10, dtype=np.float32), "b": np.ones((300, 300), np.float32),
+            "c": np.full(7, 2.0, np.float32), "d": np.zeros(3, np.float32)}  # fmt: skip
+    plan = WirePlan.for_tree(tree)
+    pieces = list(stream(plan, tree, 64 * 1024))
+    offsets = [o for o, _ in pieces]
+    assert offsets == sorted(offsets) and offsets[0] == 0
+    assert b"".join(bytes(v) for _, v in pieces) == plan.pack(tree).tobytes()
+    assert all(len(v) <= 64 * 1024 for _, v in pieces)
+
+
+def test_crc32_helper_matches_zlib():
     buf = np.arange(1000, dtype=np.float32)
     assert crc32(buf) == zlib.crc32(buf.tobytes())
