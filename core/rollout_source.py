@@ -45,7 +45,9 @@ class InlineRollouts:
 
     def next_batch(self, version: int) -> tuple[list[Entry], dict[str, float]]:
         batch = list(itertools.islice(self.prompts, self.prompts_per_step))
-        groups = rollout(batch, self.sampler, self.reward, self.group_size, self.seed * 1_000_003 + self._step)
+        groups = rollout(
+            batch, self.sampler, self.reward, self.group_size, self.seed * 1_000_003 + self._step
+        )
         self._step += 1
         kept = groups
         for f in self.curation:
@@ -91,10 +93,17 @@ class RemoteRollouts:
             if got:
                 self._takes.append(take_id)
                 entries.extend(got)
-        info: dict[str, float] = {"take_wait_s": time.perf_counter() - start, "dropped_stale": dropped}
-        ages = collections.Counter(version - g.policy_version for g in entries if isinstance(g, Group))
+        info: dict[str, float] = {
+            "take_wait_s": time.perf_counter() - start,
+            "dropped_stale": dropped,
+        }
+        ages = collections.Counter(
+            version - g.policy_version for g in entries if isinstance(g, Group)
+        )
         if any(age > self.max_staleness or age < 0 for age in ages):
-            raise RuntimeError(f"staleness rule violated: ages {dict(ages)} with max {self.max_staleness}")
+            raise RuntimeError(
+                f"staleness rule violated: ages {dict(ages)} with max {self.max_staleness}"
+            )
         info.update({f"staleness_{age}": float(n) for age, n in sorted(ages.items())})
         q = self.client.stat().queue
         info["queue_depth"] = float(q.queued)
