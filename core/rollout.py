@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 
+from rlax.core.reward_pool import RewardPool, score_one
 from rlax.core.types import Completion, Group, Prompt, RewardResult
 
 
@@ -22,25 +24,34 @@ class Reward(Protocol):
     def score(self, prompt: Prompt, completion_text: str) -> float | RewardResult: ...
 
 
-def score(reward: Reward, prompt: Prompt, text: str) -> float:
-    result = reward.score(prompt, text)
-    value = result.score if isinstance(result, RewardResult) else result
-    value = float(value)
-    if not np.isfinite(value):
-        raise ValueError(
-            f"reward {type(reward).__name__} returned {value} for prompt {prompt.id!r}"
-        )
-    return value
-
-
 def rollout(
-    prompts: Sequence[Prompt], sampler: Sampler, reward: Reward, group_size: int, seed: int
+    prompts: Sequence[Prompt],
+    sampler: Sampler,
+    reward: Reward | RewardPool,
+    group_size: int,
+    seed: int,
+    counts: collections.Counter | None = None,
 ) -> list[Group]:
-    """Samples ``group_size`` completions per prompt and scores each one."""
+    """Samples ``group_size`` completions per prompt and scores each one.
+
+    With a :class:`RewardPool` the verifier runs in worker processes under a
+    timeout: a failed call scores 0 and is added to ``counts``
+    (``reward_errors``, ``reward_timeouts``) instead of stopping the run.
+    """
     completions = sampler.generate(prompts, group_size, seed=seed)
+    if isinstance(reward, RewardPool):
+        flat = [(p, c.text) for p, cs in zip(prompts, completions) for c in cs]
+        result = reward.score([p for p, _ in flat], [t for _, t in flat])
+        scores = result.scores.reshape(len(prompts), group_size)
+        if counts is not None:
+            counts["reward_errors"] += result.errors
+            counts["reward_timeouts"] += result.timeouts
+    else:
+        scores = [
+            [score_one(reward, p, c.text)[0] for c in cs] for p, cs in zip(prompts, completions)
+        ]
     return [
-        Group(p, cs, np.array([score(reward, p, c.text) for c in cs], np.float32))
-        for p, cs in zip(prompts, completions)
+        Group(p, cs, np.asarray(s, np.float32)) for p, cs, s in zip(prompts, completions, scores)
     ]
 
 

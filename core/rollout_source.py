@@ -109,6 +109,8 @@ class RemoteRollouts:
         info["queue_depth"] = float(q.queued)
         total = q.worker_idle_s + q.worker_busy_s
         info["worker_idle_fraction"] = q.worker_idle_s / total if total else 0.0
+        info["reward_errors"] = float(q.reward_errors)
+        info["reward_timeouts"] = float(q.reward_timeouts)
         return entries, info
 
     def done(self) -> None:

@@ -9,6 +9,7 @@ fulfils. A worker that dies simply lets its leases expire.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import signal
@@ -22,6 +23,7 @@ import grpc
 from rlax.core.models.bundle import load_model
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
+from rlax.core.reward_pool import RewardPool
 from rlax.core.rollout import rollout
 from rlax.core.weight_sync import WirePlan
 
@@ -55,6 +57,7 @@ class Worker:
         self.idle_s = self.busy_s = 0.0
         self.batches = 0
         self.lost_leases = 0
+        self.counts: collections.Counter = collections.Counter()
 
     def maybe_reload(self, plan: WirePlan, wait_s: float = 0.0) -> None:
         latest = (
@@ -85,6 +88,8 @@ class Worker:
             wait_s=2.0,
             idle_s=self.idle_s,
             busy_s=self.busy_s,
+            reward_errors=self.counts["reward_errors"],
+            reward_timeouts=self.counts["reward_timeouts"],
         )
         waited = time.perf_counter()
         self.idle_s += waited - start
@@ -93,7 +98,8 @@ class Worker:
         self.maybe_reload(plan)
         seed = zlib.crc32(f"{self.seed}/{self.worker_id}/{self.batches}".encode())
         self.batches += 1
-        groups = rollout([p for _, p in leases], self.sampler, self.reward, self.group_size, seed)
+        prompts = [p for _, p in leases]
+        groups = rollout(prompts, self.sampler, self.reward, self.group_size, seed, self.counts)
         kept = groups
         for f in self.curation:
             kept = f.online(kept)
@@ -122,9 +128,16 @@ def worker(
     group_size: int = 8,
     prompts_per_lease: int = 16,
     reload_staleness: int = 0,
+    reward_workers: int = 1,
+    reward_timeout_s: float = 10.0,
     seed: int = 0,
 ) -> int:
-    """Runs the worker role until SIGTERM/SIGINT; returns the exit code."""
+    """Runs the worker role until SIGTERM/SIGINT; returns the exit code.
+
+    The reward runs in ``reward_workers`` processes (0: in this process) with a
+    hard ``reward_timeout_s`` per call: a verifier that hangs or crashes costs a
+    zero score and a counted error, never the worker.
+    """
     stop = _Stop()
     bundle = load_model(init_checkpoint)  # the architecture and tokenizer; weights come by pull
     sampler.setup(bundle.model, bundle.tokenizer)
@@ -132,9 +145,10 @@ def worker(
 
     plan = WirePlan.for_tree(nnx.state(bundle.model), settings.wire_dtype)
     client = ParamServerClient(settings)
+    pool = RewardPool(reward, workers=reward_workers, timeout_s=reward_timeout_s)
     worker_id = os.environ.get(WORKER_ID_ENV) or f"worker-{os.getpid()}"
     w = Worker(
-        client, sampler, reward, list(curation), group_size=group_size,
+        client, sampler, pool, list(curation), group_size=group_size,
         prompts_per_lease=prompts_per_lease, reload_staleness=reload_staleness,
         worker_id=worker_id, seed=seed,
     )  # fmt: skip
@@ -143,6 +157,7 @@ def worker(
         while not stop.requested:
             w.run_once(plan)
     finally:
+        pool.close()
         client.close()
     log.info("%s: stopped after %d batches", worker_id, w.batches)
     return 0

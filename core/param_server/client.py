@@ -214,11 +214,17 @@ class ParamServerClient:
 
     # -- rollouts -----------------------------------------------------------
 
-    def lease(self, worker: str, max_prompts: int, *, wait_s: float = 5.0,
-              idle_s: float = 0.0, busy_s: float = 0.0) -> list[tuple[str, Prompt]]:  # fmt: skip
+    def lease(self, worker: str, max_prompts: int, *, wait_s: float = 5.0, idle_s: float = 0.0,
+              busy_s: float = 0.0, reward_errors: int = 0, reward_timeouts: int = 0,
+              ) -> list[tuple[str, Prompt]]:  # fmt: skip
+        """Up to ``max_prompts`` (lease id, prompt) pairs; [] if no room came within ``wait_s``.
+
+        The worker's cumulative idle/busy seconds and verifier failures ride along for Stat.
+        """
         req = pb.LeaseRequest(
-            worker=worker, max_prompts=max_prompts, wait_s=wait_s, idle_s=idle_s, busy_s=busy_s
-        )
+            worker=worker, max_prompts=max_prompts, wait_s=wait_s, idle_s=idle_s, busy_s=busy_s,
+            reward_errors=reward_errors, reward_timeouts=reward_timeouts,
+        )  # fmt: skip
         reply = self._call("Lease", req, timeout=wait_s + 30)
         return [(x.lease_id, codec.msg_to_prompt(x.prompt)) for x in reply.leases]
 

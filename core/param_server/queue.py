@@ -72,7 +72,7 @@ class RolloutQueue:
         # and recent take ids (a retried Ack is a no-op): both bounded, so memory stays flat.
         self._submitted: set[str] = set()
         self._acked: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self._workers: dict[str, tuple[float, float]] = {}
+        self._workers: dict[str, tuple[float, float, int, int]] = {}
         self.counts = collections.Counter()
 
     # -- helpers (hold the lock) --------------------------------------------
@@ -111,7 +111,12 @@ class RolloutQueue:
                 grpc.StatusCode.INVALID_ARGUMENT, f"max_prompts {req.max_prompts} out of range"
             )
         with self._cv:
-            self._workers[req.worker] = (req.idle_s, req.busy_s)
+            self._workers[req.worker] = (
+                req.idle_s,
+                req.busy_s,
+                req.reward_errors,
+                req.reward_timeouts,
+            )
             self._expire()
             self._wait(lambda: self._in_flight() < self.capacity, req.wait_s)
             n = min(req.max_prompts, self.capacity - self._in_flight())
@@ -208,9 +213,8 @@ class RolloutQueue:
     def stats(self) -> pb.QueueStats:
         with self._cv:
             self._expire()
-            idle, busy = (
-                (sum(x) for x in zip(*self._workers.values())) if self._workers else (0.0, 0.0)
-            )
+            reports = list(self._workers.values()) or [(0.0, 0.0, 0, 0)]
+            idle, busy, reward_errors, reward_timeouts = (sum(x) for x in zip(*reports))
             return pb.QueueStats(
                 pool=len(self._pool),
                 leased=len(self._leases),
@@ -224,4 +228,6 @@ class RolloutQueue:
                 filtered=self.counts["filtered"],
                 worker_idle_s=idle,
                 worker_busy_s=busy,
+                reward_errors=int(reward_errors),
+                reward_timeouts=int(reward_timeouts),
             )

@@ -82,3 +82,28 @@ def test_a_lease_that_expired_during_generation_is_counted_not_fatal(make_ps, bu
     assert worker.lost_leases == 3
     q = running.client.stat().queue
     assert (q.queued, q.expired_leases, q.pool) == (0, 3, 3)  # the prompts wait for another worker
+
+
+def test_a_failing_verifier_scores_zero_and_is_reported_to_the_trainer(ps, bundle):
+    from rlax.core.reward_pool import RewardPool
+
+    class Flaky(ArithmeticReward):
+        def score(self, prompt, text):
+            if text.startswith("1"):
+                raise RuntimeError("verifier crashed")
+            return super().score(prompt, text)
+
+    state = nnx.state(bundle.model)
+    plan = WirePlan.for_tree(state)
+    ps.client.push(plan, state, 0)
+    worker = make_worker(ps.client, bundle, 0)
+    worker.reward = RewardPool(Flaky(), workers=0)
+    worker.curation = []
+    worker.run_once(plan)
+    _, groups, _ = ps.client.take(3, current_version=0, max_staleness=0, wait_s=0)
+    crashed = [c.text.startswith("1") for g in groups for c in g.completions]
+    rewards = [r for g in groups for r in g.rewards]
+    assert worker.counts["reward_errors"] == sum(crashed) > 0
+    assert all(r == 0.0 for r, bad in zip(rewards, crashed) if bad)
+    worker.run_once(plan)  # the next lease reports the worker's counts
+    assert ps.client.stat().queue.reward_errors >= sum(crashed)
