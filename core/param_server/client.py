@@ -9,6 +9,7 @@ chunk's bytes are copied once on the way out and once on the way in.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 import uuid
@@ -26,6 +27,7 @@ from rlax.core.weight_sync import WirePlan, chunks, stream
 
 log = logging.getLogger("rlax.client")
 
+_CRC_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="rlax-crc")
 _RETRY = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
@@ -49,10 +51,11 @@ def _read_varint(buf: memoryview, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def encode_chunk(part: int, offset: int, data: memoryview) -> bytes:
+def encode_chunk(part: int, offset: int, data: memoryview, crc: int | None = None) -> bytes:
     """WeightChunk{part, offset, data, crc32} in protobuf wire format, built around ``data``."""
     head = b"\x10" + _varint(part) + b"\x18" + _varint(offset) + b"\x22" + _varint(len(data))
-    tail = b"\x28" + _varint(zlib.crc32(data) & 0xFFFFFFFF)
+    crc = zlib.crc32(data) if crc is None else crc
+    tail = b"\x28" + _varint(crc & 0xFFFFFFFF)
     return b"".join((head, data, tail))
 
 
@@ -155,8 +158,11 @@ class ParamServerClient:
             pieces = chunks(tree_or_buffer, chunk)  # already packed
         else:
             pieces = stream(plan, tree_or_buffer, chunk)
-        for offset, view in pieces:
-            yield encode_chunk(0, offset, view)
+        pieces = list(pieces)
+        # Checksums run ahead on other threads (zlib releases the GIL) while chunks are sent.
+        crcs = [_CRC_POOL.submit(zlib.crc32, view) for _, view in pieces]
+        for (offset, view), crc in zip(pieces, crcs):
+            yield encode_chunk(0, offset, view, crc.result())
 
     def push(self, plan: WirePlan, tree_or_buffer, version: int) -> pb.PushReply:
         """Publishes a parameter tree (or its packed uint8 buffer) as ``version``."""
@@ -168,7 +174,7 @@ class ParamServerClient:
         Single-part versions only (multi-host pushes are reassembled by the mesh trainer's
         pull, later); the buffer is reused between pulls of the same size.
         """
-        header, buf, received = None, None, 0
+        header, buf, received, checks = None, None, 0, []
         for raw in self._pull(pb.PullRequest(have_version=have_version)):
             decoded = decode_chunk(raw)
             if decoded is None:
@@ -181,11 +187,8 @@ class ParamServerClient:
             _, offset, data, crc = decoded
             if header is None or offset != received:
                 raise ValueError(f"pull: chunk at {offset}, expected {received}")
-            if zlib.crc32(data) & 0xFFFFFFFF != crc:
-                raise ValueError(
-                    f"pull of version {header.version}: CRC32 mismatch at offset {offset}"
-                )
             buf[offset : offset + len(data)] = data
+            checks.append((offset, crc, _CRC_POOL.submit(zlib.crc32, data)))
             received += len(data)
         if header is None:
             return None
@@ -193,6 +196,11 @@ class ParamServerClient:
             raise ValueError(
                 f"pull of version {header.version}: {received} of {header.nbytes} bytes"
             )
+        for offset, expected, got in checks:
+            if got.result() & 0xFFFFFFFF != expected:
+                raise ValueError(
+                    f"pull of version {header.version}: CRC32 mismatch at offset {offset}"
+                )
         tensors = [
             {
                 "name": t.name,

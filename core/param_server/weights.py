@@ -13,6 +13,7 @@ fails the push with a gRPC status and leaves the served version untouched.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import threading
 import time
@@ -27,6 +28,17 @@ from rlax.core.param_server import rlax_pb2 as pb
 
 _DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4}
 assert ml_dtypes  # bfloat16 is a valid wire dtype (ml_dtypes provides it to numpy)
+
+
+_CRC_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="rlax-crc")
+
+
+def _verify(checks) -> None:
+    for offset, expected, future in checks:
+        if future.result() & 0xFFFFFFFF != expected:
+            raise PushRejected(
+                grpc.StatusCode.DATA_LOSS, f"CRC32 mismatch in the chunk at offset {offset}"
+            )
 
 
 class PushRejected(Exception):
@@ -163,6 +175,7 @@ class WeightStore:
         part: _Part | None = None
         received = 0
         done: list[_Part] = []
+        checks: list = []
         for raw in messages:
             try:
                 chunk = pb.WeightChunk.FromString(raw)
@@ -194,14 +207,13 @@ class WeightStore:
             if not chunk.data or received + len(chunk.data) > part.header.nbytes:
                 raise PushRejected(bad, f"chunk at offset {chunk.offset} overruns the part's "
                                         f"{part.header.nbytes} bytes")  # fmt: skip
-            if zlib.crc32(chunk.data) & 0xFFFFFFFF != chunk.crc32:
-                raise PushRejected(
-                    grpc.StatusCode.DATA_LOSS,
-                    f"CRC32 mismatch in the chunk at offset {chunk.offset}",
-                )
+            # Checked on another thread (zlib releases the GIL) while the next chunk arrives.
+            checks.append((chunk.offset, chunk.crc32, _CRC_POOL.submit(zlib.crc32, chunk.data)))
             received += len(chunk.data)
             part.messages.append(raw)
             if received == part.header.nbytes:
+                _verify(checks)
+                checks = []
                 done.append(part)
                 part = None
         if part is not None or not done:
