@@ -55,5 +55,14 @@ def rollout(
     ]
 
 
+def kept_by_filters(groups: Sequence[Group], filters: Sequence) -> list[bool]:
+    """Runs the online curation filters in order; True for each group they all kept."""
+    kept = list(groups)
+    for f in filters:
+        kept = f.online(kept)
+    ids = {id(g) for g in kept}
+    return [id(g) in ids for g in groups]
+
+
 def generated_tokens(groups: Sequence[Group]) -> int:
     return sum(len(c.tokens) for g in groups for c in g.completions)

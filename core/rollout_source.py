@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from rlax.core.param_server.client import ParamServerClient
-from rlax.core.rollout import rollout
+from rlax.core.rollout import kept_by_filters, rollout
 from rlax.core.types import Group, Prompt
 from rlax.core.weight_sync import WirePlan
 
@@ -49,11 +49,8 @@ class InlineRollouts:
             batch, self.sampler, self.reward, self.group_size, self.seed * 1_000_003 + self._step
         )
         self._step += 1
-        kept = groups
-        for f in self.curation:
-            kept = f.online(kept)
-        ids = {id(g) for g in kept}
-        return [g if id(g) in ids else g.rewards for g in groups], {}
+        kept = kept_by_filters(groups, self.curation)
+        return [g if keep else g.rewards for g, keep in zip(groups, kept)], {}
 
     def done(self) -> None:
         pass

@@ -24,7 +24,7 @@ from rlax.core.models.bundle import load_model
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.reward_pool import RewardPool
-from rlax.core.rollout import rollout
+from rlax.core.rollout import kept_by_filters, rollout
 from rlax.core.weight_sync import WirePlan
 
 log = logging.getLogger("rlax.worker")
@@ -100,13 +100,10 @@ class Worker:
         self.batches += 1
         prompts = [p for _, p in leases]
         groups = rollout(prompts, self.sampler, self.reward, self.group_size, seed, self.counts)
-        kept = groups
-        for f in self.curation:
-            kept = f.online(kept)
-        kept_ids = {id(g) for g in kept}
-        for (lease_id, _), group in zip(leases, groups):
+        kept = kept_by_filters(groups, self.curation)
+        for (lease_id, _), group, keep in zip(leases, groups, kept):
             try:
-                self.client.submit(group, lease_id, filtered=id(group) not in kept_ids)
+                self.client.submit(group, lease_id, filtered=not keep)
             except grpc.RpcError as err:
                 if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
                     raise
