@@ -46,6 +46,7 @@ def param_server(
     reload_staleness: int = 0,
     capacity: int | None = None,
     lease_ttl_s: float = 120.0,
+    curricula: Sequence[Any] = (),
     seed: int = 0,
 ) -> int:
     """Serves weights and the rollout queue until SIGTERM/SIGINT; returns the exit code.
@@ -56,6 +57,8 @@ def param_server(
     staleness rule can accept — a group generated with weights up to
     ``reload_staleness`` versions old waits behind at most that many batches,
     so deeper queues would only produce groups the trainer must drop.
+    ``curricula`` (e.g. ``@curation.pass_rate_curriculum()``) see every
+    submitted group and keep retired prompts from being leased again.
     """
     try:
         tokenizer = load_tokenizer(init_checkpoint)
@@ -65,7 +68,7 @@ def param_server(
     server = ParamServer(
         settings, prompts,
         capacity=capacity or prompts_per_step * max(1, max_staleness + 1 - reload_staleness),
-        lease_ttl_s=lease_ttl_s,
+        lease_ttl_s=lease_ttl_s, curricula=curricula,
     )  # fmt: skip
     stopping = []
     for sig in (signal.SIGTERM, signal.SIGINT):

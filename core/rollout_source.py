@@ -36,6 +36,7 @@ class InlineRollouts:
                  group_size: int, prompts_per_step: int, seed: int):  # fmt: skip
         self.prompts, self.sampler, self.reward = prompts, sampler, reward
         self.curation = list(curation)
+        self._curricula = [f for f in self.curation if hasattr(f, "admit")]
         self.group_size, self.prompts_per_step, self.seed = group_size, prompts_per_step, seed
         self._step = 0
 
@@ -44,7 +45,9 @@ class InlineRollouts:
         return {}
 
     def next_batch(self, version: int) -> tuple[list[Entry], dict[str, float]]:
-        batch = list(itertools.islice(self.prompts, self.prompts_per_step))
+        # A curriculum among the filters (one with ``admit``) keeps retired prompts out.
+        admitted = (p for p in self.prompts if all(f.admit([p]) for f in self._curricula))
+        batch = list(itertools.islice(admitted, self.prompts_per_step))
         groups = rollout(
             batch, self.sampler, self.reward, self.group_size, self.seed * 1_000_003 + self._step
         )

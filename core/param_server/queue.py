@@ -18,9 +18,10 @@ import dataclasses
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import grpc
+import numpy as np
 
 from rlax.core.param_server import codec
 from rlax.core.param_server import rlax_pb2 as pb
@@ -52,12 +53,16 @@ class RolloutQueue:
         max_completions: int = 1024,
         max_tokens: int = 1 << 16,
         version_fn=lambda: 0,
+        curricula: Sequence = (),
     ):
         if capacity < 1 or lease_ttl_s <= 0:
             raise ValueError(
                 f"rollout queue: need capacity >= 1 and lease_ttl_s > 0, got {capacity}, {lease_ttl_s}"
             )
         self._source = prompts
+        # Prompt curricula (``admit(prompts)``, ``observe(prompt_id, rewards)``) live
+        # here, where every worker's results meet: a retired prompt is never leased.
+        self._curricula = list(curricula)
         self.capacity = capacity
         self.lease_ttl_s = lease_ttl_s
         self.max_completions = max_completions
@@ -90,8 +95,13 @@ class RolloutQueue:
     def _next_prompt(self) -> Prompt:
         if self._pool:
             return self._pool.popleft()
-        self.counts["cursor"] += 1
-        return next(self._source)
+        for _ in range(100_000):
+            self.counts["cursor"] += 1
+            prompt = next(self._source)
+            if all(c.admit([prompt]) for c in self._curricula):
+                return prompt
+            self.counts["retired_skipped"] += 1
+        raise QueueError(grpc.StatusCode.RESOURCE_EXHAUSTED, "the curriculum retired every prompt")
 
     def _wait(self, ready, wait_s: float) -> bool:
         deadline = time.monotonic() + max(0.0, min(wait_s, 600.0))
@@ -160,6 +170,8 @@ class RolloutQueue:
             except codec.WireError as err:
                 raise QueueError(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
             del self._leases[group.lease_id]
+            for c in self._curricula:
+                c.observe(group.prompt.id, np.asarray(group.rewards, np.float32))
             self._submitted.add(group.lease_id)
             self._queue.append(group)
             self.counts["filtered" if group.filtered else "submitted"] += 1
@@ -226,6 +238,7 @@ class RolloutQueue:
                 expired_leases=self.counts["expired_leases"],
                 dropped_stale=self.counts["dropped_stale"],
                 filtered=self.counts["filtered"],
+                retired_skipped=self.counts["retired_skipped"],
                 worker_idle_s=idle,
                 worker_busy_s=busy,
                 reward_errors=int(reward_errors),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import hmac
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import grpc
 
@@ -65,6 +65,7 @@ class ParamServer:
         capacity: int,
         lease_ttl_s: float = 120.0,
         threads: int = 64,
+        curricula: Sequence = (),
     ):
         self.settings = settings.resolved()
         tune_malloc()
@@ -74,6 +75,7 @@ class ParamServer:
             capacity=capacity,
             lease_ttl_s=lease_ttl_s,
             version_fn=lambda: self.weights.version,
+            curricula=curricula,
         )
         self._server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(max_workers=threads),

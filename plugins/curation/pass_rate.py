@@ -156,19 +156,24 @@ class PassRateCurriculum:
 
     def online(self, groups: Sequence[Group]) -> list[Group]:
         """Records each group's attempt; drops groups of prompts retired before it."""
-        kept = []
-        for group in groups:
-            pid = group.prompt.id
-            if pid in self._retired:
-                continue
-            kept.append(group)
-            rate = float(np.mean(group.rewards >= self.pass_threshold))
-            history = self._history.setdefault(pid, collections.deque(maxlen=self.window))
-            history.append(rate >= self.solved_rate)
-            if len(history) == self.window and all(history):
-                self._retired.add(pid)
-                del self._history[pid]
-        return kept
+        return [g for g in groups if self.observe(g.prompt.id, g.rewards)]
+
+    def observe(self, prompt_id: str, rewards: np.ndarray) -> bool:
+        """Records one attempt at ``prompt_id``; False if the prompt was already retired.
+
+        The parameter server calls this for every submitted group (its rewards
+        travel even when a filter dropped the group), so one curriculum sees
+        every worker's attempts.
+        """
+        if prompt_id in self._retired:
+            return False
+        rate = float(np.mean(np.asarray(rewards) >= self.pass_threshold))
+        history = self._history.setdefault(prompt_id, collections.deque(maxlen=self.window))
+        history.append(rate >= self.solved_rate)
+        if len(history) == self.window and all(history):
+            self._retired.add(prompt_id)
+            del self._history[prompt_id]
+        return True
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint must keep to resume the curriculum exactly."""

@@ -192,3 +192,41 @@ def test_tls_with_a_self_signed_certificate(tmp_path, make_ps):
     with pytest.raises(grpc.RpcError):
         plain.stat()
     plain.close()
+
+
+def test_a_curriculum_on_the_server_retires_prompts_every_worker_solved():
+    import itertools
+
+    from rlax.core.param_server import codec
+    from rlax.core.param_server import rlax_pb2 as pb
+    from rlax.core.param_server.queue import RolloutQueue
+    from rlax.core.types import Prompt
+    from rlax.plugins.curation.pass_rate import PassRateCurriculum
+
+    prompts = [Prompt(f"r{i}", "", np.array([1], np.int32), "") for i in range(3)]
+    curriculum = PassRateCurriculum(window=2)
+    queue = RolloutQueue(
+        itertools.cycle(prompts), capacity=3, lease_ttl_s=60, curricula=[curriculum]
+    )
+
+    def round_trip(solved_ids):
+        reply = queue.lease(pb.LeaseRequest(worker="w", max_prompts=3))
+        ids = [lease.prompt.id for lease in reply.leases]
+        for lease in reply.leases:
+            p = codec.msg_to_prompt(lease.prompt)
+            rewards = (1.0, 1.0) if p.id in solved_ids else (1.0, 0.0)
+            group = codec.group_to_msg(
+                group_for(p, rewards=rewards), lease.lease_id, filtered=p.id in solved_ids
+            )
+            queue.submit(
+                pb.SubmitRequest(group=group)
+            )  # filtered groups still report their rewards
+        take = queue.take(pb.TakeRequest(max_groups=3, current_version=0, max_staleness=0))
+        queue.ack(pb.AckRequest(take_id=take.take_id))
+        return ids
+
+    assert round_trip({"r0"}) == ["r0", "r1", "r2"]
+    assert round_trip({"r0"}) == ["r0", "r1", "r2"]  # second solved attempt: r0 retires
+    assert curriculum.retired == {"r0"}
+    assert round_trip(set()) == ["r1", "r2", "r1"]
+    assert queue.stats().retired_skipped == 2  # r0 came round twice and was passed over
