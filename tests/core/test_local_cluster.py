@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -27,7 +28,7 @@ def rlax_run(*args, timeout=300):
 
 def test_processes_run_through_the_parameter_server(tmp_path):
     run_dir = tmp_path / "run"
-    proc = rlax_run("--run-dir", str(run_dir))
+    proc = rlax_run("--run-dir", str(run_dir), "--gin.MAX_STALENESS=0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["version"] for r in rows] == list(range(1, STEPS + 1))
@@ -56,4 +57,7 @@ def test_a_dead_worker_is_reported_and_fails_the_run(tmp_path):
         "--run-dir", str(tmp_path / "run"), "--gin.rlax.worker.init_checkpoint='/nonexistent'"
     )
     assert proc.returncode == 1
-    assert "worker-0" in proc.stderr and "died with status" in proc.stderr
+    # Both workers fail at start; whichever the supervisor sees first is named.
+    assert re.search(r"worker-[01] \(pid \d+\) died with status [1-9]", proc.stderr), proc.stderr[
+        -2000:
+    ]
