@@ -132,10 +132,8 @@ def test_run_calls_the_configured_train_with_the_hook(site, fake_experiment, tmp
     recorder = site.module("fake_recorder", RECORDER)
     path = gin_file(tmp_path, "train.steps = 2\ntrain.label = 'from file'\n")
 
-    status = cli.main(
-        ["run", "--role", "trainer", "--gin", path, "--gin.train.label='cli'", "-p", recorder,
-         "--run-dir", "out"]  # fmt: skip
-    )
+    args = ["--role", "trainer", "--gin", path, "--gin.train.label='cli'", "-p", recorder]
+    status = cli.main(["run", *args, "--run-dir", "out"])
 
     assert status == cli.EXIT_OK
     assert fake_experiment["train"] == {"run_dir": pathlib.Path("out"), "steps": 2, "label": "cli"}
