@@ -73,8 +73,8 @@ class RemoteRollouts:
 
     def publish(self, params, version: int) -> dict[str, float]:
         start = time.perf_counter()
-        buffer = self.plan.pack(params)
-        reply = self.client.push(self.plan, buffer, version)
+        # push streams host-resident leaves from their own memory; it packs only when needed.
+        reply = self.client.push(self.plan, params, version)
         if not reply.committed:
             raise RuntimeError(f"parameter server did not commit version {version}")
         seconds = time.perf_counter() - start

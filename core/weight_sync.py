@@ -13,7 +13,6 @@ receiver writes each chunk at its offset into a preallocated buffer.
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -173,6 +172,3 @@ def chunks(buffer: np.ndarray | bytes, chunk_bytes: int) -> Iterator[tuple[int, 
     for offset in range(0, len(view), chunk_bytes):
         yield offset, view[offset : offset + chunk_bytes]
 
-
-def crc32(buffer: np.ndarray | bytes | bytearray | memoryview) -> int:
-    return zlib.crc32(memoryview(buffer).cast("B")) & 0xFFFFFFFF

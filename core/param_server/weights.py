@@ -20,14 +20,12 @@ import time
 import zlib
 
 import grpc
-import ml_dtypes
 import numpy as np
 from google.protobuf.message import DecodeError
 
 from rlax.core.param_server import rlax_pb2 as pb
 
 _DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4}
-assert ml_dtypes  # bfloat16 is a valid wire dtype (ml_dtypes provides it to numpy)
 
 
 _CRC_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="rlax-crc")

@@ -12,7 +12,7 @@ import pytest
 
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.client import ParamServerClient, decode_chunk, encode_chunk
-from rlax.core.weight_sync import WirePlan, crc32
+from rlax.core.weight_sync import WirePlan
 
 rng = np.random.default_rng(0)
 TREE = {
@@ -223,7 +223,3 @@ def test_streamed_chunks_cover_the_packed_buffer_exactly():
     assert b"".join(bytes(v) for _, v in pieces) == plan.pack(tree).tobytes()
     assert all(len(v) <= 64 * 1024 for _, v in pieces)
 
-
-def test_crc32_helper_matches_zlib():
-    buf = np.arange(1000, dtype=np.float32)
-    assert crc32(buf) == zlib.crc32(buf.tobytes())
