@@ -35,7 +35,7 @@ def extra_rounds(curation: Sequence[Any]) -> int:
 
 def fill_batch(
     take_round: Callable[[int], list[Entry]], *, target: int, extra_rounds: int
-) -> tuple[list[Entry], int]:
+) -> tuple[list[Entry], dict[str, float]]:
     """Takes rounds of ``target`` entries until ``target`` groups are kept or the cap is hit.
 
     Args:
@@ -45,8 +45,10 @@ def fill_batch(
 
     Returns:
       Every entry taken, in order, with the groups beyond the first ``target``
-      replaced by their rewards (seen by the metrics, not trained on), and the
-      number of rounds taken.
+      replaced by their rewards (seen by the metrics, not trained on), and
+      the step's metrics: ``extra_rounds`` (rounds taken after the first),
+      ``groups_filtered`` (groups curation dropped, over all rounds) and
+      ``groups_surplus`` (kept groups beyond ``target``, not trained on).
     """
     if target < 1 or extra_rounds < 0:
         raise ValueError(
@@ -68,4 +70,9 @@ def fill_batch(
             continue
         n += isinstance(e, Group)
         out.append(e)
-    return out, rounds
+    info = {
+        "extra_rounds": float(rounds - 1),
+        "groups_filtered": float(len(entries) - kept),
+        "groups_surplus": float(kept - n),
+    }
+    return out, info

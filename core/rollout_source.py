@@ -19,24 +19,26 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
-
+from rlax.core.batch_filling import Entry, extra_rounds, fill_batch
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.rollout import kept_by_filters, rollout
 from rlax.core.types import Group, Prompt
 from rlax.core.weight_sync import WirePlan
 
-Entry = Group | np.ndarray
-
 
 class InlineRollouts:
-    """Samples in the trainer's process; every group is on-policy."""
+    """Samples in the trainer's process; every group is on-policy.
+
+    A batch is one round of sampling, or more when a curation filter asks for
+    ``extra_rounds`` (DAPO's dynamic sampling): see :func:`fill_batch`.
+    """
 
     def __init__(self, prompts: Iterator[Prompt], sampler, reward, curation: Sequence[Any], *,
                  group_size: int, prompts_per_step: int, seed: int):  # fmt: skip
         self.prompts, self.sampler, self.reward = prompts, sampler, reward
         self.curation = list(curation)
         self._curricula = [f for f in self.curation if hasattr(f, "admit")]
+        self.extra_rounds = extra_rounds(self.curation)
         self.group_size, self.prompts_per_step, self.seed = group_size, prompts_per_step, seed
         self._step = 0
 
@@ -45,15 +47,20 @@ class InlineRollouts:
         return {}
 
     def next_batch(self, version: int) -> tuple[list[Entry], dict[str, float]]:
+        return fill_batch(
+            self._sample_round, target=self.prompts_per_step, extra_rounds=self.extra_rounds
+        )
+
+    def _sample_round(self, n: int) -> list[Entry]:
         # A curriculum among the filters (one with ``admit``) keeps retired prompts out.
         admitted = (p for p in self.prompts if all(f.admit([p]) for f in self._curricula))
-        batch = list(itertools.islice(admitted, self.prompts_per_step))
+        batch = list(itertools.islice(admitted, n))
         groups = rollout(
             batch, self.sampler, self.reward, self.group_size, self.seed * 1_000_003 + self._step
         )
-        self._step += 1
+        self._step += 1  # one sampler seed per round
         kept = kept_by_filters(groups, self.curation)
-        return [g if keep else g.rewards for g, keep in zip(groups, kept)], {}
+        return [g if keep else g.rewards for g, keep in zip(groups, kept)]
 
     def done(self) -> None:
         pass

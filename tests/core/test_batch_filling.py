@@ -33,15 +33,17 @@ class Rounds:
 
 def test_one_round_suffices_when_enough_groups_survive():
     take = Rounds([group("a"), dropped(1), group("b")])
-    entries, rounds = fill_batch(take, target=2, extra_rounds=3)
-    assert rounds == 1 and take.asked == [2]
+    entries, info = fill_batch(take, target=2, extra_rounds=3)
+    assert take.asked == [2]
+    assert info == {"extra_rounds": 0, "groups_filtered": 1, "groups_surplus": 0}
     assert [e.prompt.id if isinstance(e, Group) else "x" for e in entries] == ["a", "x", "b"]
 
 
 def test_extra_rounds_refill_and_surplus_groups_are_not_trained_on():
     take = Rounds([group("a"), dropped(0)], [dropped(1), dropped(1)], [group("b"), group("c")])
-    entries, rounds = fill_batch(take, target=2, extra_rounds=3)
-    assert rounds == 3 and take.asked == [2, 2, 2]
+    entries, info = fill_batch(take, target=2, extra_rounds=3)
+    assert take.asked == [2, 2, 2]
+    assert info == {"extra_rounds": 2, "groups_filtered": 3, "groups_surplus": 1}
     kept = [e.prompt.id for e in entries if isinstance(e, Group)]
     assert kept == ["a", "b"]
     assert len(entries) == 6  # every sample still reaches the metrics
@@ -50,15 +52,17 @@ def test_extra_rounds_refill_and_surplus_groups_are_not_trained_on():
 
 def test_the_cap_releases_a_partial_batch():
     take = Rounds([dropped(0)] * 2, [group("a"), dropped(1)], [dropped(0)] * 2)
-    entries, rounds = fill_batch(take, target=2, extra_rounds=1)
-    assert rounds == 2 and len(take.rounds) == 1  # the third round was never taken
+    entries, info = fill_batch(take, target=2, extra_rounds=1)
+    assert len(take.rounds) == 1  # the third round was never taken
+    assert info == {"extra_rounds": 1, "groups_filtered": 3, "groups_surplus": 0}
     assert [e.prompt.id for e in entries if isinstance(e, Group)] == ["a"]
 
 
 def test_no_extra_rounds_is_one_round_whatever_survives():
     take = Rounds([dropped(0), dropped(1)])
-    entries, rounds = fill_batch(take, target=2, extra_rounds=0)
-    assert rounds == 1 and len(entries) == 2
+    entries, info = fill_batch(take, target=2, extra_rounds=0)
+    assert len(entries) == 2 and len(take.rounds) == 0
+    assert info == {"extra_rounds": 0, "groups_filtered": 2, "groups_surplus": 0}
 
 
 def test_extra_rounds_come_from_the_filters_that_ask_for_them():

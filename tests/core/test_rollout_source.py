@@ -1,0 +1,109 @@
+"""Rollout sources fill a batch that curation thinned: inline (rounds of sampling) and remote.
+
+The remote tests run a real parameter server in this process (the fixtures of
+``tests/core/conftest.py``) and play the workers' part by hand: lease, score,
+submit — so that which groups a filter drops, and when, is under the test's
+control.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from rlax.core.rollout_source import InlineRollouts
+from rlax.core.types import Completion, Group, Prompt
+from rlax.plugins.curation.dynamic_sampling import DynamicSampling
+from rlax.plugins.curation.zero_variance import ZeroVarianceFilter
+
+G = 2  # completions per prompt
+
+
+def numbered_prompts():
+    for i in itertools.count():
+        yield Prompt(id=f"p{i}", text=f"{i}=", tokens=np.array([1, 3], np.int32), answer=str(i))
+
+
+def completions(prompt: Prompt, informative: set[int], version: int = 0):
+    """Mixed rewards (one right, one wrong) for an informative prompt, all wrong otherwise."""
+    i = int(prompt.id[1:])
+    texts = ("ok", "no") if i in informative else ("no", "no")
+    tokens, logprobs = np.array([5, 2], np.int32), np.array([-0.5, -0.1], np.float32)
+    return tuple(Completion(tokens, logprobs, t, "stop", version) for t in texts)
+
+
+class ScriptedSampler:
+    """Completions decided by the prompt's number; records every generate call."""
+
+    version = 0
+
+    def __init__(self, informative: set[int]):
+        self.informative = informative
+        self.calls: list[tuple[list[str], int]] = []
+
+    def generate(self, prompts, n, *, seed):
+        assert n == G
+        self.calls.append(([p.id for p in prompts], seed))
+        return [completions(p, self.informative) for p in prompts]
+
+    def load_weights(self, params, version):
+        self.version = version
+
+
+class OkReward:
+    def score(self, prompt, completion_text):
+        return 1.0 if completion_text == "ok" else 0.0
+
+
+def inline(informative, curation, prompts_per_step=4):
+    sampler = ScriptedSampler(set(informative))
+    source = InlineRollouts(
+        numbered_prompts(), sampler, OkReward(), curation, group_size=G,
+        prompts_per_step=prompts_per_step, seed=0,
+    )  # fmt: skip
+    return source, sampler
+
+
+def kept_ids(entries):
+    return [e.prompt.id for e in entries if isinstance(e, Group)]
+
+
+# -- inline -----------------------------------------------------------------------------
+
+
+def test_inline_refills_a_short_batch_with_extra_rounds():
+    source, sampler = inline({0, 5, 6, 9}, [DynamicSampling(extra_rounds=3)])
+    entries, info = source.next_batch(0)
+    assert kept_ids(entries) == ["p0", "p5", "p6", "p9"]
+    assert [ids for ids, _ in sampler.calls] == [
+        ["p0", "p1", "p2", "p3"], ["p4", "p5", "p6", "p7"], ["p8", "p9", "p10", "p11"],
+    ]  # fmt: skip
+    assert len({seed for _, seed in sampler.calls}) == 3  # each round samples afresh
+    assert info == {"extra_rounds": 2, "groups_filtered": 8, "groups_surplus": 0}
+    assert len(entries) == 12  # the dropped groups' rewards still reach the metrics
+    entries, info = source.next_batch(1)  # the next batch starts after the last prompt taken
+    assert sampler.calls[3][0][0] == "p12"
+
+
+def test_inline_respects_the_cap_on_extra_rounds():
+    source, sampler = inline({0, 5, 6, 9}, [DynamicSampling(extra_rounds=1)])
+    entries, info = source.next_batch(0)
+    assert len(sampler.calls) == 2  # one extra round, not the third that would fill it
+    assert kept_ids(entries) == ["p0", "p5", "p6"]
+    assert info == {"extra_rounds": 1, "groups_filtered": 5, "groups_surplus": 0}
+
+
+def test_inline_surplus_groups_of_the_last_round_are_not_trained_on():
+    source, _ = inline({0, 4, 5, 6, 7}, [DynamicSampling(extra_rounds=3)])
+    entries, info = source.next_batch(0)
+    assert kept_ids(entries) == ["p0", "p4", "p5", "p6"]
+    np.testing.assert_array_equal(entries[-1], [1.0, 0.0])  # p7: rewards only
+    assert info == {"extra_rounds": 1, "groups_filtered": 3, "groups_surplus": 1}
+
+
+def test_inline_filter_without_extra_rounds_takes_one_round():
+    source, sampler = inline({0}, [ZeroVarianceFilter()])
+    entries, info = source.next_batch(0)
+    assert len(sampler.calls) == 1 and kept_ids(entries) == ["p0"]
+    assert info == {"extra_rounds": 0, "groups_filtered": 3, "groups_surplus": 0}
