@@ -1,7 +1,10 @@
 """A decoder-only transformer in flax nnx, with an explicit KV cache.
 
 The layer stack is the Llama recipe: pre-RMSNorm, rotary position embeddings,
-grouped-query attention, SwiGLU MLP, tied or untied output head. The same
+grouped-query attention, SwiGLU MLP, tied or untied output head. Two switches
+cover the Qwen families: ``qkv_bias`` (Qwen2: biases on the q/k/v projections)
+and ``qk_norm`` (Qwen3: an RMSNorm over each head's query and key before RoPE).
+RoPE takes the config's theta and optional scaling (``linear`` or ``llama3``). The same
 forward pass serves training (no cache), prefill (fills the cache) and decode
 (one token at a time against the cache); callers pass positions and a key
 mask explicitly, so left-padded prompts work everywhere.
@@ -14,11 +17,15 @@ References:
   Su et al., 2021, https://arxiv.org/abs/2104.09864 (RoPE)
   Ainslie et al., 2023, https://arxiv.org/abs/2305.13245 (grouped-query attention)
   Shazeer, 2020, https://arxiv.org/abs/2002.05202 (SwiGLU)
+  Qwen Team, 2024, https://arxiv.org/abs/2407.10671 (Qwen2: q/k/v bias)
+  Qwen Team, 2025, https://arxiv.org/abs/2505.09388 (Qwen3: q/k RMSNorm)
+  Meta, 2024, https://arxiv.org/abs/2407.21783 (Llama 3: RoPE frequency scaling)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -33,8 +40,51 @@ KVCache = list[dict[str, jax.Array]]  # per layer: {"k": [B,S,K,H], "v": [B,S,K,
 
 
 @dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling (hashable, so a config stays a jit-static value).
+
+    ``kind`` is ``"linear"`` (every frequency divided by ``factor``) or
+    ``"llama3"`` (low frequencies divided by ``factor``, high ones kept, a
+    smooth blend between; the band edges are ``original_max_position /
+    low_freq_factor`` and ``original_max_position / high_freq_factor`` in
+    wavelength).
+    """
+
+    kind: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("linear", "llama3"):
+            raise ValueError(f"RopeScaling.kind must be 'linear' or 'llama3', got {self.kind!r}")
+        if self.factor <= 0:
+            raise ValueError(f"RopeScaling.factor must be positive, got {self.factor}")
+        if self.kind == "llama3" and not self.high_freq_factor > self.low_freq_factor > 0:
+            raise ValueError(
+                "RopeScaling (llama3): need high_freq_factor > low_freq_factor > 0, got "
+                f"{self.high_freq_factor} and {self.low_freq_factor}"
+            )
+
+
+# Fields added after the first saved models: written by ``to_dict`` only when
+# they differ from these defaults, so older model.json files stay byte-identical.
+_LATER_FIELDS = {"qkv_bias": False, "o_bias": False, "qk_norm": False, "rope_scaling": None}
+
+
+@dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-    """Architecture of a decoder. Frozen: one value names one model shape."""
+    """Architecture of a decoder. Frozen: one value names one model shape.
+
+    Attributes:
+      qkv_bias: biases on the q, k and v projections (Qwen2; Llama's
+        ``attention_bias`` sets this and ``o_bias``).
+      o_bias: a bias on the attention output projection.
+      qk_norm: RMSNorm (over the head dim, weights shared across heads) on
+        queries and keys before RoPE (Qwen3).
+      rope_scaling: optional RoPE frequency scaling.
+    """
 
     vocab_size: int
     num_layers: int
@@ -46,16 +96,28 @@ class TransformerConfig:
     rope_theta: float = 10_000.0
     norm_eps: float = 1e-6
     tie_embeddings: bool = True
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         for field in ("vocab_size", "num_layers", "embed_dim", "num_heads", "head_dim", "mlp_dim"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"TransformerConfig.{field} must be positive")
-        if self.num_heads % self.num_kv_heads:
+        if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of "
                 f"num_kv_heads ({self.num_kv_heads})"
             )
+        if self.head_dim % 2:
+            raise ValueError(
+                f"TransformerConfig.head_dim must be even for RoPE, got {self.head_dim}"
+            )
+        if isinstance(self.rope_scaling, dict):  # from_dict / hand-written values
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+
+    # -- presets ----------------------------------------------------------------
 
     @classmethod
     def tiny(cls, vocab_size: int) -> TransformerConfig:
@@ -70,8 +132,63 @@ class TransformerConfig:
             mlp_dim=384,
         )
 
+    @classmethod
+    def qwen2_small(cls, vocab_size: int = 1024) -> TransformerConfig:
+        """A small Qwen2-style model (q/k/v bias, untied head) for benchmarks: ~4M parameters."""
+        return cls(
+            vocab_size=vocab_size, num_layers=4, embed_dim=256, num_heads=4, num_kv_heads=2,
+            head_dim=64, mlp_dim=1024, rope_theta=1_000_000.0, tie_embeddings=False,
+            qkv_bias=True,
+        )  # fmt: skip
+
+    @classmethod
+    def smollm2_135m(cls) -> TransformerConfig:
+        """HuggingFaceTB/SmolLM2-135M(-Instruct): Llama, 30 layers, tied head."""
+        return cls(
+            vocab_size=49152, num_layers=30, embed_dim=576, num_heads=9, num_kv_heads=3,
+            head_dim=64, mlp_dim=1536, rope_theta=100_000.0, norm_eps=1e-5,
+        )  # fmt: skip
+
+    @classmethod
+    def qwen2_5_0_5b(cls) -> TransformerConfig:
+        """Qwen/Qwen2.5-0.5B(-Instruct): q/k/v bias, tied head."""
+        return cls(
+            vocab_size=151936, num_layers=24, embed_dim=896, num_heads=14, num_kv_heads=2,
+            head_dim=64, mlp_dim=4864, rope_theta=1_000_000.0, qkv_bias=True,
+        )  # fmt: skip
+
+    @classmethod
+    def qwen3_0_6b(cls) -> TransformerConfig:
+        """Qwen/Qwen3-0.6B: q/k RMSNorm, head dim 128 (wider than embed / heads), tied head."""
+        return cls(
+            vocab_size=151936, num_layers=28, embed_dim=1024, num_heads=16, num_kv_heads=8,
+            head_dim=128, mlp_dim=3072, rope_theta=1_000_000.0, qk_norm=True,
+        )  # fmt: skip
+
+    @classmethod
+    def llama3_2_1b(cls) -> TransformerConfig:
+        """meta-llama/Llama-3.2-1B: llama3 RoPE scaling (factor 32), tied head."""
+        return cls(
+            vocab_size=128256, num_layers=16, embed_dim=2048, num_heads=32, num_kv_heads=8,
+            head_dim=64, mlp_dim=8192, rope_theta=500_000.0, norm_eps=1e-5,
+            rope_scaling=RopeScaling("llama3", 32.0, 1.0, 4.0, 8192),
+        )  # fmt: skip
+
+    @classmethod
+    def from_hf(cls, config: Any) -> TransformerConfig:
+        """From an HF ``config.json`` (a path, a model directory or the parsed dict)."""
+        from rlax.core.models.hf_config import config_from_hf
+
+        return config_from_hf(config)
+
+    # -- plain-dict round trip --------------------------------------------------
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        values = dataclasses.asdict(self)
+        for name, default in _LATER_FIELDS.items():
+            if values[name] == default:
+                del values[name]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TransformerConfig:
@@ -81,17 +198,64 @@ class TransformerConfig:
             raise ValueError(f"unknown TransformerConfig fields: {sorted(unknown)}")
         return cls(**values)
 
+    def num_params(self) -> int:
+        """Parameter count (embedding counted once when tied)."""
+        d, n, k, h, f = (
+            self.embed_dim,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.mlp_dim,
+        )
+        attn = d * (n + 2 * k) * h + n * h * d
+        attn += (n + 2 * k) * h * self.qkv_bias + d * self.o_bias + 2 * h * self.qk_norm
+        layer = attn + 3 * d * f + 2 * d
+        head = 0 if self.tie_embeddings else d * self.vocab_size
+        return self.vocab_size * d + self.num_layers * layer + d + head
 
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotates feature pairs (i, i + H/2) by angle position / theta^(2i/H).
+
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> jax.Array:
+    """Angular frequency of each rotated pair, [H/2]: theta^(-2i/H), then scaled.
+
+    The llama3 rule follows Meta's reference code for Llama 3.1 (wavelength
+    bands set by ``original_max_position / {low,high}_freq_factor``).
+    """
+    half = head_dim // 2
+    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    if scaling is None:
+        return freq
+    if scaling.kind == "linear":
+        return freq / scaling.factor
+    wavelen = 2 * math.pi / freq
+    low_wavelen = scaling.original_max_position / scaling.low_freq_factor
+    high_wavelen = scaling.original_max_position / scaling.high_freq_factor
+    smooth = (scaling.original_max_position / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - smooth) * freq / scaling.factor + smooth * freq
+    return jnp.where(
+        wavelen > low_wavelen,
+        freq / scaling.factor,
+        jnp.where(wavelen < high_wavelen, freq, blended),
+    )
+
+
+def apply_rope(
+    x: jax.Array, positions: jax.Array, theta: float, scaling: RopeScaling | None = None
+) -> jax.Array:
+    """Rotates feature pairs (i, i + H/2) by angle position * frequency_i.
+
+    This is the "rotate half" layout of HF checkpoints; llama.cpp's GGUF
+    files store q/k rows interleaved instead (see ``gguf.py``).
 
     Args:
       x: [B, T, heads, H]
       positions: [B, T] integer positions.
       theta: the RoPE base.
+      scaling: optional frequency scaling (:func:`rope_frequencies`).
     """
     half = x.shape[-1] // 2
-    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)  # [H/2]
+    freq = rope_frequencies(x.shape[-1], theta, scaling)  # [H/2]
     angle = positions[..., None].astype(jnp.float32) * freq  # [B, T, H/2]
     sin = jnp.sin(angle)[:, :, None, :]
     cos = jnp.cos(angle)[:, :, None, :]
@@ -103,10 +267,13 @@ class Attention(nnx.Module):
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         d, n, k, h = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q = nnx.Linear(d, n * h, use_bias=False, rngs=rngs)
-        self.k = nnx.Linear(d, k * h, use_bias=False, rngs=rngs)
-        self.v = nnx.Linear(d, k * h, use_bias=False, rngs=rngs)
-        self.o = nnx.Linear(n * h, d, use_bias=False, rngs=rngs)
+        self.q = nnx.Linear(d, n * h, use_bias=cfg.qkv_bias, rngs=rngs)
+        self.k = nnx.Linear(d, k * h, use_bias=cfg.qkv_bias, rngs=rngs)
+        self.v = nnx.Linear(d, k * h, use_bias=cfg.qkv_bias, rngs=rngs)
+        self.o = nnx.Linear(n * h, d, use_bias=cfg.o_bias, rngs=rngs)
+        if cfg.qk_norm:
+            self.q_norm = nnx.RMSNorm(h, epsilon=cfg.norm_eps, rngs=rngs)
+            self.k_norm = nnx.RMSNorm(h, epsilon=cfg.norm_eps, rngs=rngs)
 
     def __call__(
         self,
@@ -121,8 +288,10 @@ class Attention(nnx.Module):
         q = self.q(x).reshape(b, t, cfg.num_heads, cfg.head_dim)
         k = self.k(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
         v = self.v(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
-        q = apply_rope(q, positions, cfg.rope_theta)
-        k = apply_rope(k, positions, cfg.rope_theta)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, positions, cfg.rope_theta, cfg.rope_scaling)
+        k = apply_rope(k, positions, cfg.rope_theta, cfg.rope_scaling)
         if cache is not None:
             start = (0, cache_index, 0, 0)
             k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)

@@ -1,0 +1,258 @@
+"""HF safetensors checkpoints <-> rlax parameters.
+
+Import reads a model directory's ``config.json`` and either one
+``model.safetensors`` or shards listed by ``model.safetensors.index.json``;
+export writes ``config.json``, ``generation_config.json``, the safetensors
+(sharded with an index past ``max_shard_bytes``) and the tokenizer files, so
+``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads the policy.
+
+HF stores a linear layer's weight as [out, in]; nnx's kernel is [in, out].
+Name map (``L`` a layer index), HF -> rlax path::
+
+    model.embed_tokens.weight                 embed/embedding
+    model.layers.L.input_layernorm.weight     blocks/L/attn_norm/scale
+    model.layers.L.self_attn.{q,k,v,o}_proj   blocks/L/attn/{q,k,v,o}/{kernel,bias}
+    model.layers.L.self_attn.{q,k}_norm       blocks/L/attn/{q,k}_norm/scale
+    model.layers.L.post_attention_layernorm   blocks/L/mlp_norm/scale
+    model.layers.L.mlp.{gate,up,down}_proj    blocks/L/mlp/{gate,up,down}/kernel
+    model.norm.weight                         final_norm/scale
+    lm_head.weight                            head/kernel (absent when tied)
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from rlax.core.models.hf_config import config_from_hf, config_to_hf
+from rlax.core.models.transformer import Transformer, TransformerConfig
+
+__all__ = [
+    "WeightsError",
+    "hf_names",
+    "load_hf_model",
+    "params_from_tensors",
+    "read_safetensors",
+    "save_hf_model",
+    "tensors_from_params",
+]
+
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+
+
+class WeightsError(ValueError):
+    """A checkpoint whose tensors are missing, misshapen or unreadable."""
+
+
+def hf_names(cfg: TransformerConfig) -> Iterator[tuple[str, tuple[Any, ...], bool]]:
+    """Every (HF tensor name, rlax pure-dict path, transposed) the architecture has."""
+    yield "model.embed_tokens.weight", ("embed", "embedding"), False
+    for i in range(cfg.num_layers):
+        pre = f"model.layers.{i}."
+        yield pre + "input_layernorm.weight", ("blocks", i, "attn_norm", "scale"), False
+        yield pre + "post_attention_layernorm.weight", ("blocks", i, "mlp_norm", "scale"), False
+        for name, biased in (("q", cfg.qkv_bias), ("k", cfg.qkv_bias), ("v", cfg.qkv_bias),
+                             ("o", cfg.o_bias)):  # fmt: skip
+            yield f"{pre}self_attn.{name}_proj.weight", ("blocks", i, "attn", name, "kernel"), True
+            if biased:
+                yield f"{pre}self_attn.{name}_proj.bias", ("blocks", i, "attn", name, "bias"), False
+        if cfg.qk_norm:
+            for name in ("q", "k"):
+                path = ("blocks", i, "attn", f"{name}_norm", "scale")
+                yield f"{pre}self_attn.{name}_norm.weight", path, False
+        for name in ("gate", "up", "down"):
+            yield f"{pre}mlp.{name}_proj.weight", ("blocks", i, "mlp", name, "kernel"), True
+    yield "model.norm.weight", ("final_norm", "scale"), False
+    if not cfg.tie_embeddings:
+        yield "lm_head.weight", ("head", "kernel"), True
+
+
+def _get(tree: Mapping, path: tuple[Any, ...]) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _set(tree: dict, path: tuple[Any, ...], value: Any) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def params_from_tensors(
+    tensors: Mapping[str, np.ndarray], cfg: TransformerConfig, *, where: str = "checkpoint"
+) -> dict:
+    """HF-named tensors -> the model's pure parameter dict (float32).
+
+    Raises:
+      WeightsError: a tensor is missing or has the wrong shape (names both).
+    """
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    shapes = nnx.to_pure_dict(nnx.state(model))
+    out: dict = {}
+    missing = []
+    for name, path, transposed in hf_names(cfg):
+        if name not in tensors:
+            missing.append(name)
+            continue
+        value = np.asarray(tensors[name], dtype=np.float32)
+        value = value.T if transposed else value
+        want = tuple(_get(shapes, path).shape)
+        if value.shape != want:
+            got = value.T.shape if transposed else value.shape
+            raise WeightsError(
+                f"{where}: tensor {name!r} has shape {tuple(got)}, the config needs "
+                f"{tuple(reversed(want)) if transposed else want}"
+            )
+        _set(out, path, value)
+    if missing:
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
+        raise WeightsError(f"{where}: missing tensor(s) {shown}")
+    return out
+
+
+def tensors_from_params(params: Any, cfg: TransformerConfig) -> dict[str, np.ndarray]:
+    """The model's parameters (an nnx State or pure dict) as HF-named float32 arrays."""
+    tree = params if isinstance(params, dict) else nnx.to_pure_dict(params)
+    tree = jax.device_get(tree)
+    out = {}
+    for name, path, transposed in hf_names(cfg):
+        value = np.asarray(_get(tree, path), dtype=np.float32)
+        out[name] = np.ascontiguousarray(value.T if transposed else value)
+    return out
+
+
+def read_safetensors(model_dir: str | pathlib.Path) -> dict[str, np.ndarray]:
+    """Every tensor of a directory's single file or index-listed shards, as numpy."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    model_dir = pathlib.Path(model_dir)
+    index = model_dir / INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise WeightsError(f"{index}: malformed index ({err!r})") from None
+        files = sorted(set(weight_map.values()))
+    elif (model_dir / SINGLE).is_file():
+        files, weight_map = [SINGLE], None
+    else:
+        raise WeightsError(f"{model_dir}: neither {SINGLE} nor {INDEX}")
+    tensors: dict[str, np.ndarray] = {}
+    for name in files:
+        path = model_dir / name
+        if not path.is_file():
+            raise WeightsError(f"{index}: lists shard {name!r}, which does not exist")
+        try:
+            tensors.update(_load_any_dtype(path, load_file))
+        except (SafetensorError, OSError, ValueError) as err:
+            raise WeightsError(f"{path}: unreadable safetensors file: {err}") from None
+    if weight_map is not None:
+        absent = sorted(set(weight_map) - set(tensors))
+        if absent:
+            raise WeightsError(f"{index}: lists tensors its shards lack: {absent[:5]}")
+    return tensors
+
+
+def _load_any_dtype(path: pathlib.Path, load_file) -> dict[str, np.ndarray]:
+    """numpy has no bfloat16: such files are read with ml_dtypes' bfloat16."""
+    try:
+        return load_file(str(path))
+    except (TypeError, ValueError) as err:
+        if "bf16" not in str(err).lower() and "bfloat16" not in str(err).lower():
+            raise
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="flax") as f:
+        return {k: np.asarray(f.get_tensor(k).astype("float32")) for k in f}
+
+
+def load_hf_model(model_dir: str | pathlib.Path) -> Transformer:
+    """A :class:`Transformer` with the weights of an HF safetensors directory."""
+    model_dir = pathlib.Path(model_dir)
+    cfg = config_from_hf(model_dir)
+    params = params_from_tensors(read_safetensors(model_dir), cfg, where=str(model_dir))
+    return model_from_params(cfg, params)
+
+
+def model_from_params(cfg: TransformerConfig, params: dict) -> Transformer:
+    """A live model holding ``params`` (a pure dict), never materialising random weights."""
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    state = nnx.state(model)
+    nnx.replace_by_pure_dict(state, jax.tree.map(jax.numpy.asarray, params))
+    nnx.update(model, state)
+    return model
+
+
+def save_hf_model(
+    model_dir: str | pathlib.Path,
+    model: Transformer,
+    *,
+    params: Any = None,
+    tokenizer: Any = None,
+    max_shard_bytes: int = 2 << 30,
+) -> pathlib.Path:
+    """Writes ``model`` (or ``params`` for its architecture) as an HF directory.
+
+    Args:
+      model_dir: created if missing.
+      model: the architecture (and weights unless ``params`` is given).
+      params: optional nnx State / pure dict to export instead of the model's own.
+      tokenizer: an object with ``save_hf(dir)`` (e.g. :class:`HFTokenizer`),
+        whose special ids also go into ``config.json`` and ``generation_config.json``.
+      max_shard_bytes: above this many bytes the weights are split into shards
+        with a ``model.safetensors.index.json``.
+    """
+    from safetensors.numpy import save_file
+
+    model_dir = pathlib.Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    cfg = model.cfg
+    tensors = tensors_from_params(params if params is not None else nnx.state(model), cfg)
+    special = (
+        tokenizer.special_ids()
+        if tokenizer is not None and hasattr(tokenizer, "special_ids")
+        else {}
+    )
+    (model_dir / "config.json").write_text(
+        json.dumps(config_to_hf(cfg, **special), indent=2) + "\n"
+    )
+    generation = {"_from_model_config": True, **special}
+    (model_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    shards = _shard(tensors, max_shard_bytes)
+    if len(shards) == 1:
+        save_file(shards[0], str(model_dir / SINGLE), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards):
+            name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(model_dir / name), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, name))
+        total = sum(v.nbytes for v in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (model_dir / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    if tokenizer is not None and hasattr(tokenizer, "save_hf"):
+        tokenizer.save_hf(model_dir)
+    return model_dir
+
+
+def _shard(tensors: dict[str, np.ndarray], max_bytes: int) -> list[dict[str, np.ndarray]]:
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, value in tensors.items():
+        if shards[-1] and size + value.nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = value
+        size += value.nbytes
+    return shards
