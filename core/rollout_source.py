@@ -14,6 +14,7 @@ the rewards (a float array) of a group an online curation filter dropped.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import time
 from collections.abc import Iterator, Sequence
@@ -70,13 +71,24 @@ class InlineRollouts:
 
 
 class RemoteRollouts:
-    """Pushes weights to and takes groups from the parameter server."""
+    """Pushes weights to and takes groups from the parameter server.
+
+    Workers run the online curation filters before they submit; the trainer
+    runs its own (``curation``) on what it takes as well, so a filter set only
+    on the trainer still applies. When a filter asks for ``extra_rounds``
+    (DAPO's dynamic sampling) the batch is filled by :func:`fill_batch`: a
+    round is ``prompts_per_step`` more entries from the queue, ending early
+    once the batch is full (the queue is a stream, so no surplus is taken).
+    """
 
     def __init__(self, client: ParamServerClient, plan: WirePlan, *, prompts_per_step: int,
-                 max_staleness: int):  # fmt: skip
+                 max_staleness: int, curation: Sequence[Any] = ()):  # fmt: skip
         self.client, self.plan = client, plan
         self.prompts_per_step, self.max_staleness = prompts_per_step, max_staleness
+        self.curation = list(curation)
+        self.extra_rounds = extra_rounds(self.curation)
         self._takes: list[str] = []
+        self._kept = self._stale = 0
 
     def publish(self, params, version: int) -> dict[str, float]:
         start = time.perf_counter()
@@ -88,22 +100,14 @@ class RemoteRollouts:
         return {"weight_sync_s": seconds, "weight_sync_mb_s": self.plan.nbytes / 2**20 / seconds}
 
     def next_batch(self, version: int) -> tuple[list[Entry], dict[str, float]]:
-        entries: list[Entry] = []
-        dropped = 0
+        self._kept = self._stale = 0
         start = time.perf_counter()
-        while len(entries) < self.prompts_per_step:
-            take_id, got, stale = self.client.take(
-                self.prompts_per_step - len(entries), current_version=version,
-                max_staleness=self.max_staleness, wait_s=5.0,
-            )  # fmt: skip
-            dropped += stale
-            if got:
-                self._takes.append(take_id)
-                entries.extend(got)
-        info: dict[str, float] = {
-            "take_wait_s": time.perf_counter() - start,
-            "dropped_stale": dropped,
-        }
+        entries, info = fill_batch(
+            functools.partial(self._take_round, version),
+            target=self.prompts_per_step, extra_rounds=self.extra_rounds,
+        )  # fmt: skip
+        info["take_wait_s"] = time.perf_counter() - start
+        info["dropped_stale"] = self._stale
         ages = collections.Counter(
             version - g.policy_version for g in entries if isinstance(g, Group)
         )
@@ -119,6 +123,34 @@ class RemoteRollouts:
         info["reward_errors"] = float(q.reward_errors)
         info["reward_timeouts"] = float(q.reward_timeouts)
         return entries, info
+
+    def _take_round(self, version: int, n: int) -> list[Entry]:
+        """Takes ``n`` entries, or fewer once the batch holds ``prompts_per_step`` groups."""
+        got: list[Entry] = []
+        while len(got) < n and self._kept < self.prompts_per_step:
+            # Refilling, take one group at a time: a dropped one is acknowledged at once, so
+            # its room in the queue's capacity goes back to the workers for a replacement
+            # (in synchronous mode the capacity is one batch: holding it would deadlock).
+            take_id, taken, stale = self.client.take(
+                1 if self.extra_rounds else n - len(got), current_version=version,
+                max_staleness=self.max_staleness, wait_s=5.0,
+            )  # fmt: skip
+            self._stale += stale
+            taken = self._curate(taken)
+            kept = sum(isinstance(e, Group) for e in taken)
+            if kept:
+                self._takes.append(take_id)
+            elif taken:
+                self.client.ack(take_id)  # nothing in it will be trained on
+            self._kept += kept
+            got.extend(taken)
+        return got
+
+    def _curate(self, taken: list[Entry]) -> list[Entry]:
+        """The trainer's own filters over the groups the workers kept."""
+        groups = [e for e in taken if isinstance(e, Group)]
+        keep = {id(g): k for g, k in zip(groups, kept_by_filters(groups, self.curation))}
+        return [e.rewards if isinstance(e, Group) and not keep[id(e)] else e for e in taken]
 
     def done(self) -> None:
         """Acknowledges the batch the trainer just trained on (after its new weights were pushed)."""

@@ -9,11 +9,15 @@ control.
 from __future__ import annotations
 
 import itertools
+import threading
 
 import numpy as np
+import pytest
 
-from rlax.core.rollout_source import InlineRollouts
+from rlax.core.param_server.client import ParamServerClient
+from rlax.core.rollout_source import InlineRollouts, RemoteRollouts
 from rlax.core.types import Completion, Group, Prompt
+from rlax.core.weight_sync import WirePlan
 from rlax.plugins.curation.dynamic_sampling import DynamicSampling
 from rlax.plugins.curation.zero_variance import ZeroVarianceFilter
 
@@ -107,3 +111,101 @@ def test_inline_filter_without_extra_rounds_takes_one_round():
     entries, info = source.next_batch(0)
     assert len(sampler.calls) == 1 and kept_ids(entries) == ["p0"]
     assert info == {"extra_rounds": 0, "groups_filtered": 3, "groups_surplus": 0}
+
+
+# -- remote: a real parameter server, workers played by a thread -------------------------
+
+TREE = {"w": np.zeros((4,), np.float32)}
+
+
+class HandWorker(threading.Thread):
+    """Leases prompts in order and submits scripted groups, with or without its own filter."""
+
+    def __init__(self, settings, informative: set[int], *, filters: bool):
+        super().__init__(daemon=True)
+        self.client = ParamServerClient(settings, retry_s=0.0)
+        self.informative, self.filters = informative, filters
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            for lease_id, prompt in self.client.lease("hand", 16, wait_s=0.1):
+                comps = completions(prompt, self.informative)
+                rewards = np.array([OkReward().score(prompt, c.text) for c in comps], np.float32)
+                filtered = self.filters and int(prompt.id[1:]) not in self.informative
+                self.client.submit(Group(prompt, comps, rewards), lease_id, filtered=filtered)
+
+    def close(self):
+        self.stop.set()
+        self.join(timeout=10)
+        self.client.close()
+
+
+def next_batch_within(source, seconds=30.0):
+    """``source.next_batch(0)``, failing (not hanging) if it has not returned in ``seconds``."""
+    result = []
+    thread = threading.Thread(target=lambda: result.append(source.next_batch(0)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert result, f"next_batch did not return within {seconds} s (the queue is stuck)"
+    return result[0]
+
+
+@pytest.fixture
+def remote(make_ps):
+    """(source factory, server): a synchronous server (capacity = one batch of 4 prompts)."""
+    made = []
+
+    def make(informative, curation, *, worker_filters=True):
+        running = make_ps(capacity=4)
+        source = RemoteRollouts(
+            ParamServerClient(running.settings, retry_s=0.0), WirePlan.for_tree(TREE),
+            prompts_per_step=4, max_staleness=0, curation=curation,
+        )  # fmt: skip
+        source.publish(TREE, 0)
+        worker = HandWorker(running.settings, set(informative), filters=worker_filters)
+        worker.start()
+        made.append((source, worker))
+        return source, running
+
+    yield make
+    for source, worker in made:
+        worker.close()
+        source.close()
+
+
+@pytest.mark.parametrize("worker_filters", [True, False], ids=["worker-filters", "trainer-filters"])
+def test_remote_refills_a_short_batch_without_exhausting_the_queue(remote, worker_filters):
+    source, running = remote(
+        {0, 5, 6, 9}, [DynamicSampling(extra_rounds=3)], worker_filters=worker_filters
+    )
+    # The capacity is one batch: the dropped groups must give their room back for this to end.
+    entries, info = next_batch_within(source)
+    assert kept_ids(entries) == ["p0", "p5", "p6", "p9"]
+    assert len(entries) == 10  # p10 and p11 are not taken: the batch was full at p9
+    assert info["extra_rounds"] == 2 and info["groups_filtered"] == 6
+    assert info["groups_surplus"] == 0
+    q = running.client.stat().queue
+    assert (q.consumed, q.taken) == (6, 4)  # the dropped were acknowledged at once
+    source.done()
+    assert running.client.stat().queue.consumed == 10
+
+
+def test_remote_respects_the_cap_on_extra_rounds(remote):
+    source, running = remote({0, 5, 6, 9}, [DynamicSampling(extra_rounds=1)])
+    entries, info = next_batch_within(source)
+    assert [e.prompt.id for e in entries if isinstance(e, Group)] == ["p0", "p5", "p6"]
+    assert len(entries) == 8  # two rounds of four
+    assert info["extra_rounds"] == 1 and info["groups_filtered"] == 5
+    source.done()
+    assert running.client.stat().queue.consumed == 8
+
+
+def test_remote_without_extra_rounds_takes_one_batch(remote):
+    source, running = remote({0}, [ZeroVarianceFilter()])
+    entries, info = next_batch_within(source)
+    assert kept_ids(entries) == ["p0"] and len(entries) == 4
+    assert info["extra_rounds"] == 0 and info["groups_filtered"] == 3
+    assert running.client.stat().queue.consumed == 0  # one take, acknowledged after training
+    source.done()
+    assert running.client.stat().queue.consumed == 4
