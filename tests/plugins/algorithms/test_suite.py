@@ -244,3 +244,112 @@ def test_without_alignment_the_ratio_is_taken_against_the_sampler():
 def test_invalid_settings_name_the_algorithm(make, name):
     with pytest.raises(ValueError, match=f"^{name}: "):
         make()
+
+
+# ---- clipping on both sides, off-policy, for every algorithm ------------------------------
+
+# New logprobs move from the old ones on four tokens (every other ratio stays 1):
+#   row 0 (A > 0), token 0: r = e^0.5 above 1 + eps_high -> clipped, no gradient;
+#   row 0 (A > 0), token 1: r = e^-0.5 below 1 - eps_low, but for A > 0 the lower clip never binds;
+#   row 1 (A < 0), token 0: r = e^-0.5 below 1 - eps_low -> clipped, no gradient;
+#   row 2 (A < 0), token 0: r = e^0.5 above 1 + eps_high, but for A < 0 the upper clip never binds.
+SHIFT = np.zeros((4, 4))
+SHIFT[0, 0], SHIFT[0, 1], SHIFT[1, 0], SHIFT[2, 0] = 0.5, -0.5, -0.5, 0.5
+CLIPPED = np.zeros((4, 4), bool)
+CLIPPED[0, 0] = CLIPPED[1, 0] = True
+# Per-token advantages of the batch-normalised estimators (see the tests above).
+PPO_GAE = np.zeros((4, 4))
+PPO_GAE[0, :3] = [0.95**2, 0.95, 1.0]
+# Aggregation weight of each token: loss = sum_t weight_t * per-token loss.
+SEQ_MEAN = per_row(1 / (N * L))
+TOKEN_MEAN = MASK / TOKENS
+
+
+@pytest.mark.parametrize(
+    ("make", "advantages", "weight", "eps_low", "eps_high"),
+    [
+        (grpo, per_row(GRPO_A), SEQ_MEAN, 0.2, 0.2),
+        (dapo, per_row(GRPO_A), TOKEN_MEAN, 0.2, 0.28),
+        (lambda: drgrpo(max_len=4), per_row(CENTERED_A), MASK / (N * 4), 0.2, 0.2),
+        (rloo, per_row(LOO_A), MASK / N, 0.2, 0.2),
+        (reinforcepp, whitened(per_row(REWARDS[0])), TOKEN_MEAN, 0.2, 0.2),
+        (reinforcepp_baseline, whitened(per_row(CENTERED_A)), TOKEN_MEAN, 0.2, 0.2),
+        (ppo, whitened(PPO_GAE), TOKEN_MEAN, 0.2, 0.2),
+    ],
+    ids=["grpo", "dapo", "drgrpo", "rloo", "reinforcepp", "reinforcepp_baseline", "ppo"],
+)
+def test_token_clipping_on_both_sides_by_hand(make, advantages, weight, eps_low, eps_high):
+    algo = make()
+    batch = batch_for(algo)
+    ratio = np.exp(SHIFT) * MASK
+    per_token = -np.minimum(
+        ratio * advantages, np.clip(ratio, 1 - eps_low, 1 + eps_high) * advantages
+    )
+    (loss, metrics), grad = jax.value_and_grad(algo.loss, has_aux=True)(
+        batch["old_logprobs"] + SHIFT, batch
+    )
+    policy_loss = float(loss) - 0.5 * float(metrics.get("value_loss", 0.0))  # PPO's c_V = 0.5
+    assert policy_loss == pytest.approx(float(np.sum(weight * per_token)), abs=1e-6)
+    expected = np.where(CLIPPED, 0.0, -ratio * advantages * weight)
+    np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-7)
+    assert float(metrics["clip_fraction_high"]) == pytest.approx(1 / TOKENS)
+    assert float(metrics["clip_fraction_low"]) == pytest.approx(1 / TOKENS)
+
+
+@pytest.mark.parametrize(("eps_low", "low_binds"), [(1.0, False), (0.2, True)])
+def test_cispo_clips_the_weight_on_both_sides_and_keeps_every_gradient(eps_low, low_binds):
+    # CISPO bounds the IS weight, never the gradient: d loss / d logp = -clip(r) A / T everywhere.
+    algo = cispo(eps_low=eps_low)
+    batch = batch_for(algo)
+    logp = batch["old_logprobs"] + SHIFT
+    ratio = np.exp(SHIFT) * MASK
+    w = np.clip(ratio, 1 - eps_low, 1 + 0.28)
+    if not low_binds:  # the paper's default: no lower bound, e^-0.5 is kept as it is
+        np.testing.assert_allclose(w[0, 1], math.exp(-0.5))
+    else:
+        assert w[0, 1] == w[1, 0] == pytest.approx(0.8)
+    (loss, metrics), grad = jax.value_and_grad(algo.loss, has_aux=True)(logp, batch)
+    a = per_row(GRPO_A)
+    assert float(loss) == pytest.approx(float(np.sum(-w * a * np.asarray(logp))) / TOKENS, abs=1e-6)
+    np.testing.assert_allclose(grad, -w * a / TOKENS, rtol=1e-5, atol=1e-8)
+    assert float(metrics["clip_fraction"]) == pytest.approx((4 if low_binds else 2) / TOKENS)
+
+
+def test_gspo_clips_the_sequence_ratio_on_both_sides_by_hand():
+    # Whole rows move: s_0 = e^0.01 > 1 + 4e-4 with A > 0 and s_1 = e^-0.01 < 1 - 3e-4 with
+    # A < 0 are clipped (no gradient for their tokens); s_2 = e^0.01 with A < 0 is not.
+    algo = gspo()
+    batch = batch_for(algo)
+    shift = np.array([0.01, -0.01, 0.01, 0.0])[:, None] * MASK
+    s = np.exp([0.01, -0.01, 0.01, 0.0])
+    (loss, metrics), grad = jax.value_and_grad(algo.loss, has_aux=True)(
+        batch["old_logprobs"] + shift, batch
+    )
+    per_seq = -np.minimum(s * GRPO_A, np.clip(s, 1 - 3e-4, 1 + 4e-4) * GRPO_A)
+    assert float(loss) == pytest.approx(float(np.mean(per_seq)), abs=1e-6)
+    expected = per_row(np.array([0.0, 0.0, 1.0, 1.0]) * -s * GRPO_A / (N * L))
+    np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-7)
+    assert float(metrics["clip_fraction"]) == pytest.approx(0.5)
+
+
+# ---- batch-level baselines on one-sample and all-equal groups ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "rewards", "advantages"),
+    [
+        # One-sample groups: REINFORCE++ and PPO (critic 0) whiten [1, 0, 1, 0] to +-1 ...
+        (reinforcepp, [[1.0], [0.0], [1.0], [0.0]], [1.0, -1.0, 1.0, -1.0]),
+        (ppo, [[1.0], [0.0], [1.0], [0.0]], [1.0, -1.0, 1.0, -1.0]),
+        # ... while -baseline centres each one-sample group to 0 first: no signal left.
+        (reinforcepp_baseline, [[1.0], [0.0], [1.0], [0.0]], [0.0, 0.0, 0.0, 0.0]),
+        # An all-correct group beside a mixed one: [1, 1, 1, 0] has mean 0.75, variance 3/16.
+        (ppo, [[1.0, 1.0], [1.0, 0.0]], np.array([0.25, 0.25, 0.25, -0.75]) / math.sqrt(3 / 16)),
+    ],
+    ids=["reinforcepp-one-sample", "ppo-one-sample", "baseline-one-sample", "ppo-all-equal"],
+)
+def test_batch_level_baselines_on_one_sample_and_all_equal_groups(make, rewards, advantages):
+    algo = make()
+    mask, old = np.ones((4, 1)), -np.ones((4, 1))
+    _, _, grad = loss_and_grad(algo, batch_for(algo, np.array(rewards), mask, old))
+    np.testing.assert_allclose(grad[:, 0], -np.asarray(advantages) / 4, rtol=1e-5, atol=1e-7)
