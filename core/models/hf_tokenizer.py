@@ -1,0 +1,203 @@
+"""Subword tokenizers (the ``tokenizers`` library) with chat templates, behind rlax's tokenizer API.
+
+rlax's tasks and rewards see one small interface: ``encode(text, bos=...)``,
+``decode(ids)``, ``pad_id`` / ``bos_id`` / ``eos_id``. A task encodes a prompt
+with ``bos=True``; for an instruct model (one whose tokenizer carries a chat
+template) that prompt becomes the user turn of the template, rendered with the
+generation prompt, so the model sees the conversation format it was tuned on.
+A base model gets its bos token instead (when its config asks for one).
+
+Sources: an HF directory (``tokenizer.json`` + ``tokenizer_config.json``, the
+template possibly in ``chat_template.jinja``) or GGUF metadata (built by
+:mod:`rlax.core.models.gguf`). Chat templates are jinja, rendered the way
+transformers renders them (sandboxed, ``trim_blocks`` and ``lstrip_blocks``).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["HFTokenizer", "TokenizerError"]
+
+
+class TokenizerError(ValueError):
+    """Tokenizer files that are missing or malformed."""
+
+
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config.json spells a token as a string or {"content": ...}."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class HFTokenizer:
+    """A ``tokenizers.Tokenizer`` with its special ids and optional chat template.
+
+    Args:
+      tokenizer: the fast tokenizer (its added special tokens are already registered).
+      bos_id / eos_id / pad_id: special ids; ``eos_id`` is the sampler's stop token.
+        ``pad_id`` may equal ``eos_id`` (padding is always masked by length).
+      chat_template: jinja source, or None for a base model.
+      add_bos: prefix ``bos_id`` when a prompt is encoded without a template.
+      use_chat_template: apply the template to prompts (``encode(..., bos=True)``).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        bos_id: int | None,
+        eos_id: int,
+        pad_id: int | None = None,
+        chat_template: str | None = None,
+        add_bos: bool = False,
+        use_chat_template: bool = True,
+    ):
+        self.tokenizer = tokenizer
+        self.bos_id = None if bos_id is None else int(bos_id)
+        self.eos_id = int(eos_id)
+        self.pad_id = self.eos_id if pad_id is None else int(pad_id)
+        self.chat_template = chat_template
+        self.add_bos = add_bos
+        self.use_chat_template = use_chat_template and chat_template is not None
+        self._template = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def token(self, token_id: int | None) -> str | None:
+        return None if token_id is None else self.tokenizer.id_to_token(token_id)
+
+    # -- encoding --------------------------------------------------------------
+
+    def encode(self, text: str, *, bos: bool = False) -> np.ndarray:
+        """Token ids of ``text``; with ``bos`` it is a prompt (templated or bos-prefixed)."""
+        if bos and self.use_chat_template:
+            return self.encode_chat([{"role": "user", "content": text}])
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if bos and self.add_bos and self.bos_id is not None:
+            ids = [self.bos_id, *ids]
+        return np.asarray(ids, dtype=np.int32)
+
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
+    ) -> str:
+        """The conversation rendered by the model's jinja chat template."""
+        if self.chat_template is None:
+            raise ValueError("this tokenizer has no chat template (a base model)")
+        if self._template is None:
+            self._template = _compile(self.chat_template)
+        return self._template.render(
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.token(self.bos_id) or "",
+            eos_token=self.token(self.eos_id) or "",
+        )
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> np.ndarray:
+        text = self.apply_chat_template(messages, add_generation_prompt=True)
+        return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """Text of ``ids`` up to the first eos; special tokens are dropped."""
+        ids = np.asarray(ids).tolist()
+        if self.eos_id in ids:
+            ids = ids[: ids.index(self.eos_id)]
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # -- files -------------------------------------------------------------------
+
+    def special_ids(self) -> dict[str, int]:
+        """The ids HF configs name (``bos_token_id`` ...), for an exported checkpoint."""
+        out = {"eos_token_id": self.eos_id, "pad_token_id": self.pad_id}
+        if self.bos_id is not None:
+            out["bos_token_id"] = self.bos_id
+        return out
+
+    def save_hf(self, model_dir: str | pathlib.Path) -> None:
+        """Writes ``tokenizer.json`` and ``tokenizer_config.json`` (transformers' fast tokenizer)."""
+        model_dir = pathlib.Path(model_dir)
+        self.tokenizer.save(str(model_dir / "tokenizer.json"))
+        config: dict[str, Any] = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": self.token(self.eos_id),
+            "pad_token": self.token(self.pad_id),
+            "add_bos_token": self.add_bos,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": 1 << 30,
+        }
+        if self.bos_id is not None:
+            config["bos_token"] = self.token(self.bos_id)
+        if self.chat_template is not None:
+            config["chat_template"] = self.chat_template
+        (model_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    @classmethod
+    def from_hf_dir(cls, model_dir: str | pathlib.Path) -> HFTokenizer:
+        """Reads an HF model directory's ``tokenizer.json`` and ``tokenizer_config.json``."""
+        from tokenizers import Tokenizer
+
+        model_dir = pathlib.Path(model_dir)
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerError(f"{model_dir}: no tokenizer.json (needed for an HF model)")
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as err:  # noqa: BLE001 -- the Rust side raises a bare Exception
+            raise TokenizerError(f"{path}: cannot read tokenizer: {err}") from None
+        config_path = model_dir / "tokenizer_config.json"
+        config: dict[str, Any] = {}
+        if config_path.is_file():
+            try:
+                config = json.loads(config_path.read_text())
+            except json.JSONDecodeError as err:
+                raise TokenizerError(f"{config_path}: not valid JSON: {err}") from None
+        template = config.get("chat_template")
+        if (model_dir / "chat_template.jinja").is_file():
+            template = (model_dir / "chat_template.jinja").read_text()
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+
+        def id_of(key: str) -> int | None:
+            text = _token_text(config.get(key))
+            return None if text is None else tokenizer.token_to_id(text)
+
+        eos_id = id_of("eos_token")
+        if eos_id is None:
+            raise TokenizerError(f"{config_path}: no eos_token that the vocabulary knows")
+        return cls(
+            tokenizer,
+            bos_id=id_of("bos_token"),
+            eos_id=eos_id,
+            pad_id=id_of("pad_token"),
+            chat_template=template,
+            add_bos=bool(config.get("add_bos_token", False)),
+        )
+
+
+def _compile(source: str):
+    """A jinja template in a sandbox, with the helpers HF chat templates call."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def strftime_now(fmt: str) -> str:
+        import datetime
+
+        return datetime.datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(
+        x, indent=indent, ensure_ascii=False
+    )
+    env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
+    return env.from_string(source)
