@@ -39,7 +39,9 @@ def fill_batch(
     """Takes rounds of ``target`` entries until ``target`` groups are kept or the cap is hit.
 
     Args:
-      take_round: samples (or takes from the queue) ``n`` prompts' entries.
+      take_round: samples (or takes from the queue) ``n`` prompts' entries; it
+        may return fewer once ``target`` groups are kept (a queue is a stream,
+        so the remote source stops there instead of taking surplus).
       target: groups per update (the loop's prompts per step).
       extra_rounds: rounds allowed after the first; 0 takes exactly one round.
 
