@@ -9,12 +9,23 @@ lease returns its prompt to the front of the pool; a group too stale for the
 trainer's rule is dropped, counted, and its prompt returns to the pool too.
 With capacity = one batch and ``max_staleness = 0`` this is synchronous
 on-policy RL; larger capacity lets workers run ahead.
+
+With a database (``db``, :mod:`rlax.core.param_server.persist`) every call
+that changes state is one SQLite transaction, and a queue built on an existing
+database resumes where the last one stopped: the data cursor (the task's
+prompts are drawn again up to it and checked), the returned prompts, the
+leases (with a fresh time to live), the submitted groups, the takes and the
+consumed log. A restarted trainer calls :meth:`RolloutQueue.resume_trainer`:
+prompts consumed after its checkpoint and prompts it had taken are served
+again, and groups from weight versions older than its new one are dropped.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import logging
 import threading
 import time
 import uuid
@@ -25,7 +36,10 @@ import numpy as np
 
 from rlax.core.param_server import codec
 from rlax.core.param_server import rlax_pb2 as pb
+from rlax.core.param_server.persist import QueueDB
 from rlax.core.types import Prompt
+
+log = logging.getLogger("rlax.queue")
 
 
 class QueueError(Exception):
@@ -54,6 +68,7 @@ class RolloutQueue:
         max_tokens: int = 1 << 16,
         version_fn=lambda: 0,
         curricula: Sequence = (),
+        db: QueueDB | None = None,
     ):
         if capacity < 1 or lease_ttl_s <= 0:
             raise ValueError(
@@ -78,26 +93,102 @@ class RolloutQueue:
         self._submitted: set[str] = set()
         self._acked: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._workers: dict[str, tuple[float, float, int, int]] = {}
+        self._take_versions: dict[str, int] = {}
+        self.version_floor = 0  # groups from older weights are dropped (set by resume_trainer)
         self.counts = collections.Counter()
+        self._db = db
+        if db is not None:
+            self._restore(db)
+
+    # -- persistence ----------------------------------------------------------
+
+    def _tx(self):
+        return self._db.transaction() if self._db is not None else contextlib.nullcontext()
+
+    def _save_counts(self) -> None:
+        if self._db is not None:
+            self._db.set_meta("counts", dict(self.counts))
+            self._db.set_meta("version_floor", self.version_floor)
+
+    def _save_curricula(self) -> None:
+        if self._db is not None and self._curricula:
+            self._db.set_meta(
+                "curricula", [c.state_dict() if hasattr(c, "state_dict") else None
+                              for c in self._curricula],
+            )  # fmt: skip
+
+    def _restore(self, db: QueueDB) -> None:
+        """Rebuilds the in-memory state from ``db`` (empty: a fresh queue)."""
+        self.counts.update(db.load_meta("counts", {}))
+        self.version_floor = db.load_meta("version_floor", 0)
+        for c, state in zip(self._curricula, db.load_meta("curricula", [])):
+            if state is not None and hasattr(c, "load_state_dict"):
+                c.load_state_dict(state)
+        last = db.load_meta("last_drawn")
+        for i in range(self.counts["cursor"]):
+            prompt = next(self._source)
+            if i == self.counts["cursor"] - 1 and last is not None and prompt.id != last:
+                raise ValueError(
+                    f"{db.path}: the task's prompt #{i} is {prompt.id!r}, but the saved queue "
+                    f"drew {last!r} there (a different task or seed?); the database was left "
+                    "as it is"
+                )
+        self._pool.extend(_prompt(b) for b in db.pool())
+        expires = time.monotonic() + self.lease_ttl_s
+        for lease_id, worker, prompt in db.leases():
+            self._leases[lease_id] = _Lease(_prompt(prompt), worker, expires)
+        self._queue.extend(pb.GroupMsg.FromString(g) for g in db.queued())
+        for take_id, (version, groups) in db.takes().items():
+            self._taken[take_id] = [pb.GroupMsg.FromString(g) for g in groups]
+            self._take_versions[take_id] = version
+        self._submitted.update(g.lease_id for g in self._queue)
+        self._submitted.update(g.lease_id for t in self._taken.values() for g in t)
+        self._acked.update((t, None) for t in db.recent_take_ids(4096))
+        if self.counts["cursor"]:
+            log.info(
+                "rollout queue restored from %s: cursor %d, %d returned, %d leased, %d queued, "
+                "%d taken, %d consumed", db.path, self.counts["cursor"], len(self._pool),
+                len(self._leases), len(self._queue), self._n_taken(), self.counts["consumed"],
+            )  # fmt: skip
 
     # -- helpers (hold the lock) --------------------------------------------
 
+    def _n_taken(self) -> int:
+        return sum(len(t) for t in self._taken.values())
+
     def _in_flight(self) -> int:
-        return len(self._leases) + len(self._queue) + sum(len(t) for t in self._taken.values())
+        return len(self._leases) + len(self._queue) + self._n_taken()
+
+    def _return(self, prompt: Prompt) -> None:
+        """Puts a prompt back at the front of the pool (served next)."""
+        self._pool.appendleft(prompt)
+        if self._db is not None:
+            self._db.pool_push_front(_blob(prompt))
 
     def _expire(self) -> None:
         now = time.monotonic()
-        for lease_id in [k for k, v in self._leases.items() if v.expires <= now]:
-            self._pool.appendleft(self._leases.pop(lease_id).prompt)
-            self.counts["expired_leases"] += 1
-            self._cv.notify_all()
+        expired = [k for k, v in self._leases.items() if v.expires <= now]
+        if not expired:
+            return
+        with self._tx():
+            for lease_id in expired:
+                self._return(self._leases.pop(lease_id).prompt)
+                if self._db is not None:
+                    self._db.lease_del(lease_id)
+                self.counts["expired_leases"] += 1
+            self._save_counts()
+        self._cv.notify_all()
 
     def _next_prompt(self) -> Prompt:
         if self._pool:
+            if self._db is not None:
+                self._db.pool_pop_front()
             return self._pool.popleft()
         for _ in range(100_000):
             self.counts["cursor"] += 1
             prompt = next(self._source)
+            if self._db is not None:
+                self._db.set_meta("last_drawn", prompt.id)
             if all(c.admit([prompt]) for c in self._curricula):
                 return prompt
             self.counts["retired_skipped"] += 1
@@ -132,17 +223,18 @@ class RolloutQueue:
             n = min(req.max_prompts, self.capacity - self._in_flight())
             reply = pb.LeaseReply()
             expires = time.monotonic() + self.lease_ttl_s
-            for _ in range(max(0, n)):
-                prompt = self._next_prompt()
-                lease_id = uuid.uuid4().hex
-                self._leases[lease_id] = _Lease(prompt, req.worker, expires)
-                reply.leases.append(
-                    pb.Lease(
-                        lease_id=lease_id,
-                        prompt=codec.prompt_to_msg(prompt),
-                        ttl_s=self.lease_ttl_s,
+            with self._tx():
+                for _ in range(max(0, n)):
+                    prompt = self._next_prompt()
+                    lease_id = uuid.uuid4().hex
+                    self._leases[lease_id] = _Lease(prompt, req.worker, expires)
+                    msg = codec.prompt_to_msg(prompt)
+                    if self._db is not None:
+                        self._db.lease_add(lease_id, req.worker, msg.SerializeToString())
+                    reply.leases.append(
+                        pb.Lease(lease_id=lease_id, prompt=msg, ttl_s=self.lease_ttl_s)
                     )
-                )
+                self._save_counts()
             return reply
 
     def submit(self, req: pb.SubmitRequest) -> pb.SubmitReply:
@@ -169,12 +261,18 @@ class RolloutQueue:
                 )  # fmt: skip
             except codec.WireError as err:
                 raise QueueError(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
-            del self._leases[group.lease_id]
-            for c in self._curricula:
-                c.observe(group.prompt.id, np.asarray(group.rewards, np.float32))
-            self._submitted.add(group.lease_id)
-            self._queue.append(group)
-            self.counts["filtered" if group.filtered else "submitted"] += 1
+            with self._tx():
+                del self._leases[group.lease_id]
+                for c in self._curricula:
+                    c.observe(group.prompt.id, np.asarray(group.rewards, np.float32))
+                self._submitted.add(group.lease_id)
+                self._queue.append(group)
+                self.counts["filtered" if group.filtered else "submitted"] += 1
+                if self._db is not None:
+                    self._db.lease_del(group.lease_id)
+                    self._db.queued_push(group.SerializeToString())
+                    self._save_counts()
+                    self._save_curricula()
             self._cv.notify_all()
             return pb.SubmitReply()
 
@@ -187,23 +285,39 @@ class RolloutQueue:
             self._wait(lambda: len(self._queue) >= req.max_groups, req.wait_s)
             reply = pb.TakeReply(take_id=uuid.uuid4().hex)
             taken = []
-            while self._queue and len(taken) < req.max_groups:
-                group = self._queue.popleft()
-                oldest = min(
-                    (c.policy_version for c in group.completions), default=req.current_version
-                )
-                if not group.filtered and req.current_version - oldest > req.max_staleness:
-                    self._pool.appendleft(codec.msg_to_prompt(group.prompt))
-                    self._submitted.discard(group.lease_id)
-                    reply.dropped_stale += 1
-                    continue
-                taken.append(group)
-            self.counts["dropped_stale"] += reply.dropped_stale
-            if taken:
-                self._taken[reply.take_id] = taken
-                reply.groups.extend(taken)
+            with self._tx():
+                while self._queue and len(taken) < req.max_groups:
+                    group = self._queue.popleft()
+                    if self._db is not None:
+                        self._db.queued_pop_front()
+                    if not group.filtered and not self._usable(group, req):
+                        self._return(codec.msg_to_prompt(group.prompt))
+                        self._submitted.discard(group.lease_id)
+                        reply.dropped_stale += 1
+                        continue
+                    taken.append(group)
+                self.counts["dropped_stale"] += reply.dropped_stale
+                if taken:
+                    self._taken[reply.take_id] = taken
+                    self._take_versions[reply.take_id] = req.current_version
+                    reply.groups.extend(taken)
+                    if self._db is not None:
+                        self._db.take_add(
+                            reply.take_id, req.current_version,
+                            [g.SerializeToString() for g in taken],
+                        )  # fmt: skip
+                self._save_counts()
             self._cv.notify_all()
             return reply
+
+    def _usable(self, group: pb.GroupMsg, req: pb.TakeRequest) -> bool:
+        """The staleness rule, plus: no weights older than the floor, none from the future."""
+        versions = [c.policy_version for c in group.completions] or [req.current_version]
+        return (
+            req.current_version - min(versions) <= req.max_staleness
+            and min(versions) >= self.version_floor
+            and max(versions) <= req.current_version
+        )
 
     def ack(self, req: pb.AckRequest) -> pb.AckReply:
         with self._cv:
@@ -219,8 +333,103 @@ class RolloutQueue:
                 self._acked.popitem(last=False)
             self._submitted.difference_update(g.lease_id for g in taken)
             self.counts["consumed"] += len(taken)
+            version = self._take_versions.pop(req.take_id, 0)
+            if self._db is not None:
+                with self._tx():
+                    self._db.take_del(req.take_id)
+                    self._db.consumed_add([
+                        (g.prompt.id, req.take_id, version, g.lease_id,
+                         g.prompt.SerializeToString())
+                        for g in taken
+                    ])  # fmt: skip
+                    self._save_counts()
             self._cv.notify_all()
             return pb.AckReply(consumed=len(taken))
+
+    def resume_trainer(self, restored_version: int, new_version: int) -> dict[str, int]:
+        """A trainer restarted from its checkpoint at ``restored_version``; it now publishes
+        ``new_version`` (>= ``restored_version``).
+
+        Everything the lost trainer did after that checkpoint is undone so no
+        prompt is lost or trained on twice: prompts consumed by takes at
+        ``restored_version`` or later return to the pool (front, in their
+        order) and leave the consumed log; takes never acknowledged return
+        their prompts too; and groups from weights older than ``new_version``
+        are dropped when taken (the version floor). Idempotent.
+
+        Returns:
+          How many prompts came back from the consumed log and from open takes.
+        """
+        if new_version < restored_version:
+            raise QueueError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"new version {new_version} is older than the restored {restored_version}",
+            )
+        with self._cv, self._tx():
+            if self._db is not None:
+                unconsumed = [_prompt(b) for _, b in self._db.consumed_since(restored_version)]
+                self._db.consumed_drop_since(restored_version)
+            else:  # without a database the consumed log is not kept: nothing to roll back
+                unconsumed = []
+            opened = [codec.msg_to_prompt(g.prompt) for t in self._taken.values() for g in t]
+            for take_id, groups in self._taken.items():
+                self._submitted.difference_update(g.lease_id for g in groups)
+                if self._db is not None:
+                    self._db.take_del(take_id)
+            self._taken.clear()
+            self._take_versions.clear()
+            for prompt in reversed(unconsumed + opened):
+                self._return(prompt)
+            self.counts["consumed"] -= len(unconsumed)
+            self.counts["trainer_resumes"] += 1
+            self.version_floor = max(self.version_floor, new_version)
+            self._save_counts()
+            self._cv.notify_all()
+        log.info(
+            "trainer resumed at version %d (publishing %d): %d consumed and %d taken prompts "
+            "returned", restored_version, new_version, len(unconsumed), len(opened),
+        )  # fmt: skip
+        return {"unconsumed": len(unconsumed), "untaken": len(opened)}
+
+    def release_takes(self, keep: Sequence[str]) -> int:
+        """Puts the groups of every open take not in ``keep`` back at the front of the queue.
+
+        The trainer calls this after a Take whose reply it never got (the
+        server restarted): that take may have been recorded, and nobody would
+        ever acknowledge it. Returns how many groups went back.
+        """
+        keep = set(keep)
+        with self._cv, self._tx():
+            orphans = [t for t in self._taken if t not in keep]
+            back = [g for t in orphans for g in self._taken[t]]
+            for take_id in orphans:
+                del self._taken[take_id]
+                self._take_versions.pop(take_id, None)
+                if self._db is not None:
+                    self._db.take_del(take_id)
+            for group in reversed(back):
+                self._queue.appendleft(group)
+                if self._db is not None:
+                    self._db.queued_push_front(group.SerializeToString())
+            self.counts["released_groups"] += len(back)
+            self._save_counts()
+            self._cv.notify_all()
+        if back:
+            log.info(
+                "%d groups of %d unacknowledged takes back in the queue", len(back), len(orphans)
+            )
+        return len(back)
+
+    def accounting(self) -> dict[str, list[str]]:
+        """Prompt ids in each place (for tests and audits): pool, leased, queued, taken, consumed."""
+        with self._cv:
+            return {
+                "pool": [p.id for p in self._pool],
+                "leased": [lease.prompt.id for lease in self._leases.values()],
+                "queued": [g.prompt.id for g in self._queue],
+                "taken": [g.prompt.id for t in self._taken.values() for g in t],
+                "consumed": self._db.consumed_ids() if self._db is not None else [],
+            }
 
     def stats(self) -> pb.QueueStats:
         with self._cv:
@@ -244,3 +453,11 @@ class RolloutQueue:
                 reward_errors=int(reward_errors),
                 reward_timeouts=int(reward_timeouts),
             )
+
+
+def _blob(prompt: Prompt) -> bytes:
+    return codec.prompt_to_msg(prompt).SerializeToString()
+
+
+def _prompt(blob: bytes) -> Prompt:
+    return codec.msg_to_prompt(pb.PromptMsg.FromString(blob))

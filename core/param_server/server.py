@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 
 import grpc
 
+from rlax.core.param_server import recovery
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.queue import QueueError, RolloutQueue
 from rlax.core.param_server.settings import MB, ServerSettings, tune_malloc
@@ -25,6 +26,7 @@ from rlax.core.types import Prompt
 log = logging.getLogger("rlax.param_server")
 
 PROTECTED = {
+    *recovery.METHODS,
     "/rlax.v1.WeightStore/Push",
     "/rlax.v1.RolloutQueue/Lease",
     "/rlax.v1.RolloutQueue/Submit",
@@ -66,6 +68,7 @@ class ParamServer:
         lease_ttl_s: float = 120.0,
         threads: int = 64,
         curricula: Sequence = (),
+        queue_db=None,
     ):
         self.settings = settings.resolved()
         tune_malloc()
@@ -76,13 +79,16 @@ class ParamServer:
             lease_ttl_s=lease_ttl_s,
             version_fn=lambda: self.weights.version,
             curricula=curricula,
+            db=queue_db,  # a persist.QueueDB: the queue's state survives a restart
         )
         self._server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(max_workers=threads),
             interceptors=[_TokenCheck(self.settings.token)],
             options=self.settings.grpc_options(),
         )
-        self._server.add_generic_rpc_handlers([self._weight_handlers(), self._queue_handlers()])
+        self._server.add_generic_rpc_handlers(
+            [self._weight_handlers(), self._queue_handlers(), recovery.handlers(self.queue)]
+        )
         self.port = 0
 
     def start(self) -> int:

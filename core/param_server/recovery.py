@@ -1,0 +1,93 @@
+"""The trainer's recovery calls to the rollout queue (service ``rlax.v1.Recovery``).
+
+- ``ResumeTrainer``: a restarted trainer tells the queue which checkpoint it
+  restored and which weight version it publishes now
+  (:meth:`RolloutQueue.resume_trainer`).
+- ``ReleaseTakes``: after a Take whose reply was lost (the server restarted),
+  the trainer names the takes it holds; any other open take goes back to the
+  queue (:meth:`RolloutQueue.release_takes`).
+
+Each call is a JSON object both ways, served beside the protocol's services
+by a generic handler, and needs the shared token like every mutating call.
+Both are idempotent, so the client retries them with bounded backoff while
+the server is unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import grpc
+
+from rlax.core.param_server.queue import QueueError, RolloutQueue
+
+log = logging.getLogger("rlax.recovery")
+
+SERVICE = "rlax.v1.Recovery"
+RESUME_METHOD = f"/{SERVICE}/ResumeTrainer"
+RELEASE_METHOD = f"/{SERVICE}/ReleaseTakes"
+METHODS = (RESUME_METHOD, RELEASE_METHOD)
+
+
+def handlers(queue: RolloutQueue) -> grpc.GenericRpcHandler:
+    """The server side: one generic handler for the service's calls."""
+
+    def resume(args: dict) -> dict:
+        return queue.resume_trainer(int(args["restored_version"]), int(args["new_version"]))
+
+    def release(args: dict) -> dict:
+        keep = args["keep"]
+        if not isinstance(keep, list) or not all(isinstance(t, str) for t in keep):
+            raise TypeError("keep must be a list of take ids")
+        return {"released": queue.release_takes(keep)}
+
+    def unary(name: str, fn):
+        def call(request: bytes, context) -> bytes:
+            try:
+                args = json.loads(request)
+                return json.dumps(fn(args)).encode()
+            except QueueError as err:
+                context.abort(err.code, str(err))
+            except (ValueError, KeyError, TypeError) as err:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: bad request: {err}")
+
+        return grpc.unary_unary_rpc_method_handler(
+            call, request_deserializer=None, response_serializer=None
+        )
+
+    return grpc.method_handlers_generic_handler(
+        SERVICE, {"ResumeTrainer": unary("ResumeTrainer", resume),
+                  "ReleaseTakes": unary("ReleaseTakes", release)},
+    )  # fmt: skip
+
+
+def _call(client, method: str, payload: dict, retry_s: float) -> dict:
+    call = client._channel.unary_unary(  # the client's connection and token
+        method, request_serializer=None, response_deserializer=None
+    )
+    delay, deadline = 0.2, time.monotonic() + retry_s
+    while True:
+        try:
+            reply = call(json.dumps(payload).encode(), metadata=client._auth, timeout=30)
+            return json.loads(reply)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            log.warning("%s: parameter server unreachable; retrying in %.1fs", method, delay)
+            time.sleep(delay)
+            delay = min(2 * delay, 5.0)
+
+
+def resume_trainer(
+    client, *, restored_version: int, new_version: int, retry_s: float = 120.0
+) -> dict[str, int]:
+    """Tells the server's queue that the trainer resumed; returns what came back to the pool."""
+    payload = {"restored_version": restored_version, "new_version": new_version}
+    return _call(client, RESUME_METHOD, payload, retry_s)
+
+
+def release_takes(client, *, keep: list[str], retry_s: float = 120.0) -> int:
+    """Returns every open take but ``keep`` to the queue; how many groups went back."""
+    return _call(client, RELEASE_METHOD, {"keep": list(keep)}, retry_s)["released"]
