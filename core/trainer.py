@@ -1,4 +1,4 @@
-"""The trainer: one jitted policy-gradient step for any algorithm plugin.
+"""The mesh trainer: one jitted policy-gradient step for any algorithm plugin.
 
 The step recomputes the policy's logprobs with the training graph, hands them
 to ``algorithm.loss`` (a pure function of arrays), applies the optax update and,
@@ -19,8 +19,23 @@ on which algorithm it runs, only on the algorithm's declared needs:
 
 The train/inference mismatch between the sampler's and the trainer's
 logprobs is always measured (``mismatch_abs_logp``, ``mismatch_kl``).
-Sharding over a device mesh arrives with the mesh trainer; this
-single-device step is its unsharded special case.
+
+Layout (:mod:`rlax.core.mesh`): parameters, critic and optimiser state live on
+a (data, fsdp, tensor) mesh as the sharding rules say, the batch is split over
+(data, fsdp) by rows, and the step is compiled with exactly those in/out
+shardings; GSPMD inserts the collectives. Without a mesh the trainer uses a
+one-device mesh, the unsharded special case.
+
+Microbatches (:class:`TrainerSettings`): the loss of many algorithms is not a
+sum over rows (a token-mean over the whole batch, a group's statistics), so
+averaging microbatch losses would change the update. The step instead runs the
+chain rule in two passes: a forward scan over microbatches gives the whole
+batch's logprobs (and values) without keeping activations; the algorithm's
+loss and its gradient with respect to those per-token outputs are computed on
+the whole batch; a second scan back-propagates each microbatch's slice of that
+gradient through its forward pass and sums the parameter gradients. The
+result is the one-batch gradient for any loss, at the cost of one extra
+forward pass; activation memory is one microbatch's.
 """
 
 from __future__ import annotations
@@ -33,10 +48,20 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding
 
+from rlax.core import mesh as meshlib
 from rlax.core.critic import build_critic, forward_with_values
 from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.types import TrainBatch
+
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+REMAT_POLICIES = {
+    "none": None,
+    "block": jax.checkpoint_policies.nothing_saveable,
+    "block_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+PLACEMENTS = ("sharded", "replicated")
 
 
 class Algorithm(Protocol):
@@ -54,6 +79,50 @@ class Algorithm(Protocol):
     def loss(
         self, new_logprobs: jax.Array, batch: dict[str, jax.Array]
     ) -> tuple[jax.Array, dict]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerSettings:
+    """How the step runs; none of it changes the update beyond float rounding.
+
+    In gin (``rlax.trainer_settings``)::
+
+        rlax.trainer_settings.microbatches = 4
+        rlax.trainer_settings.compute_dtype = "bfloat16"
+
+    Attributes:
+      microbatches: the batch is processed in this many row slices
+        (``lax.scan``); rows must be a multiple of it.
+      remat: rematerialise each decoder block in the backward pass:
+        ``"none"``, ``"block"`` (save nothing) or ``"block_dots"`` (save the
+        weight matmuls' outputs, recompute the rest).
+      compute_dtype: ``"float32"`` or ``"bfloat16"``. Parameters and
+        optimiser state stay float32 (master weights); the forward and
+        backward passes run on a cast copy; logits and the loss are float32.
+      reference_placement / critic_placement: ``"sharded"`` (by the rules,
+        like the policy) or ``"replicated"`` (a whole copy on every device:
+        more memory, no gathers).
+    """
+
+    microbatches: int = 1
+    remat: str = "none"
+    compute_dtype: str = "float32"
+    reference_placement: str = "sharded"
+    critic_placement: str = "sharded"
+
+    def __post_init__(self) -> None:
+        if self.microbatches < 1:
+            raise ValueError(f"microbatches must be >= 1, got {self.microbatches}")
+        for field, valid in (
+            ("remat", REMAT_POLICIES),
+            ("compute_dtype", COMPUTE_DTYPES),
+            ("reference_placement", PLACEMENTS),
+            ("critic_placement", PLACEMENTS),
+        ):
+            if getattr(self, field) not in valid:
+                raise ValueError(
+                    f"TrainerSettings.{field}={getattr(self, field)!r}; valid: {', '.join(valid)}"
+                )
 
 
 def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
@@ -98,8 +167,53 @@ def _mismatch_metrics(train_logp: jax.Array, batch: dict[str, jax.Array]) -> dic
     }
 
 
+class _RematBlock(nnx.Module):
+    """A decoder block whose activations are recomputed in the backward pass."""
+
+    def __init__(self, block: nnx.Module, policy_name: str):
+        self.block = block
+        self.policy_name = policy_name
+
+    def __call__(self, *args):
+        graphdef, state = nnx.split(self.block)
+
+        def run(state, *args):
+            return nnx.merge(graphdef, state)(*args)
+
+        return jax.checkpoint(run, policy=REMAT_POLICIES[self.policy_name])(state, *args)
+
+
+def _cast(tree: Any, dtype) -> Any:
+    """Floating leaves of ``tree`` in ``dtype`` (the compute copy of fp32 master weights)."""
+    return jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
+    )
+
+
+def _split_rows(x: jax.Array, k: int) -> jax.Array:
+    """[B, ...] -> [k, B/k, ...]; microbatch i is rows i, i+k, ... so each device's
+    rows split evenly between microbatches (no data moves between devices)."""
+    return jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1)
+
+
+def _join_rows(x: jax.Array) -> jax.Array:
+    """The inverse of :func:`_split_rows`: [k, B/k, ...] -> [B, ...]."""
+    return jnp.swapaxes(x, 0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
 class Trainer:
-    """Owns the policy (and critic) parameters and optimiser state; ``step`` applies one update."""
+    """Owns the policy (and critic) parameters and optimiser state; ``step`` applies one update.
+
+    Args:
+      model: the policy; its parameters become float32 master weights on ``mesh``.
+      algorithm: the algorithm plugin (loss, needs).
+      optimizer: any optax transformation (schedules and clipping included).
+      temperature: the sampler's temperature (logprobs are of the tempered policy).
+      mesh: a (data, fsdp, tensor) mesh (:func:`rlax.core.mesh.make_mesh`);
+        None: one device.
+      settings: microbatches, remat, compute dtype, placements.
+      rules: the sharding rules (:data:`rlax.core.mesh.DEFAULT_RULES`).
+    """
 
     def __init__(
         self,
@@ -108,29 +222,89 @@ class Trainer:
         optimizer: optax.GradientTransformation,
         *,
         temperature: float = 1.0,
+        mesh: Mesh | None = None,
+        settings: TrainerSettings | None = None,
+        rules: tuple[meshlib.Rule, ...] = meshlib.DEFAULT_RULES,
     ):
+        self.mesh = mesh or meshlib.single_device_mesh()
+        self.settings = settings or TrainerSettings()
+        self.rules = rules
         self.graphdef, params = nnx.split(model)
         self.algorithm = algorithm
         self.optimizer = optimizer
         self.temperature = temperature
+        self._compute_dtype = COMPUTE_DTYPES[self.settings.compute_dtype]
+        params = _cast(params, jnp.float32)
         critic = None
         self.critic_graphdef = None
         if algorithm.needs_critic:
             self.critic_graphdef, critic = nnx.split(build_critic(model, algorithm.value_model))
+            critic = _cast(critic, jnp.float32)
+        self.param_shardings = self._shardings(params, "sharded")
+        self.critic_shardings = self._shardings(critic, self.settings.critic_placement)
+        params = jax.device_put(params, self.param_shardings)
+        critic = None if critic is None else jax.device_put(critic, self.critic_shardings)
         # The frozen reference is the starting policy; its arrays are never donated.
-        self.ref_params = params if algorithm.needs_reference else None
-        opt_state = optimizer.init(self._trainable(params, critic))
+        self.ref_params = self.ref_shardings = None
+        if algorithm.needs_reference:
+            self.ref_shardings = self._shardings(params, self.settings.reference_placement)
+            self.ref_params = jax.device_put(params, self.ref_shardings)
+        trainable = self._trainable(params, critic)
+        self.opt_shardings = meshlib.tree_shardings(
+            jax.eval_shape(optimizer.init, trainable), self.mesh, rules
+        )
+        opt_state = jax.jit(optimizer.init, out_shardings=self.opt_shardings)(trainable)
         self.state = TrainState(params=params, opt_state=opt_state, critic=critic)
-        # Only the optimiser state is donated: the sampler keeps reading params.
-        self._step = jax.jit(self._train_step, donate_argnums=(2,))
+        self._compiled: dict[tuple, Any] = {}
+
+    # -- layout ---------------------------------------------------------------
+
+    def _shardings(self, tree: Any, placement: str) -> Any:
+        if tree is None:
+            return None
+        if placement == "replicated":
+            return jax.tree.map(lambda _: meshlib.replicated(self.mesh), tree)
+        return meshlib.tree_shardings(tree, self.mesh, self.rules)
+
+    def batch_shardings(self, arrays: dict[str, Any]) -> dict[str, NamedSharding]:
+        return meshlib.batch_shardings(arrays, self.mesh)
+
+    def _step_fn(self, arrays: dict[str, Any]):
+        """The step compiled for this batch's keys and ranks, with explicit in/out shardings."""
+        key = tuple(sorted((k, np.ndim(v)) for k, v in arrays.items()))
+        if key not in self._compiled:
+            repl = meshlib.replicated(self.mesh)
+            self._compiled[key] = jax.jit(
+                self._train_step,
+                in_shardings=(
+                    self.param_shardings,
+                    self.critic_shardings,
+                    self.opt_shardings,
+                    self.ref_shardings,
+                    self.batch_shardings(arrays),
+                ),
+                out_shardings=(
+                    self.param_shardings,
+                    self.critic_shardings,
+                    self.opt_shardings,
+                    repl,
+                ),
+                # Only the optimiser state is donated: the sampler keeps reading params.
+                donate_argnums=(2,),
+            )
+        return self._compiled[key]
+
+    # -- the computation --------------------------------------------------------
 
     @staticmethod
     def _trainable(params, critic):
         return params if critic is None else (params, critic)
 
     def _forward(self, params, critic, batch):
-        """(logprobs, entropy, values or None), each [B, T-1]."""
-        model = nnx.merge(self.graphdef, params)
+        """(logprobs, entropy, values or None), each [B, T-1], in ``compute_dtype``."""
+        model = nnx.merge(self.graphdef, _cast(params, self._compute_dtype))
+        if self.settings.remat != "none":
+            model.blocks = nnx.List([_RematBlock(b, self.settings.remat) for b in model.blocks])
         if critic is None:
             logp, entropy = sequence_logprobs(
                 model, batch["tokens"], batch["attention_mask"], self.temperature
@@ -138,56 +312,140 @@ class Trainer:
             return logp, entropy, None
         return forward_with_values(
             model,
-            nnx.merge(self.critic_graphdef, critic),
+            nnx.merge(self.critic_graphdef, _cast(critic, self._compute_dtype)),
             batch["tokens"],
             batch["attention_mask"],
             self.temperature,
         )
 
-    def _train_step(self, params, critic, opt_state, ref_params, batch):
-        if ref_params is not None and "ref_logprobs" not in batch:
-            ref_logp, _, _ = self._forward(ref_params, None, batch)
-            batch = dict(batch, ref_logprobs=jax.lax.stop_gradient(ref_logp))
+    def _microbatches(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        k = self.settings.microbatches
+        spec = jax.sharding.PartitionSpec(None, meshlib.BATCH_AXES)
+        return {
+            name: jax.lax.with_sharding_constraint(
+                _split_rows(x, k), NamedSharding(self.mesh, spec)
+            )
+            for name, x in batch.items()
+        }
 
-        def loss_fn(trainable):
+    def _scan_forward(self, params, critic, batch):
+        """``_forward`` over microbatches (no gradient): the whole batch's outputs."""
+        if self.settings.microbatches == 1:
+            return self._forward(params, critic, batch)
+
+        def body(_, mb):
+            return None, self._forward(params, critic, mb)
+
+        _, outs = jax.lax.scan(body, None, self._microbatches(batch))
+        return jax.tree.map(_join_rows, outs)
+
+    def _loss(self, logp, values, batch):
+        inputs = dict(batch, train_logprobs=jax.lax.stop_gradient(logp))
+        if values is not None:
+            inputs.update(values=values, old_values=jax.lax.stop_gradient(values))
+        return self.algorithm.loss(logp, inputs)
+
+    def _loss_and_grads(self, params, critic, batch):
+        """(loss, metrics, logp, entropy, grads): one batch, or the two-pass chain rule."""
+        trainable = self._trainable(params, critic)
+
+        def outputs(trainable, batch):
             p, c = (trainable, None) if critic is None else trainable
             logp, entropy, values = self._forward(p, c, batch)
-            inputs = dict(batch, train_logprobs=jax.lax.stop_gradient(logp))
-            if values is not None:
-                inputs.update(values=values, old_values=jax.lax.stop_gradient(values))
-            loss, metrics = self.algorithm.loss(logp, inputs)
-            return loss, (metrics, logp, entropy)
+            return (
+                logp.astype(jnp.float32),
+                None if values is None else values.astype(jnp.float32),
+            ), entropy
 
+        if self.settings.microbatches == 1:
+
+            def loss_fn(trainable):
+                (logp, values), entropy = outputs(trainable, batch)
+                loss, metrics = self._loss(logp, values, batch)
+                return loss, (metrics, logp, entropy)
+
+            (loss, (metrics, logp, entropy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+                trainable
+            )
+            return loss, metrics, logp, entropy, grads
+        # Pass 1: outputs of the whole batch, then d loss / d outputs on the whole batch.
+        logp, entropy, values = jax.lax.stop_gradient(self._scan_forward(params, critic, batch))
+        logp = logp.astype(jnp.float32)
+        values = None if values is None else values.astype(jnp.float32)
+        (loss, metrics), cotangent = jax.value_and_grad(
+            lambda out: self._loss(*out, batch), has_aux=True
+        )((logp, values))
+        # Pass 2: back-propagate each microbatch's slice of that cotangent, summing gradients.
+        mbs = self._microbatches(batch)
+        cts = jax.tree.map(lambda x: _split_rows(x, self.settings.microbatches), cotangent)
+
+        def body(acc, xs):
+            mb, ct = xs
+            _, vjp = jax.vjp(lambda t: outputs(t, mb)[0], trainable)
+            (g,) = vjp(ct)
+            return jax.tree.map(jnp.add, acc, g), None
+
+        zeros = jax.tree.map(jnp.zeros_like, trainable)
+        grads, _ = jax.lax.scan(body, zeros, (mbs, cts))
+        return loss, metrics, logp, entropy, grads
+
+    def _train_step(self, params, critic, opt_state, ref_params, batch):
+        if ref_params is not None and "ref_logprobs" not in batch:
+            ref_logp, _, _ = self._scan_forward(ref_params, None, batch)
+            batch = dict(batch, ref_logprobs=jax.lax.stop_gradient(ref_logp.astype(jnp.float32)))
+        loss, metrics, logp, entropy, grads = self._loss_and_grads(params, critic, batch)
         trainable = self._trainable(params, critic)
-        (loss, (metrics, logp, entropy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            trainable
-        )
         updates, opt_state = self.optimizer.update(grads, opt_state, trainable)
         trainable = optax.apply_updates(trainable, updates)
         params, critic = (trainable, None) if critic is None else trainable
         mask = batch["loss_mask"]
-        new_logp, _ = sequence_logprobs(
-            nnx.merge(self.graphdef, params), batch["tokens"], batch["attention_mask"],
-            self.temperature,
-        )  # fmt: skip
+        new_logp, _, _ = jax.lax.stop_gradient(self._scan_forward(params, None, batch))
         # k3 estimator of KL(old || new) on tokens sampled from the old policy:
         # E_old[r - 1 - log r] with r = new / old (Schulman 2020, "Approximating KL").
-        d = new_logp - logp
+        d = new_logp.astype(jnp.float32) - logp
         metrics = dict(
             metrics,
             **_mismatch_metrics(logp, batch),
             loss=loss,
-            entropy=_masked_mean(entropy, mask),
+            entropy=_masked_mean(entropy.astype(jnp.float32), mask),
             kl_old=_masked_mean(jnp.exp(d) - d - 1.0, mask),
             grad_norm=optax.tree.norm(grads),
         )
         return params, critic, opt_state, metrics
 
-    def step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimiser update on ``batch``; returns host-side float metrics."""
-        arrays = batch_arrays(batch)
+    # -- the API ----------------------------------------------------------------
+
+    def device_batch(self, batch: TrainBatch | dict[str, Any]) -> dict[str, jax.Array]:
+        """The batch as global arrays split over (data, fsdp).
+
+        With several processes (:mod:`rlax.core.distributed`) each passes its
+        own rows (:func:`rlax.core.distributed.process_rows` of the global batch).
+        """
+        arrays = batch_arrays(batch) if isinstance(batch, TrainBatch) else dict(batch)
+        rows = next(iter(arrays.values())).shape[0] * jax.process_count()
+        if rows % self.settings.microbatches:
+            raise ValueError(
+                f"batch of {rows} rows does not split into {self.settings.microbatches} microbatches"
+            )
+        shardings = self.batch_shardings(arrays)
+        if jax.process_count() == 1:
+            return jax.device_put(arrays, shardings)
+        return {
+            k: jax.make_array_from_process_local_data(shardings[k], np.asarray(v))
+            for k, v in arrays.items()
+        }
+
+    def lower(self, batch: TrainBatch | dict[str, Any]):
+        """The step lowered for ``batch`` (inspect its HLO with ``.as_text()``)."""
+        arrays = self.device_batch(batch)
         s = self.state
-        params, critic, opt_state, metrics = self._step(
+        return self._step_fn(arrays).lower(s.params, s.critic, s.opt_state, self.ref_params, arrays)
+
+    def step(self, batch: TrainBatch | dict[str, Any]) -> dict[str, float]:
+        """One optimiser update on ``batch``; returns host-side float metrics."""
+        arrays = self.device_batch(batch)
+        s = self.state
+        params, critic, opt_state, metrics = self._step_fn(arrays)(
             s.params, s.critic, s.opt_state, self.ref_params, arrays
         )
         self.state = TrainState(params, opt_state, s.step + 1, critic)

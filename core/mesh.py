@@ -1,0 +1,194 @@
+"""The device mesh and the sharding rules: where every parameter and batch row lives.
+
+The mesh has three named axes:
+
+- ``data``: pure data parallelism; parameters are replicated across it.
+- ``fsdp``: data parallelism whose parameters (and optimiser state) are split
+  across it on their large dimension and gathered just before use (ZeRO-3).
+- ``tensor``: tensor (model) parallelism across attention heads, the MLP's
+  hidden units and the vocabulary.
+
+A batch is split over ``(data, fsdp)`` on its leading dimension. Everything else
+follows from the rules: an ordered list of ``(pattern, spec)`` pairs where the
+first pattern that ``re.search``-matches a parameter's name (``"blocks/0/attn/q/kernel"``)
+gives one mesh axis (or None) per dimension. Optimiser state is laid out by the
+same rules: its leaves are named after the parameters they mirror
+(``"1/0/mu/blocks/0/attn/q/kernel"``), and a rule whose rank does not fit a
+leaf (adam's scalar ``count``) leaves it replicated. A dimension not divisible
+by its axis size is replicated instead, so one rule set serves every model size.
+
+Shape legend: V vocabulary, D embed dim, N query heads, K key/value heads,
+H head dim, F mlp dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+Spec = tuple[str | tuple[str, ...] | None, ...]
+Rule = tuple[str, Spec]
+
+# Llama, Qwen2 (q/k/v bias) and Qwen3 (q/k norm) decoders and the critics of
+# rlax.core.critic. FSDP splits the dimension that is not split by heads.
+DEFAULT_RULES: tuple[Rule, ...] = (
+    (r"(^|/)embed/embedding$", ("tensor", "fsdp")),  # [V, D]
+    (r"(^|/)attn/(q|k|v)/kernel$", ("fsdp", "tensor")),  # [D, N*H] / [D, K*H]
+    (r"(^|/)attn/(q|k|v)/bias$", ("tensor",)),  # [N*H] / [K*H]
+    (r"(^|/)attn/o/kernel$", ("tensor", "fsdp")),  # [N*H, D]
+    (r"(^|/)mlp/(gate|up)/kernel$", ("fsdp", "tensor")),  # [D, F]
+    (r"(^|/)mlp/down/kernel$", ("tensor", "fsdp")),  # [F, D]
+    (r"(^|/)head/kernel$", ("fsdp", "tensor")),  # [D, V]
+    (r"(^|/)proj/kernel$", ("fsdp", None)),  # value head [D, 1]
+    (r"(^|/)proj/bias$", (None,)),  # [1]
+    (r"norm[^/]*/scale$", (None,)),  # RMSNorm scales [D] / q-k norm [H]
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Sizes of the mesh axes; at most one may be -1 (all the devices left).
+
+    In gin (``rlax.mesh``)::
+
+        rlax.mesh.data = 2
+        rlax.mesh.fsdp = -1
+        rlax.mesh.tensor = 2
+    """
+
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+
+    def __post_init__(self) -> None:
+        sizes = dataclasses.astuple(self)
+        if sum(s == -1 for s in sizes) > 1:
+            raise ValueError(f"mesh: at most one axis may be -1, got {self}")
+        if any(s == 0 or s < -1 for s in sizes):
+            raise ValueError(f"mesh: axis sizes must be positive or -1, got {self}")
+
+    def shape(self, num_devices: int) -> tuple[int, int, int]:
+        """(data, fsdp, tensor) for ``num_devices`` devices, with -1 resolved."""
+        sizes = dataclasses.astuple(self)
+        known = math.prod(s for s in sizes if s != -1)
+        if -1 in sizes:
+            if num_devices % known:
+                raise ValueError(
+                    f"mesh {self}: {num_devices} devices are not a multiple of {known}"
+                )
+            sizes = tuple(num_devices // known if s == -1 else s for s in sizes)
+        if math.prod(sizes) != num_devices:
+            raise ValueError(f"mesh {self} needs {math.prod(sizes)} devices, have {num_devices}")
+        return sizes  # type: ignore[return-value]
+
+
+def make_mesh(config: MeshConfig | None = None, devices: Sequence[Any] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over ``devices`` (default: all, every process's).
+
+    Axes are ``Auto``: the step states its in/out shardings and XLA (GSPMD)
+    partitions everything between them.
+    """
+    config = config or MeshConfig()
+    devices = list(jax.devices() if devices is None else devices)
+    shape = config.shape(len(devices))
+    return jax.make_mesh(shape, AXES, (AxisType.Auto,) * len(AXES), devices=devices)
+
+
+def single_device_mesh() -> Mesh:
+    """The 1x1x1 mesh: the unsharded special case of every rule."""
+    return make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])
+
+
+def param_name(path: tuple) -> str:
+    """``"blocks/0/attn/q/kernel"`` for a pytree key path (an nnx ``.value`` suffix dropped)."""
+    parts = []
+    for key in path:
+        for attr in ("key", "idx", "name"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    if parts and parts[-1] == "value":
+        parts.pop()
+    return "/".join(parts)
+
+
+def _axis_size(mesh: Mesh, axis: str | tuple[str, ...] | None) -> int:
+    if axis is None:
+        return 1
+    names = (axis,) if isinstance(axis, str) else axis
+    return math.prod(mesh.shape[a] for a in names)
+
+
+def spec_for(
+    name: str, shape: Sequence[int], mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES
+) -> PartitionSpec:
+    """The PartitionSpec of one array by the first matching rule.
+
+    No match, or a rule of another rank, gives full replication; a dimension
+    not divisible by its axes' size is replicated on that dimension.
+    """
+    for pattern, spec in rules:
+        if re.search(pattern, name):
+            if len(spec) != len(shape):
+                return PartitionSpec()
+            return PartitionSpec(
+                *(a if dim % _axis_size(mesh, a) == 0 else None for a, dim in zip(spec, shape))
+            )
+    return PartitionSpec()
+
+
+def tree_specs(tree: Any, mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES) -> Any:
+    """A tree of PartitionSpecs, one per array leaf of ``tree`` (arrays or shape structs)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: spec_for(param_name(path), np.shape(x), mesh, rules), tree
+    )
+
+
+def tree_shardings(tree: Any, mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES) -> Any:
+    """A tree of NamedShardings laying ``tree`` out on ``mesh`` by ``rules``."""
+    return jax.tree.map(
+        lambda spec: NamedSharding(mesh, spec),
+        tree_specs(tree, mesh, rules),
+        is_leaf=lambda x: isinstance(x, PartitionSpec),
+    )
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def batch_spec(rank: int) -> PartitionSpec:
+    """Leading (batch) dimension over (data, fsdp); the rest whole."""
+    return PartitionSpec(BATCH_AXES, *([None] * (rank - 1)))
+
+
+def batch_shardings(batch: Any, mesh: Mesh) -> Any:
+    """NamedShardings splitting every array of ``batch`` over (data, fsdp) by rows."""
+    return jax.tree.map(lambda x: NamedSharding(mesh, batch_spec(np.ndim(x))), batch)
+
+
+def batch_size_multiple(mesh: Mesh) -> int:
+    """Rows of a global batch must be a multiple of this (the data x fsdp size)."""
+    return _axis_size(mesh, BATCH_AXES)
+
+
+def describe(tree: Any, mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES) -> dict[str, str]:
+    """name -> ``"shape spec"`` for each leaf: the layout a rule set gives a model, for docs and logs."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    out = {}
+    for path, x in leaves:
+        name = param_name(path)
+        out[name] = f"{tuple(np.shape(x))} {spec_for(name, np.shape(x), mesh, rules)}"
+    return out
