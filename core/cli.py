@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, PluginError) as exc:
         return _error(str(exc), EXIT_USAGE)
     except Preempted as exc:
-        print(f"rlax: preempted: {exc}", file=sys.stderr)
+        print(f"rlax: preempted: {str(exc).splitlines()[0]}", file=sys.stderr)
         return EXIT_PREEMPTED
     except Exception:  # noqa: BLE001 -- report, then fail with a status rather than a crash
         traceback.print_exc()
@@ -181,14 +181,16 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> int:
     if role == "all":
         child_argv = [a for f in args.gin for a in ("--gin", f)]
         child_argv += [f"--gin.{b}" for b in bindings] + [f"-p{p}" for p in args.plugins]
-        if args.run_dir:
-            child_argv += ["--run-dir", str(args.run_dir)]
+        # One run directory for every child and every restart: resuming needs it.
+        run_dir = args.run_dir or config.default_run_dir()
+        child_argv += ["--run-dir", str(run_dir)]
         return _status(config.configured("rlax", "local_cluster")(argv=child_argv))
     if role in ("trainer", "inline"):
         train = config.configured("rlax", "train")
         extra = {"inline": True} if role == "inline" else {}
         return _status(train(hook=pm.hook, run_dir=args.run_dir, **extra))
-    return _status(config.configured("rlax", role)(hook=pm.hook))
+    extra = {"run_dir": args.run_dir} if role == "param_server" and args.run_dir else {}
+    return _status(config.configured("rlax", role)(hook=pm.hook, **extra))
 
 
 def _eval(args: argparse.Namespace, bindings: list[str]) -> int:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "config_text",
     "configured",
+    "default_run_dir",
     "operative_config_text",
     "parse",
     "register_configurables",
@@ -100,10 +101,18 @@ def register_core_configurables() -> None:
     """
     import optax
 
-    from rlax.core import experiment, optim, roles, worker
+    from rlax.core import experiment, optim, preemption, roles, worker
     from rlax.core.param_server import settings
 
     register_configurables("optax", {name: getattr(optax, name) for name in _OPTAX_NAMES})
+    register_configurables(
+        "preemption",
+        {
+            "signals": preemption.SignalNotice,
+            "notice_file": preemption.FileNotice,
+            "gce_metadata": preemption.GceMetadataNotice,
+        },
+    )
     register_configurables(
         "rlax",
         {
@@ -116,6 +125,19 @@ def register_core_configurables() -> None:
             "ps_settings": settings.ServerSettings,
         },
     )
+
+
+def default_run_dir() -> Any:
+    """A new run directory as ``rlax.train`` would make it (from its bound run_root/run_name)."""
+    from rlax.core.experiment import make_run_dir
+
+    def bound(name: str, default: str) -> str:
+        try:
+            return gin.query_parameter(f"rlax.train.{name}")
+        except ValueError:
+            return default
+
+    return make_run_dir(bound("run_root", "runs"), bound("run_name", "run"))
 
 
 def configured(module: str, name: str) -> Callable[..., Any]:

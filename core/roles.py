@@ -5,9 +5,17 @@ parameter server, then the trainer and ``num_workers`` workers as child
 processes of this one — each is ``rlax run`` with the same gin files and
 bindings and its own ``--role`` — and supervises them. The server's address
 and a fresh token reach the children through the environment. A child that
-dies is reported by name, pid and status, and the run fails; when the trainer
-finishes, the workers and the server are stopped and the trainer's status is
-the run's.
+exits — preempted (status 75) or crashed — is reported by name, pid and
+status and restarted, as a cluster scheduler would, up to ``max_restarts``
+times each; past that the run fails. When the trainer finishes, the workers
+and the server are stopped and the trainer's status is the run's. A notice to
+the supervisor itself (SIGTERM, SIGINT) is passed on to every child; the
+trainer checkpoints, and the run exits with status 75, to be resumed by
+running the same command with the same ``--run-dir``.
+
+The parameter server keeps its state in ``state_dir`` (the run directory's
+``param_server/`` under ``rlax run``): the rollout queue in SQLite and the
+newest weights with orbax, so a restarted server loses nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import ctypes
 import dataclasses
 import logging
 import os
+import pathlib
 import secrets
 import signal
 import socket
@@ -28,11 +37,17 @@ from typing import Any
 from rlax.core.errors import ConfigError
 from rlax.core.models.tokenizer import load_tokenizer
 from rlax.core.param_server.client import ParamServerClient
+from rlax.core.param_server.persist import QueueDB, QueueDBError
 from rlax.core.param_server.server import ParamServer
 from rlax.core.param_server.settings import ADDRESS_ENV, TOKEN_ENV, ServerSettings
+from rlax.core.param_server.weight_persist import WeightPersister
+from rlax.core.preemption import Preemption
 from rlax.core.worker import WORKER_ID_ENV
 
 log = logging.getLogger("rlax.roles")
+
+PREEMPTED_STATUS = 75  # rlax.core.cli.EXIT_PREEMPTED (the CLI imports this module)
+USAGE_STATUS = 2  # rlax.core.cli.EXIT_USAGE
 
 
 def param_server(
@@ -48,8 +63,11 @@ def param_server(
     lease_ttl_s: float = 120.0,
     curricula: Sequence[Any] = (),
     seed: int = 0,
+    state_dir: str | None = None,
+    run_dir: pathlib.Path | None = None,
+    preemption_notices: Sequence[Any] | None = None,
 ) -> int:
-    """Serves weights and the rollout queue until SIGTERM/SIGINT; returns the exit code.
+    """Serves weights and the rollout queue until a notice (SIGTERM/SIGINT by default).
 
     ``capacity`` (prompts leased, queued or being trained on) defaults to
     ``prompts_per_step * max(1, max_staleness + 1 - reload_staleness)``: one
@@ -59,24 +77,48 @@ def param_server(
     so deeper queues would only produce groups the trainer must drop.
     ``curricula`` (e.g. ``@curation.pass_rate_curriculum()``) see every
     submitted group and keep retired prompts from being leased again.
+    ``state_dir`` (default: ``RUN/param_server`` when given a run directory;
+    neither: nothing is kept) holds ``queue.sqlite`` and ``weights/``.
+
+    Raises:
+      Preempted: after a notice, once the server has stopped (exit status 75).
     """
     try:
         tokenizer = load_tokenizer(init_checkpoint)
     except (OSError, ValueError) as err:
         raise ConfigError(f"rlax.param_server.init_checkpoint: {err}") from err
+    if state_dir is None and run_dir is not None:
+        state_dir = str(pathlib.Path(run_dir) / "param_server")
+    try:
+        db = QueueDB(pathlib.Path(state_dir) / "queue.sqlite") if state_dir else None
+    except QueueDBError as err:
+        raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
     prompts = task.prompts("train", tokenizer=tokenizer, seed=seed)
+    stop = Preemption(preemption_notices, role="param_server", hook=hook).start()
     server = ParamServer(
         settings, prompts,
         capacity=capacity or prompts_per_step * max(1, max_staleness + 1 - reload_staleness),
-        lease_ttl_s=lease_ttl_s, curricula=curricula,
+        lease_ttl_s=lease_ttl_s, curricula=curricula, queue_db=db,
     )  # fmt: skip
-    stopping = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stopping.append(True))
-    server.start()
-    while not stopping:
-        time.sleep(0.2)
-    server.stop(grace=1.0)
+    port = server.start()
+    persister = None
+    if state_dir:
+        host = server.settings.address.rsplit(":", 1)[0]
+        local = dataclasses.replace(server.settings, address=f"{host}:{port}")
+        persister = WeightPersister(pathlib.Path(state_dir) / "weights", local)
+        persister.restore()
+        persister.start()
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        if persister is not None:
+            persister.stop()
+        server.stop(grace=1.0)
+        if db is not None:
+            db.close()
+        stop.close()
+    stop.stop_now()
     return 0
 
 
@@ -99,13 +141,23 @@ def _die_with_parent() -> None:
 
 
 class _Child:
+    """One supervised process; ``start`` (re)launches it with the same command."""
+
     def __init__(
         self, name: str, argv: list[str], env: dict[str, str], cores: Sequence[int] | None
     ):
-        self.name = name
-        self.proc = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509 -- no locks taken in it
-        if cores:
-            os.sched_setaffinity(self.proc.pid, set(cores))
+        self.name, self.argv, self.env, self.cores = name, argv, env, cores
+        self.restarts = 0
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.argv, env=self.env, preexec_fn=_die_with_parent)  # noqa: PLW1509 -- no locks taken in it
+        if self.cores:
+            os.sched_setaffinity(self.proc.pid, set(self.cores))
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc.poll() is None:
@@ -115,6 +167,18 @@ class _Child:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def describe_status(code: int) -> str:
+    """'preempted (status 75)', 'killed by SIGKILL', 'status 1'."""
+    if code == PREEMPTED_STATUS:
+        return f"preempted (status {code})"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"status {code}"
 
 
 def _wait_ready(settings: ServerSettings, server: _Child, timeout_s: float = 120.0) -> None:
@@ -146,6 +210,8 @@ def local_cluster(
     num_workers: int = 2,
     trainer_cores: Sequence[int] | None = None,
     worker_cores: Sequence[int] | None = None,
+    max_restarts: int = 3,
+    preemption_notices: Sequence[Any] | None = None,
 ) -> int:
     """Runs parameter server, trainer and workers as supervised child processes.
 
@@ -157,13 +223,24 @@ def local_cluster(
       num_workers: worker processes to start.
       trainer_cores / worker_cores: pin the trainer / the workers to these CPU
         cores (as if they were separate machines); None leaves them free.
+      max_restarts: how many times each child is restarted after it exits
+        (preempted or crashed) before the run fails.
+      preemption_notices: the supervisor's own notice sources (None: SIGTERM
+        and SIGINT); a notice is passed on to every child as SIGTERM.
+
+    Returns:
+      The trainer's exit status; 75 if the run was preempted; 1 if a child
+      failed more than ``max_restarts`` times.
     """
     if num_workers < 1:
         raise ConfigError(f"rlax.local_cluster.num_workers must be >= 1, got {num_workers}")
+    if max_restarts < 0:
+        raise ConfigError(f"rlax.local_cluster.max_restarts must be >= 0, got {max_restarts}")
     env = dict(os.environ)
     env.setdefault(ADDRESS_ENV, f"127.0.0.1:{_free_port()}")
     env.setdefault(TOKEN_ENV, secrets.token_hex(16))
     base = [sys.executable, "-m", "rlax.core.cli", "run", *argv]
+    stop = Preemption(preemption_notices, role="local").start()
     server = _Child("param_server", [*base, "--role", "param_server"], env, None)
     children = [server]
     try:
@@ -177,26 +254,47 @@ def local_cluster(
             children.append(
                 _Child(f"worker-{i}", [*base, "--role", "worker"], worker_env, worker_cores)
             )
-        return _supervise(trainer, children)
+        return _supervise(trainer, children, max_restarts, stop)
     finally:
+        stop.close()
         for child in reversed(children):
             child.stop()
 
 
-def _supervise(trainer: _Child, children: list[_Child]) -> int:
+def _supervise(trainer: _Child, children: list[_Child], max_restarts: int, stop: Preemption) -> int:
     while True:
-        status = trainer.proc.poll()
-        if status is not None:
-            if status:
-                print(
-                    f"rlax: trainer (pid {trainer.proc.pid}) exited with status {status}",
-                    file=sys.stderr,
-                )
-            return status
+        if stop.requested:
+            return _stop_all(trainer, children)
         for child in children:
             code = child.proc.poll()
-            if child is not trainer and code is not None:
-                print(f"rlax: {child.name} (pid {child.proc.pid}) died with status {code}; stopping the run",
-                      file=sys.stderr)  # fmt: skip
+            if code is None:
+                continue
+            if child is trainer and code == 0:
+                return 0
+            what = f"rlax: {child.name} (pid {child.proc.pid}) died with {describe_status(code)}"
+            if code == USAGE_STATUS:  # a configuration error: restarting cannot fix it
+                print(f"{what}; stopping the run", file=sys.stderr, flush=True)
                 return 1
-        time.sleep(0.2)
+            if child.restarts >= max_restarts:
+                print(f"{what}; restarted {child.restarts} times already (max_restarts); "
+                      "stopping the run", file=sys.stderr, flush=True)  # fmt: skip
+                return 1
+            child.restarts += 1
+            print(f"{what}; restarting it ({child.restarts}/{max_restarts})",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            child.start()
+        stop.wait(0.2)
+
+
+def _stop_all(trainer: _Child, children: list[_Child], timeout_s: float = 120.0) -> int:
+    """Passes the notice on: SIGTERM to every child, then waits for the trainer's checkpoint."""
+    for child in children:
+        child.signal(signal.SIGTERM)
+    try:
+        code = trainer.proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        print(f"rlax: trainer did not stop within {timeout_s:.0f}s of the notice", file=sys.stderr)
+        return 1
+    print(f"rlax: stopped on a preemption notice; trainer {describe_status(code)}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return PREEMPTED_STATUS if code in (0, PREEMPTED_STATUS) else code

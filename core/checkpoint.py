@@ -1,0 +1,254 @@
+"""Saving and restoring the trainer's whole state with orbax, so a restart resumes exactly.
+
+A checkpoint is one orbax step directory under ``DIR`` holding two items:
+
+- ``state``: every array of the trainer's state — parameters, optimiser
+  state, critic — as a flat dict ``leaf_00000 ... leaf_NNNNN`` in the order of
+  ``jax.tree_util.tree_flatten`` of the live state (restored into the same
+  structure, so optax's named tuples and flax's ``State`` need no special
+  handling);
+- ``meta``: JSON — the step, the weight version, the data position, the RNG
+  seeds, what the curves need to continue — plus each leaf's name, shape,
+  dtype and CRC32.
+
+Saves are asynchronous (orbax's own async checkpointing: the train loop
+blocks only while the arrays are handed over, orbax writes them on a thread)
+and keep the last ``keep`` steps; orbax writes into a temporary directory and
+renames it when complete, so a killed save never looks like a checkpoint. A
+helper thread then reads the arrays back from disk and writes their CRC32s
+(``crc32.json``): only a checkpoint with its checksums counts as complete.
+:meth:`Checkpointer.restore_latest` tries the newest first: one that cannot
+be read, whose leaves do not match the live state, or whose arrays fail
+their CRC32 is moved aside (``DIR/<step>.corrupt``, nothing deleted) with a
+warning that says why, and the next older one is tried.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import pathlib
+import shutil
+import threading
+import time
+import warnings
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from rlax.core.weight_sync import leaf_name
+
+log = logging.getLogger("rlax.checkpoint")
+
+FORMAT = "rlax-train-state/1"
+
+
+class CorruptCheckpointWarning(UserWarning):
+    """A checkpoint could not be restored and was skipped (the message says which and why)."""
+
+
+@dataclasses.dataclass
+class Restored:
+    """A restored checkpoint: the state (same structure as the template) and its metadata."""
+
+    step: int
+    state: Any
+    meta: dict[str, Any]
+    path: pathlib.Path
+
+
+def _describe(tree: Any) -> tuple[list[tuple[str, Any]], Any]:
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    return [(leaf_name(path), leaf) for path, leaf in leaves], treedef
+
+
+def _key(i: int) -> str:
+    return f"leaf_{i:05d}"
+
+
+def crc32(array: np.ndarray) -> int:
+    return zlib.crc32(np.ascontiguousarray(array).view(np.uint8).data) & 0xFFFFFFFF
+
+
+class Checkpointer:
+    """Every-N-steps asynchronous checkpoints of a pytree plus JSON metadata, last K kept.
+
+    Args:
+      directory: where the step directories go (created if missing).
+      every: save when ``step % every == 0`` (:meth:`due`); 0: only when asked.
+      keep: how many of the newest checkpoints to keep (>= 1).
+      on_saved: called as ``on_saved(step, path)`` once a save is complete on
+        disk (from :meth:`wait`, :meth:`save` or :meth:`close`, in the caller's thread).
+    """
+
+    def __init__(
+        self,
+        directory: str | pathlib.Path,
+        *,
+        every: int = 0,
+        keep: int = 3,
+        on_saved: Callable[[int, str], Any] | None = None,
+    ):
+        if every < 0 or keep < 1:
+            raise ValueError(f"checkpoint: need every >= 0 and keep >= 1, got {every}, {keep}")
+        self.directory = pathlib.Path(directory).absolute()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.every, self.keep = every, keep
+        self.on_saved = on_saved
+        self._manager = self._open()
+        self._pending: tuple[int, threading.Thread, list] | None = None
+        self.last_blocking_s = 0.0
+
+    def _open(self) -> ocp.CheckpointManager:
+        return ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=self.keep, create=True, enable_async_checkpointing=True,
+                cleanup_tmp_directories=True,
+            ),
+        )  # fmt: skip
+
+    def due(self, step: int) -> bool:
+        return bool(self.every) and step > 0 and step % self.every == 0
+
+    def steps(self) -> list[int]:
+        return sorted(self._manager.all_steps())
+
+    # -- saving ---------------------------------------------------------------
+
+    def save(self, step: int, state: Any, meta: dict[str, Any]) -> float:
+        """Starts saving ``state`` and ``meta`` as ``step``; returns the seconds it blocked.
+
+        Waits for the previous save first (at most one is in flight). The
+        arrays may be donated or changed right after this returns.
+        """
+        start = time.perf_counter()
+        self.wait()
+        named, _ = _describe(state)
+        flat = {_key(i): leaf for i, (_, leaf) in enumerate(named)}
+        meta = dict(meta, format=FORMAT, step=step, saved_at=time.time(),
+                    leaves=[[n, list(np.shape(x)), str(np.dtype(x.dtype))] for n, x in named])  # fmt: skip
+        if step in self._manager.all_steps():  # a step redone after a crash: replace it
+            self._set_aside(step, "redone")
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(flat), meta=ocp.args.JsonSave(meta)
+            ),
+            force=True,
+        )
+        errors: list[BaseException] = []
+        thread = threading.Thread(
+            target=self._finish, args=(step, errors), name=f"rlax-checkpoint-{step}", daemon=True
+        )
+        thread.start()
+        self._pending = (step, thread, errors)
+        self.last_blocking_s = time.perf_counter() - start
+        return self.last_blocking_s
+
+    def poll(self) -> bool:
+        """Completes the save in flight if it is done (without blocking); True if none is left."""
+        if self._pending is not None and not self._pending[1].is_alive():
+            self.wait()
+        return self._pending is None
+
+    def wait(self) -> None:
+        """Blocks until the save in flight (if any) is complete on disk; re-raises its error."""
+        if self._pending is None:
+            return
+        (step, thread, errors), self._pending = self._pending, None
+        thread.join()
+        if errors:
+            raise RuntimeError(f"checkpoint {self.directory / str(step)}: save failed") from errors[
+                0
+            ]
+        if self.on_saved is not None:
+            self.on_saved(step, str(self.directory / str(step)))
+
+    def _finish(self, step: int, errors: list) -> None:
+        try:
+            self._manager.wait_until_finished()
+            self._write_checksums(step)
+        except BaseException as err:  # noqa: BLE001 -- handed to wait() in the caller's thread
+            errors.append(err)
+
+    def _write_checksums(self, step: int) -> None:
+        """Adds each leaf's CRC32 beside the checkpoint (read back from disk, after orbax)."""
+        path = self.directory / str(step)
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore())
+        )
+        flat = restored["state"]
+        sums = {k: crc32(np.asarray(flat[k])) for k in sorted(flat)}
+        tmp = path / "crc32.json.tmp"
+        tmp.write_text(json.dumps(sums))
+        tmp.replace(path / "crc32.json")
+
+    def close(self) -> None:
+        self.wait()
+        self._manager.close()
+
+    # -- restoring -------------------------------------------------------------
+
+    def restore_latest(self, template: Any) -> Restored | None:
+        """The newest checkpoint that restores cleanly into ``template``'s structure, or None.
+
+        Checkpoints that fail are moved aside with a :class:`CorruptCheckpointWarning`.
+        """
+        self.wait()
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            try:
+                return self._restore(step, template)
+            except Exception as err:  # noqa: BLE001 -- orbax/tensorstore raise many types
+                aside = self._set_aside(step, "corrupt")
+                message = (
+                    f"checkpoint {self.directory / str(step)} cannot be restored ({err}); "
+                    f"moved to {aside} and skipped"
+                )
+                log.warning(message)
+                warnings.warn(message, CorruptCheckpointWarning, stacklevel=2)
+        return None
+
+    def _restore(self, step: int, template: Any) -> Restored:
+        path = self.directory / str(step)
+        named, treedef = _describe(template)
+        abstract = {
+            _key(i): jax.ShapeDtypeStruct(np.shape(x), x.dtype) for i, (_, x) in enumerate(named)
+        }
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+            ),
+        )
+        meta = restored["meta"]
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT!r}")
+        names = [n for n, _, _ in meta["leaves"]]
+        if names != [n for n, _ in named]:
+            raise ValueError("its leaves do not match the trainer's state (another model?)")
+        sums_path = path / "crc32.json"
+        if not sums_path.is_file():
+            raise ValueError("no crc32.json: the save did not finish")
+        sums = json.loads(sums_path.read_text())
+        flat = restored["state"]
+        for i, (name, _) in enumerate(named):
+            if crc32(np.asarray(flat[_key(i)])) != sums.get(_key(i)):
+                raise ValueError(f"CRC32 mismatch in {name!r}")
+        state = jax.tree_util.tree_unflatten(treedef, [flat[_key(i)] for i in range(len(named))])
+        return Restored(step=step, state=state, meta=meta, path=path)
+
+    def _set_aside(self, step: int, why: str) -> pathlib.Path:
+        src = self.directory / str(step)
+        dst = self.directory / f"{step}.{why}-{int(time.time() * 1000)}"
+        if src.exists():
+            shutil.move(src, dst)
+        # orbax caches the steps it has seen: reopen so it forgets the moved one.
+        self._manager.close()
+        self._manager = self._open()
+        return dst
