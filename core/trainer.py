@@ -50,6 +50,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from rlax.core import distributed
 from rlax.core import mesh as meshlib
 from rlax.core.critic import build_critic, forward_with_values
 from rlax.core.models.transformer import Transformer, sequence_logprobs
@@ -427,13 +428,9 @@ class Trainer:
             raise ValueError(
                 f"batch of {rows} rows does not split into {self.settings.microbatches} microbatches"
             )
-        shardings = self.batch_shardings(arrays)
         if jax.process_count() == 1:
-            return jax.device_put(arrays, shardings)
-        return {
-            k: jax.make_array_from_process_local_data(shardings[k], np.asarray(v))
-            for k, v in arrays.items()
-        }
+            return jax.device_put(arrays, self.batch_shardings(arrays))
+        return distributed.global_batch(self.mesh, arrays)
 
     def lower(self, batch: TrainBatch | dict[str, Any]):
         """The step lowered for ``batch`` (inspect its HLO with ``.as_text()``)."""

@@ -1,0 +1,52 @@
+"""The workload shared by ``test_multihost.py`` and its worker processes."""
+
+from __future__ import annotations
+
+import numpy as np
+import optax
+from flax import nnx
+
+from rlax.core.mesh import MeshConfig, make_mesh
+from rlax.core.models.transformer import Transformer, TransformerConfig
+from rlax.core.trainer import Trainer
+from rlax.plugins.algorithms.grpo import grpo
+
+CFG = TransformerConfig(
+    vocab_size=64,
+    num_layers=1,
+    embed_dim=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+    tie_embeddings=False,
+)
+MESH = MeshConfig(data=2, fsdp=2, tensor=2)  # over both processes' 8 devices
+ROWS, LENGTH, STEPS = 16, 12, 3
+
+
+def trainer(mesh: MeshConfig | None) -> Trainer:
+    return Trainer(
+        Transformer(CFG, rngs=nnx.Rngs(0)),
+        grpo(kl_beta=0.1),
+        optax.sgd(0.5, momentum=0.9),
+        mesh=None if mesh is None else make_mesh(mesh),
+    )
+
+
+def batch(step: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(step)
+    tokens = rng.integers(1, CFG.vocab_size, size=(ROWS, LENGTH)).astype(np.int32)
+    pad = rng.integers(0, 4, size=ROWS)
+    end = LENGTH - rng.integers(0, 4, size=ROWS)
+    pos = np.arange(LENGTH)
+    attention = (pos >= pad[:, None]) & (pos < end[:, None])
+    loss_mask = (attention[:, 1:] & (pos[1:] >= 5)).astype(np.float32)
+    adv = np.repeat(rng.normal(size=(ROWS, 1)), LENGTH - 1, axis=1).astype(np.float32)
+    return {
+        "tokens": np.where(attention, tokens, 0),
+        "attention_mask": attention,
+        "loss_mask": loss_mask,
+        "old_logprobs": (-rng.random((ROWS, LENGTH - 1)) * loss_mask).astype(np.float32),
+        "advantages": adv * loss_mask,
+    }
