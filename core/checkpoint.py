@@ -71,6 +71,12 @@ def _key(i: int) -> str:
     return f"leaf_{i:05d}"
 
 
+def _short(err: BaseException) -> str:
+    """The first line of an error, without tensorstore's spec dump."""
+    text = str(err).split(" [tensorstore_spec=")[0].splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {text[:300]}"
+
+
 def crc32(array: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(array).view(np.uint8).data) & 0xFFFFFFFF
 
@@ -207,8 +213,8 @@ class Checkpointer:
             except Exception as err:  # noqa: BLE001 -- orbax/tensorstore raise many types
                 aside = self._set_aside(step, "corrupt")
                 message = (
-                    f"checkpoint {self.directory / str(step)} cannot be restored ({err}); "
-                    f"moved to {aside} and skipped"
+                    f"checkpoint {self.directory / str(step)} cannot be restored "
+                    f"({_short(err)}); moved to {aside} and skipped"
                 )
                 log.warning(message)
                 warnings.warn(message, CorruptCheckpointWarning, stacklevel=2)

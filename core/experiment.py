@@ -32,6 +32,7 @@ import itertools
 import json
 import logging
 import pathlib
+import shutil
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -487,10 +488,16 @@ class _Run:
 
 
 def _finish(run_dir, hook, trainer, bundle, log, results) -> None:
-    ckpt = save_model(
-        run_dir / "checkpoint",
-        ModelBundle(trainer.model(), bundle.tokenizer, {"step": trainer.state.step}),
-    )
+    # Written beside, then swapped in: a resumed run replaces the final policy of an earlier one.
+    final, new, old = (run_dir / n for n in ("checkpoint", "checkpoint.new", "checkpoint.old"))
+    for stale in (new, old):
+        shutil.rmtree(stale, ignore_errors=True)
+    save_model(new, ModelBundle(trainer.model(), bundle.tokenizer, {"step": trainer.state.step}))
+    if final.exists():
+        final.rename(old)
+    new.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    ckpt = final
     hook.rlax_on_checkpoint(step=trainer.state.step, path=str(ckpt))
     (run_dir / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
     if log.rows:
