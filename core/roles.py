@@ -257,6 +257,8 @@ def local_cluster(
         return _supervise(trainer, children, max_restarts, stop)
     finally:
         stop.close()
+        for child in children:  # all at once, then wait for each
+            child.signal(signal.SIGTERM)
         for child in reversed(children):
             child.stop()
 

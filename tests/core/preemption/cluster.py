@@ -8,6 +8,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -30,6 +31,10 @@ def small(steps: int, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+# One persistent JAX compilation cache for every process of this test session: each role
+# compiles the same programs, and restarted processes compile them again.
+JAX_CACHE = tempfile.mkdtemp(prefix="rlax-test-jax-cache-")
+
 DETERMINISTIC = (
     "--gin.MAX_STALENESS=0",
     "--gin.rlax.train.deterministic=True",
@@ -39,6 +44,11 @@ DETERMINISTIC = (
 
 def start(run_dir: pathlib.Path, args: list[str], role: str = "all") -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLAX_PS_")}
+    env.update(
+        JAX_COMPILATION_CACHE_DIR=JAX_CACHE,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
     cmd = [sys.executable, "-m", "rlax.core.cli", "run", *args, "--run-dir", str(run_dir)]
     if role != "all":
         cmd += ["--role", role]

@@ -20,20 +20,21 @@ from cluster import (
     wait_until,
 )
 
-N = 8
+N = 6
+ONE_WORKER = "--gin.rlax.local_cluster.num_workers=1"
 
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("straight") / "run"
-    code, _, err = finish(start(run_dir, small(N, *DETERMINISTIC)))
+    code, _, err = finish(start(run_dir, small(N, *DETERMINISTIC, ONE_WORKER)))
     assert code == 0, err[-3000:]
     return run_dir
 
 
 def test_sigterm_at_half_way_then_resume_equals_a_run_that_never_stopped(straight, tmp_path):
     run_dir = tmp_path / "run"
-    proc = start(run_dir, small(N, *DETERMINISTIC))
+    proc = start(run_dir, small(N, *DETERMINISTIC, ONE_WORKER))
     wait_until(lambda: len(metrics(run_dir)) >= N // 2, what=f"step {N // 2}", proc=proc)
     trainer = kill(proc, "trainer", signal.SIGTERM)
     code, out, err = finish(proc)
