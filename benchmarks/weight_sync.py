@@ -5,10 +5,14 @@ In one run, with the receiving side in a separate process every time:
           preallocated buffer, over one connection (the baseline: what the link
           gives a copy-once reader)
   push    ``ParamServerClient.push`` of a parameter tree of that size to a
-          parameter-server process (stream, verify, commit), in steady state:
-          after ``--warmup`` versions, as a trainer pushing every step sees it
-  pull    ``ParamServerClient.pull`` of it back (stream, verify, write into the buffer)
+          parameter-server process (stage over gRPC, bytes over the bulk lane,
+          verify, commit), in steady state: after ``--warmup`` versions, as a
+          trainer pushing every step sees it
+  pull    ``ParamServerClient.pull`` of it back (ticket over gRPC, bytes over
+          the bulk lane into the reused buffer, verify)
   pull4   four processes pulling at once; aggregate MB/s
+  grpc    the same push and pull over gRPC streams only (the path under TLS),
+          for reference
 
     python benchmarks/weight_sync.py --mb 256
 
@@ -78,17 +82,35 @@ def _server(port_q, stop_evt):
     server.stop(grace=None)
 
 
-def _settings(port):
+def _settings(port, bulk_lane=True):
     from rlax.core.param_server.settings import ServerSettings
 
-    return ServerSettings(address=f"127.0.0.1:{port}", token=TOKEN)
+    return ServerSettings(address=f"127.0.0.1:{port}", token=TOKEN, bulk_lane=bulk_lane)
+
+
+def _push_pull(client, plan, tree, packed, versions, warmup):
+    """Median push and pull seconds over ``versions`` after ``warmup`` of them."""
+    push_s, pull_s = [], []
+    for version in versions:
+        start = time.perf_counter()
+        client.push(plan, tree, version)
+        push_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        got = client.pull(version - 1)
+        pull_s.append(time.perf_counter() - start)
+        assert got is not None and bytes(got[2]) == packed.tobytes()
+    # The first versions fault fresh memory in on both sides; a trainer pushes
+    # hundreds of versions, so the steady state after the warm-up is what counts.
+    return statistics.median(push_s[warmup:]), statistics.median(pull_s[warmup:])
 
 
 def _puller(port, barrier, out_q, nbytes):
     from rlax.core.param_server.client import ParamServerClient
 
     client = ParamServerClient(_settings(port))
-    client._buffers = {nbytes: bytearray(nbytes)}  # preallocated, as a running worker has it
+    buf = bytearray(nbytes)
+    np.frombuffer(buf, np.uint8).fill(1)  # warm, as a running worker's buffer is
+    client._buffers = {nbytes: buf}
     barrier.wait()
     start = time.perf_counter()
     _, _, buf = client.pull(-1)
@@ -124,20 +146,15 @@ def main() -> None:
     server.start()
     port = port_q.get()
     client = ParamServerClient(_settings(port))
-    push_s, pull_s = [], []
-    for version in range(args.warmup + args.repeats):
-        start = time.perf_counter()
-        client.push(plan, tree, version)
-        push_s.append(time.perf_counter() - start)
-        client._buffers = {nbytes: bytearray(nbytes)}
-        start = time.perf_counter()
-        got = client.pull(version - 1)
-        pull_s.append(time.perf_counter() - start)
-        assert got is not None and bytes(got[2]) == packed.tobytes()
-    # The first versions fault fresh memory in on both sides; a trainer pushes
-    # hundreds of versions, so the steady state after the warm-up is what counts.
-    push_s, pull_s = push_s[args.warmup :], pull_s[args.warmup :]
-    push, pull = mb / statistics.median(push_s), mb / statistics.median(pull_s)
+    rounds = args.warmup + args.repeats
+    push_s, pull_s = _push_pull(client, plan, tree, packed, range(rounds), args.warmup)
+    push, pull = mb / push_s, mb / pull_s
+    grpc_client = ParamServerClient(_settings(port, bulk_lane=False))
+    gpush_s, gpull_s = _push_pull(
+        grpc_client, plan, tree, packed, range(rounds, 2 * rounds), args.warmup
+    )
+    grpc_push, grpc_pull = mb / gpush_s, mb / gpull_s
+    grpc_client.close()
 
     barrier, out_q = mp.Barrier(4), mp.Queue()
     pullers = [mp.Process(target=_puller, args=(port, barrier, out_q, nbytes)) for _ in range(4)]
@@ -157,12 +174,14 @@ def main() -> None:
     )
     print(f"{'path':<28}{'MB/s':>10}{'vs tcp':>9}")
     for name, value in (("raw TCP socket (baseline)", tcp), ("rlax push", push), ("rlax pull", pull),
-                        ("rlax pull, 4 at once (sum)", pull4)):  # fmt: skip
+                        ("rlax pull, 4 at once (sum)", pull4), ("gRPC-stream push (TLS path)", grpc_push),
+                        ("gRPC-stream pull (TLS path)", grpc_pull)):  # fmt: skip
         print(f"{name:<28}{value:>10.0f}{value / tcp:>9.2f}")
     print(json.dumps({
         "tcp_mb_s": round(tcp, 1), "push_mb_s": round(push, 1), "pull_mb_s": round(pull, 1),
         "pull4_aggregate_mb_s": round(pull4, 1), "push_vs_tcp": round(push / tcp, 3),
-        "pull_vs_tcp": round(pull / tcp, 3),
+        "pull_vs_tcp": round(pull / tcp, 3), "grpc_push_mb_s": round(grpc_push, 1),
+        "grpc_pull_mb_s": round(grpc_pull, 1),
     }))  # fmt: skip
 
 

@@ -3,87 +3,31 @@
 Unary calls retry with bounded exponential backoff while the server is
 unreachable (a restarting server is normal), and say so in the log; every
 mutating call is idempotent on the server, so a retry after a lost reply is
-safe. Weight chunks are encoded and decoded by hand around the payload so a
-chunk's bytes are copied once on the way out and once on the way in.
+safe. Weight bytes go over the bulk lane (a plain TCP transfer beside gRPC,
+see transfer.py) unless TLS is configured or the server has it off; then over
+gRPC streams of hand-encoded chunks.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import time
 import uuid
-import zlib
 from collections.abc import Iterator
 
 import grpc
 import numpy as np
 
-from rlax.core.param_server import codec
+from rlax.core.param_server import codec, transfer
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.settings import MB, ServerSettings, tune_malloc
+from rlax.core.param_server.transfer import checksum, decode_chunk, encode_chunk
 from rlax.core.types import Group, Prompt
 from rlax.core.weight_sync import WirePlan, chunks, stream
 
 log = logging.getLogger("rlax.client")
 
-_CRC_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="rlax-crc")
 _RETRY = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _read_varint(buf: memoryview, i: int) -> tuple[int, int]:
-    shift = result = 0
-    while True:
-        b = buf[i]
-        result |= (b & 0x7F) << shift
-        i += 1
-        if not b & 0x80:
-            return result, i
-        shift += 7
-
-
-def encode_chunk(part: int, offset: int, data: memoryview, crc: int | None = None) -> bytes:
-    """WeightChunk{part, offset, data, crc32} in protobuf wire format, built around ``data``."""
-    head = b"\x10" + _varint(part) + b"\x18" + _varint(offset) + b"\x22" + _varint(len(data))
-    crc = zlib.crc32(data) if crc is None else crc
-    tail = b"\x28" + _varint(crc & 0xFFFFFFFF)
-    return b"".join((head, data, tail))
-
-
-def decode_chunk(raw: bytes) -> tuple[int, int, memoryview, int] | None:
-    """(part, offset, data view, crc32) of a data chunk, or None for a header message."""
-    buf = memoryview(raw)
-    i, part, offset, data, crc = 0, 0, 0, buf[0:0], 0
-    while i < len(buf):
-        key, i = _read_varint(buf, i)
-        field, kind = key >> 3, key & 7
-        if field == 1:
-            return None
-        if kind == 0:
-            value, i = _read_varint(buf, i)
-            if field == 2:
-                part = value
-            elif field == 3:
-                offset = value
-            elif field == 5:
-                crc = value
-        elif kind == 2:
-            n, i = _read_varint(buf, i)
-            if field == 4:
-                data = buf[i : i + n]
-            i += n
-        else:
-            raise ValueError(f"weight chunk: unexpected wire type {kind}")
-    return part, offset, data, crc
 
 
 class ParamServerClient:
@@ -112,6 +56,8 @@ class ParamServerClient:
                 response_deserializer=rep.FromString,
             )
             for service, name, req, rep in (
+                ("WeightStore", "Stage", pb.PartHeader, pb.BulkTicket),
+                ("WeightStore", "OpenPull", pb.PullRequest, pb.PullTicket),
                 ("WeightStore", "WaitForVersion", pb.WaitRequest, pb.VersionInfo),
                 ("WeightStore", "Stat", pb.StatRequest, pb.StatReply),
                 ("RolloutQueue", "Lease", pb.LeaseRequest, pb.LeaseReply),
@@ -121,6 +67,8 @@ class ParamServerClient:
             )
         }
         self._buffers: dict[int, bytearray] = {}
+        self.bulk = self.settings.bulk_lane and not self.settings.tls_cert
+        self._host = transfer.split_address(self.settings.address)
 
     def close(self) -> None:
         self._channel.close()
@@ -139,56 +87,113 @@ class ParamServerClient:
 
     # -- weights ------------------------------------------------------------
 
-    def push_messages(self, plan: WirePlan, tree_or_buffer, version: int) -> Iterator[bytes]:
-        """The wire messages of one whole-model push (part 0 of 1)."""
+    def header(self, plan: WirePlan, version: int) -> pb.PartHeader:
+        """The header of a whole-model push (part 0 of 1) of ``plan``'s tree."""
         header = pb.PartHeader(
             version=version, part=0, num_parts=1, nbytes=plan.nbytes, push_id=uuid.uuid4().hex
         )
-        for t in plan.tensors:
+        for i, t in enumerate(plan.tensors):
             header.tensors.add(
-                name=t.name,
-                dtype=plan.wire_dtype.name,
-                shape=t.shape,
-                offset=t.offset,
-                nbytes=t.nbytes,
-            )
-        yield pb.WeightChunk(header=header, part=0).SerializeToString()
+                name=t.name, dtype=plan.wire_dtype.name, shape=t.shape, offset=t.offset,
+                nbytes=t.nbytes, index=i,
+            )  # fmt: skip
+        return header
+
+    def _pieces(self, plan: WirePlan, tree_or_buffer) -> Iterator[tuple[int, memoryview]]:
         chunk = self.settings.chunk_mb * MB
         if isinstance(tree_or_buffer, np.ndarray) and tree_or_buffer.dtype == np.uint8:
-            pieces = chunks(tree_or_buffer, chunk)  # already packed
-        else:
-            pieces = stream(plan, tree_or_buffer, chunk)
-        pieces = list(pieces)
-        # Checksums run ahead on other threads (zlib releases the GIL) while chunks are sent.
-        crcs = [_CRC_POOL.submit(zlib.crc32, view) for _, view in pieces]
-        for (offset, view), crc in zip(pieces, crcs):
-            yield encode_chunk(0, offset, view, crc.result())
+            return chunks(tree_or_buffer, chunk)  # already packed
+        return stream(plan, tree_or_buffer, chunk)
+
+    def push_messages(self, plan: WirePlan, tree_or_buffer, version: int) -> Iterator[bytes]:
+        """The gRPC wire messages of one whole-model push (part 0 of 1)."""
+        yield pb.WeightChunk(header=self.header(plan, version), part=0).SerializeToString()
+        for offset, view in self._pieces(plan, tree_or_buffer):
+            yield encode_chunk(0, offset, view)
 
     def push(self, plan: WirePlan, tree_or_buffer, version: int) -> pb.PushReply:
         """Publishes a parameter tree (or its packed uint8 buffer) as ``version``."""
-        return self._push(self.push_messages(plan, tree_or_buffer, version), metadata=self._auth)
+        return self.push_part(self.header(plan, version), self._pieces(plan, tree_or_buffer))
+
+    def push_part(self, header: pb.PartHeader, pieces) -> pb.PushReply:
+        """Pushes one part: ``header`` and its bytes as (offset, view) pairs in order.
+
+        A multi-host trainer calls this once per host with that host's shards
+        (``slice_start``/``slice_shape`` set); the version is committed when
+        every part has arrived, and pulled as whole tensors.
+        Raises grpc.RpcError (transfer.BulkError on the bulk lane) if refused.
+        """
+        if self.bulk:
+            try:
+                ticket = self._call("Stage", header, timeout=60)
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                log.info("parameter server has no bulk lane; pushing over gRPC")
+                self.bulk = False
+            else:
+                if ticket.duplicate:
+                    return pb.PushReply(version=ticket.version, duplicate=True)
+                reply = transfer.send_part(self._host, ticket.port, ticket.ticket, pieces)
+                return pb.PushReply.FromString(reply)
+
+        def messages():
+            yield pb.WeightChunk(header=header, part=header.part).SerializeToString()
+            for offset, view in pieces:
+                yield encode_chunk(header.part, offset, view)
+
+        return self._push(messages(), metadata=self._auth)
+
+    def _buffer(self, nbytes: int) -> bytearray:
+        buf = self._buffers.get(nbytes) or bytearray(nbytes)
+        self._buffers = {nbytes: buf}
+        return buf
 
     def pull(self, have_version: int = -1) -> tuple[int, list[dict], bytearray] | None:
         """(version, tensor list, buffer) of the newest version, or None if we have it.
 
-        Single-part versions only (multi-host pushes are reassembled by the mesh trainer's
-        pull, later); the buffer is reused between pulls of the same size.
+        The buffer holds whole tensors (the server assembles multi-host pushes)
+        and is reused between pulls of the same size.
         """
-        header, buf, received, checks = None, None, 0, []
+        if self.bulk:
+            try:
+                ticket = self._call(
+                    "OpenPull", pb.PullRequest(have_version=have_version), timeout=60
+                )
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                log.info("parameter server has no bulk lane; pulling over gRPC")
+                self.bulk = False
+            else:
+                if not ticket.ticket:
+                    return None
+                header = ticket.header
+                segments = [(s.offset, s.length, s.checksum) for s in ticket.segments]
+                if [o for o, _, _ in segments] != list(
+                    np.cumsum([0] + [n for _, n, _ in segments])[:-1]
+                ) or sum(n for _, n, _ in segments) != header.nbytes:
+                    raise ValueError(f"pull of version {header.version}: segments do not cover "
+                                     f"its {header.nbytes} bytes")  # fmt: skip
+                buf = self._buffer(header.nbytes)
+                transfer.receive_into(self._host, ticket.port, ticket.ticket, buf, segments)
+                return header.version, _tensor_list(header), buf
+        return self._pull_grpc(have_version)
+
+    def _pull_grpc(self, have_version: int):
+        header, buf, received = None, None, 0
         for raw in self._pull(pb.PullRequest(have_version=have_version)):
             decoded = decode_chunk(raw)
             if decoded is None:
                 header = pb.WeightChunk.FromString(raw).header
-                if header.num_parts != 1:
-                    raise NotImplementedError("pull of a multi-part version")
-                buf = self._buffers.get(header.nbytes) or bytearray(header.nbytes)
-                self._buffers = {header.nbytes: buf}
+                buf = self._buffer(header.nbytes)
                 continue
-            _, offset, data, crc = decoded
-            if header is None or offset != received:
+            _, offset, data, digest = decoded
+            if header is None or offset != received or offset + len(data) > header.nbytes:
                 raise ValueError(f"pull: chunk at {offset}, expected {received}")
+            if checksum(data) != digest:
+                raise ValueError(f"pull of version {header.version}: checksum mismatch at {offset}")
             buf[offset : offset + len(data)] = data
-            checks.append((offset, crc, _CRC_POOL.submit(zlib.crc32, data)))
             received += len(data)
         if header is None:
             return None
@@ -196,22 +201,7 @@ class ParamServerClient:
             raise ValueError(
                 f"pull of version {header.version}: {received} of {header.nbytes} bytes"
             )
-        for offset, expected, got in checks:
-            if got.result() & 0xFFFFFFFF != expected:
-                raise ValueError(
-                    f"pull of version {header.version}: CRC32 mismatch at offset {offset}"
-                )
-        tensors = [
-            {
-                "name": t.name,
-                "shape": list(t.shape),
-                "offset": t.offset,
-                "nbytes": t.nbytes,
-                "dtype": t.dtype,
-            }
-            for t in header.tensors
-        ]
-        return header.version, tensors, buf
+        return header.version, _tensor_list(header), buf
 
     def wait_for_version(self, after_version: int, timeout_s: float) -> int:
         req = pb.WaitRequest(after_version=after_version, timeout_s=timeout_s)
@@ -259,3 +249,11 @@ class ParamServerClient:
 
     def ack(self, take_id: str) -> int:
         return self._call("Ack", pb.AckRequest(take_id=take_id), timeout=60).consumed
+
+
+def _tensor_list(header: pb.PartHeader) -> list[dict]:
+    return [
+        {"name": t.name, "shape": list(t.shape), "offset": t.offset, "nbytes": t.nbytes,
+         "dtype": t.dtype}
+        for t in header.tensors
+    ]  # fmt: skip

@@ -47,6 +47,18 @@ class WeightStoreStub:
             response_deserializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.WeightChunk.FromString,
             _registered_method=True,
         )
+        self.Stage = channel.unary_unary(
+            "/rlax.v1.WeightStore/Stage",
+            request_serializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.PartHeader.SerializeToString,
+            response_deserializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.BulkTicket.FromString,
+            _registered_method=True,
+        )
+        self.OpenPull = channel.unary_unary(
+            "/rlax.v1.WeightStore/OpenPull",
+            request_serializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.PullRequest.SerializeToString,
+            response_deserializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.PullTicket.FromString,
+            _registered_method=True,
+        )
         self.WaitForVersion = channel.unary_unary(
             "/rlax.v1.WeightStore/WaitForVersion",
             request_serializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.WaitRequest.SerializeToString,
@@ -76,6 +88,18 @@ class WeightStoreServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
+    def Stage(self, request, context):
+        """a push over the bulk lane"""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
+    def OpenPull(self, request, context):
+        """a pull over the bulk lane"""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
     def WaitForVersion(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -100,6 +124,16 @@ def add_WeightStoreServicer_to_server(servicer, server):
             servicer.Pull,
             request_deserializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.PullRequest.FromString,
             response_serializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.WeightChunk.SerializeToString,
+        ),
+        "Stage": grpc.unary_unary_rpc_method_handler(
+            servicer.Stage,
+            request_deserializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.PartHeader.FromString,
+            response_serializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.BulkTicket.SerializeToString,
+        ),
+        "OpenPull": grpc.unary_unary_rpc_method_handler(
+            servicer.OpenPull,
+            request_deserializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.PullRequest.FromString,
+            response_serializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.PullTicket.SerializeToString,
         ),
         "WaitForVersion": grpc.unary_unary_rpc_method_handler(
             servicer.WaitForVersion,
@@ -172,6 +206,66 @@ class WeightStore:
             "/rlax.v1.WeightStore/Pull",
             rlax_dot_core_dot_param__server_dot_rlax__pb2.PullRequest.SerializeToString,
             rlax_dot_core_dot_param__server_dot_rlax__pb2.WeightChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def Stage(
+        request,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            "/rlax.v1.WeightStore/Stage",
+            rlax_dot_core_dot_param__server_dot_rlax__pb2.PartHeader.SerializeToString,
+            rlax_dot_core_dot_param__server_dot_rlax__pb2.BulkTicket.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def OpenPull(
+        request,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            "/rlax.v1.WeightStore/OpenPull",
+            rlax_dot_core_dot_param__server_dot_rlax__pb2.PullRequest.SerializeToString,
+            rlax_dot_core_dot_param__server_dot_rlax__pb2.PullTicket.FromString,
             options,
             channel_credentials,
             insecure,

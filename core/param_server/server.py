@@ -1,8 +1,9 @@
-"""One gRPC server process hosting WeightStore and RolloutQueue.
+"""One gRPC server process hosting WeightStore and RolloutQueue, and the bulk lane.
 
-Weight chunks travel as raw serialized messages in both directions (identity
-(de)serializers): a pushed chunk is parsed once to be verified, stored as the
-bytes that arrived, and served to every puller as those same bytes.
+Weight chunks on the gRPC path travel as raw serialized messages (identity
+(de)serializers, the chunk codec of transfer.py). Without TLS the server also
+runs the bulk lane (transfer.py): ``Stage`` and ``OpenPull`` hand out tickets
+for a plain TCP transfer of the bytes, which is what clients use by default.
 Mutating calls need the shared token in the ``authorization`` metadata;
 a missing or wrong token is UNAUTHENTICATED and touches nothing.
 """
@@ -10,17 +11,19 @@ a missing or wrong token is UNAUTHENTICATED and touches nothing.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hmac
 import logging
+import socket
 from collections.abc import Iterator, Sequence
 
 import grpc
 
-from rlax.core.param_server import recovery
+from rlax.core.param_server import recovery, transfer
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.queue import QueueError, RolloutQueue
 from rlax.core.param_server.settings import MB, ServerSettings, tune_malloc
-from rlax.core.param_server.weights import PushRejected, WeightStore
+from rlax.core.param_server.weights import PushRejected, Served, WeightStore, _Part
 from rlax.core.types import Prompt
 
 log = logging.getLogger("rlax.param_server")
@@ -28,6 +31,7 @@ log = logging.getLogger("rlax.param_server")
 PROTECTED = {
     *recovery.METHODS,
     "/rlax.v1.WeightStore/Push",
+    "/rlax.v1.WeightStore/Stage",
     "/rlax.v1.RolloutQueue/Lease",
     "/rlax.v1.RolloutQueue/Submit",
     "/rlax.v1.RolloutQueue/Take",
@@ -72,7 +76,11 @@ class ParamServer:
     ):
         self.settings = settings.resolved()
         tune_malloc()
-        self.weights = WeightStore(max_version_bytes=self.settings.max_version_mb * MB)
+        self.weights = WeightStore(
+            max_version_bytes=self.settings.max_version_mb * MB,
+            chunk_bytes=self.settings.chunk_mb * MB,
+        )
+        self.bulk: transfer.BulkLane | None = None
         self.queue = RolloutQueue(
             prompts,
             capacity=capacity,
@@ -100,14 +108,20 @@ class ParamServer:
             self.port = self._server.add_secure_port(address, creds)
         if not self.port:
             raise OSError(f"parameter server: cannot bind {address}")
+        if creds is None and self.settings.bulk_lane:
+            self.bulk = transfer.BulkLane(transfer.split_address(address))
+            self.bulk.start()
         self._server.start()
         log.info(
-            "parameter server listening on %s (port %d, tls=%s)", address, self.port, bool(creds)
-        )
+            "parameter server listening on %s (port %d, tls=%s, bulk lane port %s)",
+            address, self.port, bool(creds), self.bulk.port if self.bulk else None,
+        )  # fmt: skip
         return self.port
 
     def stop(self, grace: float | None = 1.0) -> None:
         self._server.stop(grace).wait()
+        if self.bulk is not None:
+            self.bulk.stop()
 
     def wait(self) -> None:
         self._server.wait_for_termination()
@@ -123,6 +137,77 @@ class ParamServer:
 
     def _pull(self, request: pb.PullRequest, context):
         yield from self.weights.messages_for(request.have_version)
+
+    def _no_bulk(self, context) -> None:
+        context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "the bulk lane is off (TLS is configured, or bulk_lane = False): use Push/Pull",
+        )
+
+    def _stage(self, header: pb.PartHeader, context):
+        if self.bulk is None:
+            self._no_bulk(context)
+        try:
+            started = self.weights.begin(header)
+        except PushRejected as err:
+            self.weights.note_rejected()
+            log.warning("push rejected: %s", err)
+            context.abort(err.code, str(err))
+        if isinstance(started, pb.PushReply):
+            return pb.BulkTicket(duplicate=True, version=started.version)
+        ticket = self.bulk.issue(
+            functools.partial(self._receive, started),
+            functools.partial(self.weights.abandon, started, rejected=False),
+        )
+        return pb.BulkTicket(ticket=ticket, port=self.bulk.port)
+
+    def _receive(self, part: _Part, conn: socket.socket) -> None:
+        """A staged part's bytes, frame by frame, straight into its buffer; then the commit."""
+        max_frame = self.settings.max_message_mb * MB - 4096  # servable by gRPC Pull as well
+        view = memoryview(part.buffer)
+        try:
+            while not part.complete:
+                length, digest = transfer.read_frame_header(conn)
+                part.check_segment(part.received, length)
+                if length > max_frame:
+                    raise PushRejected(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"frame of {length} bytes exceeds the limit of {max_frame}",
+                    )
+                transfer.recv_into(conn, view[part.received : part.received + length])
+                part.accept(length, digest)
+            reply = self.weights.commit([part])
+        except PushRejected as err:
+            self.weights.abandon(part)
+            log.warning("push rejected: %s", err)
+            left = part.header.nbytes - part.received + 64 * (1 + part.header.nbytes // max_frame)
+            transfer.reply(conn, err.code, str(err).encode(), drain_bytes=left)
+            return
+        except BaseException:
+            self.weights.abandon(part)  # cut off mid-transfer: the served version stays
+            raise
+        transfer.reply(conn, None, reply.SerializeToString())
+
+    def _open_pull(self, request: pb.PullRequest, context):
+        if self.bulk is None:
+            self._no_bulk(context)
+        served = self.weights.open_pull(request.have_version)
+        if served is None:
+            return pb.PullTicket()
+        ticket = self.bulk.issue(
+            functools.partial(self._send, served),
+            functools.partial(self.weights.close_pull, served),
+        )
+        reply = pb.PullTicket(ticket=ticket, port=self.bulk.port, header=served.header)
+        for offset, length, digest in served.segments:
+            reply.segments.add(offset=offset, length=length, checksum=digest)
+        return reply
+
+    def _send(self, served: Served, conn: socket.socket) -> None:
+        try:
+            conn.sendall(memoryview(served.buffer))
+        finally:
+            self.weights.close_pull(served)
 
     def _wait(self, request: pb.WaitRequest, context):
         return pb.VersionInfo(
@@ -151,6 +236,8 @@ class ParamServer:
                     request_deserializer=pb.PullRequest.FromString,
                     response_serializer=None,
                 ),
+                "Stage": _unary(self._stage, pb.PartHeader, pb.BulkTicket),
+                "OpenPull": _unary(self._open_pull, pb.PullRequest, pb.PullTicket),
                 "WaitForVersion": _unary(self._wait, pb.WaitRequest, pb.VersionInfo),
                 "Stat": _unary(self._stat, pb.StatRequest, pb.StatReply),
             },

@@ -40,6 +40,8 @@ class ServerSettings:
       max_message_mb: gRPC message limit, both directions.
       max_version_mb: the largest weight version the server accepts.
       wire_dtype: dtype of weights on the wire: "float32" or "bfloat16".
+      bulk_lane: move weight bytes over the bulk lane (a plain TCP connection
+        beside gRPC, see transfer.py) when TLS is off; gRPC streams otherwise.
     """
 
     address: str = "127.0.0.1:50051"
@@ -52,6 +54,7 @@ class ServerSettings:
     max_message_mb: int = 64
     max_version_mb: int = 16_384
     wire_dtype: str = "float32"
+    bulk_lane: bool = True
 
     def resolved(self) -> ServerSettings:
         """A copy with the environment applied and the token read from its file."""

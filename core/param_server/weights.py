@@ -1,42 +1,38 @@
 """The WeightStore service: versioned weights, committed only when whole and verified.
 
-A version is made of ``num_parts`` parts (one per trainer host); each part is a
-header then data chunks in offset order. The server keeps the received
-messages as they came off the wire and, once a version's every part is
-complete, its sizes add up and every chunk's CRC32 matches, commits it atomically as
-the newest version; Pull then streams those same messages out again without
-re-encoding them. Anything wrong — a cut-off stream, a gap, a duplicate chunk,
-an unknown tensor, a wrong size or checksum, a version that is not newer —
-fails the push with a gRPC status and leaves the served version untouched.
+A version is made of ``num_parts`` parts (one per trainer host). A part is a
+header (its tensors or tensor shards, their byte offsets) and then its bytes,
+which land in one preallocated buffer — from a gRPC ``Push`` stream or over
+the bulk lane (core/param_server/transfer.py) — in offset order, each segment
+verified against its xxh3_64 checksum as it arrives. When every part of a
+version is complete, the version is committed atomically as the newest one.
+Parts that carry shards (a multi-host push) are assembled into whole tensors
+at commit, so a puller always receives one buffer of whole tensors, in the
+model's order. Anything wrong — a cut-off stream, a gap, a duplicate chunk, an
+unknown tensor, a wrong size or checksum, shards that do not tile their
+tensor, a version that is not newer — fails the push with a gRPC status and
+leaves the served version untouched.
+
+Buffers are recycled: a superseded version's buffer goes back to a small
+pool once no pull is reading it, so steady-state pushes write into memory
+that is already mapped.
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
 import threading
 import time
-import zlib
 
 import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
 from rlax.core.param_server import rlax_pb2 as pb
+from rlax.core.param_server.transfer import checksum, decode_chunk, encode_chunk
 
 _DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4}
-
-
-_CRC_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="rlax-crc")
-
-
-def _verify(checks) -> None:
-    for offset, expected, future in checks:
-        if future.result() & 0xFFFFFFFF != expected:
-            raise PushRejected(
-                grpc.StatusCode.DATA_LOSS, f"CRC32 mismatch in the chunk at offset {offset}"
-            )
 
 
 class PushRejected(Exception):
@@ -45,41 +41,121 @@ class PushRejected(Exception):
         self.code = code
 
 
+_BAD = grpc.StatusCode.INVALID_ARGUMENT
+
+
 @dataclasses.dataclass
 class _Part:
+    """One part being received or waiting for the rest of its version."""
+
     header: pb.PartHeader
-    messages: list[bytes]
+    buffer: bytearray
+    segments: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+    received: int = 0
+
+    def write(self, offset: int, data, digest: int) -> None:
+        """Copies one chunk in at ``offset`` and verifies it (the gRPC path)."""
+        self.check_segment(offset, len(data))
+        self.buffer[offset : offset + len(data)] = data
+        self.accept(len(data), digest)
+
+    def accept(self, length: int, digest: int) -> None:
+        """Verifies the ``length`` bytes just written at the end of the received data."""
+        offset = self.received
+        if checksum(memoryview(self.buffer)[offset : offset + length]) != digest:
+            raise PushRejected(
+                grpc.StatusCode.DATA_LOSS, f"checksum mismatch in the chunk at offset {offset}"
+            )
+        self.segments.append((offset, length, digest))
+        self.received += length
+
+    def check_segment(self, offset: int, length: int) -> None:
+        if offset != self.received:
+            raise PushRejected(
+                _BAD,
+                f"out-of-order or duplicate chunk: part {self.header.part} offset {offset}, "
+                f"expected offset {self.received}",
+            )
+        if length <= 0 or offset + length > self.header.nbytes:
+            raise PushRejected(
+                _BAD, f"chunk at offset {offset} overruns the part's {self.header.nbytes} bytes"
+            )
+
+    @property
+    def complete(self) -> bool:
+        return self.received == self.header.nbytes
 
 
 @dataclasses.dataclass
-class _Version:
-    number: int
-    num_parts: int
-    parts: dict[int, _Part]
+class Served:
+    """A committed version as pullers see it: one buffer of whole tensors."""
 
-    @property
-    def nbytes(self) -> int:
-        return sum(p.header.nbytes for p in self.parts.values())
+    number: int
+    header: pb.PartHeader  # part 0 of 1
+    buffer: bytearray
+    segments: list[tuple[int, int, int]]
+    owned: list[bytearray]  # buffers to recycle once superseded and unread
+    readers: int = 0
+    superseded: bool = False
 
 
 def _layout(header: pb.PartHeader) -> tuple:
     return tuple(
         (header.part, t.name, t.dtype, tuple(t.shape), tuple(t.slice_start), tuple(t.slice_shape),
-         t.offset, t.nbytes)
+         t.offset, t.nbytes, t.index)
         for t in header.tensors
     )  # fmt: skip
+
+
+def _is_whole(header: pb.PartHeader) -> bool:
+    return header.num_parts == 1 and all(
+        not t.slice_shape or (tuple(t.slice_shape) == tuple(t.shape) and not any(t.slice_start))
+        for t in header.tensors
+    )
+
+
+class _Pool:
+    """Spare buffers, so a new version lands in warm memory.
+
+    Holds at most twice the largest buffer ever asked for: enough for the next
+    version of a single-part model, or the parts plus the assembled buffer of a
+    multi-host one.
+    """
+
+    def __init__(self):
+        self._free: collections.deque[bytearray] = collections.deque()
+        self._largest = 0
+
+    def get(self, nbytes: int) -> bytearray:
+        self._largest = max(self._largest, nbytes)
+        for buf in self._free:
+            if len(buf) == nbytes:
+                self._free.remove(buf)
+                return buf
+        return bytearray(nbytes)
+
+    def put(self, buf: bytearray) -> None:
+        self._free.append(buf)
+        while sum(len(b) for b in self._free) > 2 * self._largest:
+            self._free.popleft()
 
 
 class WeightStore:
     """State and logic of the WeightStore service (the gRPC glue is in server.py)."""
 
-    def __init__(self, *, max_version_bytes: int):
+    def __init__(self, *, max_version_bytes: int, chunk_bytes: int = 4 << 20,
+                 max_staged_bytes: int | None = None):  # fmt: skip
         self.max_version_bytes = max_version_bytes
+        self.max_staged_bytes = max_staged_bytes or 2 * max_version_bytes
+        self.chunk_bytes = chunk_bytes
         self._lock = threading.Condition()
-        self._committed: _Version | None = None
-        self._pending: dict[int, _Version] = {}
+        self._served: Served | None = None
+        self._pending: dict[int, dict[int, _Part]] = {}  # complete parts of uncommitted versions
+        self._num_parts: dict[int, int] = {}
+        self._staged_bytes = 0  # buffers held by parts not yet committed
         self._layouts: dict[int, tuple] = {}  # part -> layout, fixed by the first commit
         self._push_ids: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._pool = _Pool()
         self.rejected = 0
         self.committed_at = 0.0
 
@@ -88,20 +164,39 @@ class WeightStore:
     @property
     def version(self) -> int:
         with self._lock:
-            return self._committed.number if self._committed else -1
+            return self._served.number if self._served else -1
 
     @property
     def version_bytes(self) -> int:
         with self._lock:
-            return self._committed.nbytes if self._committed else 0
+            return len(self._served.buffer) if self._served else 0
 
-    def messages_for(self, have_version: int) -> list[bytes]:
-        """Every wire message of the newest version, or [] if the caller has it."""
+    def open_pull(self, have_version: int) -> Served | None:
+        """The newest version, held for reading until :meth:`close_pull`; None if current."""
         with self._lock:
-            v = self._committed
-            if v is None or v.number == have_version:
-                return []
-            return [m for i in sorted(v.parts) for m in v.parts[i].messages]
+            s = self._served
+            if s is None or s.number == have_version:
+                return None
+            s.readers += 1
+            return s
+
+    def close_pull(self, served: Served) -> None:
+        with self._lock:
+            served.readers -= 1
+            self._recycle(served)
+
+    def messages_for(self, have_version: int):
+        """The wire messages of the newest version (none if the caller has it), for gRPC Pull."""
+        served = self.open_pull(have_version)
+        if served is None:
+            return
+        try:
+            yield pb.WeightChunk(header=served.header, part=0).SerializeToString()
+            view = memoryview(served.buffer)
+            for offset, length, digest in served.segments:
+                yield encode_chunk(0, offset, view[offset : offset + length], digest)
+        finally:
+            self.close_pull(served)
 
     def wait_for(self, after_version: int, timeout_s: float) -> int:
         deadline = time.monotonic() + max(0.0, min(timeout_s, 3600.0))
@@ -112,21 +207,20 @@ class WeightStore:
                     break
             return self.version
 
-    # -- writing ------------------------------------------------------------
+    # -- writing: validation and staging ------------------------------------
 
     def _check_header(self, h: pb.PartHeader) -> None:
-        bad = grpc.StatusCode.INVALID_ARGUMENT
         if h.version <= self.version:
             raise PushRejected(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"version {h.version} is not newer than the served version {self.version}",
             )
         if not 0 <= h.part < h.num_parts <= 4096:
-            raise PushRejected(bad, f"part {h.part} of {h.num_parts} is out of range")
-        pending = self._pending.get(h.version)
-        if pending and pending.num_parts != h.num_parts:
+            raise PushRejected(_BAD, f"part {h.part} of {h.num_parts} is out of range")
+        known_parts = self._num_parts.get(h.version)
+        if known_parts is not None and known_parts != h.num_parts:
             raise PushRejected(
-                bad, f"version {h.version}: num_parts {h.num_parts} != {pending.num_parts}"
+                _BAD, f"version {h.version}: num_parts {h.num_parts} != {known_parts}"
             )
         if not 0 < h.nbytes <= self.max_version_bytes:
             raise PushRejected(
@@ -137,107 +231,230 @@ class WeightStore:
         for t in h.tensors:
             itemsize = _DTYPES.get(t.dtype)
             if itemsize is None:
-                raise PushRejected(bad, f"tensor {t.name!r}: unknown dtype {t.dtype!r}")
+                raise PushRejected(_BAD, f"tensor {t.name!r}: unknown dtype {t.dtype!r}")
             shard = tuple(t.slice_shape) or tuple(t.shape)
-            if len(shard) != len(t.shape) or any(
-                s < 0 or st < 0 or st + s > d
-                for s, st, d in zip(shard, tuple(t.slice_start) or (0,) * len(shard), t.shape)
+            start = tuple(t.slice_start) or (0,) * len(shard)
+            if (
+                len(shard) != len(t.shape)
+                or len(start) != len(shard)
+                or any(s < 0 or st < 0 or st + s > d for s, st, d in zip(shard, start, t.shape))
             ):
-                raise PushRejected(bad, f"tensor {t.name!r}: slice {list(t.slice_start)}+{list(shard)} "
-                                        f"outside shape {list(t.shape)}")  # fmt: skip
+                raise PushRejected(_BAD, f"tensor {t.name!r}: slice {list(t.slice_start)}+{list(shard)} "
+                                         f"outside shape {list(t.shape)}")  # fmt: skip
             if t.offset != offset or t.nbytes != int(np.prod(shard, dtype=np.int64)) * itemsize:
-                raise PushRejected(bad, f"tensor {t.name!r}: offset/size {t.offset}/{t.nbytes} "
-                                        f"do not match its shape and position")  # fmt: skip
+                raise PushRejected(_BAD, f"tensor {t.name!r}: offset/size {t.offset}/{t.nbytes} "
+                                         f"do not match its shape and position")  # fmt: skip
             offset += t.nbytes
         if offset != h.nbytes:
-            raise PushRejected(bad, f"tensors add up to {offset} bytes, header says {h.nbytes}")
+            raise PushRejected(_BAD, f"tensors add up to {offset} bytes, header says {h.nbytes}")
         known = self._layouts.get(h.part)
         if known is not None and known != _layout(h):
             ours = {t[1]: t for t in known}
             diff = next((t for t in _layout(h) if ours.get(t[1]) != t), None)
             what = f"tensor {diff[1]!r}" if diff else "the tensor list"
-            raise PushRejected(bad, f"{what} does not match the model's layout (unknown tensor, "
-                                    "shape, dtype or position)")  # fmt: skip
+            raise PushRejected(_BAD, f"{what} does not match the model's layout (unknown tensor, "
+                                     "shape, dtype or position)")  # fmt: skip
+
+    def begin(self, header: pb.PartHeader) -> _Part | pb.PushReply:
+        """Validates a part's header and gives it a buffer; a PushReply if it is a duplicate."""
+        with self._lock:
+            if header.push_id and header.push_id in self._push_ids:
+                return pb.PushReply(version=self._push_ids[header.push_id], duplicate=True)
+            self._check_header(header)
+            if self._staged_bytes + header.nbytes > self.max_staged_bytes:
+                raise PushRejected(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{self._staged_bytes} bytes already staged; no room for {header.nbytes}",
+                )
+            self._staged_bytes += header.nbytes
+            return _Part(header, self._pool.get(header.nbytes))
+
+    def note_rejected(self) -> None:
+        with self._lock:
+            self.rejected += 1
+
+    def abandon(self, part: _Part, *, rejected: bool = True) -> None:
+        """Releases a part that will never be committed (a failed or cut-off push)."""
+        with self._lock:
+            self._staged_bytes -= part.header.nbytes
+            self._pool.put(part.buffer)
+            if rejected:
+                self.rejected += 1
 
     def push(self, messages) -> pb.PushReply:
-        """Consumes one Push stream of raw WeightChunk messages; commits or raises PushRejected."""
+        """Consumes one gRPC Push stream of raw WeightChunk messages; commits or raises."""
+        part: _Part | None = None
+        done: list[_Part] = []
         try:
-            return self._push(messages)
-        except PushRejected:
-            with self._lock:
-                self.rejected += 1
+            for raw in messages:
+                try:
+                    decoded = decode_chunk(raw)
+                    chunk = pb.WeightChunk.FromString(raw) if decoded is None else None
+                except (DecodeError, ValueError):  # garbage bytes
+                    raise PushRejected(_BAD, "undecodable weight chunk") from None
+                if chunk is not None:
+                    if part is not None:
+                        raise PushRejected(_BAD, f"part {part.header.part} ended after "
+                                                 f"{part.received} of {part.header.nbytes} bytes")  # fmt: skip
+                    if chunk.data:
+                        raise PushRejected(_BAD, "a header message carries no data")
+                    started = self.begin(chunk.header)
+                    if isinstance(started, pb.PushReply):
+                        for p in done:
+                            self.abandon(p, rejected=False)
+                        return started
+                    part = started
+                    continue
+                index, offset, data, digest = decoded
+                if part is None:
+                    raise PushRejected(_BAD, "data chunk before any header")
+                if index != part.header.part:
+                    raise PushRejected(
+                        _BAD, f"chunk of part {index} inside part {part.header.part}"
+                    )
+                part.write(offset, data, digest)
+                if part.complete:
+                    done.append(part)
+                    part = None
+            if part is not None or not done:
+                raise PushRejected(_BAD, "push ended before its part was complete")
+            return self.commit(done)
+        except BaseException as err:
+            rejected = isinstance(err, PushRejected)
+            for p in [*done, *([part] if part else [])]:
+                self.abandon(p, rejected=False)
+            if rejected:
+                self.note_rejected()
             raise
 
-    def _push(self, messages) -> pb.PushReply:
-        bad = grpc.StatusCode.INVALID_ARGUMENT
-        part: _Part | None = None
-        received = 0
-        done: list[_Part] = []
-        checks: list = []
-        for raw in messages:
-            try:
-                chunk = pb.WeightChunk.FromString(raw)
-            except DecodeError:
-                raise PushRejected(bad, "undecodable weight chunk") from None
-            if chunk.HasField("header"):
-                if part is not None:
-                    raise PushRejected(bad, f"part {part.header.part} ended after {received} of "
-                                            f"{part.header.nbytes} bytes")  # fmt: skip
-                with self._lock:
-                    if chunk.header.push_id and chunk.header.push_id in self._push_ids:
-                        return pb.PushReply(
-                            version=self._push_ids[chunk.header.push_id], duplicate=True
-                        )
-                    self._check_header(chunk.header)
-                part, received = _Part(chunk.header, []), 0
-                if chunk.data:
-                    raise PushRejected(bad, "a header message carries no data")
-                part.messages.append(raw)
-                continue
-            if part is None:
-                raise PushRejected(bad, "data chunk before any header")
-            if chunk.part != part.header.part or chunk.offset != received:
-                raise PushRejected(
-                    bad,
-                    f"out-of-order or duplicate chunk: part {chunk.part} offset {chunk.offset}, "
-                    f"expected part {part.header.part} offset {received}",
-                )
-            if not chunk.data or received + len(chunk.data) > part.header.nbytes:
-                raise PushRejected(bad, f"chunk at offset {chunk.offset} overruns the part's "
-                                        f"{part.header.nbytes} bytes")  # fmt: skip
-            # Checked on another thread (zlib releases the GIL) while the next chunk arrives.
-            checks.append((chunk.offset, chunk.crc32, _CRC_POOL.submit(zlib.crc32, chunk.data)))
-            received += len(chunk.data)
-            part.messages.append(raw)
-            if received == part.header.nbytes:
-                _verify(checks)
-                checks = []
-                done.append(part)
-                part = None
-        if part is not None or not done:
-            raise PushRejected(bad, "push ended before its part was complete")
-        return self._store(done)
+    # -- writing: commit ----------------------------------------------------
 
-    def _store(self, parts: list[_Part]) -> pb.PushReply:
+    def commit(self, parts: list[_Part]) -> pb.PushReply:
+        """Adds complete parts to their version; commits it when every part is there.
+
+        The caller still owns ``parts`` if this raises (and must :meth:`abandon` them).
+        """
         with self._lock:
             number = parts[0].header.version
             for p in parts:
                 if p.header.version != number:
-                    raise PushRejected(grpc.StatusCode.INVALID_ARGUMENT, "one push, one version")
+                    raise PushRejected(_BAD, "one push, one version")
                 self._check_header(p.header)  # still newer than what was committed meanwhile
-            v = self._pending.setdefault(number, _Version(number, parts[0].header.num_parts, {}))
+            pending = self._pending.setdefault(number, {})
+            self._num_parts.setdefault(number, parts[0].header.num_parts)
             for p in parts:
-                v.parts[p.header.part] = p
-                if p.header.push_id:
-                    self._push_ids[p.header.push_id] = number
-                    while len(self._push_ids) > 4096:
-                        self._push_ids.popitem(last=False)
-            committed = len(v.parts) == v.num_parts
-            if committed:
-                self._committed = v
-                self._pending = {k: pv for k, pv in self._pending.items() if k > number}
-                for i, p in v.parts.items():
-                    self._layouts.setdefault(i, _layout(p.header))
-                self.committed_at = time.time()
-                self._lock.notify_all()
-            return pb.PushReply(version=number, committed=committed)
+                if p.header.part in pending:
+                    raise PushRejected(_BAD, f"version {number}: part {p.header.part} pushed twice")
+            num_parts = self._num_parts[number]
+            if len(pending) + len(parts) < num_parts:
+                for p in parts:
+                    pending[p.header.part] = p
+                    self._remember(p)
+                return pb.PushReply(version=number, committed=False)
+            every = {**pending, **{p.header.part: p for p in parts}}
+            served = self._serve(number, every)  # raises before any state changes
+            for p in parts:
+                self._remember(p)
+            self._install(served, every)
+            return pb.PushReply(version=number, committed=True)
+
+    def _remember(self, p: _Part) -> None:
+        if p.header.push_id:
+            self._push_ids[p.header.push_id] = p.header.version
+            while len(self._push_ids) > 4096:
+                self._push_ids.popitem(last=False)
+
+    def _serve(self, number: int, parts: dict[int, _Part]) -> Served:
+        if len(parts) == 1 and _is_whole(parts[0].header):
+            p = parts[0]
+            return Served(number, p.header, p.buffer, list(p.segments), [p.buffer])
+        header, buffer = self._assemble(number, parts)
+        view = memoryview(buffer)
+        segments = [
+            (o, min(self.chunk_bytes, len(buffer) - o),
+             checksum(view[o : o + self.chunk_bytes]))
+            for o in range(0, len(buffer), self.chunk_bytes)
+        ]  # fmt: skip
+        for p in parts.values():  # assembled: the parts' own buffers are free now
+            self._pool.put(p.buffer)
+        return Served(number, header, buffer, segments, [buffer])
+
+    def _assemble(self, number: int, parts: dict[int, _Part]) -> tuple[pb.PartHeader, bytearray]:
+        """Whole tensors, in the model's order (``index``), from the parts' shards."""
+        tensors: dict[str, list] = {}
+        for i in sorted(parts):
+            for t in parts[i].header.tensors:
+                entry = tensors.setdefault(t.name, [t.index, t.dtype, tuple(t.shape), []])
+                if (entry[0], entry[1], entry[2]) != (t.index, t.dtype, tuple(t.shape)):
+                    raise PushRejected(_BAD, f"version {number}: parts disagree on tensor "
+                                             f"{t.name!r} (index, dtype or shape)")  # fmt: skip
+                entry[3].append((parts[i], t))
+        header = pb.PartHeader(version=number, part=0, num_parts=1)
+        offset = 0
+        for name in sorted(tensors, key=lambda n: tensors[n][0]):
+            index, dtype, shape, shards = tensors[name]
+            _check_tiling(name, shape, [(tuple(t.slice_start) or (0,) * len(shape),
+                                         tuple(t.slice_shape) or shape) for _, t in shards])  # fmt: skip
+            nbytes = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype]
+            header.tensors.add(name=name, dtype=dtype, shape=shape, offset=offset, nbytes=nbytes,
+                               index=index)  # fmt: skip
+            offset += nbytes
+        header.nbytes = offset
+        buffer = self._pool.get(offset)
+        for t_whole in header.tensors:
+            unit = np.dtype(f"u{_DTYPES[t_whole.dtype]}")  # bytes are moved, never interpreted
+            shape = tuple(t_whole.shape)
+            whole = np.frombuffer(buffer, unit, int(np.prod(shape)), t_whole.offset).reshape(shape)
+            for part, t in tensors[t_whole.name][3]:
+                sshape = tuple(t.slice_shape) or shape
+                start = tuple(t.slice_start) or (0,) * len(shape)
+                shard = np.frombuffer(part.buffer, unit, int(np.prod(sshape)), t.offset)
+                whole[tuple(slice(a, a + n) for a, n in zip(start, sshape))] = shard.reshape(sshape)
+        return header, buffer
+
+    def _install(self, served: Served, parts: dict[int, _Part]) -> None:
+        number = served.number
+        for i, p in parts.items():
+            self._layouts.setdefault(i, _layout(p.header))
+        self._staged_bytes -= sum(p.header.nbytes for p in parts.values())
+        # Older pending versions can never commit now: release their parts.
+        for v in [v for v in self._pending if v <= number]:
+            for i, p in self._pending.pop(v).items():
+                if v != number:
+                    self._staged_bytes -= p.header.nbytes
+                    self._pool.put(p.buffer)
+            self._num_parts.pop(v, None)
+        self._num_parts.pop(number, None)
+        previous, self._served = self._served, served
+        if previous is not None:
+            previous.superseded = True
+            self._recycle(previous)
+        self.committed_at = time.time()
+        self._lock.notify_all()
+
+    def _recycle(self, served: Served) -> None:
+        if served.superseded and served.readers == 0 and served.owned:
+            for buf in served.owned:
+                self._pool.put(buf)
+            served.owned = []
+
+
+def _check_tiling(name: str, shape: tuple, shards: list[tuple[tuple, tuple]]) -> None:
+    """Raises unless the shards tile ``shape`` exactly, as a grid (what mesh shardings make)."""
+    cuts = []
+    for d, size in enumerate(shape):
+        spans = sorted({(start[d], sshape[d]) for start, sshape in shards})
+        position = 0
+        for a, n in spans:
+            if a != position or n <= 0:
+                raise PushRejected(_BAD, f"tensor {name!r}: shards do not tile dimension {d} "
+                                         f"of shape {list(shape)}")  # fmt: skip
+            position = a + n
+        if position != size:
+            raise PushRejected(_BAD, f"tensor {name!r}: shards cover {position} of {size} "
+                                     f"in dimension {d}")  # fmt: skip
+        cuts.append(len(spans))
+    starts = {start for start, _ in shards}
+    if len(starts) != len(shards) or len(shards) != int(np.prod(cuts, dtype=np.int64)):
+        raise PushRejected(_BAD, f"tensor {name!r}: {len(shards)} shards do not form a grid "
+                                 "(overlapping or missing shards)")  # fmt: skip

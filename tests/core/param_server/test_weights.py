@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import zlib
 
 import grpc
 import ml_dtypes
 import numpy as np
 import pytest
+import xxhash
 
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.client import ParamServerClient, decode_chunk, encode_chunk
@@ -43,10 +43,10 @@ def test_chunk_codec_matches_protobuf():
     data = memoryview(bytes(range(200)) * 3)
     raw = encode_chunk(2, 123456789, data)
     msg = pb.WeightChunk.FromString(raw)
-    crc = zlib.crc32(bytes(data))
-    assert (msg.part, msg.offset, msg.data, msg.crc32) == (2, 123456789, bytes(data), crc)
-    part, offset, view, got_crc = decode_chunk(msg.SerializeToString())
-    assert (part, offset, bytes(view), got_crc) == (2, 123456789, bytes(data), crc)
+    digest = xxhash.xxh3_64_intdigest(bytes(data))
+    assert (msg.part, msg.offset, msg.data, msg.checksum) == (2, 123456789, bytes(data), digest)
+    part, offset, view, got = decode_chunk(msg.SerializeToString())
+    assert (part, offset, bytes(view), got) == (2, 123456789, bytes(data), digest)
     assert decode_chunk(pb.WeightChunk(header=pb.PartHeader(version=1)).SerializeToString()) is None
 
 
@@ -102,9 +102,9 @@ def _state(client, plan):
     return stat.version, stat.version_bytes, pulled_tree(client, plan)[1]
 
 
-def _flip_crc(raw):
+def _flip_checksum(raw):
     msg = pb.WeightChunk.FromString(raw)
-    msg.crc32 ^= 1
+    msg.checksum ^= 1
     return msg.SerializeToString()
 
 
@@ -123,7 +123,7 @@ BAD_PUSHES = {
                     grpc.StatusCode.INVALID_ARGUMENT),
     "wrong size": (lambda m, c, p: _tamper_header(m, lambda h: setattr(h, "nbytes", h.nbytes + 4)),
                    grpc.StatusCode.INVALID_ARGUMENT),
-    "bad checksum": (lambda m, c, p: [m[0], _flip_crc(m[1]), *m[2:]], grpc.StatusCode.DATA_LOSS),
+    "bad checksum": (lambda m, c, p: [m[0], _flip_checksum(m[1]), *m[2:]], grpc.StatusCode.DATA_LOSS),
     "corrupted data": (lambda m, c, p: [m[0], m[1][:40] + bytes([m[1][40] ^ 1]) + m[1][41:], *m[2:]],
                        grpc.StatusCode.DATA_LOSS),
     "version regression": (lambda m, c, p: _tamper_header(m, lambda h: setattr(h, "version", 0)),

@@ -1,0 +1,243 @@
+"""The bulk lane, multi-part (multi-host) pushes assembled into whole tensors, and buffer reuse."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import struct
+import time
+
+import grpc
+import numpy as np
+import pytest
+import xxhash
+
+from rlax.core.param_server import rlax_pb2 as pb
+from rlax.core.param_server import transfer
+from rlax.core.param_server.client import ParamServerClient
+from rlax.core.param_server.settings import ServerSettings
+from rlax.core.weight_sync import WirePlan, chunks
+
+from ..conftest import TOKEN
+
+rng = np.random.default_rng(1)
+TREE = {"a": rng.standard_normal((300, 70)).astype(np.float32), "b": np.arange(5, dtype=np.float32)}
+
+
+def _client(running, **changes):
+    return ParamServerClient(dataclasses.replace(running.settings, **changes), retry_s=0)
+
+
+def _pull(client, plan, have=-1):
+    version, tensors, buf = client.pull(have)
+    plan.check_layout(tensors)
+    return version, plan.unpack(bytes(buf))
+
+
+@pytest.mark.parametrize("bulk_lane", [True, False])
+def test_round_trip_on_either_path_is_bit_identical(make_ps, bulk_lane):
+    settings = ServerSettings(
+        address="127.0.0.1:0", token=TOKEN, max_message_mb=8, chunk_mb=1, bulk_lane=bulk_lane
+    )
+    running = make_ps(settings=settings)
+    assert (running.server.bulk is not None) == bulk_lane
+    client = running.client
+    plan = WirePlan.for_tree(TREE)
+    assert client.push(plan, TREE, 0).committed
+    assert client.bulk == bulk_lane  # a server without the lane switches the client to gRPC
+    version, back = _pull(client, plan)
+    assert version == 0
+    for k, value in TREE.items():
+        np.testing.assert_array_equal(np.asarray(back[k]), value)
+    assert client.pull(0) is None
+
+
+def test_a_bulk_push_and_a_grpc_pull_see_the_same_bytes(ps):
+    plan = WirePlan.for_tree(TREE)
+    ps.client.push(plan, TREE, 0)
+    grpc_client = _client(ps, bulk_lane=False)
+    via_grpc = grpc_client._pull_grpc(-1)[2]
+    assert bytes(via_grpc) == bytes(ps.client.pull(-1)[2]) == plan.pack(TREE).tobytes()
+    grpc_client.close()
+
+
+def _frames(plan, tree, *, chunk=1 << 20):
+    return [(o, bytes(v)) for o, v in chunks(plan.pack(tree), chunk)]
+
+
+def _raw_bulk_push(running, header, frames, *, tamper=lambda f: f, hang_up=False):
+    """Stage over gRPC, then send hand-made frames; returns the reply frame (status, payload)."""
+    ticket = running.client._call("Stage", header, timeout=10)
+    with socket.create_connection(("127.0.0.1", ticket.port), timeout=10) as sock:
+        sock.sendall(transfer.MAGIC + ticket.ticket)
+        for offset, data in frames:
+            frame = struct.pack("<QQ", len(data), xxhash.xxh3_64_intdigest(data)) + data
+            sock.sendall(tamper((offset, frame))[1])
+        if hang_up:
+            return None
+        try:
+            status, n = struct.unpack("<BI", sock.recv(5, socket.MSG_WAITALL))
+        except struct.error:
+            return None  # the server closed the connection
+        return status, sock.recv(n, socket.MSG_WAITALL)
+
+
+def _flip_byte(index):
+    def tamper(item):
+        offset, frame = item
+        if offset == 0:
+            frame = frame[:index] + bytes([frame[index] ^ 1]) + frame[index + 1 :]
+        return offset, frame
+
+    return tamper
+
+
+@pytest.mark.parametrize(
+    "case, tamper, code",
+    [
+        ("corrupted data", _flip_byte(16 + 40), grpc.StatusCode.DATA_LOSS),
+        ("wrong checksum", _flip_byte(8), grpc.StatusCode.DATA_LOSS),
+        ("frame overruns the part", lambda f: (f[0], struct.pack("<QQ", 1 << 40, 0)),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        ("empty frame", lambda f: (f[0], struct.pack("<QQ", 0, 0)), grpc.StatusCode.INVALID_ARGUMENT),
+    ],
+)  # fmt: skip
+def test_bad_bulk_frames_are_refused_and_change_nothing(ps, case, tamper, code):
+    plan = WirePlan.for_tree(TREE)
+    ps.client.push(plan, TREE, 0)
+    header = ps.client.header(plan, 1)
+    reply = _raw_bulk_push(ps, header, _frames(plan, {k: v + 1 for k, v in TREE.items()}, chunk=4096),
+                           tamper=tamper)  # fmt: skip
+    assert reply is not None and reply[0] == code.value[0], (case, reply)
+    assert ps.client.stat().version == 0 and ps.client.stat().pushes_rejected == 1
+    np.testing.assert_array_equal(_pull(ps.client, plan)[1]["a"], TREE["a"])
+    assert ps.server.weights._staged_bytes == 0
+
+
+def test_a_push_cut_off_mid_stream_leaves_the_previous_version(ps):
+    plan = WirePlan.for_tree(TREE)
+    ps.client.push(plan, TREE, 0)
+    frames = _frames(plan, {k: v + 1 for k, v in TREE.items()}, chunk=4096)
+    assert _raw_bulk_push(ps, ps.client.header(plan, 1), frames[:3], hang_up=True) is None
+    deadline = time.monotonic() + 5
+    while ps.server.weights._staged_bytes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ps.server.weights._staged_bytes == 0
+    assert ps.client.stat().version == 0
+    np.testing.assert_array_equal(_pull(ps.client, plan)[1]["a"], TREE["a"])
+    assert ps.client.push(plan, TREE, 1).committed  # and the next push goes through
+
+
+def test_tickets_are_one_use_and_strangers_are_turned_away(ps):
+    plan = WirePlan.for_tree(TREE)
+    header = ps.client.header(plan, 0)
+    ticket = ps.client._call("Stage", header, timeout=10)
+    frames = _frames(plan, TREE)
+    for hello in (b"XXXX" + ticket.ticket, transfer.MAGIC + bytes(16)):
+        with socket.create_connection(("127.0.0.1", ticket.port), timeout=10) as sock:
+            sock.sendall(hello)
+            assert sock.recv(1) == b""  # closed without a word
+    assert ps.client.stat().version == -1
+    # The bad-magic attempt spent the real ticket: the part was released, nothing committed.
+    assert ps.server.weights._staged_bytes == 0
+    with pytest.raises(grpc.RpcError) as err:
+        ps.client._calls["Stage"](header, metadata=(("authorization", "Bearer wrong"),))
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert _raw_bulk_push(ps, ps.client.header(plan, 0), frames)[0] == 0
+
+
+def test_an_unclaimed_ticket_expires_and_releases_its_buffer(ps):
+    plan = WirePlan.for_tree(TREE)
+    assert ps.server.bulk is not None
+    part = ps.server.weights.begin(ps.client.header(plan, 0))
+    ps.server.bulk.issue(lambda conn: None, lambda: ps.server.weights.abandon(part, rejected=False),
+                         ttl_s=0.0)  # fmt: skip
+    assert ps.server.weights._staged_bytes == plan.nbytes
+    ps.server.bulk._expire()
+    assert ps.server.weights._staged_bytes == 0
+
+
+def test_a_pull_in_progress_keeps_its_version_while_newer_ones_commit(ps):
+    plan = WirePlan.for_tree(TREE)
+    ps.client.push(plan, TREE, 0)
+    ticket = ps.client._call("OpenPull", pb.PullRequest(have_version=-1), timeout=10)
+    for v in (1, 2, 3):  # recycled buffers must never be the one being read
+        ps.client.push(plan, {k: x + v for k, x in TREE.items()}, v)
+    buf = bytearray(ticket.header.nbytes)
+    transfer.receive_into("127.0.0.1", ticket.port, ticket.ticket, buf,
+                          [(s.offset, s.length, s.checksum) for s in ticket.segments])  # fmt: skip
+    assert ticket.header.version == 0 and bytes(buf) == plan.pack(TREE).tobytes()
+    version, back = _pull(ps.client, plan)
+    assert version == 3
+    np.testing.assert_array_equal(np.asarray(back["a"]), TREE["a"] + 3)
+
+
+# -- multi-part pushes: each trainer host pushes its own shards ---------------
+
+W = rng.standard_normal((6, 8)).astype(np.float32)  # rows split across the two hosts
+V = rng.standard_normal((4, 10)).astype(np.float32)  # a 2 x 2 grid of shards
+R = rng.standard_normal(3).astype(np.float32)  # replicated: host 0 pushes it
+
+
+def _part(version, part, shards, num_parts=2):
+    """A part's header and bytes: shards = [(name, index, whole, start, stop)]."""
+    header = pb.PartHeader(
+        version=version, part=part, num_parts=num_parts, push_id=f"{version}-{part}"
+    )
+    pieces, offset = [], 0
+    for name, index, whole, start, stop in shards:
+        block = np.ascontiguousarray(whole[tuple(slice(a, b) for a, b in zip(start, stop))])
+        header.tensors.add(name=name, dtype="float32", shape=whole.shape, slice_start=start,
+                           slice_shape=block.shape, offset=offset, nbytes=block.nbytes, index=index)  # fmt: skip
+        pieces.append((offset, memoryview(block.tobytes())))
+        offset += block.nbytes
+    header.nbytes = offset
+    return header, pieces
+
+
+def _host(i, version=0):
+    rows = (0, 3) if i == 0 else (3, 6)
+    shards = [("w", 1, W, (rows[0], 0), (rows[1], 8))]
+    shards += [("v", 2, V, (i * 2, 0), (i * 2 + 2, 5)), ("v", 2, V, (i * 2, 5), (i * 2 + 2, 10))]
+    if i == 0:
+        shards.insert(0, ("r", 0, R, (0,), (3,)))
+    return _part(version, i, shards)
+
+
+@pytest.mark.parametrize("bulk_lane", [True, False])
+def test_two_hosts_push_shards_and_workers_pull_whole_tensors(ps, bulk_lane):
+    client = _client(ps, bulk_lane=bulk_lane)
+    first = client.push_part(*_host(1))
+    assert not first.committed and client.stat().version == -1  # waits for host 0
+    assert client.push_part(*_host(0)).committed
+    version, tensors, buf = client.pull(-1)
+    assert version == 0 and [t["name"] for t in tensors] == ["r", "w", "v"]
+    tree = {"r": R, "w": W, "v": V}
+    plan = WirePlan.for_tree({"0": R, "1": W, "2": V})
+    assert [t["nbytes"] for t in tensors] == [t.nbytes for t in plan.tensors]
+    assert bytes(buf) == b"".join(tree[k].tobytes() for k in ("r", "w", "v"))
+    assert client.push_part(*_host(0)).duplicate  # a retried part changes nothing
+    client.close()
+
+
+def _bad_tiling(kind):
+    header, pieces = _host(1)
+    t = header.tensors[0]  # "w", rows 3..6
+    if kind == "overlap":
+        t.slice_start[0] = 2  # rows 2..5 overlap host 0's 0..3; row 5 is missing
+    elif kind == "shape disagrees":
+        t.shape[1] = 9
+        t.slice_shape[1] = 8
+    return header, pieces
+
+
+@pytest.mark.parametrize("kind", ["overlap", "shape disagrees"])
+def test_shards_that_do_not_tile_their_tensor_are_refused(ps, kind):
+    ps.client.push_part(*_host(0))
+    with pytest.raises(grpc.RpcError) as err:
+        ps.client.push_part(*_bad_tiling(kind))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'w'" in err.value.details()
+    assert ps.client.stat().version == -1
+    assert ps.client.push_part(*_host(1)).committed  # the good part still completes the version
+    assert ps.client.pull(-1)[0] == 0
