@@ -1,11 +1,17 @@
 """The JAX sampler: jitted prefill + decode against a KV cache.
 
-Prompts are left-padded to a bucketed length and the batch to a bucketed row
-count, so steady-state sampling never recompiles. Decoding runs inside one
-``lax.while_loop`` that stops as soon as every row has produced a stop token.
-Each generated token comes with its log-probability under the sampling
-distribution (softmax of logits / temperature), which the trainer compares
-with its own recomputation.
+One compiled program per (row bucket, prompt bucket) does the whole job: a
+prefill of the left-padded prompts writes the KV cache, then a
+``lax.while_loop`` decodes one token per step against it and stops as soon as
+every row has produced a stop token (or the budget is spent). Prompts are
+left-padded to a multiple of ``prompt_bucket`` and the batch to a power of two
+rows, so steady-state sampling never recompiles (``compiles`` counts the
+programs built). Groups are batched: each prompt is repeated ``n`` times.
+
+Token choice (temperature, top-k, top-p) is :mod:`.sampling`; each generated
+token comes with its log-probability under softmax(logits / temperature), the
+distribution the trainer recomputes, so the two agree and the trainer reports
+what mismatch remains.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from rlax.core import hookimpl
 from rlax.core.models.tokenizer import PAD
 from rlax.core.models.transformer import Transformer, init_cache, positions_from_mask
 from rlax.core.types import Completion, Prompt
+from rlax.plugins.samplers.sampling import sample_token
 
 
 def _bucket(n: int, multiple: int) -> int:
@@ -42,27 +49,20 @@ def _generate(
     temperature: jax.Array,  # scalar
     *,
     max_new_tokens: int,
-    stop_id: int,
+    stop_ids: tuple[int, ...],
     top_k: int,
+    top_p: float = 1.0,
 ) -> tuple[jax.Array, jax.Array]:
     """Returns generated tokens [B, C] (PAD after the stop token) and their logprobs [B, C]."""
     model: Transformer = nnx.merge(graphdef, state)
     b, p = tokens.shape
     s = p + max_new_tokens
     slots = jnp.arange(s)
+    stops = jnp.asarray(stop_ids, jnp.int32)
     key_valid = jnp.zeros((b, s), bool).at[:, :p].set(mask)
     prefill_mask = (slots[None, :] <= jnp.arange(p)[:, None])[None] & key_valid[:, None, :]
     positions = positions_from_mask(mask)
     logits, cache = model(tokens, positions, prefill_mask, init_cache(model.cfg, b, s), 0)
-
-    def pick(logits, key):
-        scaled = logits / temperature
-        if top_k:
-            kth = jax.lax.top_k(scaled, top_k)[0][:, -1:]
-            scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
-        tok = jax.random.categorical(key, scaled, axis=-1)
-        logp = jax.nn.log_softmax(logits / temperature, axis=-1)
-        return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
 
     def cond(carry):
         i, done = carry[0], carry[1]
@@ -71,14 +71,15 @@ def _generate(
     def body(carry):
         i, done, last_logits, pos, cache, key_valid, out_tok, out_logp, key = carry
         key, sub = jax.random.split(key)
-        tok, logp = pick(last_logits, sub)
+        tok, logp = sample_token(last_logits, sub, temperature, top_k=top_k, top_p=top_p)
         tok = jnp.where(done, PAD, tok)
         out_tok = out_tok.at[:, i].set(tok)
         out_logp = out_logp.at[:, i].set(jnp.where(done, 0.0, logp))
         key_valid = key_valid.at[:, p + i].set(~done)
         step_mask = ((slots <= p + i)[None, :] & key_valid)[:, None, :]
         logits, cache = model(tok[:, None], pos[:, None], step_mask, cache, p + i)
-        done = done | (tok == stop_id)
+        if stop_ids:
+            done = done | jnp.any(tok[:, None] == stops[None, :], axis=-1)
         return i + 1, done, logits[:, 0], pos + 1, cache, key_valid, out_tok, out_logp, key
 
     carry = (
@@ -102,9 +103,14 @@ class JaxSampler:
     Args:
       max_new_tokens: generation budget per completion.
       temperature: softmax temperature (logprobs are of the tempered distribution).
-      top_k: keep only the k most likely tokens (0 = off). Logprobs stay those of
-        the full tempered distribution, which the trainer also computes.
+      top_k: draw only from the k most likely tokens (0 = off).
+      top_p: draw only from the smallest set of most likely tokens whose
+        probability reaches p (1.0 = off). With top-k / top-p the logprobs stay
+        those of the full tempered distribution, which the trainer also computes.
       prompt_bucket: prompts are left-padded to a multiple of this length.
+      stop_tokens: ids that end a completion besides the tokenizer's eos.
+      stop_at_eos: whether the tokenizer's eos ends a completion (benchmarks
+        turn it off to generate exactly ``max_new_tokens``).
     """
 
     def __init__(
@@ -113,17 +119,25 @@ class JaxSampler:
         max_new_tokens: int = 8,
         temperature: float = 1.0,
         top_k: int = 0,
+        top_p: float = 1.0,
         prompt_bucket: int = 8,
+        stop_tokens: Sequence[int] = (),
+        stop_at_eos: bool = True,
     ):
-        if max_new_tokens < 1 or temperature <= 0 or top_k < 0 or prompt_bucket < 1:
+        if (max_new_tokens < 1 or temperature <= 0 or top_k < 0 or prompt_bucket < 1
+                or not 0 < top_p <= 1):  # fmt: skip
             raise ValueError(
                 "jax sampler: need max_new_tokens >= 1, temperature > 0, top_k >= 0, "
-                f"prompt_bucket >= 1; got {max_new_tokens}, {temperature}, {top_k}, {prompt_bucket}"
+                "0 < top_p <= 1, prompt_bucket >= 1; got "
+                f"{max_new_tokens}, {temperature}, {top_k}, {top_p}, {prompt_bucket}"
             )
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.top_k = top_k
+        self.top_p = float(top_p)
         self.prompt_bucket = prompt_bucket
+        self.stop_tokens = tuple(int(t) for t in stop_tokens)
+        self.stop_at_eos = stop_at_eos
         self._fn = None
         self._state = None
         self.version = -1
@@ -132,16 +146,24 @@ class JaxSampler:
         """Binds the model architecture and tokenizer; weights come via load_weights."""
         graphdef, state = nnx.split(model)
         self.tokenizer = tokenizer
+        eos = (tokenizer.eos_id,) if self.stop_at_eos else ()
+        self._stops = tuple(dict.fromkeys(eos + self.stop_tokens))
         self._fn = jax.jit(
             functools.partial(
                 _generate,
                 graphdef,
                 max_new_tokens=self.max_new_tokens,
-                stop_id=tokenizer.eos_id,
+                stop_ids=self._stops,
                 top_k=self.top_k,
+                top_p=self.top_p,
             )
         )
         self.load_weights(state, 0)
+
+    @property
+    def compiles(self) -> int:
+        """How many programs were compiled (one per row bucket x prompt bucket seen)."""
+        return 0 if self._fn is None else self._fn._cache_size()
 
     def load_weights(self, state: nnx.State, version: int) -> None:
         self._state = state
@@ -179,7 +201,7 @@ class JaxSampler:
         ]
 
     def _completion(self, toks: np.ndarray, logps: np.ndarray) -> Completion:
-        stops = np.flatnonzero(toks == self.tokenizer.eos_id)
+        stops = np.flatnonzero(np.isin(toks, self._stops))
         length = int(stops[0]) + 1 if len(stops) else len(toks)
         return Completion(
             tokens=toks[:length].copy(),

@@ -1,0 +1,113 @@
+"""Token choice (top-k, top-p, temperature) on hand-computed logits; stop tokens; static shapes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlax.core.models.tokenizer import CharTokenizer
+from rlax.core.models.transformer import Transformer, TransformerConfig
+from rlax.core.types import Prompt
+from rlax.plugins.samplers.jax_sampler import JaxSampler
+from rlax.plugins.samplers.sampling import restrict_top_k, restrict_top_p, sample_token
+
+NEG = -np.inf
+TOK = CharTokenizer("0123456789+=")
+CFG = TransformerConfig(
+    vocab_size=TOK.vocab_size, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2,
+    head_dim=8, mlp_dim=64,
+)  # fmt: skip
+
+
+def prompt(text):
+    return Prompt(id=text, text=text, tokens=TOK.encode(text, bos=True), answer="")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Transformer(CFG, rngs=nnx.Rngs(0))
+
+
+def test_top_k_keeps_the_k_largest():
+    logits = jnp.array([[1.0, 3.0, 2.0, 0.0]])
+    np.testing.assert_array_equal(restrict_top_k(logits, 2), [[NEG, 3.0, 2.0, NEG]])
+    np.testing.assert_array_equal(restrict_top_k(logits, 4), logits)
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    probs = np.array([0.05, 0.5, 0.15, 0.3])
+    logits = jnp.log(jnp.array([probs]))
+    # sorted: .5, .3, .15, .05; mass before each: 0, .5, .8, .95
+    kept = lambda p: np.isfinite(np.asarray(restrict_top_p(logits, p)))[0].tolist()
+    assert kept(0.7) == [False, True, False, True]
+    assert kept(0.5) == [False, True, False, False]  # mass before .3 is .5, not < .5
+    assert kept(0.81) == [False, True, True, True]
+    assert kept(1.0) == [True, True, True, True]
+
+
+def test_sampled_tokens_stay_in_the_allowed_set_and_logprob_is_the_tempered_one():
+    logits = jax.random.normal(jax.random.key(0), (256, 40)) * 3
+    for top_k, top_p in ((1, 1.0), (5, 1.0), (0, 0.6), (3, 0.9)):
+        tok, logp = sample_token(
+            logits, jax.random.key(1), jnp.float32(0.7), top_k=top_k, top_p=top_p
+        )
+        allowed = logits / 0.7
+        if top_k:
+            allowed = restrict_top_k(allowed, top_k)
+        if top_p < 1:
+            allowed = restrict_top_p(allowed, top_p)
+        assert np.all(
+            np.isfinite(np.take_along_axis(np.asarray(allowed), np.asarray(tok)[:, None], 1))
+        )
+        want = jax.nn.log_softmax(logits / 0.7)[jnp.arange(256), tok]
+        np.testing.assert_allclose(logp, want, rtol=1e-6)
+        if top_k == 1:
+            np.testing.assert_array_equal(tok, jnp.argmax(logits, -1))
+
+
+def test_top_p_frequencies_follow_the_renormalised_nucleus():
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    logits = jnp.log(jnp.tile(probs, (20_000, 1)))
+    tok, _ = sample_token(logits, jax.random.key(2), jnp.float32(1.0), top_p=0.7)
+    freq = np.bincount(np.asarray(tok), minlength=4) / 20_000
+    np.testing.assert_allclose(freq, [0.625, 0.375, 0, 0], atol=0.015)
+
+
+def test_stop_tokens_end_completions(model):
+    stops = [int(i) for i in TOK.encode("13579")]
+    s = JaxSampler(max_new_tokens=8, stop_tokens=stops)
+    s.setup(model, TOK)
+    out = s.generate([prompt("12+3=")], 32, seed=0)[0]
+    assert any(c.finish_reason == "stop" for c in out)
+    for c in out:
+        hits = np.flatnonzero(np.isin(c.tokens, stops + [TOK.eos_id]))
+        if c.finish_reason == "stop":
+            assert list(hits) == [len(c.tokens) - 1]
+        else:
+            assert len(hits) == 0 and len(c.tokens) == 8
+
+
+def test_steady_state_never_recompiles(model):
+    s = JaxSampler(max_new_tokens=4, top_p=0.9, top_k=5, prompt_bucket=8)
+    s.setup(model, TOK)
+    s.generate([prompt("1+1=")], 2, seed=0)  # rows bucket 8, prompt bucket 8
+    assert s.compiles == 1
+    # Different prompt lengths (within 8), prompt counts, group sizes, seeds, weights.
+    for seed, (texts, n) in enumerate([(["12+3="], 8), (["1=", "22+33="], 3), (["9+9="] * 4, 2)]):
+        s.generate([prompt(t) for t in texts], n, seed=seed)
+    s.load_weights(nnx.state(Transformer(CFG, rngs=nnx.Rngs(1))), version=1)
+    s.generate([prompt("5=")], 5, seed=9)
+    assert s.compiles == 1
+    s.generate([prompt("1234+5678=")], 4, seed=0)  # a longer prompt: one new bucket
+    assert s.compiles == 2
+
+
+def test_top_k_one_is_greedy_whatever_the_seed(model):
+    s = JaxSampler(max_new_tokens=5, top_k=1)
+    s.setup(model, TOK)
+    a = s.generate([prompt("3+4=")], 4, seed=0)[0]
+    b = s.generate([prompt("3+4=")], 4, seed=1)[0]
+    assert len({tuple(c.tokens) for c in a + b}) == 1
