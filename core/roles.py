@@ -95,11 +95,15 @@ def param_server(
         raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
     prompts = task.prompts("train", tokenizer=tokenizer, seed=seed)
     stop = Preemption(preemption_notices, role="param_server", hook=hook).start()
-    server = ParamServer(
-        settings, prompts,
-        capacity=capacity or prompts_per_step * max(1, max_staleness + 1 - reload_staleness),
-        lease_ttl_s=lease_ttl_s, curricula=curricula, queue_db=db,
-    )  # fmt: skip
+    try:
+        server = ParamServer(
+            settings, prompts,
+            capacity=capacity or prompts_per_step * max(1, max_staleness + 1 - reload_staleness),
+            lease_ttl_s=lease_ttl_s, curricula=curricula, queue_db=db,
+        )  # fmt: skip
+    except QueueDBError as err:  # the saved queue does not fit this task (a different seed?)
+        stop.close()
+        raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
     port = server.start()
     persister = None
     if state_dir:

@@ -36,7 +36,7 @@ import numpy as np
 
 from rlax.core.param_server import codec
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server.persist import QueueDB
+from rlax.core.param_server.persist import QueueDB, QueueDBError
 from rlax.core.types import Prompt
 
 log = logging.getLogger("rlax.queue")
@@ -128,7 +128,7 @@ class RolloutQueue:
         for i in range(self.counts["cursor"]):
             prompt = next(self._source)
             if i == self.counts["cursor"] - 1 and last is not None and prompt.id != last:
-                raise ValueError(
+                raise QueueDBError(
                     f"{db.path}: the task's prompt #{i} is {prompt.id!r}, but the saved queue "
                     f"drew {last!r} there (a different task or seed?); the database was left "
                     "as it is"

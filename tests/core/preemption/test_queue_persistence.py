@@ -159,7 +159,7 @@ def test_a_corrupt_database_is_an_error_naming_it_and_is_left_untouched(tmp_path
 def test_a_database_from_another_task_is_refused(tmp_path):
     db = tmp_path / "queue.sqlite"
     busy_queue(db)
-    with pytest.raises(ValueError, match="different task or seed"):
+    with pytest.raises(QueueDBError, match="different task or seed"):
         make(db, seed=1)
 
 
