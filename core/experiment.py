@@ -30,36 +30,31 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-import logging
 import pathlib
 import shutil
 import time
 from collections.abc import Sequence
 from typing import Any
 
-import grpc
 import numpy as np
 import optax
 from tqdm import tqdm
 
 from rlax.core.batching import make_batch
-from rlax.core.checkpoint import Checkpointer, Restored
-from rlax.core.errors import ConfigError, Preempted
-from rlax.core.metrics import MetricsLog, mean_pass_at_k
+from rlax.core.checkpoint import Checkpointer
+from rlax.core.errors import ConfigError
+from rlax.core.metrics import mean_pass_at_k
 from rlax.core.models.bundle import ModelBundle, load_model, save_model
-from rlax.core.param_server import recovery
-from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.plot import plot_curves
 from rlax.core.preemption import Preemption
 from rlax.core.rollout import generated_tokens, rollout
 from rlax.core.rollout_source import InlineRollouts, RemoteRollouts
-from rlax.core.trainer import Trainer, TrainState
+from rlax.core.trainer import Trainer
+from rlax.core.training_run import TrainingRun, apply_restored, state_tree
 from rlax.core.types import Group, Prompt
 from rlax.core.weight_sync import WirePlan
-
-_log = logging.getLogger("rlax.trainer")
 
 
 class _NoHooks:
@@ -242,9 +237,9 @@ def train(
         run_dir / "train_state", every=checkpoint_every, keep=keep_checkpoints,
         on_saved=lambda step, path: hook.rlax_on_checkpoint(step=step, path=path),
     )  # fmt: skip
-    restored = ckpt.restore_latest(_state_tree(trainer.state))
+    restored = ckpt.restore_latest(state_tree(trainer.state))
     if restored is not None:
-        _apply(trainer, restored)
+        apply_restored(trainer, restored)
     source = _rollout_source(
         inline, task=task, tokenizer=bundle.tokenizer, sampler=sampler, reward=reward,
         curation=curation, settings=settings, plan=plan, prompts_per_step=prompts_per_step,
@@ -252,8 +247,11 @@ def train(
     )  # fmt: skip
     preemption = Preemption(preemption_notices, role="trainer", hook=hook).start()
     try:
-        run = _Run(run_dir, trainer, source, ckpt, preemption, restored, deterministic, seed)
-        run.resume(prompts_per_step)
+        run = TrainingRun(
+            run_dir, trainer, source, ckpt, preemption, restored, deterministic, seed,
+            train_step=_train_step,
+        )  # fmt: skip
+        run.resume()
         eval_prompts = list(task.prompts("eval", tokenizer=bundle.tokenizer, seed=seed))
         evaluate_now = functools.partial(
             evaluate_pass_at_k, sampler, reward, eval_prompts,
@@ -277,214 +275,6 @@ def train(
     results["after"] = evaluate_now()
     _finish(run_dir, hook, trainer, bundle, run.log, results)
     return 0
-
-
-def _state_tree(state: TrainState) -> tuple:
-    """The arrays a checkpoint holds (the step and the rest go in its metadata)."""
-    return (state.params, state.opt_state, state.critic)
-
-
-def _apply(trainer: Trainer, restored: Restored) -> None:
-    params, opt_state, critic = restored.state
-    trainer.state = TrainState(params, opt_state, int(restored.meta["train_step"]), critic)
-    print(
-        f"resumed from {restored.path}: step {restored.step}, weight version "
-        f"{restored.meta['version']}",
-        flush=True,
-    )
-
-
-_RECONNECT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
-
-
-class _TrainerClient:
-    """The parameter-server client as the trainer uses it, made restart-proof.
-
-    Every call is retried with bounded backoff while the server is
-    unreachable (restarting), and says so in the log. The queue's calls are
-    idempotent (a retried Ack or a duplicate push is recognised), except a
-    Take whose reply was lost: it may have been recorded, and nobody would
-    acknowledge it, so before a Take is retried every open take but the ones
-    the trainer holds goes back to the queue (``ReleaseTakes``). A Take also
-    gives up once a preemption notice came: waiting for rollouts is a safe
-    point (nothing of the step is trained yet; the takes left open are
-    returned to the queue when the trainer resumes).
-    """
-
-    def __init__(self, client: Any, preemption: Preemption, retry_s: float = 300.0):
-        self._client, self._preemption, self.retry_s = client, preemption, retry_s
-        self._held: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-    def _retry(self, what: str, fn, on_retry=None) -> Any:
-        delay, deadline, retried = 0.2, time.monotonic() + self.retry_s, False
-        while True:
-            try:
-                if retried and on_retry is not None:
-                    on_retry()
-                return fn()
-            except grpc.RpcError as err:
-                if err.code() not in _RECONNECT or time.monotonic() > deadline:
-                    if retried and err.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                        raise _AlreadyDone from err
-                    raise
-                _log.warning(
-                    "%s: parameter server unreachable (%s); reconnecting in %.1fs",
-                    what, err.code().name, delay,
-                )  # fmt: skip
-                time.sleep(delay)
-                delay, retried = min(2 * delay, 5.0), True
-
-    def stat(self) -> Any:
-        return self._retry("Stat", self._client.stat)
-
-    def take(self, *args: Any, **kwargs: Any) -> Any:
-        if self._preemption.requested:
-            raise Preempted("stopped while waiting for rollouts")
-        release = lambda: recovery.release_takes(self._client, keep=self._held)
-        take_id, groups, stale = self._retry(
-            "Take", lambda: self._client.take(*args, **kwargs), on_retry=release
-        )
-        if groups:
-            self._held.append(take_id)
-        return take_id, groups, stale
-
-    def ack(self, take_id: str) -> int:
-        consumed = self._retry("Ack", lambda: self._client.ack(take_id))
-        if take_id in self._held:
-            self._held.remove(take_id)
-        return consumed
-
-    def push(self, plan: Any, tree: Any, version: int) -> Any:
-        try:
-            return self._retry("Push", lambda: self._client.push(plan, tree, version))
-        except _AlreadyDone:  # an earlier try got through before the connection broke
-            if self._client.stat().version >= version:
-                return pb.PushReply(version=version, committed=True)
-            raise
-
-
-class _AlreadyDone(Exception):
-    """A retried call was refused as already done (FAILED_PRECONDITION after a retry)."""
-
-
-class _Run:
-    """The trainer loop's state between steps: what a checkpoint saves and a resume restores."""
-
-    def __init__(self, run_dir, trainer, source, ckpt, preemption, restored, deterministic, seed):
-        self.run_dir, self.trainer, self.source = run_dir, trainer, source
-        self.ckpt, self.preemption = ckpt, preemption
-        self.deterministic, self.seed = deterministic, seed
-        meta = restored.meta if restored is not None else {}
-        self.restored = restored
-        self.step = restored.step if restored is not None else 0
-        self._saved_step = restored.step if restored is not None else None
-        self.version_offset = int(meta.get("version_offset", 0))
-        self.eval_before = meta.get("eval_before")
-        self.log = MetricsLog(run_dir / "metrics.jsonl")
-        self.remote = isinstance(source, RemoteRollouts)
-        if self.remote:
-            source.client = _TrainerClient(source.client, preemption)
-
-    @property
-    def version(self) -> int:
-        return self.trainer.state.step + self.version_offset
-
-    def resume(self, prompts_per_step: int) -> None:
-        """Continues the metrics log, the data position and the served weights."""
-        self._continue_metrics()
-        if not self.remote:
-            self._fast_forward_inline(prompts_per_step)
-            self.source.publish(self.trainer.state.params, self.version)
-            return
-        restored_version = self.version
-        served = self.source.client.stat().version
-        # Versions only grow: if a lost trainer published past our checkpoint, skip past it.
-        new_version = restored_version if served <= restored_version else served + 1
-        self.version_offset += new_version - restored_version
-        back = recovery.resume_trainer(
-            self.source.client._client,  # the plain client
-            restored_version=restored_version, new_version=new_version,
-        )  # fmt: skip
-        if served != new_version:
-            self.source.publish(self.trainer.state.params, new_version)
-        if self.restored is not None:
-            print(
-                f"weight version {new_version} published (server had {served}); "
-                f"{back['unconsumed']} consumed and {back['untaken']} taken prompts returned "
-                "to the queue",
-                flush=True,
-            )
-
-    def _continue_metrics(self) -> None:
-        path = self.log.path
-        if not path.exists():
-            return
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        kept = [r for r in rows if r.get("step", 0) < self.step]
-        if len(kept) != len(rows):
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
-            tmp.replace(path)
-        self.log.rows = kept
-
-    def _fast_forward_inline(self, prompts_per_step: int) -> None:
-        """Inline source: skip the prompts the restored steps drew, continue its seeds."""
-        if self.step:
-            source = self.source
-            source.prompts = itertools.islice(source.prompts, self.step * prompts_per_step, None)
-            source._step = self.step  # its sampling-seed counter
-
-    def loop(self, steps: int, hook, progress: bool, **step_args) -> None:
-        bar = tqdm(range(self.step, steps), desc="rl", disable=not progress, initial=self.step,
-                   total=steps)  # fmt: skip
-        if self.preemption.requested:
-            self._stop()
-        for step in bar:
-            try:
-                metrics = _train_step(
-                    step, self.source, self.trainer, version_offset=self.version_offset,
-                    deterministic=self.deterministic, **step_args,
-                )  # fmt: skip
-            except Preempted:
-                self._stop()
-            self.step = step + 1
-            self.log.write(metrics)
-            bar.set_postfix(
-                reward=f"{metrics['reward']:.2f}", kl=f"{metrics.get('kl_old', 0):.1e}",
-                refresh=False,
-            )  # fmt: skip
-            hook.rlax_on_step_end(step=step, metrics=metrics)
-            hook.rlax_on_weights_published(version=self.version)
-            if self.ckpt.due(self.step) or self.step == steps or self.preemption.requested:
-                self.save()
-            self.ckpt.poll()
-            if self.preemption.requested:
-                self._stop()
-
-    def save(self) -> float:
-        consumed = self.source.client.stat().queue.consumed if self.remote else None
-        meta = {
-            "train_step": self.trainer.state.step,
-            "version": self.version,
-            "version_offset": self.version_offset,
-            "data": {"consumed": consumed, "loop_step": self.step},
-            "rng": {"seed": self.seed, "sampler_step": getattr(self.source, "_step", None)},
-            "eval_before": self.eval_before,
-            "metrics_rows": len(self.log.rows),
-            "deterministic": self.deterministic,
-        }
-        self._saved_step = self.step
-        return self.ckpt.save(self.step, _state_tree(self.trainer.state), meta)
-
-    def _stop(self) -> None:
-        """At a safe point after a notice: make sure the state is on disk, then stop."""
-        if self._saved_step != self.step:
-            self.save()
-        self.ckpt.wait()
-        self.preemption.stop_now()
 
 
 def _finish(run_dir, hook, trainer, bundle, log, results) -> None:

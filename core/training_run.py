@@ -1,0 +1,272 @@
+"""The trainer loop between two steps: checkpoints, resume, and a restart-proof client.
+
+:class:`TrainingRun` holds what a checkpoint saves beyond the arrays — the
+loop's step, the weight-version offset, the data position, the evaluation
+before training — and does the resume (DESIGN.md §5): restore the newest good
+checkpoint, continue the metrics log, roll the rollout queue back to the
+checkpoint (or fast-forward the inline source), re-publish the weights.
+:class:`TrainerClient` is the parameter-server client as the trainer uses it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from tqdm import tqdm
+
+from rlax.core.checkpoint import Restored
+from rlax.core.errors import Preempted
+from rlax.core.metrics import MetricsLog
+from rlax.core.param_server import recovery
+from rlax.core.param_server import rlax_pb2 as pb
+from rlax.core.preemption import Preemption
+from rlax.core.rollout_source import RemoteRollouts
+from rlax.core.trainer import Trainer, TrainState
+
+_log = logging.getLogger("rlax.trainer")
+
+
+def state_tree(state: TrainState) -> tuple:
+    """The arrays a checkpoint holds (the step and the rest go in its metadata)."""
+    return (state.params, state.opt_state, state.critic)
+
+
+def apply_restored(trainer: Trainer, restored: Restored) -> None:
+    params, opt_state, critic = restored.state
+    trainer.state = TrainState(params, opt_state, int(restored.meta["train_step"]), critic)
+    print(
+        f"resumed from {restored.path}: step {restored.step}, weight version "
+        f"{restored.meta['version']}",
+        flush=True,
+    )
+
+
+_RECONNECT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+class TrainerClient:
+    """The parameter-server client as the trainer uses it, made restart-proof.
+
+    Every call is retried with bounded backoff while the server is
+    unreachable (restarting), and says so in the log. The queue's calls are
+    idempotent (a retried Ack or a duplicate push is recognised), except a
+    Take whose reply was lost: it may have been recorded, and nobody would
+    acknowledge it, so before a Take is retried every open take but the ones
+    the trainer holds goes back to the queue (``ReleaseTakes``). A Take also
+    gives up once a preemption notice came: waiting for rollouts is a safe
+    point (nothing of the step is trained yet; the takes left open are
+    returned to the queue when the trainer resumes).
+    """
+
+    def __init__(self, client: Any, preemption: Preemption, retry_s: float = 300.0):
+        self._client, self._preemption, self.retry_s = client, preemption, retry_s
+        self._held: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def _retry(self, what: str, fn, on_retry=None) -> Any:
+        delay, deadline, retried = 0.2, time.monotonic() + self.retry_s, False
+        while True:
+            try:
+                if retried and on_retry is not None:
+                    on_retry()
+                return fn()
+            except grpc.RpcError as err:
+                if err.code() not in _RECONNECT or time.monotonic() > deadline:
+                    if retried and err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                        raise _AlreadyDone from err
+                    raise
+                _log.warning(
+                    "%s: parameter server unreachable (%s); reconnecting in %.1fs",
+                    what, err.code().name, delay,
+                )  # fmt: skip
+                time.sleep(delay)
+                delay, retried = min(2 * delay, 5.0), True
+
+    def stat(self) -> Any:
+        return self._retry("Stat", self._client.stat)
+
+    def take(self, *args: Any, **kwargs: Any) -> Any:
+        if self._preemption.requested:
+            raise Preempted("stopped while waiting for rollouts")
+        release = lambda: recovery.release_takes(self._client, keep=self._held)
+        take_id, groups, stale = self._retry(
+            "Take", lambda: self._client.take(*args, **kwargs), on_retry=release
+        )
+        if groups:
+            self._held.append(take_id)
+        return take_id, groups, stale
+
+    def ack(self, take_id: str) -> int:
+        consumed = self._retry("Ack", lambda: self._client.ack(take_id))
+        if take_id in self._held:
+            self._held.remove(take_id)
+        return consumed
+
+    def push(self, plan: Any, tree: Any, version: int) -> Any:
+        try:
+            return self._retry("Push", lambda: self._client.push(plan, tree, version))
+        except _AlreadyDone:  # an earlier try got through before the connection broke
+            if self._client.stat().version >= version:
+                return pb.PushReply(version=version, committed=True)
+            raise
+
+
+class _AlreadyDone(Exception):
+    """A retried call was refused as already done (FAILED_PRECONDITION after a retry)."""
+
+
+class Counted:
+    """An iterator that counts what was drawn from it (the inline source's data position)."""
+
+    def __init__(self, items: Any, drawn: int = 0):
+        self._items, self.drawn = iter(items), drawn
+
+    def __iter__(self) -> Counted:
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self._items)
+        self.drawn += 1
+        return item
+
+
+class TrainingRun:
+    """The trainer loop's state between steps: what a checkpoint saves and a resume restores."""
+
+    def __init__(self, run_dir, trainer, source, ckpt, preemption, restored, deterministic, seed,
+                 train_step: Callable[..., dict]):  # fmt: skip
+        self.train_step = train_step
+        self.run_dir, self.trainer, self.source = run_dir, trainer, source
+        self.ckpt, self.preemption = ckpt, preemption
+        self.deterministic, self.seed = deterministic, seed
+        meta = restored.meta if restored is not None else {}
+        self.restored = restored
+        self.step = restored.step if restored is not None else 0
+        self._saved_step = restored.step if restored is not None else None
+        self.version_offset = int(meta.get("version_offset", 0))
+        self.eval_before = meta.get("eval_before")
+        self.log = MetricsLog(run_dir / "metrics.jsonl")
+        self.remote = isinstance(source, RemoteRollouts)
+        if self.remote:
+            source.client = TrainerClient(source.client, preemption)
+        else:
+            source.prompts = Counted(source.prompts)
+
+    @property
+    def version(self) -> int:
+        return self.trainer.state.step + self.version_offset
+
+    def resume(self) -> None:
+        """Continues the metrics log, the data position and the served weights."""
+        self._continue_metrics()
+        if self.restored is not None:
+            for f, state in zip(self.source.curation, self.restored.meta.get("curation", [])):
+                if state is not None:
+                    f.load_state_dict(state)
+        if not self.remote:
+            self._fast_forward_inline()
+            self.source.publish(self.trainer.state.params, self.version)
+            return
+        restored_version = self.version
+        served = self.source.client.stat().version
+        # Versions only grow: if a lost trainer published past our checkpoint, skip past it.
+        new_version = restored_version if served <= restored_version else served + 1
+        self.version_offset += new_version - restored_version
+        back = recovery.resume_trainer(
+            self.source.client._client,  # the plain client
+            restored_version=restored_version, new_version=new_version,
+        )  # fmt: skip
+        if served != new_version:
+            self.source.publish(self.trainer.state.params, new_version)
+        if self.restored is not None:
+            print(
+                f"weight version {new_version} published (server had {served}); "
+                f"{back['unconsumed']} consumed and {back['untaken']} taken prompts returned "
+                "to the queue",
+                flush=True,
+            )
+
+    def _continue_metrics(self) -> None:
+        path = self.log.path
+        if not path.exists():
+            return
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        kept = [r for r in rows if r.get("step", 0) < self.step]
+        if len(kept) != len(rows):
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+            tmp.replace(path)
+        self.log.rows = kept
+
+    def _fast_forward_inline(self) -> None:
+        """Inline source: skip the prompts the restored steps drew, continue its seeds."""
+        if self.restored is None:
+            return
+        meta, source = self.restored.meta, self.source
+        drawn = int(meta["data"]["drawn"])
+        source.prompts = Counted(itertools.islice(source.prompts, drawn, None), drawn)
+        source._step = int(meta["rng"]["sampler_step"])  # its sampling-seed counter
+
+    def loop(self, steps: int, hook, progress: bool, **step_args) -> None:
+        bar = tqdm(range(self.step, steps), desc="rl", disable=not progress, initial=self.step,
+                   total=steps)  # fmt: skip
+        if self.preemption.requested:
+            self._stop()
+        for step in bar:
+            try:
+                metrics = self.train_step(
+                    step, self.source, self.trainer, version_offset=self.version_offset,
+                    deterministic=self.deterministic, **step_args,
+                )  # fmt: skip
+            except Preempted:
+                self._stop()
+            self.step = step + 1
+            self.log.write(metrics)
+            bar.set_postfix(
+                reward=f"{metrics['reward']:.2f}", kl=f"{metrics.get('kl_old', 0):.1e}",
+                refresh=False,
+            )  # fmt: skip
+            hook.rlax_on_step_end(step=step, metrics=metrics)
+            hook.rlax_on_weights_published(version=self.version)
+            if self.ckpt.due(self.step) or self.step == steps or self.preemption.requested:
+                self.save()
+            self.ckpt.poll()
+            if self.preemption.requested:
+                self._stop()
+
+    def save(self) -> float:
+        if self.remote:  # the queue keeps the data position; this is for the record
+            data = {"consumed": self.source.client.stat().queue.consumed}
+        else:
+            data = {"drawn": self.source.prompts.drawn}
+        meta = {
+            "train_step": self.trainer.state.step,
+            "version": self.version,
+            "version_offset": self.version_offset,
+            "data": data,
+            "rng": {"seed": self.seed, "sampler_step": getattr(self.source, "_step", None)},
+            # The trainer's own curation filters' state (a curriculum's history).
+            "curation": [
+                f.state_dict() if hasattr(f, "state_dict") else None for f in self.source.curation
+            ],
+            "eval_before": self.eval_before,
+            "metrics_rows": len(self.log.rows),
+            "deterministic": self.deterministic,
+        }
+        self._saved_step = self.step
+        return self.ckpt.save(self.step, state_tree(self.trainer.state), meta)
+
+    def _stop(self) -> None:
+        """At a safe point after a notice: make sure the state is on disk, then stop."""
+        if self._saved_step != self.step:
+            self.save()
+        self.ckpt.wait()
+        self.preemption.stop_now()
