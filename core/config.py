@@ -101,7 +101,7 @@ def register_core_configurables() -> None:
     """
     import optax
 
-    from rlax.core import experiment, optim, preemption, roles, worker
+    from rlax.core import distributed, experiment, mesh, optim, preemption, roles, trainer, worker
     from rlax.core.param_server import settings
 
     register_configurables("optax", {name: getattr(optax, name) for name in _OPTAX_NAMES})
@@ -123,6 +123,9 @@ def register_core_configurables() -> None:
             "worker": worker.worker,
             "local_cluster": roles.local_cluster,
             "ps_settings": settings.ServerSettings,
+            "mesh": mesh.MeshConfig,
+            "trainer_settings": trainer.TrainerSettings,
+            "distributed": distributed.DistributedSettings,
         },
     )
 

@@ -42,7 +42,10 @@ from tqdm import tqdm
 
 from rlax.core.batching import make_batch
 from rlax.core.checkpoint import Checkpointer
+from rlax.core.distributed import DistributedSettings
+from rlax.core.distributed import initialize as initialize_distributed
 from rlax.core.errors import ConfigError
+from rlax.core.mesh import MeshConfig, make_mesh
 from rlax.core.metrics import mean_pass_at_k
 from rlax.core.models.bundle import ModelBundle, load_model, save_model
 from rlax.core.param_server.client import ParamServerClient
@@ -51,7 +54,7 @@ from rlax.core.plot import plot_curves
 from rlax.core.preemption import Preemption
 from rlax.core.rollout import generated_tokens, rollout
 from rlax.core.rollout_source import InlineRollouts, RemoteRollouts
-from rlax.core.trainer import Trainer
+from rlax.core.trainer import Trainer, TrainerSettings
 from rlax.core.training_run import TrainingRun, apply_restored, state_tree
 from rlax.core.types import Group, Prompt
 from rlax.core.weight_sync import WirePlan
@@ -209,6 +212,9 @@ def train(
     keep_checkpoints: int = 3,
     deterministic: bool = False,
     preemption_notices: Sequence[Any] | None = None,
+    mesh: MeshConfig | None = None,
+    trainer_settings: TrainerSettings | None = None,
+    distributed: DistributedSettings | None = None,
 ) -> int:
     """The trainer role: RL from ``init_checkpoint`` for ``steps`` steps; returns the exit code.
 
@@ -218,12 +224,15 @@ def train(
     before and after training. The whole trainer state is checkpointed every
     ``checkpoint_every`` steps (0: only on a preemption notice and at the end),
     keeping the newest ``keep_checkpoints``; ``preemption_notices`` are the
-    notice sources (None: SIGTERM and SIGINT).
+    notice sources (None: SIGTERM and SIGINT). ``mesh``, ``trainer_settings``
+    and ``distributed`` lay the trainer out on devices and hosts
+    (docs/mesh.md; None: one device).
 
     Raises:
       Preempted: a notice came; the state was checkpointed (exit status 75).
     """
     hook = hook or _NoHooks()
+    initialize_distributed(distributed)  # before anything touches a device
     if deterministic and max_staleness != 0:
         raise ConfigError(f"rlax.train.deterministic needs max_staleness = 0, got {max_staleness}")
     bundle = _load_policy(init_checkpoint, "rlax.train.init_checkpoint")
@@ -231,7 +240,10 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     _save_config(run_dir)
     sampler.setup(bundle.model, bundle.tokenizer)
-    trainer = Trainer(bundle.model, algorithm, optimizer, temperature=sampler.temperature)
+    trainer = Trainer(
+        bundle.model, algorithm, optimizer, temperature=sampler.temperature,
+        mesh=make_mesh(mesh) if mesh else None, settings=trainer_settings,
+    )  # fmt: skip
     plan = WirePlan.for_tree(trainer.state.params, settings.wire_dtype if settings else "float32")
     ckpt = Checkpointer(
         run_dir / "train_state", every=checkpoint_every, keep=keep_checkpoints,

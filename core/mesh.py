@@ -46,6 +46,7 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     (r"(^|/)attn/(q|k|v)/kernel$", ("fsdp", "tensor")),  # [D, N*H] / [D, K*H]
     (r"(^|/)attn/(q|k|v)/bias$", ("tensor",)),  # [N*H] / [K*H]
     (r"(^|/)attn/o/kernel$", ("tensor", "fsdp")),  # [N*H, D]
+    (r"(^|/)attn/o/bias$", (None,)),  # [D] (Llama's attention_bias)
     (r"(^|/)mlp/(gate|up)/kernel$", ("fsdp", "tensor")),  # [D, F]
     (r"(^|/)mlp/down/kernel$", ("tensor", "fsdp")),  # [F, D]
     (r"(^|/)head/kernel$", ("fsdp", "tensor")),  # [D, V]

@@ -188,6 +188,19 @@ class _RematBlock(nnx.Module):
         return jax.checkpoint(run, policy=REMAT_POLICIES[self.policy_name])(state, *args)
 
 
+class _BatchShardedBlock(nnx.Module):
+    """A decoder block whose input and output activations [B, T, D] are split by rows
+    over (data, fsdp): FSDP then gathers the weights, never the activations."""
+
+    def __init__(self, block: nnx.Module, sharding: NamedSharding):
+        self.block = block
+        self.sharding = sharding
+
+    def __call__(self, x, *args):
+        x, *rest = self.block(jax.lax.with_sharding_constraint(x, self.sharding), *args)
+        return (jax.lax.with_sharding_constraint(x, self.sharding), *rest)
+
+
 def _cast(tree: Any, dtype) -> Any:
     """Floating leaves of ``tree`` in ``dtype`` (the compute copy of fp32 master weights)."""
     return jax.tree.map(
@@ -307,9 +320,7 @@ class Trainer:
 
     def _forward(self, params, critic, batch):
         """(logprobs, entropy, values or None), each [B, T-1], in ``compute_dtype``."""
-        model = nnx.merge(self.graphdef, _cast(params, self._compute_dtype))
-        if self.settings.remat != "none":
-            model.blocks = nnx.List([_RematBlock(b, self.settings.remat) for b in model.blocks])
+        model = self._wrap_blocks(nnx.merge(self.graphdef, _cast(params, self._compute_dtype)))
         if critic is None:
             logp, entropy = sequence_logprobs(
                 model, batch["tokens"], batch["attention_mask"], self.temperature
@@ -317,11 +328,25 @@ class Trainer:
             return logp, entropy, None
         return forward_with_values(
             model,
-            nnx.merge(self.critic_graphdef, _cast(critic, self._compute_dtype)),
+            self._wrap_blocks(nnx.merge(self.critic_graphdef, _cast(critic, self._compute_dtype))),
             batch["tokens"],
             batch["attention_mask"],
             self.temperature,
         )
+
+    def _wrap_blocks(self, module: nnx.Module) -> nnx.Module:
+        """Remat and activation layout around each decoder block of ``module`` (a live copy)."""
+        model = module.trunk if hasattr(module, "trunk") else module  # a separate critic's
+        if not hasattr(model, "blocks"):
+            return module
+        blocks = list(model.blocks)
+        if self.settings.remat != "none":
+            blocks = [_RematBlock(b, self.settings.remat) for b in blocks]
+        if self.mesh.size > 1:
+            rows = NamedSharding(self.mesh, jax.sharding.PartitionSpec(meshlib.BATCH_AXES))
+            blocks = [_BatchShardedBlock(b, rows) for b in blocks]
+        model.blocks = nnx.List(blocks)
+        return module
 
     def _microbatches(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
         k = self.settings.microbatches
@@ -437,6 +462,15 @@ class Trainer:
             return jax.device_put(arrays, self.batch_shardings(arrays))
         return distributed.global_batch(self.mesh, arrays)
 
+    def _placed(self, s: TrainState) -> TrainState:
+        """``s`` laid out as the step expects (a no-op unless it was replaced, e.g. restored)."""
+        return TrainState(
+            jax.device_put(s.params, self.param_shardings),
+            jax.device_put(s.opt_state, self.opt_shardings),
+            s.step,
+            None if s.critic is None else jax.device_put(s.critic, self.critic_shardings),
+        )
+
     def lower(self, batch: TrainBatch | dict[str, Any]):
         """The step lowered for ``batch`` (inspect its HLO with ``.as_text()``)."""
         arrays = self.device_batch(batch)
@@ -446,7 +480,7 @@ class Trainer:
     def step(self, batch: TrainBatch | dict[str, Any]) -> dict[str, float]:
         """One optimiser update on ``batch``; returns host-side float metrics."""
         arrays = self.device_batch(batch)
-        s = self.state
+        s = self._placed(self.state)
         params, critic, opt_state, metrics = self._step_fn(arrays)(
             s.params, s.critic, s.opt_state, self.ref_params, arrays
         )

@@ -16,6 +16,7 @@ from rlax.core.mesh import (
     DEFAULT_RULES,
     MeshConfig,
     batch_spec,
+    describe,
     make_mesh,
     param_name,
     spec_for,
@@ -95,20 +96,17 @@ def test_first_matching_rule_wins_and_rules_are_replaceable():
 
 
 def test_every_parameter_of_the_model_families_has_a_rule():
-    # Every leaf of the decoder (tied and untied) and both critics is matched by a
-    # rule of its rank: nothing is replicated by accident.
-    cfg = TransformerConfig(
-        vocab_size=64,
-        num_layers=2,
-        embed_dim=32,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=8,
-        mlp_dim=64,
-        tie_embeddings=False,
-    )
+    # Every leaf of Llama (untied head), Qwen2 (q/k/v bias), Qwen3 (q/k norm) with an
+    # output-projection bias, and of both critics, is matched by a rule of its rank:
+    # nothing is replicated by accident.
+    cfg = TransformerConfig(vocab_size=64, num_layers=2, embed_dim=32, num_heads=4,
+                            num_kv_heads=2, head_dim=8, mlp_dim=64, tie_embeddings=False,
+                            qkv_bias=True, o_bias=True, qk_norm=True)  # fmt: skip
     model = Transformer(cfg, rngs=nnx.Rngs(0))
-    trees = [nnx.state(model), nnx.state(build_critic(model, "separate"))]
+    trees = [nnx.state(model), nnx.state(build_critic(model, "separate")),
+             nnx.state(build_critic(model, "head"))]  # fmt: skip
+    names = {param_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(trees[0])[0]}
+    assert {"blocks/0/attn/q/bias", "blocks/0/attn/o/bias", "blocks/0/attn/k_norm/scale"} <= names
     for tree in trees:
         for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
             name = param_name(path)
@@ -121,3 +119,11 @@ def test_every_parameter_of_the_model_families_has_a_rule():
 def test_batch_is_split_over_data_and_fsdp():
     assert batch_spec(2) == P(("data", "fsdp"), None)
     assert batch_spec(1) == P(("data", "fsdp"))
+
+
+def test_describe_lists_each_parameter_with_its_shape_and_spec():
+    cfg = TransformerConfig(vocab_size=64, num_layers=1, embed_dim=32, num_heads=4,
+                            num_kv_heads=2, head_dim=8, mlp_dim=64)  # fmt: skip
+    layout = describe(nnx.state(Transformer(cfg, rngs=nnx.Rngs(0))), MESH)
+    assert layout["blocks/0/mlp/down/kernel"] == "(64, 32) P('tensor', 'fsdp')"
+    assert layout["final_norm/scale"] == "(32,) P(None,)"
