@@ -52,6 +52,7 @@ def _generate(
     stop_ids: tuple[int, ...],
     top_k: int,
     top_p: float = 1.0,
+    method: str = "gumbel",
 ) -> tuple[jax.Array, jax.Array]:
     """Returns generated tokens [B, C] (PAD after the stop token) and their logprobs [B, C]."""
     model: Transformer = nnx.merge(graphdef, state)
@@ -71,7 +72,9 @@ def _generate(
     def body(carry):
         i, done, last_logits, pos, cache, key_valid, out_tok, out_logp, key = carry
         key, sub = jax.random.split(key)
-        tok, logp = sample_token(last_logits, sub, temperature, top_k=top_k, top_p=top_p)
+        tok, logp = sample_token(
+            last_logits, sub, temperature, top_k=top_k, top_p=top_p, method=method
+        )
         tok = jnp.where(done, PAD, tok)
         out_tok = out_tok.at[:, i].set(tok)
         out_logp = out_logp.at[:, i].set(jnp.where(done, 0.0, logp))
@@ -111,6 +114,9 @@ class JaxSampler:
       stop_tokens: ids that end a completion besides the tokenizer's eos.
       stop_at_eos: whether the tokenizer's eos ends a completion (benchmarks
         turn it off to generate exactly ``max_new_tokens``).
+      method: how a token is drawn (:mod:`.sampling`): ``"gumbel"``,
+        ``"inverse_cdf"``, or ``"auto"`` (inverse CDF for vocabularies larger
+        than 4096, where per-entry noise dominates a decode step).
     """
 
     def __init__(
@@ -123,7 +129,10 @@ class JaxSampler:
         prompt_bucket: int = 8,
         stop_tokens: Sequence[int] = (),
         stop_at_eos: bool = True,
+        method: str = "auto",
     ):
+        if method not in ("auto", "gumbel", "inverse_cdf"):
+            raise ValueError(f"jax sampler: method must be auto, gumbel or inverse_cdf: {method!r}")
         if (max_new_tokens < 1 or temperature <= 0 or top_k < 0 or prompt_bucket < 1
                 or not 0 < top_p <= 1):  # fmt: skip
             raise ValueError(
@@ -138,6 +147,7 @@ class JaxSampler:
         self.prompt_bucket = prompt_bucket
         self.stop_tokens = tuple(int(t) for t in stop_tokens)
         self.stop_at_eos = stop_at_eos
+        self.method = method
         self._fn = None
         self._state = None
         self.version = -1
@@ -156,9 +166,15 @@ class JaxSampler:
                 stop_ids=self._stops,
                 top_k=self.top_k,
                 top_p=self.top_p,
+                method=self._method(model.cfg.vocab_size),
             )
         )
         self.load_weights(state, 0)
+
+    def _method(self, vocab_size: int) -> str:
+        if self.method != "auto":
+            return self.method
+        return "inverse_cdf" if vocab_size > 4096 else "gumbel"
 
     @property
     def compiles(self) -> int:

@@ -7,6 +7,16 @@ same temperature), so sampler and trainer agree up to floating point, and the
 remaining train/inference mismatch is measured by the trainer. Top-k and top-p
 only restrict which tokens may be drawn.
 
+Two exact ways to draw from softmax(allowed):
+
+- ``"gumbel"``: argmax of logits plus Gumbel noise (``jax.random.categorical``):
+  one random number per vocabulary entry. Cheap for a small vocabulary.
+- ``"inverse_cdf"``: two uniforms per row. The vocabulary is cut into blocks;
+  a block is drawn by inverting the cumulative distribution of the block
+  masses, then a token within it the same way. Drawing 49k random numbers per
+  row per step costs far more than the model on a CPU (threefry bits), and
+  two short cumulative sums beat one vocabulary-long scan.
+
 References:
   Fan et al., 2018, https://arxiv.org/abs/1805.04833 (top-k sampling)
   Holtzman et al., 2019, https://arxiv.org/abs/1904.09751 (nucleus / top-p sampling)
@@ -40,6 +50,31 @@ def restrict_top_p(scaled: jax.Array, p: float) -> jax.Array:
     return jnp.where(scaled < threshold, -jnp.inf, scaled)
 
 
+def _last_positive(x: jax.Array) -> jax.Array:
+    """Index of the last entry > 0 along the last axis (0 if none), [B]."""
+    idx = jnp.arange(x.shape[-1])
+    return jnp.max(jnp.where(x > 0, idx, 0), axis=-1)
+
+
+def _invert(weights: jax.Array, u: jax.Array) -> jax.Array:
+    """Index i with cumsum(w)[i-1] <= u * sum(w) < cumsum(w)[i], never a zero-weight entry."""
+    cdf = jnp.cumsum(weights, axis=-1)
+    idx = jnp.sum(cdf <= u[:, None] * cdf[:, -1:], axis=-1)
+    return jnp.minimum(idx, _last_positive(weights))
+
+
+def inverse_cdf_sample(key: jax.Array, logits: jax.Array, block: int = 256) -> jax.Array:
+    """One exact draw per row from softmax(logits) [B, V] (-inf entries are never drawn)."""
+    b, v = logits.shape
+    probs = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+    pad = -v % block
+    blocks = jnp.pad(probs, ((0, 0), (0, pad))).reshape(b, -1, block)
+    u = jax.random.uniform(key, (2, b))
+    which = _invert(blocks.sum(-1), u[0])  # [B]
+    inside = jnp.take_along_axis(blocks, which[:, None, None], axis=1)[:, 0]  # [B, block]
+    return which * block + _invert(inside, u[1])
+
+
 def sample_token(
     logits: jax.Array,  # [B, V] float32
     key: jax.Array,
@@ -47,6 +82,7 @@ def sample_token(
     *,
     top_k: int = 0,
     top_p: float = 1.0,
+    method: str = "gumbel",
 ) -> tuple[jax.Array, jax.Array]:
     """Draws one token per row; returns (tokens [B], logprobs [B] under softmax(logits / T))."""
     scaled = logits / temperature
@@ -55,6 +91,11 @@ def sample_token(
         allowed = restrict_top_k(allowed, top_k)
     if top_p < 1.0:
         allowed = restrict_top_p(allowed, top_p)
-    tok = jax.random.categorical(key, allowed, axis=-1)
+    if method == "gumbel":
+        tok = jax.random.categorical(key, allowed, axis=-1)
+    elif method == "inverse_cdf":
+        tok = inverse_cdf_sample(key, allowed)
+    else:
+        raise ValueError(f"sampling method must be 'gumbel' or 'inverse_cdf', got {method!r}")
     logp = jax.nn.log_softmax(scaled, axis=-1)
     return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]

@@ -12,7 +12,12 @@ from rlax.core.models.tokenizer import CharTokenizer
 from rlax.core.models.transformer import Transformer, TransformerConfig
 from rlax.core.types import Prompt
 from rlax.plugins.samplers.jax_sampler import JaxSampler
-from rlax.plugins.samplers.sampling import restrict_top_k, restrict_top_p, sample_token
+from rlax.plugins.samplers.sampling import (
+    inverse_cdf_sample,
+    restrict_top_k,
+    restrict_top_p,
+    sample_token,
+)
 
 NEG = -np.inf
 TOK = CharTokenizer("0123456789+=")
@@ -111,3 +116,31 @@ def test_top_k_one_is_greedy_whatever_the_seed(model):
     a = s.generate([prompt("3+4=")], 4, seed=0)[0]
     b = s.generate([prompt("3+4=")], 4, seed=1)[0]
     assert len({tuple(c.tokens) for c in a + b}) == 1
+
+
+@pytest.mark.parametrize("block", [4, 256])
+def test_inverse_cdf_frequencies_and_zero_probability_tokens(block):
+    probs = np.array([0.1, 0.0, 0.4, 0.2, 0.3] + [0.0] * 11)  # 16 entries, a padded last block
+    logits = jnp.log(jnp.tile(jnp.asarray(probs), (40_000, 1)))
+    tok = np.asarray(inverse_cdf_sample(jax.random.key(3), logits, block=block))
+    freq = np.bincount(tok, minlength=16) / 40_000
+    np.testing.assert_allclose(freq, probs, atol=0.01)
+    assert set(np.unique(tok)) <= {0, 2, 3, 4}
+
+
+def test_inverse_cdf_respects_top_k_and_logprobs():
+    logits = jax.random.normal(jax.random.key(5), (128, 3000)) * 2
+    tok, logp = sample_token(logits, jax.random.key(6), jnp.float32(1.3), top_k=7,
+                             method="inverse_cdf")  # fmt: skip
+    kth = jax.lax.top_k(logits, 7)[0][:, -1]
+    assert np.all(np.asarray(logits[jnp.arange(128), tok] >= kth))
+    want = jax.nn.log_softmax(logits / 1.3)[jnp.arange(128), tok]
+    np.testing.assert_allclose(logp, want, rtol=1e-6)
+
+
+def test_auto_method_by_vocabulary(model):
+    s = JaxSampler()
+    assert s._method(TOK.vocab_size) == "gumbel"  # the toy models keep their exact samples
+    assert s._method(49152) == "inverse_cdf"
+    with pytest.raises(ValueError, match="method"):
+        JaxSampler(method="nope")
