@@ -293,9 +293,12 @@ def _supervise(trainer: _Child, children: list[_Child], max_restarts: int, stop:
 
 
 def _stop_all(trainer: _Child, children: list[_Child], timeout_s: float = 120.0) -> int:
-    """Passes the notice on: SIGTERM to every child, then waits for the trainer's checkpoint."""
+    """Passes the notice on: SIGTERM to the trainer and the workers, then waits for the
+    trainer's checkpoint; the parameter server is stopped last (by the caller), so the
+    trainer can finish its step (publish, acknowledge) and the workers their submits."""
     for child in children:
-        child.signal(signal.SIGTERM)
+        if child.name != "param_server":
+            child.signal(signal.SIGTERM)
     try:
         code = trainer.proc.wait(timeout_s)
     except subprocess.TimeoutExpired:

@@ -79,6 +79,11 @@ class TrainerClient:
                     on_retry()
                 return fn()
             except grpc.RpcError as err:
+                if err.code() in _RECONNECT and self._preemption.requested:
+                    # The server is gone too (the machine is being taken): stop now.
+                    if what == "Take":  # nothing of the step trained yet: a safe point
+                        raise Preempted("stopped while waiting for rollouts") from err
+                    raise LostStep(f"{what} failed after the notice ({err.code().name})") from err
                 if err.code() not in _RECONNECT or time.monotonic() > deadline:
                     if retried and err.code() == grpc.StatusCode.FAILED_PRECONDITION:
                         raise _AlreadyDone from err
@@ -117,6 +122,10 @@ class TrainerClient:
             if self._client.stat().version >= version:
                 return pb.PushReply(version=version, committed=True)
             raise
+
+
+class LostStep(Preempted):
+    """After a notice the server went away mid-step: stop without saving; the step is redone."""
 
 
 class _AlreadyDone(Exception):
@@ -226,6 +235,11 @@ class TrainingRun:
                     step, self.source, self.trainer, version_offset=self.version_offset,
                     deterministic=self.deterministic, **step_args,
                 )  # fmt: skip
+            except LostStep as err:  # the state holds half a step: keep the last checkpoint
+                print(f"rlax: trainer: {err}; step {step} is redone after the restart",
+                      flush=True)  # fmt: skip
+                self.ckpt.wait()
+                self.preemption.stop_now()
             except Preempted:
                 self._stop()
             self.step = step + 1
@@ -244,7 +258,10 @@ class TrainingRun:
 
     def save(self) -> float:
         if self.remote:  # the queue keeps the data position; this is for the record
-            data = {"consumed": self.source.client.stat().queue.consumed}
+            try:
+                data = {"consumed": self.source.client.stat().queue.consumed}
+            except Preempted:  # the server is gone after a notice
+                data = {"consumed": None}
         else:
             data = {"drawn": self.source.prompts.drawn}
         meta = {
