@@ -119,8 +119,7 @@ def param_server(
         if persister is not None:
             persister.stop()
         server.stop(grace=1.0)
-        if db is not None:
-            db.close()
+        server.queue.close()
         stop.close()
     stop.stop_now()
     return 0

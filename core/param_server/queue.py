@@ -97,13 +97,26 @@ class RolloutQueue:
         self.version_floor = 0  # groups from older weights are dropped (set by resume_trainer)
         self.counts = collections.Counter()
         self._db = db
+        self._closed = False
         if db is not None:
             self._restore(db)
 
     # -- persistence ----------------------------------------------------------
 
     def _tx(self):
+        if self._closed:
+            # A call still running as the server stops: nothing it does may be acknowledged
+            # without being on disk, and UNAVAILABLE makes the client retry after the restart.
+            raise QueueError(grpc.StatusCode.UNAVAILABLE, "the rollout queue is shutting down")
         return self._db.transaction() if self._db is not None else contextlib.nullcontext()
+
+    def close(self) -> None:
+        """Closes the database; calls still running after this fail with UNAVAILABLE."""
+        with self._cv:
+            self._closed = True
+            if self._db is not None:
+                self._db.close()
+            self._cv.notify_all()
 
     def _save_counts(self) -> None:
         if self._db is not None:
@@ -197,6 +210,8 @@ class RolloutQueue:
     def _wait(self, ready, wait_s: float) -> bool:
         deadline = time.monotonic() + max(0.0, min(wait_s, 600.0))
         while not ready():
+            if self._closed:
+                return False
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False

@@ -175,3 +175,22 @@ def test_every_change_is_one_committed_transaction(tmp_path):
     with sqlite3.connect(db) as other:
         assert other.execute("SELECT COUNT(*) FROM leases").fetchone() == (0,)
         assert other.execute("SELECT COUNT(*) FROM queued").fetchone() == (1,)
+
+
+def test_a_call_after_close_is_unavailable_and_changes_nothing(tmp_path):
+    """The server stopping with calls still running: none succeeds without being on disk."""
+    import grpc
+
+    from rlax.core.param_server.queue import QueueError
+
+    db = tmp_path / "queue.sqlite"
+    q = make(db)
+    for lease_id, msg in lease(q, 2):
+        submit(q, lease_id, msg)
+    before = q.accounting()
+    q.close()
+    for call in (lambda: lease(q, 1), lambda: take(q, 1)):
+        with pytest.raises(QueueError) as err:
+            call()
+        assert err.value.code == grpc.StatusCode.UNAVAILABLE
+    assert make(db).accounting() == before
