@@ -170,7 +170,7 @@ def main() -> int:
     parser.add_argument(
         "--min-age", type=float, default=8.0, help="spare processes younger than this"
     )
-    parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--lease-ttl", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-clean", action="store_true", help="chaos run only")
