@@ -77,8 +77,13 @@ def make_trainer(mesh, algorithm, settings=None, optimizer=None):
 
 
 @functools.cache
-def trained(mesh, algorithm, microbatches=1, steps=2):
-    trainer = make_trainer(mesh, algorithm, TrainerSettings(microbatches=microbatches))
+def trained(mesh, algorithm, microbatches=1, placement="sharded", steps=2):
+    settings = TrainerSettings(
+        microbatches=microbatches, reference_placement=placement, critic_placement=placement
+    )
+    trainer = make_trainer(mesh, algorithm, settings)
+    if placement == "replicated":  # a whole copy of the reference on every device
+        assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves(trainer.ref_params))
     metrics = [trainer.step(random_batch(seed=s)) for s in range(steps)]
     state = jax.tree.map(
         np.asarray, (trainer.state.params, trainer.state.critic, trainer.state.opt_state)
@@ -98,21 +103,16 @@ def assert_same_run(got, want, atol=1e-5):
 
 @pytest.mark.parametrize(
     ("mesh", "algorithm"),
-    [
-        ("fsdp4_tensor2", "grpo+reference"),
-        ("data2_fsdp4", "grpo+reference"),
-        ("data2_fsdp4", "ppo-head"),
-    ],
+    [("fsdp4_tensor2", "grpo+reference"), ("data2_fsdp4", "ppo-head")],
 )
 def test_sharded_step_equals_single_device(mesh, algorithm):
     assert_same_run(trained(mesh, algorithm), trained(None, algorithm))
 
 
-def test_sharded_microbatches_equal_one_batch():
+def test_sharded_microbatches_with_a_replicated_reference_equal_one_batch():
     # 16 rows over data 2 x fsdp 4 in 2 microbatches: one row per device per microbatch.
-    assert_same_run(
-        trained("data2_fsdp4", "grpo+reference", microbatches=2), trained(None, "grpo+reference")
-    )
+    run = trained("data2_fsdp4", "grpo+reference", microbatches=2, placement="replicated")
+    assert_same_run(run, trained(None, "grpo+reference"))
 
 
 def _shard_shape(shape, spec, mesh):
@@ -172,17 +172,6 @@ def test_parameters_and_optimizer_state_are_laid_out_by_the_rules():
     tokens = trainer.device_batch(random_batch())["tokens"]
     assert tokens.sharding.spec == P(("data", "fsdp"), None)
     assert {s.data.shape for s in tokens.addressable_shards} == {(4, 12)}
-
-
-def test_replicated_reference_is_whole_on_every_device_and_changes_nothing():
-    settings = TrainerSettings(reference_placement="replicated", critic_placement="replicated")
-    trainer = make_trainer("fsdp4_tensor2", "grpo+reference", settings)
-    assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves(trainer.ref_params))
-    metrics = [trainer.step(random_batch(seed=s)) for s in range(2)]
-    state = jax.tree.map(
-        np.asarray, (trainer.state.params, trainer.state.critic, trainer.state.opt_state)
-    )
-    assert_same_run((state, metrics), trained(None, "grpo+reference"))
 
 
 def test_bf16_sharded_step_trains_with_fp32_masters():
