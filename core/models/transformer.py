@@ -353,6 +353,22 @@ class Transformer(nnx.Module):
         cache: KVCache | None = None,
         cache_index: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
+        x, new_cache = self.hidden_states(tokens, positions, attn_mask, cache, cache_index)
+        return self.logits(x), new_cache
+
+    def hidden_states(
+        self,
+        tokens: jax.Array,  # [B, T]
+        positions: jax.Array,  # [B, T]
+        attn_mask: jax.Array,  # [B, T, S] bool
+        cache: KVCache | None = None,
+        cache_index: jax.Array | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """The final-normed hidden states [B, T, D] (and the cache): ``__call__`` without the head.
+
+        A sampler's prefill needs logits at the last position only; on a large
+        vocabulary the head over every prompt position is a tenth of its work.
+        """
         x = self.embed(tokens)
         new_cache: KVCache | None = [] if cache is not None else None
         for i, block in enumerate(self.blocks):
@@ -361,12 +377,15 @@ class Transformer(nnx.Module):
             )
             if new_cache is not None:
                 new_cache.append(layer_cache)
-        x = self.final_norm(x)
+        return self.final_norm(x), new_cache
+
+    def logits(self, x: jax.Array) -> jax.Array:
+        """The output head on hidden states [..., D] -> float32 logits [..., V]."""
         if self.cfg.tie_embeddings:
             logits = self.embed.attend(x)
         else:
             logits = self.head(x)
-        return logits.astype(jnp.float32), new_cache
+        return logits.astype(jnp.float32)
 
 
 def init_cache(cfg: TransformerConfig, batch: int, length: int, dtype=jnp.float32) -> KVCache:

@@ -30,6 +30,11 @@ from rlax.core.models.transformer import Transformer, init_cache, positions_from
 from rlax.core.types import Completion, Prompt
 from rlax.plugins.samplers.sampling import sample_token
 
+# Above this vocabulary size the sampler draws by inverse CDF and computes the
+# prefill's logits at the last position only (smaller ones keep their exact
+# historical samples, which the quickstart's results depend on).
+_LARGE_VOCAB = 4096
+
 
 def _bucket(n: int, multiple: int) -> int:
     return max(multiple, -(-n // multiple) * multiple)
@@ -53,6 +58,7 @@ def _generate(
     top_k: int,
     top_p: float = 1.0,
     method: str = "gumbel",
+    last_logits_only: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """Returns generated tokens [B, C] (PAD after the stop token) and their logprobs [B, C]."""
     model: Transformer = nnx.merge(graphdef, state)
@@ -63,7 +69,13 @@ def _generate(
     key_valid = jnp.zeros((b, s), bool).at[:, :p].set(mask)
     prefill_mask = (slots[None, :] <= jnp.arange(p)[:, None])[None] & key_valid[:, None, :]
     positions = positions_from_mask(mask)
-    logits, cache = model(tokens, positions, prefill_mask, init_cache(model.cfg, b, s), 0)
+    cache = init_cache(model.cfg, b, s)
+    if last_logits_only:
+        hidden, cache = model.hidden_states(tokens, positions, prefill_mask, cache, 0)
+        last_logits = model.logits(hidden[:, -1])
+    else:  # the toy models' path, kept exactly as it was
+        logits, cache = model(tokens, positions, prefill_mask, cache, 0)
+        last_logits = logits[:, -1]
 
     def cond(carry):
         i, done = carry[0], carry[1]
@@ -88,7 +100,7 @@ def _generate(
     carry = (
         jnp.int32(0),
         jnp.zeros((b,), bool),
-        logits[:, -1],
+        last_logits,
         positions[:, -1] + 1,
         cache,
         key_valid,
@@ -167,6 +179,7 @@ class JaxSampler:
                 top_k=self.top_k,
                 top_p=self.top_p,
                 method=self._method(model.cfg.vocab_size),
+                last_logits_only=model.cfg.vocab_size > _LARGE_VOCAB,
             )
         )
         self.load_weights(state, 0)
@@ -174,7 +187,7 @@ class JaxSampler:
     def _method(self, vocab_size: int) -> str:
         if self.method != "auto":
             return self.method
-        return "inverse_cdf" if vocab_size > 4096 else "gumbel"
+        return "inverse_cdf" if vocab_size > _LARGE_VOCAB else "gumbel"
 
     @property
     def compiles(self) -> int:

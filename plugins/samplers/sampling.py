@@ -63,16 +63,19 @@ def _invert(weights: jax.Array, u: jax.Array) -> jax.Array:
     return jnp.minimum(idx, _last_positive(weights))
 
 
-def inverse_cdf_sample(key: jax.Array, logits: jax.Array, block: int = 256) -> jax.Array:
-    """One exact draw per row from softmax(logits) [B, V] (-inf entries are never drawn)."""
-    b, v = logits.shape
-    probs = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
-    pad = -v % block
-    blocks = jnp.pad(probs, ((0, 0), (0, pad))).reshape(b, -1, block)
+def _inverse_cdf_from_weights(key: jax.Array, weights: jax.Array, block: int) -> jax.Array:
+    b, v = weights.shape
+    blocks = jnp.pad(weights, ((0, 0), (0, -v % block))).reshape(b, -1, block)
     u = jax.random.uniform(key, (2, b))
     which = _invert(blocks.sum(-1), u[0])  # [B]
     inside = jnp.take_along_axis(blocks, which[:, None, None], axis=1)[:, 0]  # [B, block]
     return which * block + _invert(inside, u[1])
+
+
+def inverse_cdf_sample(key: jax.Array, logits: jax.Array, block: int = 256) -> jax.Array:
+    """One exact draw per row from softmax(logits) [B, V] (-inf entries are never drawn)."""
+    weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+    return _inverse_cdf_from_weights(key, weights, block)
 
 
 def sample_token(
@@ -85,7 +88,17 @@ def sample_token(
     method: str = "gumbel",
 ) -> tuple[jax.Array, jax.Array]:
     """Draws one token per row; returns (tokens [B], logprobs [B] under softmax(logits / T))."""
+    if method not in ("gumbel", "inverse_cdf"):
+        raise ValueError(f"sampling method must be 'gumbel' or 'inverse_cdf', got {method!r}")
     scaled = logits / temperature
+    restricted = bool(top_k) or top_p < 1.0
+    if method == "inverse_cdf" and not restricted:
+        # One pass of exp serves both the draw and the logprob's normaliser.
+        top = jnp.max(scaled, axis=-1, keepdims=True)
+        weights = jnp.exp(scaled - top)
+        tok = _inverse_cdf_from_weights(key, weights, 256)
+        lse = top[:, 0] + jnp.log(jnp.sum(weights, axis=-1))
+        return tok, jnp.take_along_axis(scaled, tok[:, None], axis=-1)[:, 0] - lse
     allowed = scaled
     if top_k:
         allowed = restrict_top_k(allowed, top_k)
@@ -93,9 +106,7 @@ def sample_token(
         allowed = restrict_top_p(allowed, top_p)
     if method == "gumbel":
         tok = jax.random.categorical(key, allowed, axis=-1)
-    elif method == "inverse_cdf":
-        tok = inverse_cdf_sample(key, allowed)
     else:
-        raise ValueError(f"sampling method must be 'gumbel' or 'inverse_cdf', got {method!r}")
+        tok = inverse_cdf_sample(key, allowed)
     logp = jax.nn.log_softmax(scaled, axis=-1)
     return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]

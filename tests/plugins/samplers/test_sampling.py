@@ -144,3 +144,35 @@ def test_auto_method_by_vocabulary(model):
     assert s._method(49152) == "inverse_cdf"
     with pytest.raises(ValueError, match="method"):
         JaxSampler(method="nope")
+
+
+def test_inverse_cdf_unrestricted_path_logprobs_and_frequencies():
+    probs = np.array([0.1, 0.0, 0.4, 0.2, 0.3] + [0.0] * 400)
+    logits = jnp.log(jnp.tile(jnp.asarray(probs), (40_000, 1))) * 0.5  # T = 0.5 undoes the 0.5
+    tok, logp = sample_token(logits, jax.random.key(7), jnp.float32(0.5), method="inverse_cdf")
+    freq = np.bincount(np.asarray(tok), minlength=5)[:5] / 40_000
+    np.testing.assert_allclose(freq, probs[:5], atol=0.01)
+    np.testing.assert_allclose(logp, np.log(probs[np.asarray(tok)]), rtol=1e-5)
+
+
+def test_large_vocabulary_path_logprobs_equal_a_full_forward():
+    """Vocab > 4096: inverse-CDF draws and last-position prefill logits, same logprobs."""
+    from rlax.core.batching import make_batch
+    from rlax.core.models.transformer import sequence_logprobs
+    from rlax.core.types import Group
+
+    tok = CharTokenizer("".join(chr(0x4E00 + i) for i in range(5000)))
+    cfg = TransformerConfig(vocab_size=tok.vocab_size, num_layers=1, embed_dim=16, num_heads=2,
+                            num_kv_heads=1, head_dim=8, mlp_dim=32)  # fmt: skip
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    s = JaxSampler(max_new_tokens=5, temperature=0.9)
+    s.setup(model, tok)
+    assert s._method(cfg.vocab_size) == "inverse_cdf"
+    prompts = [Prompt(id=t, text=t, tokens=tok.encode(t, bos=True), answer="")
+               for t in (chr(0x4E01) * 3, chr(0x4E99))]  # fmt: skip
+    out = s.generate(prompts, 3, seed=1)
+    groups = [Group(p, cs, np.zeros(3, np.float32)) for p, cs in zip(prompts, out)]
+    batch = make_batch(groups, np.zeros((2, 3)), completion_len=5)
+    logp, _ = sequence_logprobs(model, batch.tokens, batch.attention_mask, 0.9)
+    mask = batch.loss_mask > 0
+    np.testing.assert_allclose(np.asarray(logp)[mask], batch.old_logprobs[mask], atol=1e-5)
