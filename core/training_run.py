@@ -243,6 +243,9 @@ class TrainingRun:
             except Preempted:
                 self._stop()
             self.step = step + 1
+            # The save started a step ago must be complete before this step counts, so a
+            # crash never redoes more than checkpoint_every steps (it rarely has to wait).
+            self.ckpt.wait()
             self.log.write(metrics)
             bar.set_postfix(
                 reward=f"{metrics['reward']:.2f}", kl=f"{metrics.get('kl_old', 0):.1e}",

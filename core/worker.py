@@ -102,13 +102,24 @@ class Worker:
             try:
                 self.client.submit(group, lease_id, filtered=not keep)
             except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                if not self._lost(err):
                     raise
-                # The lease expired while we generated: the prompt is someone else's now.
                 log.warning("%s: %s", self.worker_id, err.details())
                 self.lost_leases += 1
         self.busy_s += time.perf_counter() - waited
         return len(groups)
+
+    def _lost(self, err: grpc.RpcError) -> bool:
+        """A submit refused for a reason that loses only this group (its prompt is re-served)."""
+        if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+            return True  # the lease expired while we generated: the prompt is someone else's
+        # A restarted server may serve an older version than ours (the newest was pushed but
+        # not yet saved when it died) and refuses groups "from the future" until the trainer
+        # pushes again; the lease then expires and the prompt is generated again.
+        return (
+            err.code() == grpc.StatusCode.INVALID_ARGUMENT
+            and self.client.stat().version < self.version
+        )
 
     def _generate(self, prompts):
         if not self.deterministic:
