@@ -454,6 +454,11 @@ class Trainer:
         """
         arrays = batch_arrays(batch) if isinstance(batch, TrainBatch) else dict(batch)
         rows = next(iter(arrays.values())).shape[0] * jax.process_count()
+        if rows % meshlib.batch_size_multiple(self.mesh):
+            raise ValueError(
+                f"batch of {rows} rows does not split over data x fsdp = "
+                f"{meshlib.batch_size_multiple(self.mesh)} devices"
+            )
         if rows % self.settings.microbatches:
             raise ValueError(
                 f"batch of {rows} rows does not split into {self.settings.microbatches} microbatches"

@@ -172,6 +172,8 @@ def test_parameters_and_optimizer_state_are_laid_out_by_the_rules():
     tokens = trainer.device_batch(random_batch())["tokens"]
     assert tokens.sharding.spec == P(("data", "fsdp"), None)
     assert {s.data.shape for s in tokens.addressable_shards} == {(4, 12)}
+    with pytest.raises(ValueError, match="6 rows does not split over data x fsdp = 4 devices"):
+        trainer.device_batch(random_batch(rows=6))
 
 
 def test_bf16_sharded_step_trains_with_fp32_masters():
