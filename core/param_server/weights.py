@@ -222,7 +222,9 @@ class WeightStore:
             raise PushRejected(
                 _BAD, f"version {h.version}: num_parts {h.num_parts} != {known_parts}"
             )
-        if not 0 < h.nbytes <= self.max_version_bytes:
+        if h.nbytes == 0 and h.num_parts == 1:
+            raise PushRejected(_BAD, "an empty push: a single-part version needs bytes")
+        if not 0 <= h.nbytes <= self.max_version_bytes:
             raise PushRejected(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"part of {h.nbytes} bytes exceeds the limit of {self.max_version_bytes}",
@@ -304,6 +306,9 @@ class WeightStore:
                             self.abandon(p, rejected=False)
                         return started
                     part = started
+                    if part.complete:  # an empty part: a host that holds no blocks
+                        done.append(part)
+                        part = None
                     continue
                 index, offset, data, digest = decoded
                 if part is None:

@@ -241,3 +241,17 @@ def test_shards_that_do_not_tile_their_tensor_are_refused(ps, kind):
     assert ps.client.stat().version == -1
     assert ps.client.push_part(*_host(1)).committed  # the good part still completes the version
     assert ps.client.pull(-1)[0] == 0
+
+
+@pytest.mark.parametrize("bulk_lane", [True, False])
+def test_a_host_with_no_blocks_pushes_an_empty_part(ps, bulk_lane):
+    client = _client(ps, bulk_lane=bulk_lane)
+    header, pieces = _part(0, 0, [("r", 0, R, (0,), (3,))])
+    assert not client.push_part(header, pieces).committed
+    assert client.push_part(_part(0, 1, [])[0], []).committed
+    version, _, buf = client.pull(-1)
+    assert version == 0 and bytes(buf) == R.tobytes()
+    with pytest.raises(grpc.RpcError) as err:  # but a whole version of nothing is refused
+        client.push_part(_part(1, 0, [], num_parts=1)[0], [])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    client.close()
