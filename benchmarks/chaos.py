@@ -174,6 +174,7 @@ def main() -> int:
     parser.add_argument("--lease-ttl", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-clean", action="store_true", help="chaos run only")
+    parser.add_argument("--keep", type=pathlib.Path, help="copy the chaos run's logs here")
     args, extra = parser.parse_known_args()
 
     with tempfile.TemporaryDirectory(prefix="rlax-chaos-") as tmp:
@@ -190,7 +191,11 @@ def main() -> int:
             pass8_clean = json.loads((tmp / "clean/run/eval.json").read_text())["after"]["pass@8"]
         (tmp / "chaos").mkdir()
         start = time.perf_counter()
-        proc, events, err, _out = run_chaos(tmp / "chaos" / "run", args, extra, env)
+        proc, events, err, out = run_chaos(tmp / "chaos" / "run", args, extra, env)
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            (args.keep / "chaos.stderr").write_text(err)
+            (args.keep / "chaos.stdout").write_text(out)
         chaos_s = time.perf_counter() - start
         if proc.returncode != 0:
             print(err[-3000:], file=sys.stderr)
@@ -201,6 +206,8 @@ def main() -> int:
         lost, duplicated, consumed = audit(run_dir / "param_server" / "queue.sqlite")
 
     restarts = len(re.findall(r"; restarting it \(", err))
+    # Exits nobody asked for (a process failing on its own).
+    crashes = re.findall(r"rlax: (\S+) \(pid \d+\) died with status \d+", err)
     pass8 = results["after"]["pass@8"]
     noise = 2 * math.sqrt(max(pass8_clean, 1e-3) * (1 - min(pass8_clean, 0.999)) / 200)
     by = collections.Counter((role.split("-")[0], sig) for _, role, sig, _ in events)
@@ -210,6 +217,7 @@ def main() -> int:
         + ", ".join(f"{r} {s}: {n}" for (r, s), n in sorted(by.items()))
     )
     print(f"{'restarts by the supervisor':<34}{restarts:>8}")
+    print(f"{'exits not caused by a signal':<34}{len(crashes):>8}   {', '.join(crashes)}")
     print(f"{'steps (each once in metrics)':<34}{len(set(steps_done)):>8}   "
           f"rows {len(steps_done)}, expected {args.steps}")  # fmt: skip
     print(f"{'prompts consumed':<34}{consumed:>8}")
