@@ -154,7 +154,7 @@ def read_safetensors(model_dir: str | pathlib.Path) -> dict[str, np.ndarray]:
         if not path.is_file():
             raise WeightsError(f"{index}: lists shard {name!r}, which does not exist")
         try:
-            tensors.update(_load_any_dtype(path, load_file))
+            tensors.update(load_file(str(path)))  # bfloat16 arrives as ml_dtypes' bfloat16
         except (SafetensorError, OSError, ValueError) as err:
             raise WeightsError(f"{path}: unreadable safetensors file: {err}") from None
     if weight_map is not None:
@@ -162,19 +162,6 @@ def read_safetensors(model_dir: str | pathlib.Path) -> dict[str, np.ndarray]:
         if absent:
             raise WeightsError(f"{index}: lists tensors its shards lack: {absent[:5]}")
     return tensors
-
-
-def _load_any_dtype(path: pathlib.Path, load_file) -> dict[str, np.ndarray]:
-    """numpy has no bfloat16: such files are read with ml_dtypes' bfloat16."""
-    try:
-        return load_file(str(path))
-    except (TypeError, ValueError) as err:
-        if "bf16" not in str(err).lower() and "bfloat16" not in str(err).lower():
-            raise
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="flax") as f:
-        return {k: np.asarray(f.get_tensor(k).astype("float32")) for k in f}
 
 
 def load_hf_model(model_dir: str | pathlib.Path) -> Transformer:

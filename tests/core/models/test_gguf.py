@@ -135,6 +135,10 @@ def test_export_to_hf_reloads_in_transformers(smollm2, tmp_path):
     assert np.abs(_logits(model, ids[None]) - want).max() <= 1e-3  # 30 fp32 layers
     again = load_model(path)
     assert again.info == {"step": 3} and again.config == model.cfg
+    for text in TEXTS:  # the tokenizer.json written out reads back to the same ids
+        assert again.tokenizer.encode(text).tolist() == tok.encode(text).tolist()
+    assert again.tokenizer.encode("What is 2+3?", bos=True).tolist() == ids.tolist()
+    assert (again.tokenizer.bos_id, again.tokenizer.eos_id, again.tokenizer.pad_id) == (1, 2, 2)
     np.testing.assert_array_equal(
         np.asarray(again.model.embed.embedding[...]), np.asarray(model.embed.embedding[...])
     )

@@ -128,6 +128,16 @@ def test_export_reloads_in_transformers(tmp_path, family):
     )
 
 
+def test_bfloat16_checkpoint_loads_as_float32(tmp_path):
+    hf = _hf_model("qwen2", seed=5).to(torch.bfloat16)
+    hf.save_pretrained(tmp_path)
+    ours = load_hf_model(tmp_path)
+    assert ours.embed.embedding[...].dtype == jnp.float32
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    tokens, mask = _batch()
+    assert np.abs(_ours(ours, tokens, mask) - _theirs(ref, tokens, mask))[mask].max() <= 1e-4
+
+
 def test_config_round_trip_through_hf_dict():
     cfgs = [
         TransformerConfig.smollm2_135m(),
