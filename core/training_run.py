@@ -47,7 +47,12 @@ def apply_restored(trainer: Trainer, restored: Restored) -> None:
     )
 
 
-_RECONNECT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+# CANCELLED: a server shutting down cancels the calls in flight (all safe to repeat).
+_RECONNECT = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+}
 
 
 class TrainerClient:

@@ -39,7 +39,12 @@ log = logging.getLogger("rlax.worker")
 WORKER_ID_ENV = "RLAX_WORKER_ID"
 
 
-_RECONNECT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+# CANCELLED: a server shutting down cancels the calls in flight (all safe to repeat).
+_RECONNECT = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+}
 
 
 class Worker:
