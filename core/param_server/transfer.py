@@ -25,6 +25,7 @@ token and the tickets keep strangers out.
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import socket
@@ -174,13 +175,30 @@ def _send_all(sock: socket.socket, views: list[memoryview]) -> None:
             views[0] = views[0][sent:]
 
 
+def _unavailable(fn):
+    """Connection failures on the lane read as gRPC's UNAVAILABLE, which callers retry."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except BulkError:
+            raise
+        except OSError as err:
+            raise BulkError(grpc.StatusCode.UNAVAILABLE, f"bulk lane: {err}") from err
+
+    return call
+
+
+@_unavailable
 def send_part(
     host: str, port: int, ticket: bytes, pieces: Iterable[tuple[int, memoryview]],
     *, timeout_s: float = 120.0,
 ) -> bytes:  # fmt: skip
     """Sends one staged part as frames; returns the server's serialized PushReply.
 
-    Raises BulkError when the server refuses the part.
+    Raises BulkError when the server refuses the part, or with UNAVAILABLE when
+    the connection fails (the server restarting, say).
     """
     with _connect(host, port, ticket, timeout_s) as sock:
         try:
@@ -202,11 +220,16 @@ def send_part(
     return payload
 
 
+@_unavailable
 def receive_into(
     host: str, port: int, ticket: bytes, buffer: bytearray,
     segments: list[tuple[int, int, int]], *, timeout_s: float = 120.0,
 ) -> None:  # fmt: skip
-    """Receives a pull's bytes into ``buffer`` and checks each segment's checksum."""
+    """Receives a pull's bytes into ``buffer`` and checks each segment's checksum.
+
+    Raises BulkError: DATA_LOSS on a checksum mismatch, UNAVAILABLE when the
+    connection fails.
+    """
     view = memoryview(buffer)
     nbytes = len(buffer)
     with _connect(host, port, ticket, timeout_s) as sock:
@@ -219,10 +242,16 @@ def receive_into(
             while next_seg < len(segments) and sum(segments[next_seg][:2]) <= got:
                 offset, length, expected = segments[next_seg]
                 if checksum(view[offset : offset + length]) != expected:
-                    raise ValueError(f"bulk pull: checksum mismatch in the segment at {offset}")
+                    raise BulkError(
+                        grpc.StatusCode.DATA_LOSS,
+                        f"bulk pull: checksum mismatch in the segment at {offset}",
+                    )
                 next_seg += 1
     if next_seg != len(segments):
-        raise ValueError(f"bulk pull: {len(segments) - next_seg} segments beyond the buffer")
+        raise BulkError(
+            grpc.StatusCode.DATA_LOSS,
+            f"bulk pull: {len(segments) - next_seg} segments beyond the buffer",
+        )
 
 
 # -- the bulk lane: server side ------------------------------------------

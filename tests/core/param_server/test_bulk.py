@@ -255,3 +255,29 @@ def test_a_host_with_no_blocks_pushes_an_empty_part(ps, bulk_lane):
         client.push_part(_part(1, 0, [], num_parts=1)[0], [])
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     client.close()
+
+
+def test_a_server_gone_mid_transfer_reads_as_unavailable(ps):
+    """Callers retry UNAVAILABLE (a restarting server); a lane failure must look the same."""
+    plan = WirePlan.for_tree(TREE)
+    ps.client.push(plan, TREE, 0)
+    ticket = ps.client._call("OpenPull", pb.PullRequest(have_version=-1), timeout=10)
+    ps.server.stop(grace=None)
+    with pytest.raises(grpc.RpcError) as err:
+        transfer.receive_into("127.0.0.1", ticket.port, ticket.ticket,
+                              bytearray(ticket.header.nbytes), [])  # fmt: skip
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(grpc.RpcError) as err:
+        transfer.send_part("127.0.0.1", ticket.port, bytes(16), [(0, memoryview(b"x"))])
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_corrupted_pull_is_data_loss(ps):
+    plan = WirePlan.for_tree(TREE)
+    ps.client.push(plan, TREE, 0)
+    ticket = ps.client._call("OpenPull", pb.PullRequest(have_version=-1), timeout=10)
+    segments = [(s.offset, s.length, s.checksum ^ 1) for s in ticket.segments]
+    with pytest.raises(grpc.RpcError) as err:
+        transfer.receive_into("127.0.0.1", ticket.port, ticket.ticket,
+                              bytearray(ticket.header.nbytes), segments)  # fmt: skip
+    assert err.value.code() == grpc.StatusCode.DATA_LOSS
