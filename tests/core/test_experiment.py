@@ -83,7 +83,7 @@ def test_missing_or_corrupt_checkpoint_is_a_configuration_error(tmp_path, capsys
     status = cli.main(["eval", *SHORT, "--checkpoint", str(tmp_path / "nowhere")])
     err = capsys.readouterr().err
     assert status == cli.EXIT_USAGE
-    assert f"--checkpoint: {tmp_path / 'nowhere'}: not an rlax model directory" in err
+    assert f"--checkpoint: {tmp_path / 'nowhere'}: no such model file or directory" in err
     assert "In call to configurable" not in err
 
     (tmp_path / "bad").mkdir()
