@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Sequence
 
 from rlax.core import config
-from rlax.core.errors import ConfigError, PluginError, Preempted
+from rlax.core.errors import ConfigError, PluginError, Preempted, RunFinished
 from rlax.core.plugins import PluginManager, build_plugin_manager
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE", "main"]
@@ -60,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args, bindings)
     except (ConfigError, PluginError) as exc:
         return _error(str(exc), EXIT_USAGE)
+    except RunFinished:
+        return 0
     except Preempted as exc:
         print(f"rlax: preempted: {str(exc).splitlines()[0]}", file=sys.stderr)
         return EXIT_PREEMPTED

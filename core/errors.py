@@ -13,6 +13,7 @@ __all__ = [
     "PluginError",
     "PluginLoadError",
     "Preempted",
+    "RunFinished",
     "UnknownPluginError",
 ]
 
@@ -39,3 +40,7 @@ class UnknownPluginError(PluginError, LookupError):
 
 class Preempted(Exception):
     """The process stopped at a safe point because it was asked to (not a failure)."""
+
+
+class RunFinished(Preempted):
+    """The run is over (the local supervisor's trainer finished): stop as at a notice, status 0."""

@@ -39,7 +39,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, Self
 
-from rlax.core.errors import Preempted
+from rlax.core.errors import Preempted, RunFinished
 
 __all__ = [
     "FileNotice",
@@ -50,6 +50,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("rlax.preemption")
+
+# The local supervisor ends a finished run's other processes with this signal
+# (not SIGTERM): they stop the same way, but exit 0 without announcing a preemption.
+FINISH_SIGNAL = signal.SIGUSR2
 
 GCE_PREEMPTED_URL = "http://metadata.google.internal/computeMetadata/v1/instance/preempted"
 
@@ -190,11 +194,15 @@ class Preemption:
         self.hook = hook
         self._event = threading.Event()
         self.reason: str | None = None
+        self.finished = False
         self._started = False
+        self._previous_finish: Any = None
 
     def start(self) -> Self:
         for source in self.sources:
             source.start(self.notify)
+        if threading.current_thread() is threading.main_thread():
+            self._previous_finish = signal.signal(FINISH_SIGNAL, self._finish)
         self._started = True
         return self
 
@@ -202,7 +210,17 @@ class Preemption:
         if self._started:
             for source in self.sources:
                 source.stop()
+            if self._previous_finish is not None:
+                signal.signal(FINISH_SIGNAL, self._previous_finish)
+                self._previous_finish = None
             self._started = False
+
+    def _finish(self, signum: int, frame: object) -> None:
+        """The supervisor's "the run is over": stop at the next safe point, quietly."""
+        self.finished = True
+        if not self._event.is_set():
+            self.reason = "the run finished"
+            self._event.set()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -231,6 +249,8 @@ class Preemption:
 
     def stop_now(self) -> None:
         """At a safe point after a notice: calls ``rlax_on_preemption`` and raises Preempted."""
+        if self.finished:
+            raise RunFinished(f"{self.role}: the run finished")
         reason = self.reason or "requested"
         if self.hook is not None:
             self.hook.rlax_on_preemption(role=self.role, reason=reason)

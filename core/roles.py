@@ -41,7 +41,7 @@ from rlax.core.param_server.persist import QueueDB, QueueDBError
 from rlax.core.param_server.server import ParamServer
 from rlax.core.param_server.settings import ADDRESS_ENV, TOKEN_ENV, ServerSettings
 from rlax.core.param_server.weight_persist import WeightPersister
-from rlax.core.preemption import Preemption
+from rlax.core.preemption import FINISH_SIGNAL, Preemption
 from rlax.core.worker import WORKER_ID_ENV
 
 log = logging.getLogger("rlax.roles")
@@ -162,9 +162,9 @@ class _Child:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -260,10 +260,13 @@ def local_cluster(
         return _supervise(trainer, children, max_restarts, stop)
     finally:
         stop.close()
+        # A finished run ends the others quietly (FINISH_SIGNAL); anything else is a notice.
+        finished = len(children) > 1 and children[1].proc.poll() == 0
+        sig = FINISH_SIGNAL if finished else signal.SIGTERM
         for child in children:  # all at once, then wait for each
-            child.signal(signal.SIGTERM)
+            child.signal(sig)
         for child in reversed(children):
-            child.stop()
+            child.stop(sig=sig)
 
 
 def _supervise(trainer: _Child, children: list[_Child], max_restarts: int, stop: Preemption) -> int:

@@ -85,3 +85,38 @@ def test_stop_now_calls_the_hook_then_raises_preempted():
     with pytest.raises(Preempted, match=r"param_server stopped at a safe point \(notice file /x\)"):
         p.stop_now()
     assert calls == [{"role": "param_server", "reason": "notice file /x"}]
+
+
+def test_the_supervisors_finish_signal_stops_quietly_with_status_0(capfd, monkeypatch):
+    """At the end of a run the supervisor sends FINISH_SIGNAL: a safe-point stop, not a preemption."""
+    from rlax.core import cli
+    from rlax.core.errors import RunFinished
+    from rlax.core.preemption import FINISH_SIGNAL
+
+    with Preemption([], role="worker") as stop:
+        signal.raise_signal(FINISH_SIGNAL)
+        assert stop.wait(5) and stop.finished and stop.reason == "the run finished"
+        with pytest.raises(RunFinished):
+            stop.stop_now()
+    assert "preemption" not in capfd.readouterr().err
+    assert signal.getsignal(FINISH_SIGNAL) is signal.SIG_DFL  # restored on close
+
+    def finished(args, bindings):
+        raise RunFinished("worker: the run finished")
+
+    monkeypatch.setattr(cli, "_parser", lambda: _FakeParser(finished))
+    assert cli.main(["run"]) == 0  # not 75: nothing to restart
+    assert capfd.readouterr().err == ""
+
+
+class _FakeParser:
+    def __init__(self, handler):
+        self.handler = handler
+
+    def parse_args(self, argv):
+        import argparse
+
+        return argparse.Namespace(command="run", handler=self.handler)
+
+    def print_usage(self, file):
+        pass
