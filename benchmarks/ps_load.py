@@ -9,7 +9,10 @@ drew must be consumed exactly once or still be accounted for in the queue
 (pool, leased, queued, taken), and the server's resident memory must stay
 flat from the end of a 10 s warm-up to the end of the run.
 
-    python benchmarks/ps_load.py [--seconds 30] [--workers 32]
+The queue is persisted in SQLite (core/param_server/persist.py) as ``rlax run``
+does, one transaction per state change; ``--in-memory`` measures it without.
+
+    python benchmarks/ps_load.py [--seconds 30] [--workers 32] [--in-memory]
 
 Prints a table, then one JSON line:
 ``{"ops_s", "p99_ms", "rss_growth_mb", "lost", "duplicated"}``.
@@ -21,6 +24,7 @@ import argparse
 import itertools
 import json
 import multiprocessing as mp
+import tempfile
 import threading
 import time
 
@@ -38,12 +42,14 @@ def _prompts():
         )
 
 
-def _server(port_q, stop_evt, capacity):
+def _server(port_q, stop_evt, capacity, db_path):
+    from rlax.core.param_server.persist import QueueDB
     from rlax.core.param_server.server import ParamServer
     from rlax.core.param_server.settings import ServerSettings
 
+    db = QueueDB(db_path) if db_path else None
     server = ParamServer(ServerSettings(address="127.0.0.1:0", token=TOKEN), _prompts(),
-                         capacity=capacity, lease_ttl_s=30.0)  # fmt: skip
+                         capacity=capacity, lease_ttl_s=30.0, queue_db=db)  # fmt: skip
     port_q.put(server.start())
     stop_evt.wait()
     server.stop(grace=None)
@@ -105,10 +111,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--workers", type=int, default=32)
+    parser.add_argument("--in-memory", action="store_true", help="no SQLite persistence")
     args = parser.parse_args()
     mp.set_start_method("spawn")
+    tmp = tempfile.TemporaryDirectory()
+    db_path = None if args.in_memory else f"{tmp.name}/queue.sqlite"
     port_q, stop_evt = mp.Queue(), mp.Event()
-    server = mp.Process(target=_server, args=(port_q, stop_evt, 256))
+    server = mp.Process(target=_server, args=(port_q, stop_evt, 256, db_path))
     server.start()
     port = port_q.get()
     trainer = _client(port)
@@ -156,7 +165,10 @@ def main() -> None:
     duplicated = len(consumed) - len(set(consumed))
     lost = q.cursor - len(set(consumed)) - (q.pool + q.leased + q.queued + q.taken)
     growth = rss[-1] - rss[0]
-    print(f"\nrollout queue under load: {args.workers} workers + 1 trainer, {args.seconds:.0f}s")
+    tmp.cleanup()
+    where = "in memory" if args.in_memory else "persisted in SQLite"
+    print(f"\nrollout queue ({where}) under load: {args.workers} workers + 1 trainer, "
+          f"{args.seconds:.0f}s")  # fmt: skip
     print(f"{'calls/s':<24}{ops:>10.0f}")
     print(
         f"{'latency p50 / p99':<24}{np.percentile(lat, 50):>8.1f} / {np.percentile(lat, 99):.1f} ms"
