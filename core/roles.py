@@ -162,9 +162,9 @@ class _Child:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
 
-    def stop(self, timeout: float = 10.0, sig: int = signal.SIGTERM) -> None:
+    def stop(self, timeout: float = 10.0, sig: int | None = None) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+            self.proc.send_signal(signal.SIGTERM if sig is None else sig)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
