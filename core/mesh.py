@@ -33,6 +33,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from rlax.core.weight_sync import leaf_name
+
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
@@ -112,17 +114,8 @@ def single_device_mesh() -> Mesh:
 
 def param_name(path: tuple) -> str:
     """``"blocks/0/attn/q/kernel"`` for a pytree key path (an nnx ``.value`` suffix dropped)."""
-    parts = []
-    for key in path:
-        for attr in ("key", "idx", "name"):
-            if hasattr(key, attr):
-                parts.append(str(getattr(key, attr)))
-                break
-        else:
-            parts.append(str(key))
-    if parts and parts[-1] == "value":
-        parts.pop()
-    return "/".join(parts)
+    name = leaf_name(path)
+    return name.removesuffix("/value") if name != "value" else ""
 
 
 def _axis_size(mesh: Mesh, axis: str | tuple[str, ...] | None) -> int:
