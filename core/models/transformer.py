@@ -284,7 +284,10 @@ class Attention(nnx.Module):
         cache_index: jax.Array | None,
     ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
         cfg = self.cfg
-        b, t, _ = x.shape
+        b, t, d = x.shape
+        # Projections on [B*T, D]: one plain matmul each (XLA:CPU runs a rank-3
+        # dot and its weight gradient markedly slower than the flattened one).
+        x = x.reshape(b * t, d)
         q = self.q(x).reshape(b, t, cfg.num_heads, cfg.head_dim)
         k = self.k(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
         v = self.v(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
@@ -302,8 +305,8 @@ class Attention(nnx.Module):
         scores = jnp.einsum("btkgh,bskh->bkgts", q, k) / jnp.sqrt(cfg.head_dim).astype(q.dtype)
         scores = jnp.where(attn_mask[:, None, None, :, :], scores, _MASKED)
         probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
-        out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(b, t, -1)
-        return self.o(out), cache
+        out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(b * t, -1)
+        return self.o(out).reshape(b, t, d), cache
 
 
 class MLP(nnx.Module):
@@ -313,7 +316,9 @@ class MLP(nnx.Module):
         self.down = nnx.Linear(cfg.mlp_dim, cfg.embed_dim, use_bias=False, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])  # [B*T, D]: see Attention
+        return self.down(jax.nn.silu(self.gate(x)) * self.up(x)).reshape(shape)
 
 
 class Block(nnx.Module):
@@ -381,11 +386,12 @@ class Transformer(nnx.Module):
 
     def logits(self, x: jax.Array) -> jax.Array:
         """The output head on hidden states [..., D] -> float32 logits [..., V]."""
+        flat = x.reshape(-1, x.shape[-1])  # [*, D]: see Attention
         if self.cfg.tie_embeddings:
-            logits = self.embed.attend(x)
+            logits = self.embed.attend(flat)
         else:
-            logits = self.head(x)
-        return logits.astype(jnp.float32)
+            logits = self.head(flat)
+        return logits.reshape(*x.shape[:-1], -1).astype(jnp.float32)
 
 
 def init_cache(cfg: TransformerConfig, batch: int, length: int, dtype=jnp.float32) -> KVCache:
