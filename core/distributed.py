@@ -17,14 +17,23 @@ does, inside the compiled step.
   copy of each: replicas are skipped), and :func:`push_local_shards` pushes
   them as this host's part of a version; the parameter server assembles the
   parts, and workers pull whole tensors.
+- The trainer's loop is one controller (process 0, :func:`is_lead`) with
+  followers: :func:`run_on_lead` runs a piece of host code (taking a batch
+  from the parameter server) on process 0 and gives its result, or its
+  exception, to every process; :func:`broadcast_object` and
+  :func:`allgather_objects` move small Python values (a batch, the metrics,
+  a preemption flag) between processes; :func:`gather_tree` makes whole numpy
+  arrays of a sharded tree on every process (evaluation, export). Each is a
+  no-op with one process, and every process must call it at the same point.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -32,7 +41,8 @@ import ml_dtypes
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from rlax.core.mesh import batch_spec, param_name
+from rlax.core.mesh import batch_spec
+from rlax.core.weight_sync import leaf_name
 
 ENV = {
     "coordinator": "RLAX_COORDINATOR",
@@ -86,6 +96,13 @@ def initialize(settings: DistributedSettings | None = None) -> bool:
     s = (settings or DistributedSettings()).resolved()
     if s.num_processes in (None, 1):
         return False
+    if jax.distributed.is_initialized():  # the CLI did it before gin built anything
+        if jax.process_count() != s.num_processes:
+            raise ValueError(
+                f"distributed: already initialized with {jax.process_count()} processes, "
+                f"asked for {s.num_processes}"
+            )
+        return True
     if not s.coordinator or s.process_id is None or not 0 <= s.process_id < s.num_processes:
         raise ValueError(
             f"distributed: {s.num_processes} processes need a coordinator and a process id "
@@ -99,6 +116,106 @@ def initialize(settings: DistributedSettings | None = None) -> bool:
         initialization_timeout=s.initialization_timeout_s,
     )
     return True
+
+
+# -------------------------------------------------------------------------
+# One controller: process 0 decides, every process gets its decision
+# -------------------------------------------------------------------------
+
+
+def is_lead() -> bool:
+    """True on process 0: the one that talks to the rollout queue, evaluates and writes files."""
+    return jax.process_index() == 0
+
+
+def _padded(n: int) -> int:
+    # A power of two: the collectives below compile once per size, not once per message.
+    return max(1024, 1 << (n - 1).bit_length())
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Process 0's ``obj`` (any picklable value), returned on every process.
+
+    The others' ``obj`` is ignored. One broadcast of the size, one of the
+    pickled bytes (padded to a power of two).
+    """
+    if jax.process_count() == 1:
+        return obj
+    from jax.experimental import multihost_utils
+
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if is_lead() else b""
+    size = int(multihost_utils.broadcast_one_to_all(np.array(len(data), np.int64)))
+    buffer = np.zeros(_padded(size), np.uint8)
+    buffer[: len(data)] = np.frombuffer(data, np.uint8)
+    buffer = multihost_utils.broadcast_one_to_all(buffer)
+    return obj if is_lead() else pickle.loads(buffer[:size].tobytes())
+
+
+def allgather_objects(obj: Any) -> list[Any]:
+    """Every process's ``obj`` (small, picklable), in process order, on every process."""
+    if jax.process_count() == 1:
+        return [obj]
+    from jax.experimental import multihost_utils
+
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    sizes = multihost_utils.process_allgather(np.array(len(data), np.int64))
+    buffer = np.zeros(_padded(int(sizes.max())), np.uint8)
+    buffer[: len(data)] = np.frombuffer(data, np.uint8)
+    buffers = multihost_utils.process_allgather(buffer)
+    return [pickle.loads(b[:n].tobytes()) for b, n in zip(buffers, sizes.tolist())]
+
+
+class LeadFailed(RuntimeError):
+    """Process 0 failed in code only it runs; the other processes raise this instead."""
+
+
+def run_on_lead(fn: Callable[[], Any]) -> Any:
+    """``fn()`` run on process 0 only; its result — or its exception — on every process.
+
+    An exception that is an :class:`~rlax.core.errors.Preempted` (a safe
+    point after a notice) is raised as itself everywhere, so every process
+    stops at the same point; any other is raised on process 0 and as
+    :class:`LeadFailed` (naming it) on the others.
+    """
+    if jax.process_count() == 1:
+        return fn()
+    from rlax.core.errors import Preempted
+
+    if not is_lead():
+        kind, value = broadcast_object(None)
+        if kind == "raise":
+            raise value
+        return value
+    try:
+        result = fn()
+    except Preempted as err:
+        broadcast_object(("raise", err))
+        raise
+    except Exception as err:
+        broadcast_object(("raise", LeadFailed(f"trainer process 0: {type(err).__name__}: {err}")))
+        raise
+    broadcast_object(("ok", result))
+    return result
+
+
+def gather_tree(tree: Any) -> Any:
+    """``tree`` with every array whole, as numpy, on every process (a collective).
+
+    With one process every array is whole already: ``tree`` is returned as it is.
+    """
+    if jax.process_count() == 1:
+        return tree
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def barrier(name: str) -> None:
+    """Waits until every process has reached the barrier called ``name``."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
 
 
 # -------------------------------------------------------------------------
@@ -158,7 +275,8 @@ class LocalShard:
     """One block of one tensor, held by this process.
 
     Attributes:
-      name: the tensor's name (``"blocks/0/attn/q/kernel"``).
+      name: the tensor's name on the wire (:func:`rlax.core.weight_sync.leaf_name`,
+        ``"blocks/0/attn/q/kernel/value"``), as in a whole-model push.
       index: the tensor's position in the model's flattened tree.
       shape: the whole tensor's shape.
       start: the block's first index per dimension.
@@ -197,7 +315,8 @@ def local_shards(tree: Any, wire_dtype: str = "float32") -> list[LocalShard]:
             procs = sorted(holders[start])
             if procs[(i + k) % len(procs)] == me:
                 data = np.asarray(local[start].data).astype(wire)
-                out.append(LocalShard(param_name(path), i, tuple(x.shape), start, data))
+                # The wire names of a whole-model push (WirePlan), so workers see one layout.
+                out.append(LocalShard(leaf_name(path), i, tuple(x.shape), start, data))
     return out
 
 
@@ -246,7 +365,8 @@ def push_local_shards(
         num_parts=jax.process_count(),
         wire_dtype=wire_dtype,
     )
-    buffer = np.concatenate([s.data.reshape(-1).view(np.uint8) for s in shards])
+    pieces = [s.data.reshape(-1).view(np.uint8) for s in shards]
+    buffer = np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)  # a host with no blocks
     return client.push_part(header, chunks(buffer, chunk_bytes))
 
 

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from rlax.core import distributed
-from rlax.core.mesh import MeshConfig, make_mesh, param_name
+from rlax.core.mesh import MeshConfig, make_mesh
+from rlax.core.weight_sync import WirePlan, leaf_name
 
 HERE = pathlib.Path(__file__).parent
 sys.path.insert(0, str(HERE))
@@ -87,10 +88,10 @@ def single_process_run():
     trainer = case.trainer(mesh=None)
     metrics = [trainer.step(case.batch(s)) for s in range(case.STEPS)]
     params = {
-        param_name(p): np.asarray(x)
+        leaf_name(p): np.asarray(x)
         for p, x in jax.tree_util.tree_flatten_with_path(trainer.state.params)[0]
     }
-    return params, metrics
+    return params, metrics, WirePlan.for_tree(trainer.state.params)
 
 
 def test_process_rows_cover_the_batch_once():
@@ -111,7 +112,7 @@ def test_two_processes_equal_one_and_their_push_pulls_back_whole(
     rows = [m["rows"] for m in metas]
     assert sorted(rows[0] + rows[1]) == list(range(case.ROWS)) and len(rows[0]) == case.ROWS // 2
     # The shards of both processes tile every tensor exactly once (replicas pushed once).
-    want, want_metrics = single_process_run
+    want, want_metrics, plan = single_process_run
     assert {s.name for s in shards} == set(want)
     covered = {name: 0 for name in want}
     for s in shards:
@@ -138,5 +139,6 @@ def test_two_processes_equal_one_and_their_push_pulls_back_whole(
         for t in tensors
     }
     assert [t["name"] for t in tensors] == list(want)  # the model's order
+    plan.check_layout(tensors)  # what a worker checks: the layout of a whole-model push
     for name, x in got.items():
         np.testing.assert_array_equal(pulled[name], x, err_msg=name)
