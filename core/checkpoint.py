@@ -21,6 +21,15 @@ helper thread then reads the arrays back from disk and writes their CRC32s
 be read, whose leaves do not match the live state, or whose arrays fail
 their CRC32 is moved aside (``DIR/<step>.corrupt``, nothing deleted) with a
 warning that says why, and the next older one is tried.
+
+With several trainer processes (docs/mesh.md) every process calls
+:meth:`Checkpointer.save`, :meth:`Checkpointer.restore_latest` and
+:meth:`Checkpointer.close` at the same points, on a directory they share:
+orbax writes each process's shards and process 0's metadata. Process 0 alone
+reads a checkpoint back whole for the checksums and decides whether one
+restores (its verdict goes to every process); each process then restores its
+own shards, laid out as the live state. Moving a checkpoint aside is process
+0's job too.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from rlax.core import distributed
 from rlax.core.weight_sync import leaf_name
 
 log = logging.getLogger("rlax.checkpoint")
@@ -150,8 +160,9 @@ class Checkpointer:
         )
         errors: list[BaseException] = []
         thread = threading.Thread(
-            target=self._finish, args=(step, errors), name=f"rlax-checkpoint-{step}", daemon=True
-        )
+            target=self._finish, args=(step, len(named), errors), name=f"rlax-checkpoint-{step}",
+            daemon=True,
+        )  # fmt: skip
         thread.start()
         self._pending = (step, thread, errors)
         self.last_blocking_s = time.perf_counter() - start
@@ -176,20 +187,24 @@ class Checkpointer:
         if self.on_saved is not None:
             self.on_saved(step, str(self.directory / str(step)))
 
-    def _finish(self, step: int, errors: list) -> None:
+    def _finish(self, step: int, leaves: int, errors: list) -> None:
         try:
             self._manager.wait_until_finished()
-            self._write_checksums(step)
+            if distributed.is_lead():
+                self._write_checksums(step, leaves)
         except BaseException as err:  # noqa: BLE001 -- handed to wait() in the caller's thread
             errors.append(err)
 
-    def _write_checksums(self, step: int) -> None:
+    def _write_checksums(self, step: int, leaves: int) -> None:
         """Adds each leaf's CRC32 beside the checkpoint (read back from disk, after orbax)."""
         path = self.directory / str(step)
-        restored = self._manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore())
-        )
-        flat = restored["state"]
+        if jax.process_count() == 1:
+            restored = self._manager.restore(
+                step, args=ocp.args.Composite(state=ocp.args.StandardRestore())
+            )
+            flat = restored["state"]
+        else:  # the manager's restore is a collective: read the whole arrays alone
+            flat = self._read_alone(step, leaves)
         sums = {k: crc32(np.asarray(flat[k])) for k in sorted(flat)}
         tmp = path / "crc32.json.tmp"
         tmp.write_text(json.dumps(sums))
@@ -220,7 +235,42 @@ class Checkpointer:
                 warnings.warn(message, CorruptCheckpointWarning, stacklevel=2)
         return None
 
+    def _read_alone(self, step: int, leaves: int) -> dict[str, np.ndarray]:
+        """``step``'s arrays, whole, as numpy, read by this process alone (no barrier)."""
+        alone = ocp.options.MultiprocessingOptions(
+            primary_host=None, active_processes={jax.process_index()}
+        )
+        args = ocp.args.PyTreeRestore(
+            restore_args={_key(i): ocp.RestoreArgs(restore_type=np.ndarray) for i in range(leaves)}
+        )
+        handler = ocp.PyTreeCheckpointHandler(multiprocessing_options=alone)
+        with ocp.Checkpointer(handler, multiprocessing_options=alone) as reader:
+            return reader.restore(self.directory / str(step) / "state", args=args)
+
+    def _verify(self, step: int, named: list[tuple[str, Any]]) -> dict[str, Any]:
+        """``step``'s metadata, once its format, leaves and CRC32s check out (process 0)."""
+        path = self.directory / str(step)
+        alone = ocp.options.MultiprocessingOptions(
+            primary_host=None, active_processes={jax.process_index()}
+        )
+        meta = ocp.JsonCheckpointHandler(multiprocessing_options=alone).restore(path / "meta")
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT!r}")
+        if [n for n, _, _ in meta["leaves"]] != [n for n, _ in named]:
+            raise ValueError("its leaves do not match the trainer's state (another model?)")
+        sums_path = path / "crc32.json"
+        if not sums_path.is_file():
+            raise ValueError("no crc32.json: the save did not finish")
+        sums = json.loads(sums_path.read_text())
+        flat = self._read_alone(step, len(named))
+        for i, (name, _) in enumerate(named):
+            if crc32(flat[_key(i)]) != sums.get(_key(i)):
+                raise ValueError(f"CRC32 mismatch in {name!r}")
+        return meta
+
     def _restore(self, step: int, template: Any) -> Restored:
+        if jax.process_count() > 1:
+            return self._restore_shards(step, template)
         path = self.directory / str(step)
         named, treedef = _describe(template)
         abstract = {
@@ -249,11 +299,29 @@ class Checkpointer:
         state = jax.tree_util.tree_unflatten(treedef, [flat[_key(i)] for i in range(len(named))])
         return Restored(step=step, state=state, meta=meta, path=path)
 
+    def _restore_shards(self, step: int, template: Any) -> Restored:
+        """Several processes: process 0 checks the checkpoint, then each restores its shards."""
+        named, treedef = _describe(template)
+        meta = distributed.run_on_lead(lambda: self._verify(step, named))
+        abstract = {
+            _key(i): jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, "sharding", None))
+            for i, (_, x) in enumerate(named)
+        }  # fmt: skip
+        flat = self._manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
+        )["state"]
+        state = jax.tree_util.tree_unflatten(treedef, [flat[_key(i)] for i in range(len(named))])
+        return Restored(step=step, state=state, meta=meta, path=self.directory / str(step))
+
     def _set_aside(self, step: int, why: str) -> pathlib.Path:
         src = self.directory / str(step)
-        dst = self.directory / f"{step}.{why}-{int(time.time() * 1000)}"
-        if src.exists():
+        # Process 0 picks the name and moves it (the directory is shared); the others wait.
+        dst = distributed.run_on_lead(
+            lambda: self.directory / f"{step}.{why}-{int(time.time() * 1000)}"
+        )
+        if distributed.is_lead() and src.exists():
             shutil.move(src, dst)
+        distributed.barrier(f"rlax-checkpoint-aside-{step}")
         # orbax caches the steps it has seen: reopen so it forgets the moved one.
         self._manager.close()
         self._manager = self._open()

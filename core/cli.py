@@ -11,16 +11,24 @@ Start-up, in this order: build the plugin manager and load the plugins
 (registering their components with gin), register the core configurables,
 parse the gin files and bindings; then call the configured ``rlax.train`` or
 ``rlax.evaluate``. Exit statuses are the ``EXIT_*`` constants below.
+
+A trainer of several processes (``rlax.train.distributed``, or the
+``RLAX_*`` variables of docs/mesh.md) joins the others before gin builds
+anything (the sampler, the task): JAX's multi-process runtime must start
+before any code touches a device.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import pathlib
 import sys
 import traceback
 from collections.abc import Sequence
+
+import gin
 
 from rlax.core import config
 from rlax.core.errors import ConfigError, PluginError, Preempted, RunFinished
@@ -188,11 +196,26 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> int:
         child_argv += ["--run-dir", str(run_dir)]
         return _status(config.configured("rlax", "local_cluster")(argv=child_argv))
     if role in ("trainer", "inline"):
+        _join_trainer_processes()
         train = config.configured("rlax", "train")
         extra = {"inline": True} if role == "inline" else {}
         return _status(train(hook=pm.hook, run_dir=args.run_dir, **extra))
     extra = {"run_dir": args.run_dir} if role == "param_server" and args.run_dir else {}
     return _status(config.configured("rlax", role)(hook=pm.hook, **extra))
+
+
+def _join_trainer_processes() -> None:
+    """``jax.distributed.initialize`` with ``rlax.train.distributed`` (a no-op for one process)."""
+    from rlax.core import distributed
+
+    try:
+        settings = copy.deepcopy(gin.query_parameter("rlax.train.distributed"))  # evaluates it
+    except ValueError:  # not bound: the environment may still ask for several processes
+        settings = None
+    try:
+        distributed.initialize(settings)
+    except ValueError as err:
+        raise ConfigError(f"rlax.train.distributed: {err}") from err
 
 
 def _eval(args: argparse.Namespace, bindings: list[str]) -> int:

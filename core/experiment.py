@@ -21,6 +21,13 @@ exits with status 75. With ``deterministic`` (needs ``max_staleness = 0``;
 workers set it too) every batch is put in a fixed order, so a run stopped and
 resumed ends with the same parameters as one that never stopped.
 
+The trainer role may run as several processes, one per host, over one device
+mesh (``rlax.train.distributed``, docs/mesh.md). Process 0 leads: it makes
+the run directory, takes each batch from the parameter server and hands it to
+every process (each feeds its own rows to the step), evaluates, writes the
+files and exports the final policy from the gathered parameters; every
+process pushes its shards of each new version and checkpoints its part.
+
 The loop never branches on which algorithm, reward or sampler it runs; their
 contracts are the Protocols in ``core/rollout.py`` and ``core/trainer.py``.
 """
@@ -36,10 +43,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 import optax
+from flax import nnx
 from tqdm import tqdm
 
+from rlax.core import distributed as multihost
 from rlax.core.batching import make_batch
 from rlax.core.checkpoint import Checkpointer
 from rlax.core.distributed import DistributedSettings
@@ -48,13 +58,14 @@ from rlax.core.errors import ConfigError
 from rlax.core.mesh import MeshConfig, make_mesh
 from rlax.core.metrics import mean_pass_at_k
 from rlax.core.models.bundle import ModelBundle, load_model, save_model
+from rlax.core.models.tokenizer import CharTokenizer
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.plot import plot_curves
 from rlax.core.preemption import Preemption
 from rlax.core.rollout import generated_tokens, rollout
 from rlax.core.rollout_source import InlineRollouts, RemoteRollouts
-from rlax.core.trainer import Trainer, TrainerSettings
+from rlax.core.trainer import Trainer, TrainerSettings, batch_arrays
 from rlax.core.training_run import TrainingRun, apply_restored, state_tree
 from rlax.core.types import Group, Prompt
 from rlax.core.weight_sync import WirePlan
@@ -133,37 +144,64 @@ def _entry_order(entry) -> tuple:
     return (1, "", np.asarray(entry, np.float32).tobytes().hex())
 
 
+def _take_batch(source, trainer: Trainer, version: int, *, group_size: int, completion_len: int,
+                deterministic: bool):  # fmt: skip
+    """Process 0's part of a step: (metrics so far, the TrainBatch or None, generated tokens)."""
+    entries, info = source.next_batch(version)
+    if deterministic:
+        entries = sorted(entries, key=_entry_order)
+    rewards = np.concatenate([e.rewards if isinstance(e, Group) else e for e in entries])
+    kept = [e for e in entries if isinstance(e, Group)]
+    metrics: dict[str, float] = {
+        "reward": float(rewards.mean()),
+        "pass_rate": float((rewards >= 1.0).mean()),
+        "groups_kept": len(kept),
+        **info,
+    }
+    batch = None
+    if kept:
+        advantages = trainer.algorithm.advantages(np.stack([g.rewards for g in kept]))
+        batch = make_batch(
+            kept, advantages, row_multiple=8 * group_size, completion_len=completion_len
+        )
+    return metrics, batch, generated_tokens(kept)
+
+
+def _own_rows(trainer: Trainer, batch):
+    """The rows of the global ``batch`` this process feeds (all of them with one process)."""
+    if jax.process_count() == 1:
+        return batch
+    arrays = batch_arrays(batch)
+    rows = multihost.process_rows(trainer.mesh, len(arrays["tokens"]))
+    return {name: x[rows] for name, x in arrays.items()}
+
+
 def _train_step(step: int, source, trainer: Trainer, *, group_size: int, completion_len: int,
                 version_offset: int = 0, deterministic: bool = False):  # fmt: skip
     """Takes one batch, updates, publishes the new weights; returns the step's metrics.
 
     The weight version is the trainer's step plus ``version_offset`` (nonzero
     after a resume that had to skip versions a lost trainer had published).
+    With several processes, process 0 takes the batch and every process gets
+    it (a notice that stopped process 0 waiting for rollouts stops them all
+    here); each trains on its own rows and pushes its part of the weights.
     """
     start = time.perf_counter()
-    entries, info = source.next_batch(trainer.state.step + version_offset)
-    if deterministic:
-        entries = sorted(entries, key=_entry_order)
-    rewards = np.concatenate([e.rewards if isinstance(e, Group) else e for e in entries])
-    kept = [e for e in entries if isinstance(e, Group)]
-    metrics: dict[str, float] = {
-        "step": step,
-        "reward": float(rewards.mean()),
-        "pass_rate": float((rewards >= 1.0).mean()),
-        "groups_kept": len(kept),
-        **info,
-    }
-    if kept:
-        advantages = trainer.algorithm.advantages(np.stack([g.rewards for g in kept]))
-        batch = make_batch(
-            kept, advantages, row_multiple=8 * group_size, completion_len=completion_len
+    metrics, batch, tokens = multihost.run_on_lead(
+        functools.partial(
+            _take_batch, source, trainer, trainer.state.step + version_offset,
+            group_size=group_size, completion_len=completion_len, deterministic=deterministic,
         )
-        metrics.update(trainer.step(batch))
+    )  # fmt: skip
+    metrics = {"step": step, **metrics}
+    if batch is not None:
+        metrics.update(trainer.step(_own_rows(trainer, batch)))
         metrics.update(source.publish(trainer.state.params, trainer.state.step + version_offset))
-    source.done()
+    if multihost.is_lead():
+        source.done()
     metrics["version"] = trainer.state.step + version_offset
     elapsed = time.perf_counter() - start
-    metrics["tokens_per_s"] = generated_tokens(kept) / elapsed
+    metrics["tokens_per_s"] = tokens / elapsed
     metrics["step_s"] = elapsed
     return metrics
 
@@ -226,19 +264,27 @@ def train(
     keeping the newest ``keep_checkpoints``; ``preemption_notices`` are the
     notice sources (None: SIGTERM and SIGINT). ``mesh``, ``trainer_settings``
     and ``distributed`` lay the trainer out on devices and hosts
-    (docs/mesh.md; None: one device).
+    (docs/mesh.md; None: one device). With several processes, every one runs
+    this function with the same configuration and the same ``run_dir`` (on
+    storage they share; without one, process 0 makes it).
 
     Raises:
       Preempted: a notice came; the state was checkpointed (exit status 75).
     """
     hook = hook or _NoHooks()
-    initialize_distributed(distributed)  # before anything touches a device
+    initialize_distributed(distributed)  # before anything touches a device (the CLI did it first)
     if deterministic and max_staleness != 0:
         raise ConfigError(f"rlax.train.deterministic needs max_staleness = 0, got {max_staleness}")
+    if inline and jax.process_count() > 1:
+        raise ConfigError("--role inline runs in one process; several hosts run --role trainer")
+    lead = multihost.is_lead()
     bundle = _load_policy(init_checkpoint, "rlax.train.init_checkpoint")
-    run_dir = pathlib.Path(run_dir) if run_dir else make_run_dir(run_root, run_name)
+    if not run_dir:
+        run_dir = multihost.run_on_lead(lambda: make_run_dir(run_root, run_name))
+    run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    _save_config(run_dir)
+    if lead:
+        _save_config(run_dir)
     sampler.setup(bundle.model, bundle.tokenizer)
     trainer = Trainer(
         bundle.model, algorithm, optimizer, temperature=sampler.temperature,
@@ -247,7 +293,7 @@ def train(
     plan = WirePlan.for_tree(trainer.state.params, settings.wire_dtype if settings else "float32")
     ckpt = Checkpointer(
         run_dir / "train_state", every=checkpoint_every, keep=keep_checkpoints,
-        on_saved=lambda step, path: hook.rlax_on_checkpoint(step=step, path=path),
+        on_saved=(lambda step, path: hook.rlax_on_checkpoint(step=step, path=path)) if lead else None,
     )  # fmt: skip
     restored = ckpt.restore_latest(state_tree(trainer.state))
     if restored is not None:
@@ -269,13 +315,14 @@ def train(
             evaluate_pass_at_k, sampler, reward, eval_prompts,
             samples=eval_samples, ks=eval_ks, seed=seed + 1, progress=progress,
         )  # fmt: skip
-        results = {"before": run.eval_before or evaluate_now()}
+        results = {"before": run.eval_before or multihost.run_on_lead(evaluate_now)}
         run.eval_before = results["before"]
-        print(
-            f"held-out pass@k of the base policy ({len(eval_prompts)} problems x {eval_samples} "
-            f"samples)\n{format_eval_table(results)}",
-            flush=True,
-        )
+        if lead:
+            print(
+                f"held-out pass@k of the base policy ({len(eval_prompts)} problems x "
+                f"{eval_samples} samples)\n{format_eval_table(results)}",
+                flush=True,
+            )
         run.loop(
             steps, hook, progress, group_size=group_size, completion_len=sampler.max_new_tokens
         )
@@ -283,24 +330,50 @@ def train(
         preemption.close()
         source.close()
         ckpt.close()
-    sampler.load_weights(trainer.state.params, trainer.state.step)
-    results["after"] = evaluate_now()
-    _finish(run_dir, hook, trainer, bundle, run.log, results)
+    params = multihost.gather_tree(trainer.state.params)  # whole arrays, for one host's use
+
+    def evaluate_after() -> dict[str, float]:
+        sampler.load_weights(params, trainer.state.step)
+        return evaluate_now()
+
+    results["after"] = multihost.run_on_lead(evaluate_after)  # the others wait for it
+    model = nnx.merge(trainer.graphdef, params)
+    _finish(run_dir, hook, trainer.state.step, model, bundle, run.log, results)
     return 0
 
 
-def _finish(run_dir, hook, trainer, bundle, log, results) -> None:
+def _export(path: pathlib.Path, bundle: ModelBundle) -> None:
+    """``save_model`` from process 0; with several processes the others take part where needed.
+
+    The rlax format's parameters are an orbax checkpoint, whose save is a
+    collective in a multi-process program (every process calls it; process 0
+    writes the arrays it was given whole). An HF directory is process 0's alone.
+    """
+    if multihost.is_lead() or (
+        jax.process_count() > 1 and isinstance(bundle.tokenizer, CharTokenizer)
+    ):
+        save_model(path, bundle)
+
+
+def _finish(run_dir, hook, step, model, bundle, log, results) -> None:
+    """Exports the final policy and writes the results (process 0; the others help export)."""
+    lead = multihost.is_lead()
     # Written beside, then swapped in: a resumed run replaces the final policy of an earlier one.
     final, new, old = (run_dir / n for n in ("checkpoint", "checkpoint.new", "checkpoint.old"))
-    for stale in (new, old):
-        shutil.rmtree(stale, ignore_errors=True)
-    save_model(new, ModelBundle(trainer.model(), bundle.tokenizer, {"step": trainer.state.step}))
+    if lead:
+        for stale in (new, old):
+            shutil.rmtree(stale, ignore_errors=True)
+    multihost.barrier("rlax-export")
+    _export(new, ModelBundle(model, bundle.tokenizer, {"step": step}))
+    multihost.barrier("rlax-exported")
+    if not lead:
+        return
     if final.exists():
         final.rename(old)
     new.rename(final)
     shutil.rmtree(old, ignore_errors=True)
     ckpt = final
-    hook.rlax_on_checkpoint(step=trainer.state.step, path=str(ckpt))
+    hook.rlax_on_checkpoint(step=step, path=str(ckpt))
     (run_dir / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
     if log.rows:
         plot_curves(log.rows, run_dir / "curves.png", title=run_dir.name)

@@ -9,6 +9,10 @@ same for both.
 
 ``next_batch`` returns one entry per prompt: a scored :class:`Group`, or just
 the rewards (a float array) of a group an online curation filter dropped.
+
+With several trainer processes (docs/mesh.md) only process 0 calls
+``next_batch`` and ``done``; every process calls ``publish``, and each pushes
+the shards it holds as its part of one multi-part version.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import jax
+
+from rlax.core import distributed
 from rlax.core.batch_filling import Entry, extra_rounds, fill_batch
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.rollout import kept_by_filters, rollout
@@ -91,13 +98,51 @@ class RemoteRollouts:
         self._kept = self._stale = 0
 
     def publish(self, params, version: int) -> dict[str, float]:
+        """Pushes ``params`` as ``version``; every trainer process calls it.
+
+        One process pushes the whole tree; several push one part each (the
+        shards they hold), and the server commits the version when the last
+        part arrives.
+        """
         start = time.perf_counter()
-        # push streams host-resident leaves from their own memory; it packs only when needed.
-        reply = self.client.push(self.plan, params, version)
-        if not reply.committed:
-            raise RuntimeError(f"parameter server did not commit version {version}")
+        if jax.process_count() == 1:
+            # push streams host-resident leaves from their own memory; it packs only when needed.
+            reply = self.client.push(self.plan, params, version)
+            if not reply.committed:
+                raise RuntimeError(f"parameter server did not commit version {version}")
+        else:
+            self._push_part(params, version)
         seconds = time.perf_counter() - start
         return {"weight_sync_s": seconds, "weight_sync_mb_s": self.plan.nbytes / 2**20 / seconds}
+
+    def _push_part(self, params, version: int) -> None:
+        """This process's part of ``version``; raises on every process if any part failed."""
+        from rlax.core.errors import Preempted
+        from rlax.core.training_run import LostStep  # (it imports this module)
+
+        error: Exception | None = None
+        try:
+            reply = distributed.push_local_shards(
+                self.client, params, version, wire_dtype=self.plan.wire_dtype.name,
+                chunk_bytes=self.client.settings.chunk_mb << 20,
+            )  # fmt: skip
+            # The last part to arrive commits; a part retried after it got through is a duplicate.
+            mine: tuple = ("ok", bool(reply.committed or reply.duplicate))
+        except Preempted as err:  # the server went away after a notice
+            error, mine = err, ("lost", str(err))
+        except Exception as err:  # noqa: BLE001 -- every process must learn of it, then raise
+            error, mine = err, ("error", f"{type(err).__name__}: {err}")
+        outcomes = distributed.allgather_objects(mine)
+        if error is not None:
+            raise error
+        for process, (kind, detail) in enumerate(outcomes):
+            if kind != "ok":
+                raise (LostStep if kind == "lost" else RuntimeError)(
+                    f"trainer process {process} could not push its part of version {version}: "
+                    f"{detail}"
+                )
+        if not any(done for _, done in outcomes):
+            raise RuntimeError(f"parameter server did not commit version {version}")
 
     def next_batch(self, version: int) -> tuple[list[Entry], dict[str, float]]:
         self._kept = self._stale = 0

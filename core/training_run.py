@@ -6,6 +6,14 @@ before training — and does the resume (DESIGN.md §5): restore the newest good
 checkpoint, continue the metrics log, roll the rollout queue back to the
 checkpoint (or fast-forward the inline source), re-publish the weights.
 :class:`TrainerClient` is the parameter-server client as the trainer uses it.
+
+With several trainer processes (docs/mesh.md) the loop runs on every process
+and process 0 leads: it alone talks to the rollout queue (taking, acking,
+rolling back), writes the metrics log and calls the step hooks; every process
+trains, pushes its part of the weights and checkpoints (orbax coordinates
+them). After each step the processes agree on one outcome — whether any of
+them saw a preemption notice or lost its step — so all of them checkpoint
+and stop at the same step.
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
+import pathlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +30,7 @@ from typing import Any
 import grpc
 from tqdm import tqdm
 
+from rlax.core import distributed
 from rlax.core.checkpoint import Restored
 from rlax.core.errors import Preempted
 from rlax.core.metrics import MetricsLog
@@ -128,6 +139,20 @@ class TrainerClient:
                 return pb.PushReply(version=version, committed=True)
             raise
 
+    def push_part(self, header: Any, pieces: Any) -> Any:
+        """One trainer process's part of a version, retried like :meth:`push`.
+
+        A retry sends the same ``push_id``, so a part that got through is
+        answered as a duplicate.
+        """
+        pieces = list(pieces)  # views into one buffer: a retry sends them again
+        try:
+            return self._retry("Push", lambda: self._client.push_part(header, iter(pieces)))
+        except _AlreadyDone:  # the version was committed meanwhile: our part had arrived
+            if self._client.stat().version >= header.version:
+                return pb.PushReply(version=header.version, duplicate=True)
+            raise
+
 
 class LostStep(Preempted):
     """After a notice the server went away mid-step: stop without saving; the step is redone."""
@@ -167,7 +192,9 @@ class TrainingRun:
         self._saved_step = restored.step if restored is not None else None
         self.version_offset = int(meta.get("version_offset", 0))
         self.eval_before = meta.get("eval_before")
-        self.log = MetricsLog(run_dir / "metrics.jsonl")
+        self.lead = distributed.is_lead()  # process 0 of the trainer (always, with one process)
+        # Every process keeps the rows (the same on each); process 0 writes the file.
+        self.log = MetricsLog(run_dir / "metrics.jsonl" if self.lead else pathlib.Path(os.devnull))
         self.remote = isinstance(source, RemoteRollouts)
         if self.remote:
             source.client = TrainerClient(source.client, preemption)
@@ -190,14 +217,10 @@ class TrainingRun:
             self.source.publish(self.trainer.state.params, self.version)
             return
         restored_version = self.version
-        served = self.source.client.stat().version
-        # Versions only grow: if a lost trainer published past our checkpoint, skip past it.
-        new_version = restored_version if served <= restored_version else served + 1
+        served, new_version, back = distributed.run_on_lead(
+            lambda: self._roll_back_queue(restored_version)
+        )
         self.version_offset += new_version - restored_version
-        back = recovery.resume_trainer(
-            self.source.client._client,  # the plain client
-            restored_version=restored_version, new_version=new_version,
-        )  # fmt: skip
         if served != new_version:
             self.source.publish(self.trainer.state.params, new_version)
         if self.restored is not None:
@@ -208,9 +231,20 @@ class TrainingRun:
                 flush=True,
             )
 
+    def _roll_back_queue(self, restored_version: int) -> tuple[int, int, dict]:
+        """(served version, the version to publish, what went back to the queue); process 0."""
+        served = self.source.client.stat().version
+        # Versions only grow: if a lost trainer published past our checkpoint, skip past it.
+        new_version = restored_version if served <= restored_version else served + 1
+        back = recovery.resume_trainer(
+            self.source.client._client,  # the plain client
+            restored_version=restored_version, new_version=new_version,
+        )  # fmt: skip
+        return served, new_version, back
+
     def _continue_metrics(self) -> None:
         path = self.log.path
-        if not path.exists():
+        if not self.lead or not path.exists():  # process 0 keeps the file
             return
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         kept = [r for r in rows if r.get("step", 0) < self.step]
@@ -230,42 +264,72 @@ class TrainingRun:
         source._step = int(meta["rng"]["sampler_step"])  # its sampling-seed counter
 
     def loop(self, steps: int, hook, progress: bool, **step_args) -> None:
-        bar = tqdm(range(self.step, steps), desc="rl", disable=not progress, initial=self.step,
-                   total=steps)  # fmt: skip
-        if self.preemption.requested:
+        bar = tqdm(range(self.step, steps), desc="rl", disable=not (progress and self.lead),
+                   initial=self.step, total=steps)  # fmt: skip
+        if self._agree(None, None)[1]:
             self._stop()
         for step in bar:
+            lost = None
             try:
                 metrics = self.train_step(
                     step, self.source, self.trainer, version_offset=self.version_offset,
                     deterministic=self.deterministic, **step_args,
                 )  # fmt: skip
             except LostStep as err:  # the state holds half a step: keep the last checkpoint
-                print(f"rlax: trainer: {err}; step {step} is redone after the restart",
+                metrics, lost = None, str(err)
+            except Preempted as err:  # on every process: process 0 stopped waiting for rollouts
+                if not self.preemption.requested:
+                    self.preemption.notify(f"trainer process 0: {err}")
+                self._stop()
+            lost, stop, metrics = self._agree(lost, metrics)
+            if lost is not None:
+                print(f"rlax: trainer: {lost}; step {step} is redone after the restart",
                       flush=True)  # fmt: skip
                 self.ckpt.wait()
                 self.preemption.stop_now()
-            except Preempted:
-                self._stop()
             self.step = step + 1
             # The save started a step ago must be complete before this step counts, so a
             # crash never redoes more than checkpoint_every steps (it rarely has to wait).
             self.ckpt.wait()
             self.log.write(metrics)
-            bar.set_postfix(
-                reward=f"{metrics['reward']:.2f}", kl=f"{metrics.get('kl_old', 0):.1e}",
-                refresh=False,
-            )  # fmt: skip
-            hook.rlax_on_step_end(step=step, metrics=metrics)
-            hook.rlax_on_weights_published(version=self.version)
-            if self.ckpt.due(self.step) or self.step == steps or self.preemption.requested:
+            if self.lead:
+                bar.set_postfix(
+                    reward=f"{metrics['reward']:.2f}", kl=f"{metrics.get('kl_old', 0):.1e}",
+                    refresh=False,
+                )  # fmt: skip
+                hook.rlax_on_step_end(step=step, metrics=metrics)
+                hook.rlax_on_weights_published(version=self.version)
+            if self.ckpt.due(self.step) or self.step == steps or stop:
                 self.save()
             self.ckpt.poll()
-            if self.preemption.requested:
+            if stop:
                 self._stop()
 
+    def _agree(self, lost: str | None, metrics: dict | None) -> tuple[str | None, bool, Any]:
+        """(why a step was lost, whether to stop, the step's metrics), the same on every process.
+
+        With several processes a notice reaches one of them, or all at
+        different moments; they exchange what each saw at this step boundary
+        (one small all-gather), so all checkpoint and stop after the same
+        step, and all keep process 0's metrics (its timings and the queue's
+        figures). A process that learns of another's notice records it as its own.
+        """
+        notice = self.preemption.reason if self.preemption.requested else None
+        if not self.lead:
+            metrics = None  # process 0's are the ones kept
+        everyone = distributed.allgather_objects((lost, notice, metrics))
+        lost = next((f"trainer process {i}: {x}" if i else x
+                     for i, (x, _, _) in enumerate(everyone) if x is not None), None)  # fmt: skip
+        notice = next(((i, x) for i, (_, x, _) in enumerate(everyone) if x is not None), None)
+        if notice is not None and not self.preemption.requested:
+            self.preemption.notify(f"trainer process {notice[0]}: {notice[1]}")
+        return lost, notice is not None or lost is not None, everyone[0][2]
+
     def save(self) -> float:
-        if self.remote:  # the queue keeps the data position; this is for the record
+        """Checkpoints the whole state (every process: orbax writes each one's shards)."""
+        if not self.lead:  # orbax writes process 0's metadata
+            data: dict = {}
+        elif self.remote:  # the queue keeps the data position; this is for the record
             try:
                 data = {"consumed": self.source.client.stat().queue.consumed}
             except Preempted:  # the server is gone after a notice
