@@ -1,0 +1,66 @@
+"""`rlax run --role trainer` joins the trainer processes before gin builds the trainer.
+
+JAX's multi-process runtime must start before anything touches a device, and
+gin builds ``rlax.train``'s arguments (the sampler, the task, ...) before the
+function runs, so the CLI reads ``rlax.train.distributed`` (or the
+``RLAX_*`` environment) and initializes first. Asked for two processes
+without a coordinator, it refuses as a configuration error before
+``rlax.train`` is ever called.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import gin
+import jax
+import pytest
+
+from rlax.core import cli, experiment
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GIN = ["--gin", str(ROOT / "configs" / "quickstart.gin")]
+
+
+@pytest.fixture(autouse=True)
+def fresh_gin(monkeypatch):
+    for var in ("RLAX_COORDINATOR", "RLAX_NUM_PROCESSES", "RLAX_PROCESS_ID",
+                "JOB_COMPLETION_INDEX"):  # fmt: skip
+        monkeypatch.delenv(var, raising=False)
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+@pytest.fixture
+def train_calls(monkeypatch):
+    calls = []
+
+    def train(**kwargs):
+        calls.append(kwargs)
+        return 0
+
+    monkeypatch.setattr(experiment, "train", train)  # registered with gin by the CLI
+    return calls
+
+
+def test_gin_distributed_settings_are_applied_before_the_trainer_is_built(train_calls, capsys):
+    status = cli.main(["run", *GIN, "--role", "trainer",
+                       "--gin.rlax.train.distributed=@rlax.distributed()",
+                       "--gin.rlax.distributed.num_processes=2"])  # fmt: skip
+    assert status == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "rlax.train.distributed" in err and "coordinator" in err
+    assert train_calls == []  # refused before rlax.train (and its sampler) was built
+
+
+def test_the_environment_alone_asks_for_several_processes(train_calls, monkeypatch, capsys):
+    monkeypatch.setenv("RLAX_NUM_PROCESSES", "2")
+    assert cli.main(["run", *GIN, "--role", "trainer"]) == cli.EXIT_USAGE
+    assert "RLAX_COORDINATOR" in capsys.readouterr().err
+    assert train_calls == []
+
+
+def test_one_process_starts_no_distributed_runtime(train_calls):
+    assert cli.main(["run", *GIN, "--role", "trainer"]) == cli.EXIT_OK
+    assert len(train_calls) == 1 and not jax.distributed.is_initialized()
