@@ -36,7 +36,7 @@ from flax import nnx
 # (a left-pad position) gets a uniform softmax instead of NaNs.
 _MASKED = -1e9
 
-KVCache = list[dict[str, jax.Array]]  # per layer: {"k": [B,S,K,H], "v": [B,S,K,H]}
+KVCache = list[dict[str, jax.Array]]  # per layer: {"k": [B,K,H,S], "v": [B,K,S,H]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,17 +295,34 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q, positions, cfg.rope_theta, cfg.rope_scaling)
         k = apply_rope(k, positions, cfg.rope_theta, cfg.rope_scaling)
-        if cache is not None:
-            start = (0, cache_index, 0, 0)
-            k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)
-            v = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), start)
-            cache = {"k": k, "v": v}
         groups = cfg.num_heads // cfg.num_kv_heads
-        q = q.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim)
-        scores = jnp.einsum("btkgh,bskh->bkgts", q, k) / jnp.sqrt(cfg.head_dim).astype(q.dtype)
+        q = q.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim) / math.sqrt(cfg.head_dim)
+        if cache is None:
+            scores = jnp.einsum("btkgh,bskh->bkgts", q, k)
+        else:
+            # The cache is kept in the layout the products read, so a decode step
+            # never transposes it: keys [B,K,H,S], values [B,K,S,H].
+            k_t = k.transpose(0, 2, 3, 1).astype(cache["k"].dtype)
+            v = v.transpose(0, 2, 1, 3).astype(cache["v"].dtype)
+            cache = {
+                "k": jax.lax.dynamic_update_slice(cache["k"], k_t, (0, 0, 0, cache_index)),
+                "v": jax.lax.dynamic_update_slice(cache["v"], v, (0, 0, cache_index, 0)),
+            }
+            if t == 1:  # decode: a broadcast product and sum that reads each cached key once
+                q1 = q[:, 0, :, :, :, None]  # [B,K,G,H,1]
+                scores = jnp.sum(q1 * cache["k"][:, :, None], axis=3)[:, :, :, None]
+            else:
+                scores = jnp.einsum("btkgh,bkhs->bkgts", q, cache["k"])
         scores = jnp.where(attn_mask[:, None, None, :, :], scores, _MASKED)
         probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
-        out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(b * t, -1)
+        if cache is None:
+            out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+        elif t == 1:
+            p1 = probs[:, :, :, 0, :, None]  # [B,K,G,S,1]
+            out = jnp.sum(p1 * cache["v"][:, :, None], axis=3)[:, None]  # [B,1,K,G,H]
+        else:
+            out = jnp.einsum("bkgts,bksh->btkgh", probs, cache["v"])
+        out = out.reshape(b * t, -1)
         return self.o(out).reshape(b, t, d), cache
 
 
@@ -395,9 +412,11 @@ class Transformer(nnx.Module):
 
 
 def init_cache(cfg: TransformerConfig, batch: int, length: int, dtype=jnp.float32) -> KVCache:
-    shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+    """Zeroed per-layer keys [B, K, H, S] and values [B, K, S, H] (S = ``length`` slots)."""
+    k, h = cfg.num_kv_heads, cfg.head_dim
     return [
-        {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)} for _ in range(cfg.num_layers)
+        {"k": jnp.zeros((batch, k, h, length), dtype), "v": jnp.zeros((batch, k, length, h), dtype)}
+        for _ in range(cfg.num_layers)
     ]
 
 
