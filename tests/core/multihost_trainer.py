@@ -38,10 +38,10 @@ def main(argv: list[str]) -> int:
     import numpy as np
 
     from rlax.core import cli, distributed
-    from rlax.core.weight_sync import leaf_name
     from rlax.core.param_server.client import ParamServerClient
     from rlax.core.trainer import Trainer
     from rlax.core.training_run import TrainingRun
+    from rlax.core.weight_sync import leaf_name
 
     record: dict = {"steps": [], "takes": []}
     batches: dict[str, np.ndarray] = {}

@@ -21,8 +21,19 @@ import subprocess
 import sys
 import tempfile
 
+import gin
+import jax
 import numpy as np
 import pytest
+from flax import nnx
+
+from rlax.core import config
+from rlax.core.models.bundle import load_model
+from rlax.core.param_server.client import ParamServerClient
+from rlax.core.param_server.settings import ServerSettings
+from rlax.core.plugins import build_plugin_manager
+from rlax.core.trainer import Trainer
+from rlax.core.weight_sync import leaf_name
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HERE = pathlib.Path(__file__).parent
@@ -144,15 +155,6 @@ def global_batches(cluster: Cluster, start: int) -> list[dict[str, np.ndarray]]:
 
 def replay(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """One process, one device: the run's algorithm and optimiser (from its gin) on ``batches``."""
-    import gin
-    import jax
-
-    from rlax.core import config
-    from rlax.core.weight_sync import leaf_name
-    from rlax.core.models.bundle import load_model
-    from rlax.core.plugins import build_plugin_manager
-    from rlax.core.trainer import Trainer
-
     pm = build_plugin_manager()
     config.register_core_configurables()
     config.parse([GIN], [a.removeprefix("--gin.") for a in ARGS if a.startswith("--gin.")],
@@ -226,9 +228,6 @@ def test_two_trainer_processes_run_the_loop_stop_together_and_resume(cluster):
         np.testing.assert_allclose(got[name], want[name], atol=1e-5, rtol=0, err_msg=name)
 
     # -- the served version is the trainer's parameters, whole; so is the exported policy ------
-    from rlax.core.param_server.client import ParamServerClient
-    from rlax.core.param_server.settings import ServerSettings
-
     client = ParamServerClient(ServerSettings(address=cluster.address, token=TOKEN), retry_s=10)
     version, tensors, buf = client.pull()
     client.close()
@@ -238,14 +237,6 @@ def test_two_trainer_processes_run_the_loop_stop_together_and_resume(cluster):
         pulled = np.frombuffer(buf, np.float32, int(np.prod(t["shape"])), t["offset"])
         np.testing.assert_array_equal(pulled.reshape(t["shape"]), got[t["name"]], t["name"])
     assert json.loads((cluster.run_dir / "eval.json").read_text()).keys() == {"before", "after"}
-    from flax import nnx
-
-    from rlax.core.models.bundle import load_model
-
     exported = nnx.state(load_model(cluster.run_dir / "checkpoint").model)
-    import jax
-
-    from rlax.core.weight_sync import leaf_name
-
     for p, x in jax.tree_util.tree_flatten_with_path(exported)[0]:
         np.testing.assert_array_equal(np.asarray(x), got[leaf_name(p)], leaf_name(p))
