@@ -73,6 +73,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+SETTLE_S = 0.2  # pause after each timed probe (see main)
+
+
 def model_config(a: argparse.Namespace) -> TransformerConfig:
     return TransformerConfig(
         vocab_size=a.vocab, num_layers=a.layers, embed_dim=a.hidden, num_heads=a.heads,
@@ -262,11 +265,16 @@ def main(argv: list[str]) -> dict:
             if not math.isclose(loss, result["jax_loss_step0"], abs_tol=1e-4):
                 raise SystemExit(f"torch step's loss {loss} != rlax's {result['jax_loss_step0']}")
     # Rounds of one of each, best time of each: on a shared machine every probe
-    # gets the same chances of a quiet moment.
+    # gets the same chances of a quiet moment. A pause after each probe lets its
+    # library's worker threads go idle: torch's OpenMP threads keep spinning for
+    # a while after a call, and on a CPU a probe timed in that window loses a
+    # third of its speed to them (measured here: an XLA matmul timed right after
+    # a torch one ran 16 ms alone, 23 ms after torch, 16 ms after a 10 ms pause).
     best = dict.fromkeys(probes, math.inf)
     for _ in range(a.steps):
         for name, probe in probes.items():
             best[name] = min(best[name], timed(probe))
+            time.sleep(SETTLE_S)
     peak = matmul_flops / best["matmul"] / 1e9
     tok_s = tokens / best["jax"]
     torch_tok_s = tokens / best["torch"] if "torch" in best else None
