@@ -153,7 +153,10 @@ class WeightStore:
         self._pending: dict[int, dict[int, _Part]] = {}  # complete parts of uncommitted versions
         self._num_parts: dict[int, int] = {}
         self._staged_bytes = 0  # buffers held by parts not yet committed
-        self._layouts: dict[int, tuple] = {}  # part -> layout, fixed by the first commit
+        # (num_parts, part) -> layout, fixed by the first commit of that split: a
+        # restarted server re-serves its saved weights as one part, and a
+        # trainer on several hosts then pushes its own split of the same model.
+        self._layouts: dict[tuple[int, int], tuple] = {}
         self._push_ids: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._pool = _Pool()
         self.rejected = 0
@@ -249,7 +252,7 @@ class WeightStore:
             offset += t.nbytes
         if offset != h.nbytes:
             raise PushRejected(_BAD, f"tensors add up to {offset} bytes, header says {h.nbytes}")
-        known = self._layouts.get(h.part)
+        known = self._layouts.get((h.num_parts, h.part))
         if known is not None and known != _layout(h):
             ours = {t[1]: t for t in known}
             diff = next((t for t in _layout(h) if ours.get(t[1]) != t), None)
@@ -420,7 +423,7 @@ class WeightStore:
     def _install(self, served: Served, parts: dict[int, _Part]) -> None:
         number = served.number
         for i, p in parts.items():
-            self._layouts.setdefault(i, _layout(p.header))
+            self._layouts.setdefault((p.header.num_parts, i), _layout(p.header))
         self._staged_bytes -= sum(p.header.nbytes for p in parts.values())
         # Older pending versions can never commit now: release their parts.
         for v in [v for v in self._pending if v <= number]:

@@ -220,6 +220,27 @@ def test_two_hosts_push_shards_and_workers_pull_whole_tensors(ps, bulk_lane):
     client.close()
 
 
+def test_a_whole_version_then_the_same_model_split_over_hosts_is_accepted(ps):
+    # As after a parameter-server restart: its saved weights come back as one
+    # part, then a trainer on two hosts pushes its own split of the same model.
+    whole = _part(0, 0, [(n, i, x, (0,) * x.ndim, x.shape) for n, i, x in
+                         (("r", 0, R), ("w", 1, W), ("v", 2, V))], num_parts=1)  # fmt: skip
+    assert ps.client.push_part(*whole).committed
+    assert not ps.client.push_part(*_host(0, version=1)).committed
+    assert ps.client.push_part(*_host(1, version=1)).committed
+    version, _, buf = ps.client.pull(-1)
+    assert version == 1 and bytes(buf) == R.tobytes() + W.tobytes() + V.tobytes()
+    # Each split's layout is then fixed: host 1 may not change how it cuts "w".
+    header, pieces = _part(2, 1, [
+        ("w", 1, W, (3, 0), (6, 4)), ("w", 1, W, (3, 4), (6, 8)),
+        ("v", 2, V, (2, 0), (4, 5)), ("v", 2, V, (2, 5), (4, 10)),
+    ])  # fmt: skip
+    with pytest.raises(grpc.RpcError) as err:
+        ps.client.push_part(header, pieces)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "layout" in err.value.details()
+
+
 def _bad_tiling(kind):
     header, pieces = _host(1)
     t = header.tensors[0]  # "w", rows 3..6
