@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from rlax.core.models.hf import model_from_params, params_from_tensors
+from rlax.core.models.hf import hf_names, model_from_params, params_from_tensors
 from rlax.core.models.hf_tokenizer import HFTokenizer
 from rlax.core.models.transformer import RopeScaling, Transformer, TransformerConfig
 
@@ -175,9 +175,14 @@ class GGUFFile:
 
     def model(self) -> Transformer:
         cfg = self.config()
-        return model_from_params(
-            cfg, params_from_tensors(self.tensors(cfg), cfg, where=str(self.path))
-        )
+        tensors = self.tensors(cfg)
+        missing = [_gguf_name(name) for name, _, _ in hf_names(cfg) if name not in tensors]
+        if missing:  # named as in the file, not by their HF names
+            shown = ", ".join(missing[:5]) + (
+                f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            )
+            raise GGUFError(f"{self.path}: missing tensor(s) {shown}")
+        return model_from_params(cfg, params_from_tensors(tensors, cfg, where=str(self.path)))
 
     # -- the tokenizer -------------------------------------------------------------
 
@@ -231,6 +236,14 @@ def _hf_name(name: str) -> str | None:
         if rest in _LAYER_NAMES:
             return f"model.layers.{layer}.{_LAYER_NAMES[rest]}"
     return None  # e.g. rope_freqs: recomputed from the config
+
+
+def _gguf_name(hf: str) -> str:
+    for gguf_name, name in _GLOBAL_NAMES.items():
+        if name == hf:
+            return gguf_name
+    _, _, layer, rest = hf.split(".", 3)  # model.layers.{i}.{rest}
+    return f"blk.{layer}." + next(g for g, name in _LAYER_NAMES.items() if name == rest)
 
 
 def load_gguf_model(path: str | pathlib.Path) -> tuple[Transformer, HFTokenizer]:
