@@ -35,6 +35,9 @@ class ArithmeticTask:
       operations: which of ``+ - *`` to draw from.
       eval_fraction: share of the problem space held out for evaluation.
       num_eval: how many held-out problems ``prompts("eval")`` yields.
+      template: the text shown to the model, with ``{problem}`` standing for
+        the expression (``"{problem}="``: ``"12+5="``; an instruct model does
+        better with a question, ``"What is {problem}?"``).
     """
 
     alphabet = ALPHABET
@@ -47,6 +50,7 @@ class ArithmeticTask:
         operations: str = "+",
         eval_fraction: float = 0.1,
         num_eval: int = 200,
+        template: str = "{problem}=",
     ):
         if digits < 1:
             raise ValueError(f"arithmetic task: digits must be >= 1, got {digits}")
@@ -63,6 +67,15 @@ class ArithmeticTask:
                 f"arithmetic task: num_eval={num_eval} is too many for ~{int(space * eval_fraction)} "
                 "held-out problems"
             )
+        try:
+            shown = template.format(problem="1+2")
+        except (KeyError, IndexError, ValueError) as err:
+            raise ValueError(
+                f"arithmetic task: template {template!r} must use only {{problem}}: {err!r}"
+            ) from None
+        if "1+2" not in shown:
+            raise ValueError(f"arithmetic task: template {template!r} does not show {{problem}}")
+        self.template = template
         self.digits = digits
         self.operations = operations
         self.eval_fraction = eval_fraction
@@ -75,7 +88,7 @@ class ArithmeticTask:
 
     def make_prompt(self, a: int, op: str, b: int, tokenizer, split: str) -> Prompt:
         problem = f"{a}{op}{b}"
-        text = problem + "="
+        text = self.template.format(problem=problem)
         return Prompt(
             id=problem,
             text=text,

@@ -48,6 +48,18 @@ def test_eval_set_does_not_depend_on_the_seed_but_train_order_does():
     assert [p.id for p in take(task, "train", 5, 20)] == [p.id for p in take(task, "train", 5, 20)]
 
 
+def test_template_changes_the_text_only():
+    plain = take(ArithmeticTask(digits=2, num_eval=50), "train", 4, 30)
+    task = ArithmeticTask(digits=2, num_eval=50, template="What is {problem}?")
+    words = CharTokenizer(ALPHABET + "Whatis ?")
+    asked = list(itertools.islice(task.prompts("train", tokenizer=words, seed=4), 30))
+    assert [p.id for p in asked] == [p.id for p in plain]
+    assert [p.answer for p in asked] == [p.answer for p in plain]
+    for p in asked:
+        assert p.text == f"What is {p.id}?"
+        np.testing.assert_array_equal(p.tokens, words.encode(p.text, bos=True))
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [
@@ -55,6 +67,8 @@ def test_eval_set_does_not_depend_on_the_seed_but_train_order_does():
         ({"operations": "/"}, "operations"),
         ({"eval_fraction": 1.5}, "eval_fraction"),
         ({"digits": 1, "num_eval": 500}, "num_eval"),
+        ({"template": "What is {x}?"}, "template"),
+        ({"template": "What is it?"}, "template"),
     ],
 )
 def test_bad_settings_are_rejected(kwargs, match):
