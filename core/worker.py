@@ -171,7 +171,7 @@ def worker(
     from flax import nnx
 
     plan = WirePlan.for_tree(nnx.state(bundle.model), settings.wire_dtype)
-    client = ParamServerClient(settings)
+    client = ParamServerClient(settings, give_up=lambda: stop.finished)
     pool = RewardPool(reward, workers=reward_workers, timeout_s=reward_timeout_s)
     worker_id = os.environ.get(WORKER_ID_ENV) or f"worker-{os.getpid()}"
     w = Worker(
@@ -201,6 +201,8 @@ def _serve(w: Worker, plan: WirePlan, stop: Preemption, max_backoff_s: float = 5
         except grpc.RpcError as err:
             if err.code() not in _RECONNECT:
                 raise
+            if stop.finished:  # the run is over and its server gone: nothing to reconnect to
+                return
             log.warning(
                 "%s: parameter server unreachable (%s); reconnecting in %.1fs",
                 w.worker_id, err.code().name, delay,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import numpy as np
@@ -33,9 +33,19 @@ _RETRY = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 class ParamServerClient:
     """One connection to the parameter server (thread-safe, like its gRPC channel)."""
 
-    def __init__(self, settings: ServerSettings, *, retry_s: float = 60.0):
+    def __init__(
+        self,
+        settings: ServerSettings,
+        *,
+        retry_s: float = 60.0,
+        give_up: Callable[[], bool] | None = None,
+    ):
+        """``retry_s``: how long a call retries an unreachable server; ``give_up``:
+        when it returns True a failing call stops retrying at once (a worker's
+        run has finished, so the server it waits for is gone for good)."""
         self.settings = settings.resolved()
         self.retry_s = retry_s
+        self._give_up = give_up or (lambda: False)
         tune_malloc()
         self._channel = self.settings.channel()
         self._auth = (("authorization", f"Bearer {self.settings.token}"),)
@@ -79,7 +89,8 @@ class ParamServerClient:
             try:
                 return self._calls[name](request, metadata=self._auth, timeout=timeout)
             except grpc.RpcError as err:
-                if err.code() not in _RETRY or time.monotonic() + delay > deadline:
+                if (err.code() not in _RETRY or time.monotonic() + delay > deadline
+                        or self._give_up()):  # fmt: skip
                     raise
                 log.warning("%s: %s; retrying in %.1fs", name, err.code().name, delay)
                 time.sleep(delay)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
+import time
 
 import grpc
 import ml_dtypes
@@ -12,7 +14,10 @@ import xxhash
 
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.client import ParamServerClient, decode_chunk, encode_chunk
+from rlax.core.param_server.settings import ServerSettings
 from rlax.core.weight_sync import WirePlan
+
+from ..conftest import TOKEN
 
 rng = np.random.default_rng(0)
 TREE = {
@@ -223,3 +228,23 @@ def test_streamed_chunks_cover_the_packed_buffer_exactly():
     assert b"".join(bytes(v) for _, v in pieces) == plan.pack(tree).tobytes()
     assert all(len(v) <= 64 * 1024 for _, v in pieces)
 
+
+
+
+def test_an_unreachable_server_is_retried_until_the_client_gives_up():
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+    asked = []
+    # 60 s of retries allowed, but give_up turns True at its third question.
+    client = ParamServerClient(
+        ServerSettings(address=address, token=TOKEN), retry_s=60.0,
+        give_up=lambda: asked.append(1) or len(asked) > 2,
+    )  # fmt: skip
+    start = time.monotonic()
+    with pytest.raises(grpc.RpcError) as err:
+        client.stat()
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert len(asked) == 3  # asked after each failure: retried twice, then gave up
+    assert time.monotonic() - start < 5.0  # 0.1 + 0.2 s of backoff, not 60 s
+    client.close()
