@@ -171,4 +171,3 @@ def chunks(buffer: np.ndarray | bytes, chunk_bytes: int) -> Iterator[tuple[int, 
     view = memoryview(buffer).cast("B")
     for offset in range(0, len(view), chunk_bytes):
         yield offset, view[offset : offset + chunk_bytes]
-
