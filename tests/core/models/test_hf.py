@@ -67,6 +67,8 @@ def _hf_model(family: str, seed: int = 0):
         for name, p in model.named_parameters():
             if name.endswith(("norm.weight", ".bias")):
                 p.add_(0.3 * torch.randn_like(p))
+            if ".q_proj." in name or ".k_proj." in name:  # sharp attention: a wrong Q/K
+                p.mul_(8.0)  # layout or RoPE moves logits by 0.1, not by 4e-3
     return model.float().eval()
 
 
