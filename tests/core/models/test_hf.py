@@ -30,6 +30,8 @@ from rlax.core.models.transformer import (
     rope_frequencies,
 )
 
+from .conftest import tiny_hf_model
+
 COMMON = {
     "vocab_size": 96, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
@@ -61,15 +63,7 @@ FAMILIES = {
 
 def _hf_model(family: str, seed: int = 0):
     config_cls, extra = FAMILIES[family]
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config_cls(**COMMON, **extra))
-    with torch.no_grad():  # norms and biases start at 1 / 0: randomise them so they are tested
-        for name, p in model.named_parameters():
-            if name.endswith(("norm.weight", ".bias")):
-                p.add_(0.3 * torch.randn_like(p))
-            if ".q_proj." in name or ".k_proj." in name:  # sharp attention: a wrong Q/K
-                p.mul_(8.0)  # layout or RoPE moves logits by 0.1, not by 4e-3
-    return model.float().eval()
+    return tiny_hf_model(config_cls(**COMMON, **extra), seed)
 
 
 def _batch():
