@@ -44,6 +44,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from rlax.core.host_memory import reuse_freed_memory
 from rlax.core.mesh import MeshConfig, make_mesh, param_name
 from rlax.core.models.transformer import Transformer, TransformerConfig
 from rlax.core.trainer import Trainer, TrainerSettings
@@ -230,6 +231,7 @@ def make_torch_step(cfg: TransformerConfig, weights: dict[str, np.ndarray], batc
 
 def main(argv: list[str]) -> dict:
     a = parse_args(argv)
+    host_malloc = reuse_freed_memory()  # as `rlax run` does, before JAX starts its backend
     cfg = model_config(a)
     batch = make_batch(a)
     backend = jax.default_backend()
@@ -238,6 +240,7 @@ def main(argv: list[str]) -> dict:
     result = {
         "backend": backend,
         "devices": jax.local_device_count(),
+        "host_malloc": host_malloc,
         "model_params": cfg.num_params(),
         "tokens_per_step": tokens,
         "gflop_per_step": round(fpt * tokens / 1e9, 2),

@@ -7,7 +7,9 @@
     rlax eval --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...] --checkpoint DIR
     rlax curate --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...] [--out DIR]
 
-Start-up, in this order: build the plugin manager and load the plugins
+Start-up, in this order: let host memory be reused from step to step
+(:mod:`rlax.core.host_memory`; it must come before JAX starts), build the
+plugin manager and load the plugins
 (registering their components with gin), register the core configurables,
 parse the gin files and bindings; then call the configured ``rlax.train`` or
 ``rlax.evaluate``. Exit statuses are the ``EXIT_*`` constants below.
@@ -30,7 +32,7 @@ from collections.abc import Sequence
 
 import gin
 
-from rlax.core import config
+from rlax.core import config, host_memory
 from rlax.core.errors import ConfigError, PluginError, Preempted, RunFinished
 from rlax.core.plugins import PluginManager, build_plugin_manager
 
@@ -53,6 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
       argv: the arguments after the program name; ``sys.argv[1:]`` if None.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        host_memory.reuse_freed_memory()
+    except ValueError as exc:  # a bad RLAX_HOST_MALLOC
+        return _error(str(exc), EXIT_USAGE)
     parser = _parser()
     try:
         argv, bindings = _split_bindings(argv)
