@@ -42,12 +42,10 @@ def hidden_states(
 
     The same computation as ``Transformer.__call__`` up to the output head.
     """
-    positions = positions_from_mask(attention_mask)
-    mask = causal_mask(attention_mask)
-    x = model.embed(tokens)
-    for block in model.blocks:
-        x, _ = block(x, positions, mask, None, None)
-    return model.final_norm(x)
+    x, _ = model.hidden_states(
+        tokens, positions_from_mask(attention_mask), causal_mask(attention_mask)
+    )
+    return x
 
 
 def logits_from_hidden(model: Transformer, hidden: jax.Array) -> jax.Array:
