@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlax.core.host_memory import reuse_freed_memory
 from rlax.core.models.bundle import load_model
 from rlax.core.types import Prompt
 from rlax.plugins.samplers.jax_sampler import JaxSampler
@@ -165,6 +166,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     args = parser.parse_args()
+    host_malloc = reuse_freed_memory()  # as a worker started by `rlax run` does
 
     counter = CompileCounter()
     bundle = load_model(args.model)
@@ -196,6 +198,7 @@ def main() -> int:
         "recompiles": recompiles,
         "peak_gflops": round(peak / 1e9, 1),
         "backend": backend,
+        "host_malloc": host_malloc,
         "batch": args.batch,
         "new_tokens": args.new_tokens,
     }
