@@ -18,9 +18,10 @@ from collections.abc import Callable, Iterator
 import grpc
 import numpy as np
 
+from rlax.core.host_memory import keep_message_buffers
 from rlax.core.param_server import codec, transfer
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server.settings import MB, ServerSettings, tune_malloc
+from rlax.core.param_server.settings import MB, ServerSettings
 from rlax.core.param_server.transfer import checksum, decode_chunk, encode_chunk
 from rlax.core.types import Group, Prompt
 from rlax.core.weight_sync import WirePlan, chunks, stream
@@ -46,7 +47,7 @@ class ParamServerClient:
         self.settings = settings.resolved()
         self.retry_s = retry_s
         self._give_up = give_up or (lambda: False)
-        tune_malloc()
+        keep_message_buffers()
         self._channel = self.settings.channel()
         self._auth = (("authorization", f"Bearer {self.settings.token}"),)
         ch = self._channel

@@ -19,10 +19,11 @@ from collections.abc import Iterator, Sequence
 
 import grpc
 
+from rlax.core.host_memory import keep_message_buffers
 from rlax.core.param_server import recovery, transfer
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.queue import QueueError, RolloutQueue
-from rlax.core.param_server.settings import MB, ServerSettings, tune_malloc
+from rlax.core.param_server.settings import MB, ServerSettings
 from rlax.core.param_server.weights import PushRejected, Served, WeightStore, _Part
 from rlax.core.types import Prompt
 
@@ -75,7 +76,7 @@ class ParamServer:
         queue_db=None,
     ):
         self.settings = settings.resolved()
-        tune_malloc()
+        keep_message_buffers()
         self.weights = WeightStore(
             max_version_bytes=self.settings.max_version_mb * MB,
             chunk_bytes=self.settings.chunk_mb * MB,

@@ -102,30 +102,3 @@ class ServerSettings:
             options.append(("grpc.ssl_target_name_override", self.tls_server_name))
         creds = grpc.ssl_channel_credentials(pathlib.Path(self.tls_cert).read_bytes())
         return grpc.secure_channel(self.address, creds, options=options)
-
-
-_MALLOC_TUNED = False
-
-
-def tune_malloc() -> None:
-    """Lets large weight messages reuse warm heap memory (glibc only; a no-op elsewhere).
-
-    gRPC's Python API takes each message as a fresh ``bytes`` object. glibc
-    serves allocations of a few MB with new ``mmap`` pages by default, and
-    faulting those pages in costs more than copying the chunk itself; raising
-    the mmap and trim thresholds keeps freed chunks in the heap for the next
-    version's chunks (measured: 256 MB of chunks built in ~0.11 s instead of
-    ~0.21 s, see benchmarks/weight_sync.py).
-    """
-    global _MALLOC_TUNED
-    if _MALLOC_TUNED:
-        return
-    _MALLOC_TUNED = True
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 256 * MB)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 1024 * MB)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass

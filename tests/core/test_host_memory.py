@@ -15,22 +15,23 @@ import pytest
 
 from rlax.core import cli, host_memory
 
-# A program whose scratch buffer is 64 MB (the [4096, 4096] product must exist
-# for the matmul that reads it), above the 32 MB glibc serves from an arena by
-# default. Prints what reuse_freed_memory did, the scratch size and the minor
-# page faults of 30 calls.
+# A program whose scratch buffer is SIZE**2 floats (the [SIZE, SIZE] product
+# must exist for the matmul that reads it). Prints what reuse_freed_memory did,
+# the scratch size and the minor page faults of CALLS calls.
 FAULTS_SCRIPT = textwrap.dedent(
     """
     import json, resource, sys
-    from rlax.core.host_memory import reuse_freed_memory
+    from rlax.core.host_memory import keep_message_buffers, reuse_freed_memory
     applied = reuse_freed_memory(sys.argv[1])
+    if len(sys.argv) > 2:  # a parameter-server client or server in the process
+        keep_message_buffers()
     import jax, jax.numpy as jnp
 
     @jax.jit
     def f(x, w):
         return (jnp.sin(x[:, None] * x[None, :]) @ w).sum()
 
-    x, w = jnp.linspace(0, 1, 4096), jnp.ones((4096, 4))
+    x, w = jnp.linspace(0, 1, SIZE), jnp.ones((SIZE, 4))
     scratch = f.lower(x, w).compile().memory_analysis().temp_size_in_bytes
     f(x, w).block_until_ready()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -45,10 +46,11 @@ FAULTS_SCRIPT = textwrap.dedent(
 CALLS = 30
 
 
-def _faults(mode: str) -> dict:
+def _faults(mode: str, *more: str, size: int = 4096, calls: int = CALLS) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RLAX_HOST_MALLOC", "XLA_FLAGS")}
+    script = FAULTS_SCRIPT.replace("CALLS", str(calls)).replace("SIZE", str(size))
     proc = subprocess.run(
-        [sys.executable, "-c", FAULTS_SCRIPT.replace("CALLS", str(CALLS)), mode],
+        [sys.executable, "-c", script, mode, *more],
         env={**env, "JAX_PLATFORMS": "cpu"},
         capture_output=True,
         text=True,
@@ -67,6 +69,7 @@ def fresh(monkeypatch):
 
 
 def test_reused_scratch_is_not_faulted_in_again_on_every_call():
+    # 64 MB of scratch: above the 32 MB glibc serves from an arena by default.
     reused, system = _faults("reuse"), _faults("system")
     assert system["applied"] == "system"
     assert reused["value"] == system["value"]
@@ -82,6 +85,55 @@ def test_reused_scratch_is_not_faulted_in_again_on_every_call():
     # room for the scratch beside JAX's small allocations it grows by one
     # scratch now and then (measured: 5-9 growths in 60 calls, mostly early).
     assert reused["faults"] < 0.5 * system["faults"]
+
+
+def test_a_parameter_server_client_in_the_process_keeps_a_large_scratch_reused():
+    # A trainer holds a client, whose message-buffer setting (a 1 GB trim
+    # threshold) would hand a freed scratch of over 1 GB back to the kernel.
+    run = _faults("reuse", "client", size=17000, calls=12)  # 1.1 GB of scratch
+    if platform.libc_ver()[0] != "glibc":
+        assert run["applied"] == "unsupported"
+        return
+    assert run["applied"] == "reused"
+    pages = run["scratch"] // 4096
+    assert pages > (1 << 30) // 4096
+    # Handed back, all 12 calls fault it in again (measured); kept, 2-4 did.
+    assert run["faults"] < 8 * pages
+
+
+class FakeLibc:
+    def __init__(self):
+        self.calls = []
+
+    def mallopt(self, param, value):
+        self.calls.append((param, value))
+        return 1
+
+
+def test_message_buffers_raise_the_mmap_and_trim_thresholds_once(fresh, monkeypatch):
+    libc = FakeLibc()
+    monkeypatch.setattr(host_memory, "_messages_kept", False)
+    monkeypatch.setattr(host_memory.ctypes, "CDLL", lambda name: libc)
+    monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: ("glibc", "2.36"))
+    host_memory.keep_message_buffers()
+    host_memory.keep_message_buffers()
+    assert libc.calls == [(-3, 256 << 20), (-1, 1024 << 20)]  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
+
+
+def test_message_buffers_leave_reused_memory_alone(fresh, monkeypatch):
+    monkeypatch.setattr(host_memory, "_messages_kept", False)
+    monkeypatch.setattr(host_memory, "_applied", "reused")
+    monkeypatch.setattr(host_memory.ctypes, "CDLL", _no_libc)
+    host_memory.keep_message_buffers()
+
+
+def test_reuse_sets_one_arena_no_mmap_and_no_trim(fresh, monkeypatch):
+    libc = FakeLibc()
+    monkeypatch.setattr(host_memory.ctypes, "CDLL", lambda name: libc)
+    monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: ("glibc", "2.36"))
+    monkeypatch.setattr(host_memory, "_backend_started", lambda: False)
+    assert host_memory.reuse_freed_memory("reuse") == "reused"
+    assert libc.calls == [(-8, 1), (-4, 0), (-1, 2**31 - 1)]
 
 
 def test_after_jax_started_its_backend_it_is_too_late_and_malloc_is_left_alone(
