@@ -171,7 +171,10 @@ def worker(
     from flax import nnx
 
     plan = WirePlan.for_tree(nnx.state(bundle.model), settings.wire_dtype)
-    client = ParamServerClient(settings, give_up=lambda: stop.finished)
+    # After a notice (or the run's end) a call to an unreachable server stops
+    # retrying: the worker has seconds left, and its leases expire and are served
+    # again, so the batch in hand is not lost.
+    client = ParamServerClient(settings, give_up=lambda: stop.requested)
     pool = RewardPool(reward, workers=reward_workers, timeout_s=reward_timeout_s)
     worker_id = os.environ.get(WORKER_ID_ENV) or f"worker-{os.getpid()}"
     w = Worker(
