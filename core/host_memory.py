@@ -49,7 +49,7 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
-_NEVER_TRIM = 2**31 - 1  # mallopt takes an int
+_NEVER_TRIM = -1  # disables trimming altogether (man 3 mallopt)
 
 _ACCELERATOR_MODULES = ("libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm7_plugin")
 

@@ -133,7 +133,7 @@ def test_reuse_sets_one_arena_no_mmap_and_no_trim(fresh, monkeypatch):
     monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: ("glibc", "2.36"))
     monkeypatch.setattr(host_memory, "_backend_started", lambda: False)
     assert host_memory.reuse_freed_memory("reuse") == "reused"
-    assert libc.calls == [(-8, 1), (-4, 0), (-1, 2**31 - 1)]
+    assert libc.calls == [(-8, 1), (-4, 0), (-1, -1)]  # M_TRIM_THRESHOLD -1: never trim
 
 
 def test_after_jax_started_its_backend_it_is_too_late_and_malloc_is_left_alone(
