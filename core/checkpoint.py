@@ -87,6 +87,31 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[:300]}"
 
 
+def _check(
+    path: pathlib.Path,
+    meta: dict[str, Any],
+    named: list[tuple[str, Any]],
+    read: Callable[[], dict[str, Any]],
+) -> None:
+    """Raises ValueError unless the checkpoint at ``path`` is a complete save of ``named``.
+
+    Its format and leaf names must match and ``crc32.json`` must exist before
+    ``read`` (its arrays by leaf key) is called; then every array's CRC32 must match.
+    """
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT!r}")
+    if [n for n, _, _ in meta["leaves"]] != [n for n, _ in named]:
+        raise ValueError("its leaves do not match the trainer's state (another model?)")
+    sums_path = path / "crc32.json"
+    if not sums_path.is_file():
+        raise ValueError("no crc32.json: the save did not finish")
+    sums = json.loads(sums_path.read_text())
+    flat = read()
+    for i, (name, _) in enumerate(named):
+        if crc32(np.asarray(flat[_key(i)])) != sums.get(_key(i)):
+            raise ValueError(f"CRC32 mismatch in {name!r}")
+
+
 def crc32(array: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(array).view(np.uint8).data) & 0xFFFFFFFF
 
@@ -254,18 +279,7 @@ class Checkpointer:
             primary_host=None, active_processes={jax.process_index()}
         )
         meta = ocp.JsonCheckpointHandler(multiprocessing_options=alone).restore(path / "meta")
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT!r}")
-        if [n for n, _, _ in meta["leaves"]] != [n for n, _ in named]:
-            raise ValueError("its leaves do not match the trainer's state (another model?)")
-        sums_path = path / "crc32.json"
-        if not sums_path.is_file():
-            raise ValueError("no crc32.json: the save did not finish")
-        sums = json.loads(sums_path.read_text())
-        flat = self._read_alone(step, len(named))
-        for i, (name, _) in enumerate(named):
-            if crc32(flat[_key(i)]) != sums.get(_key(i)):
-                raise ValueError(f"CRC32 mismatch in {name!r}")
+        _check(path, meta, named, lambda: self._read_alone(step, len(named)))
         return meta
 
     def _restore(self, step: int, template: Any) -> Restored:
@@ -282,20 +296,8 @@ class Checkpointer:
                 state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
             ),
         )
-        meta = restored["meta"]
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT!r}")
-        names = [n for n, _, _ in meta["leaves"]]
-        if names != [n for n, _ in named]:
-            raise ValueError("its leaves do not match the trainer's state (another model?)")
-        sums_path = path / "crc32.json"
-        if not sums_path.is_file():
-            raise ValueError("no crc32.json: the save did not finish")
-        sums = json.loads(sums_path.read_text())
-        flat = restored["state"]
-        for i, (name, _) in enumerate(named):
-            if crc32(np.asarray(flat[_key(i)])) != sums.get(_key(i)):
-                raise ValueError(f"CRC32 mismatch in {name!r}")
+        meta, flat = restored["meta"], restored["state"]
+        _check(path, meta, named, lambda: flat)
         state = jax.tree_util.tree_unflatten(treedef, [flat[_key(i)] for i in range(len(named))])
         return Restored(step=step, state=state, meta=meta, path=path)
 

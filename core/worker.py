@@ -204,7 +204,7 @@ def _serve(w: Worker, plan: WirePlan, stop: Preemption, max_backoff_s: float = 5
         except grpc.RpcError as err:
             if err.code() not in _RECONNECT:
                 raise
-            if stop.finished:  # the run is over and its server gone: nothing to reconnect to
+            if stop.requested:  # a notice, or the run is over: not worth reconnecting for
                 return
             log.warning(
                 "%s: parameter server unreachable (%s); reconnecting in %.1fs",
