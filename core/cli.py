@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.metadata
 import json
 import pathlib
 import sys
@@ -43,6 +44,7 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2  # bad arguments, gin configuration or plugins
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped at a safe point; restart to resume
 
+DISTRIBUTION = "rlax-llm"
 ROLES = ("all", "inline", "param_server", "trainer", "worker")
 _BINDING_PREFIX = "--gin."
 _PLUGIN_COLUMNS = ("kind", "name", "plugin", "distribution", "version")
@@ -96,13 +98,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     gin_files = argparse.ArgumentParser(add_help=False)
     gin_files.add_argument(
-        "--gin", action="append", required=True, metavar="FILE", help="gin file (repeatable)"
+        "--gin",
+        action="append",
+        required=True,
+        metavar="FILE",
+        help="gin file, or the name of a packaged config (quickstart); repeatable",
     )
     parser = argparse.ArgumentParser(
         prog="rlax",
         description="RL for language models in JAX.",
         epilog="--gin.NAME=VALUE adds the gin binding NAME = VALUE (after the files).",
     )
+    parser.add_argument("--version", action="version", version=f"rlax {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     plugins = commands.add_parser("plugins", parents=[common], help="list registered components")
@@ -132,6 +139,13 @@ def _parser() -> argparse.ArgumentParser:
     curate.add_argument("--out", type=pathlib.Path, default=None, metavar="DIR")
     curate.set_defaults(handler=_curate)
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown"
 
 
 def _split_bindings(argv: list[str]) -> tuple[list[str], list[str]]:

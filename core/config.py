@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import re
 import tokenize
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,6 +23,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import gin
 
+from rlax.core import bindings as bindings_mod
 from rlax.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -31,7 +33,9 @@ __all__ = [
     "config_text",
     "configured",
     "default_run_dir",
+    "find_gin_file",
     "operative_config_text",
+    "packaged_configs",
     "parse",
     "register_configurables",
     "register_core_configurables",
@@ -194,17 +198,45 @@ def parse(
         message starts with ``FILE:LINE:`` (or the binding) and says what.
     """
     gin.clear_config()
+    origins = bindings_mod.Origins()
     with _include_resolution():
-        for path in [os.fspath(f) for f in gin_files]:
-            if not os.path.isfile(path):
-                raise ConfigError(f"{path}: no such gin file")
-            with _as_config_error(plugins):
+        for path in [find_gin_file(f) for f in gin_files]:
+            with _as_config_error(plugins), bindings_mod.recording(origins):
                 gin.parse_config_file(path)
     for binding in bindings:
-        with _as_config_error(plugins, binding=binding):
+        with _as_config_error(plugins, binding=binding), bindings_mod.recording(origins, binding):
             gin.parse_config(binding)
     with _as_config_error(plugins):
+        bindings_mod.resolve_paths(origins)
+        bindings_mod.check_types(origins)
         gin.finalize()
+
+
+def packaged_configs() -> dict[str, pathlib.Path]:
+    """``{name: path}`` of the gin files that ship with rlax (``rlax.configs``)."""
+    import rlax.configs
+
+    folder = pathlib.Path(rlax.configs.__file__).parent
+    return {p.stem: p for p in sorted(folder.glob("*.gin"))}
+
+
+def find_gin_file(ref: str | os.PathLike[str]) -> str:
+    """A gin file given as a path, or as the name of a packaged config (``quickstart``).
+
+    Raises:
+      ConfigError: neither a file nor a packaged config; the message lists the packaged names.
+    """
+    path = os.fspath(ref)
+    if os.path.isfile(path):
+        return path
+    packaged = packaged_configs()
+    name = path.removesuffix(".gin")
+    if os.sep not in path and name in packaged:
+        return str(packaged[name])
+    raise ConfigError(
+        f"{path}: no such gin file, nor a packaged config of that name "
+        f"(packaged: {', '.join(packaged)})"
+    )
 
 
 _INCLUDING_DIRS: list[str] = []  # directory of each gin file being parsed, innermost last
@@ -250,6 +282,9 @@ def _include_resolution() -> Iterator[None]:
 
 
 _LOCATION = re.compile(r'\n\s*In file "(?P<file>[^"]*)", line (?P<line>\d+)')
+_NO_PARAMETER = re.compile(
+    r"Configurable '(?P<selector>[\w.]+)' doesn't have a parameter named '(?P<arg>\w+)'"
+)
 _UNKNOWN = re.compile(r"No configurable matching (?:reference )?'@?(?P<selector>[\w./]+)")
 
 
@@ -271,6 +306,11 @@ def _describe(message: str, plugins: PluginManager | None, binding: str | None) 
     locations = list(_LOCATION.finditer(message))
     what = re.split(r"\n\s*In (?:file|bindings string)", message, maxsplit=1)[0].strip()
     unknown = _UNKNOWN.search(what)
+    missing = _NO_PARAMETER.search(what)
+    if missing:
+        names = bindings_mod.parameter_names(missing["selector"])
+        what = f"{missing['selector']} has no parameter {missing['arg']!r}"
+        what += bindings_mod.closest_names(missing["arg"], names) if names else ""
     if unknown and plugins is not None:
         kind, _, name = unknown["selector"].rpartition("/")[2].rpartition(".")
         if kind in plugins.kinds:
@@ -282,5 +322,5 @@ def _describe(message: str, plugins: PluginManager | None, binding: str | None) 
         chain = "".join(f" (included from {m['file']}:{m['line']})" for m in outer)
         return f"{where}: {what}{chain}"
     if binding is not None:
-        return f"binding {binding!r}: {what}"
+        return f"--gin.{binding}: {what}"
     return what

@@ -67,7 +67,7 @@ from rlax.core.rollout import generated_tokens, rollout
 from rlax.core.rollout_source import InlineRollouts, RemoteRollouts
 from rlax.core.trainer import Trainer, TrainerSettings, batch_arrays
 from rlax.core.training_run import TrainingRun, apply_restored, state_tree
-from rlax.core.types import Group, Prompt
+from rlax.core.types import ConfigPath, Group, Prompt
 from rlax.core.weight_sync import WirePlan
 
 
@@ -233,7 +233,7 @@ def train(
     sampler: Any,
     algorithm: Any,
     optimizer: optax.GradientTransformation,
-    init_checkpoint: str,
+    init_checkpoint: ConfigPath,
     settings: ServerSettings | None = None,
     curation: Sequence[Any] = (),
     steps: int = 100,

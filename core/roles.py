@@ -42,6 +42,7 @@ from rlax.core.param_server.server import ParamServer
 from rlax.core.param_server.settings import ADDRESS_ENV, TOKEN_ENV, ServerSettings
 from rlax.core.param_server.weight_persist import WeightPersister
 from rlax.core.preemption import FINISH_SIGNAL, Preemption
+from rlax.core.types import ConfigPath
 from rlax.core.worker import WORKER_ID_ENV
 
 log = logging.getLogger("rlax.roles")
@@ -54,7 +55,7 @@ def param_server(
     *,
     hook: Any = None,
     task: Any,
-    init_checkpoint: str,
+    init_checkpoint: ConfigPath,
     settings: ServerSettings,
     prompts_per_step: int,
     max_staleness: int = 0,

@@ -11,9 +11,16 @@ prompt), P prompt length, C completion length, T = P + C, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+
+PATH_MARK = "rlax:path"
+#: A string parameter that names a file, a directory or a model reference. A
+#: relative path written in a gin file is read relative to that file's folder
+#: (``rlax.core.bindings.resolve_paths``); ``pypi:...`` and other
+#: ``scheme:`` references are left as they are.
+ConfigPath = Annotated[str, PATH_MARK]
 
 
 @dataclasses.dataclass(frozen=True)

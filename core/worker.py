@@ -31,6 +31,7 @@ from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.preemption import Preemption
 from rlax.core.reward_pool import RewardPool
+from rlax.core.types import ConfigPath
 from rlax.core.rollout import kept_by_filters, rollout
 from rlax.core.weight_sync import WirePlan
 
@@ -144,7 +145,7 @@ def worker(
     hook: Any = None,
     sampler: Any,
     reward: Any,
-    init_checkpoint: str,
+    init_checkpoint: ConfigPath,
     settings: ServerSettings,
     curation: Sequence[Any] = (),
     group_size: int = 8,

@@ -1,4 +1,5 @@
-"""A non-editable install works: the wheel holds rlax.core / rlax.plugins and the entry points."""
+"""A non-editable install works: the wheel holds every package of the tree, the configs,
+the quickstart's base policy and the entry points, and trains from outside the clone."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ def wheel(tmp_path_factory) -> pathlib.Path:
     source = work / "src"
     source.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "build", "*.egg-info")
-    for name in ("core", "plugins"):
+    for name in ("core", "plugins", "configs", "assets"):
         shutil.copytree(ROOT / name, source / name, ignore=ignore)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(ROOT / name, source / name)
     subprocess.run(
         [
@@ -110,3 +111,99 @@ def test_unpacked_wheel_imports_without_the_editable_install(wheel, tmp_path):
     assert pathlib.Path(core_file).is_relative_to(unpacked)
     assert pathlib.Path(algorithms_file).is_relative_to(unpacked)
     assert project == "rlax"
+
+
+def _source_modules() -> list[str]:
+    """Every module of the source tree, by the name it installs under."""
+    roots = {"core": "rlax.core", "plugins": "rlax.plugins", "configs": "rlax.configs",
+             "assets": "rlax.assets"}  # fmt: skip
+    names = []
+    for folder, package in roots.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            names.append(".".join([package, *(p for p in parts if p != "__init__")]))
+    return names
+
+
+def test_every_folder_of_code_is_a_package_of_the_wheel(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    folders = {p.parent for root in ("core", "plugins") for p in (ROOT / root).rglob("*.py")
+               if "__pycache__" not in p.parts}  # fmt: skip
+
+    missing = [str(f.relative_to(ROOT)) for f in sorted(folders)
+               if f"rlax/{f.relative_to(ROOT).as_posix()}/__init__.py" not in names]  # fmt: skip
+
+    assert missing == []
+    assert "rlax/core/param_server/server.py" in names  # once left out by a hand-kept list
+
+
+def test_the_wheel_ships_the_configs_and_the_base_policy(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+
+    for config in (ROOT / "configs").glob("*.gin"):
+        assert f"rlax/configs/{config.name}" in names
+    for path in (ROOT / "assets" / "quickstart-base").rglob("*"):
+        if path.is_file():
+            assert f"rlax/{path.relative_to(ROOT).as_posix()}" in names
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> pathlib.Path:
+    """A fresh virtual environment with the wheel installed (offline); the dependencies are
+    this environment's, reached through a path entry (its editable rlax is not)."""
+    venv = tmp_path_factory.mktemp("venv") / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    # A path entry in a .pth file is added to sys.path, but .pth files inside it are not
+    # run: the current environment's editable finder for rlax stays out.
+    (pathlib.Path(purelib) / "_rlax_test_deps.pth").write_text(sysconfig.get_paths()["purelib"])
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
+         "--no-index", str(wheel)],
+        check=True, capture_output=True, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )  # fmt: skip
+    return venv
+
+
+def test_the_installed_wheel_imports_every_module_of_the_tree(installed, tmp_path):
+    modules = _source_modules()
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    module = importlib.import_module(name)\n"
+        "    assert module.__file__.startswith(sys.prefix), (name, module.__file__)\n"
+        "print(len(sys.modules))\n"
+    )
+
+    result = subprocess.run([installed / "bin" / "python", "-c", code], cwd=tmp_path,
+                            capture_output=True, text=True, check=False)  # fmt: skip
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(modules) > 90
+
+
+def test_the_installed_quickstart_trains_from_outside_the_clone(installed, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    result = subprocess.run(
+        [installed / "bin" / "rlax", "run", "--gin", "quickstart", "--gin.rlax.train.steps=3"],
+        cwd=tmp_path, capture_output=True, text=True, check=False, env=env, timeout=600,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs").glob("quickstart-*")
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 3
+    assert (run_dir / "checkpoint" / "model.json").is_file()
+    assert not (tmp_path / "assets").exists()  # the base policy came from the package
+
+
+def test_rlax_version_is_the_distribution_s(installed):
+    result = subprocess.run([installed / "bin" / "rlax", "--version"], capture_output=True,
+                            text=True, check=True)  # fmt: skip
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert result.stdout.strip() == f"rlax {declared}"

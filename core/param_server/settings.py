@@ -17,6 +17,8 @@ import pathlib
 
 import grpc
 
+from rlax.core.types import ConfigPath
+
 ADDRESS_ENV = "RLAX_PS_ADDRESS"
 TOKEN_ENV = "RLAX_PS_TOKEN"
 TOKEN_FILE_ENV = "RLAX_PS_TOKEN_FILE"
@@ -46,9 +48,9 @@ class ServerSettings:
 
     address: str = "127.0.0.1:50051"
     token: str | None = None
-    token_file: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
+    token_file: ConfigPath | None = None
+    tls_cert: ConfigPath | None = None
+    tls_key: ConfigPath | None = None
     tls_server_name: str | None = None
     chunk_mb: int = 4
     max_message_mb: int = 64

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rlax.core import hookimpl
-from rlax.core.types import Prompt
+from rlax.core.types import ConfigPath, Prompt
 from rlax.plugins.curation.dedup import shingles
 from rlax.plugins.curation.offline import Curated, normalized_words
 
@@ -34,7 +34,7 @@ class Decontaminate:
     def __init__(
         self,
         *,
-        eval_files: Sequence[str] = (),
+        eval_files: Sequence[ConfigPath] = (),
         eval_fields: Sequence[str] = ("question",),
         eval_texts: Sequence[str] = (),
         ngram: int = 8,

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from rlax.core import hookimpl
-from rlax.core.types import Prompt
+from rlax.core.types import ConfigPath, Prompt
 
 __all__ = ["DatasetTask", "MalformedRow", "load_rows"]
 
@@ -142,8 +142,8 @@ class DatasetTask:
     def __init__(
         self,
         *,
-        train_files: Sequence[str] = (),
-        eval_files: Sequence[str] = (),
+        train_files: Sequence[ConfigPath] = (),
+        eval_files: Sequence[ConfigPath] = (),
         hub_name: str = "",
         hub_config: str | None = None,
         hub_splits: Sequence[str] = ("train", "test"),

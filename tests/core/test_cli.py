@@ -9,7 +9,7 @@ import sys
 import gin
 import pytest
 
-from rlax.core import cli, experiment
+from rlax.core import cli, config, experiment
 from rlax.core.errors import Preempted
 
 RECORDER = """
@@ -199,8 +199,8 @@ def test_unknown_binding_exits_2(site, fake_experiment, tmp_path, capsys):
     err = usage_error(["run", "--gin", gin_file(tmp_path, ""), "--gin.train.stepz=3"], capsys)
 
     assert err == (
-        "rlax: error: binding 'train.stepz=3': "
-        "Configurable 'train' doesn't have a parameter named 'stepz'.\n"
+        "rlax: error: --gin.train.stepz=3: train has no parameter 'stepz'; did you mean 'steps'? "
+        "(valid: hook, label, run_dir, status, steps)\n"
     )
 
 
@@ -247,5 +247,6 @@ def test_bad_arguments_exit_2(site, capsys, argv, expected):
 
 def test_missing_gin_file_exits_2(site, fake_experiment, capsys):
     assert usage_error(["run", "--gin", "does-not-exist.gin"], capsys) == (
-        "rlax: error: does-not-exist.gin: no such gin file\n"
+        "rlax: error: does-not-exist.gin: no such gin file, nor a packaged config of that name "
+        f"(packaged: {', '.join(config.packaged_configs())})\n"
     )

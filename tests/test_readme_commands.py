@@ -1,0 +1,56 @@
+"""The README's two commands: CI runs exactly the second, and the first names a real config."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def readme_commands() -> list[str]:
+    """The one-line commands of the README's first two ``bash`` blocks."""
+    blocks = re.findall(r"```bash\n(.*?)\n```", (ROOT / "README.md").read_text(), re.S)
+    return [block.strip() for block in blocks[:2]]
+
+
+def test_ci_runs_exactly_the_readme_s_test_command():
+    _, test_command = readme_commands()
+    ci = (ROOT / ".ci" / "run").read_text()
+
+    assert "\n" not in test_command
+    assert f'bash -c "{test_command}"' in ci
+
+
+def test_both_commands_set_up_the_same_way_with_the_extras_the_tests_need():
+    quickstart, tests = readme_commands()
+    setup = "python3.11 -m venv .venv && . .venv/bin/activate && pip install -e "
+
+    assert quickstart.startswith(setup + ". && ")
+    assert tests == setup + "'.[test,hf]' && python -m pytest -q"
+
+
+def test_the_quickstart_command_names_a_packaged_config():
+    quickstart, _ = readme_commands()
+
+    (name,) = re.findall(r"rlax run --gin (\S+)$", quickstart)
+    assert (ROOT / "configs" / f"{name}.gin").is_file()
+
+
+def test_every_extra_we_ask_of_a_dependency_is_one_it_provides():
+    """pip warns 'X does not provide the extra Y' for a misspelt extra; none of ours may."""
+    import importlib.metadata
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    specs = [*project["dependencies"], *sum(project["optional-dependencies"].values(), [])]
+    asked = [(r.name, extra) for r in map(Requirement, specs) for extra in r.extras]
+
+    missing = [
+        f"{name}[{extra}]" for name, extra in asked
+        if extra not in (importlib.metadata.metadata(name).get_all("Provides-Extra") or [])
+    ]  # fmt: skip
+    assert asked  # the check has something to check
+    assert missing == []
