@@ -34,10 +34,18 @@ from typing import Any
 
 import gin
 
-from rlax.core.errors import ConfigError
+from rlax.core.errors import BadSetting, ConfigError
 from rlax.core.types import PATH_MARK
 
-__all__ = ["Origin", "Origins", "check_types", "closest_names", "resolve_paths"]
+__all__ = [
+    "Origin",
+    "Origins",
+    "arguments",
+    "check_types",
+    "check_values",
+    "closest_names",
+    "resolve_paths",
+]
 
 _MACRO = "gin.macro"
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")  # pypi:DIST, hf:..., not a drive letter
@@ -308,6 +316,51 @@ def check_types(origins: Origins) -> None:
             f"{where}{bound.name}{via}{value}: expected {_describe(annotation)}, "
             f"got {type(bound.value).__name__}"
         )
+
+
+def arguments(
+    selector: str, origins: Origins, scope: str = ""
+) -> dict[str, tuple[Any, Origin | None]]:
+    """The literal arguments the configurable ``selector`` will get: ``{name: (value, origin)}``.
+
+    Bound literals (macros followed) and the signature's defaults (origin
+    None); a parameter bound to a reference is left out, since what it builds
+    is not known before it is called.
+    """
+    info = gin.config._REGISTRY.get(selector)
+    fn = getattr(info, "wrapped", None)
+    found: dict[str, tuple[Any, Origin | None]] = {}
+    if fn is not None:
+        for p in inspect.signature(fn).parameters.values():
+            if p.default is not inspect.Parameter.empty:
+                found[p.name] = (p.default, None)
+    for bound in _bindings(origins):
+        if bound.selector == selector and bound.scope == scope:
+            if _is_reference(bound.value):
+                found.pop(bound.arg, None)
+            else:
+                found[bound.arg] = (bound.value, bound.origin)
+    return found
+
+
+def check_values(origins: Origins, validators: dict[str, Callable[..., None]]) -> None:
+    """Calls ``validators[selector](**literal arguments)`` for each bound configurable.
+
+    A validator takes the parameters it checks by keyword (and ``**_``) and
+    raises :class:`BadSetting` naming the parameter at fault; the message is
+    prefixed with where that parameter's value was written.
+    """
+    bound = {selector for (_, selector) in gin.config._CONFIG}
+    for selector, validate in validators.items():
+        if selector not in bound:
+            continue
+        args = arguments(selector, origins)
+        try:
+            validate(**{name: value for name, (value, _) in args.items()})
+        except BadSetting as err:
+            origin = args.get(err.parameter, (None, None))[1]
+            where = f"{origin}: " if origin else ""
+            raise ConfigError(f"{where}{selector}.{err.parameter}: {err}") from err
 
 
 def parameter_names(selector: str) -> list[str]:

@@ -209,7 +209,18 @@ def parse(
     with _as_config_error(plugins):
         bindings_mod.resolve_paths(origins)
         bindings_mod.check_types(origins)
+        bindings_mod.check_values(origins, _validators())
         gin.finalize()
+
+
+def _validators() -> dict[str, Callable[..., None]]:
+    """Checks of a configurable's settings taken together, run on the bound literals."""
+    from rlax.core import experiment
+
+    return {
+        "rlax.train": experiment.check_eval_settings,
+        "rlax.evaluate": experiment.check_eval_settings,
+    }
 
 
 def packaged_configs() -> dict[str, pathlib.Path]:
@@ -295,10 +306,23 @@ def _as_config_error(plugins: PluginManager | None, binding: str | None = None) 
     except ConfigError:
         raise
     except SyntaxError as exc:
-        where = f"{exc.filename}:{exc.lineno}" if exc.filename else f"binding {binding!r}"
-        raise ConfigError(f"{where}: syntax error: {exc.msg}") from exc
+        where = f"{exc.filename}:{exc.lineno}" if exc.filename else f"--gin.{binding}"
+        raise ConfigError(f"{where}: syntax error: {_syntax_message(exc.msg)}") from exc
     except Exception as exc:  # anything gin raises while parsing is a config error
         raise ConfigError(_describe(str(exc), plugins, binding)) from exc
+
+
+_BAD_TOKEN = re.compile(r"Failed to parse token '(?P<token>[^']*)'")
+
+
+def _syntax_message(message: str) -> str:
+    """gin's message in one line; a bare word gets a hint instead of an ``ast`` node's repr."""
+    bad = _BAD_TOKEN.search(message)
+    if bad and "malformed node" in message:
+        token = bad["token"]
+        return (f"{token} is not a value (a string is quoted: '{token}'; a macro is "
+                f"%{token}; a configurable is @{token}())")  # fmt: skip
+    return " ".join(message.split())
 
 
 def _describe(message: str, plugins: PluginManager | None, binding: str | None) -> str:

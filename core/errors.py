@@ -8,6 +8,7 @@ plugin errors are usage errors (status 2, a one-line message, no traceback);
 from __future__ import annotations
 
 __all__ = [
+    "BadSetting",
     "ConfigError",
     "DuplicatePluginError",
     "PluginError",
@@ -20,6 +21,18 @@ __all__ = [
 
 class ConfigError(Exception):
     """A gin file or binding is wrong; the message says what and where."""
+
+
+class BadSetting(ConfigError, ValueError):
+    """A setting's value is refused by its callee (raised by a validator, before any work).
+
+    Attributes:
+      parameter: the parameter whose value is wrong, so the CLI can say where it was set.
+    """
+
+    def __init__(self, parameter: str, message: str):
+        super().__init__(message)
+        self.parameter = parameter
 
 
 class PluginError(Exception):

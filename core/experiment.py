@@ -54,7 +54,7 @@ from rlax.core.batching import make_batch
 from rlax.core.checkpoint import Checkpointer
 from rlax.core.distributed import DistributedSettings
 from rlax.core.distributed import initialize as initialize_distributed
-from rlax.core.errors import ConfigError
+from rlax.core.errors import BadSetting, ConfigError
 from rlax.core.mesh import MeshConfig, make_mesh
 from rlax.core.metrics import mean_pass_at_k
 from rlax.core.models.bundle import ModelBundle, load_model, save_model
@@ -63,7 +63,7 @@ from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.plot import plot_curves
 from rlax.core.preemption import Preemption
-from rlax.core.rollout import generated_tokens, rollout
+from rlax.core.rollout import generated_tokens, rollout, task_prompts
 from rlax.core.rollout_source import InlineRollouts, RemoteRollouts
 from rlax.core.trainer import Trainer, TrainerSettings, batch_arrays
 from rlax.core.training_run import TrainingRun, apply_restored, state_tree
@@ -90,6 +90,14 @@ def make_run_dir(run_root: str | pathlib.Path, run_name: str) -> pathlib.Path:
     raise AssertionError("unreachable")
 
 
+def _checked(validate, selector: str, **settings) -> None:
+    """``validate(**settings)``, its BadSetting as a ConfigError naming ``selector.parameter``."""
+    try:
+        validate(**settings)
+    except BadSetting as err:
+        raise ConfigError(f"{selector}.{err.parameter}: {err}") from err
+
+
 def _load_policy(path: str | pathlib.Path, setting: str) -> ModelBundle:
     try:
         return load_model(path)
@@ -101,6 +109,24 @@ def _save_config(run_dir: pathlib.Path) -> None:
     from rlax.core import config  # the CLI's gin front; library code below never reads gin
 
     (run_dir / "operative_config.gin").write_text(config.operative_config_text())
+
+
+def check_eval_settings(*, eval_samples: int = 8, eval_ks: Sequence[int] = (1, 8), **_) -> None:
+    """BadSetting unless every k of pass@k can be estimated from ``eval_samples`` samples.
+
+    The unbiased estimator needs ``1 <= k <= n`` (:func:`rlax.core.metrics.pass_at_k`).
+    """
+    if eval_samples < 1:
+        raise BadSetting("eval_samples", f"must be >= 1, got {eval_samples}")
+    if not eval_ks:
+        raise BadSetting("eval_ks", "needs at least one k")
+    bad = [k for k in eval_ks if not 1 <= k <= eval_samples]
+    if bad:
+        raise BadSetting(
+            "eval_ks",
+            f"pass@k needs 1 <= k <= eval_samples ({eval_samples}); got k = "
+            f"{', '.join(map(str, bad))}",
+        )
 
 
 def evaluate_pass_at_k(
@@ -277,8 +303,11 @@ def train(
         raise ConfigError(f"rlax.train.deterministic needs max_staleness = 0, got {max_staleness}")
     if inline and jax.process_count() > 1:
         raise ConfigError("--role inline runs in one process; several hosts run --role trainer")
+    _checked(check_eval_settings, "rlax.train", eval_samples=eval_samples, eval_ks=eval_ks)
     lead = multihost.is_lead()
     bundle = _load_policy(init_checkpoint, "rlax.train.init_checkpoint")
+    eval_prompts = list(task_prompts(task, "eval", tokenizer=bundle.tokenizer, seed=seed,
+                                     setting="rlax.train.task"))  # fmt: skip
     if not run_dir:
         run_dir = multihost.run_on_lead(lambda: make_run_dir(run_root, run_name))
     run_dir = pathlib.Path(run_dir)
@@ -310,7 +339,6 @@ def train(
             train_step=_train_step,
         )  # fmt: skip
         run.resume()
-        eval_prompts = list(task.prompts("eval", tokenizer=bundle.tokenizer, seed=seed))
         evaluate_now = functools.partial(
             evaluate_pass_at_k, sampler, reward, eval_prompts,
             samples=eval_samples, ks=eval_ks, seed=seed + 1, progress=progress,
@@ -394,9 +422,11 @@ def evaluate(
     progress: bool = True,
 ) -> int:
     """Prints the held-out pass@k table of the model in ``checkpoint``; returns 0."""
+    _checked(check_eval_settings, "rlax.evaluate", eval_samples=eval_samples, eval_ks=eval_ks)
     bundle = _load_policy(checkpoint, "--checkpoint")
+    prompts = list(task_prompts(task, "eval", tokenizer=bundle.tokenizer, seed=seed,
+                                setting="rlax.evaluate.task"))  # fmt: skip
     sampler.setup(bundle.model, bundle.tokenizer)
-    prompts = list(task.prompts("eval", tokenizer=bundle.tokenizer, seed=seed))
     result = evaluate_pass_at_k(
         sampler, reward, prompts, samples=eval_samples, ks=eval_ks, seed=seed + 1, progress=progress
     )

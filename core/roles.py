@@ -42,6 +42,7 @@ from rlax.core.param_server.server import ParamServer
 from rlax.core.param_server.settings import ADDRESS_ENV, TOKEN_ENV, ServerSettings
 from rlax.core.param_server.weight_persist import WeightPersister
 from rlax.core.preemption import FINISH_SIGNAL, Preemption
+from rlax.core.rollout import task_prompts
 from rlax.core.types import ConfigPath
 from rlax.core.worker import WORKER_ID_ENV
 
@@ -84,17 +85,20 @@ def param_server(
     Raises:
       Preempted: after a notice, once the server has stopped (exit status 75).
     """
+    _check_listen(settings)
     try:
         tokenizer = load_tokenizer(init_checkpoint)
     except (OSError, ValueError) as err:
         raise ConfigError(f"rlax.param_server.init_checkpoint: {err}") from err
+    prompts = task_prompts(
+        task, "train", tokenizer=tokenizer, seed=seed, setting="rlax.param_server.task"
+    )
     if state_dir is None and run_dir is not None:
         state_dir = str(pathlib.Path(run_dir) / "param_server")
     try:
         db = QueueDB(pathlib.Path(state_dir) / "queue.sqlite") if state_dir else None
     except QueueDBError as err:
         raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
-    prompts = task.prompts("train", tokenizer=tokenizer, seed=seed)
     stop = Preemption(preemption_notices, role="param_server", hook=hook).start()
     try:
         server = ParamServer(
@@ -124,6 +128,27 @@ def param_server(
         stop.close()
     stop.stop_now()
     return 0
+
+
+def _check_listen(settings: ServerSettings) -> None:
+    """ConfigError unless the server has a token and its address can be bound (before any work)."""
+    try:
+        resolved = settings.resolved()
+    except ValueError as err:
+        raise ConfigError(f"--role param_server: {err}") from err
+    host, _, port = resolved.address.rpartition(":")
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET) as s:
+            s.bind((host.strip("[]"), int(port)))
+    except ValueError:
+        raise ConfigError(
+            f"rlax.ps_settings.address: {resolved.address!r} is not host:port"
+        ) from None
+    except OSError as err:
+        raise ConfigError(
+            f"rlax.ps_settings.address: cannot listen on {resolved.address} ({err.strerror}); "
+            f"{ADDRESS_ENV} overrides the address"
+        ) from None
 
 
 def _free_port() -> int:
@@ -185,18 +210,17 @@ def describe_status(code: int) -> str:
     return f"status {code}"
 
 
-def _wait_ready(settings: ServerSettings, server: _Child, timeout_s: float = 120.0) -> None:
+def _wait_ready(settings: ServerSettings, server: _Child, timeout_s: float = 120.0) -> int | None:
+    """None once the server answers; its exit status if it exited at start."""
     client = ParamServerClient(settings, retry_s=0.0)
     deadline = time.monotonic() + timeout_s
     try:
         while True:
             if server.proc.poll() is not None:
-                raise RuntimeError(
-                    f"parameter server exited with status {server.proc.returncode} at start"
-                )
+                return server.proc.returncode
             try:
                 client.stat()
-                return
+                return None
             except Exception:  # noqa: BLE001 -- not listening yet
                 if time.monotonic() > deadline:
                     raise RuntimeError(
@@ -233,8 +257,9 @@ def local_cluster(
         and SIGINT); a notice is passed on to every child as SIGTERM.
 
     Returns:
-      The trainer's exit status; 75 if the run was preempted; 1 if a child
-      failed more than ``max_restarts`` times.
+      The trainer's exit status; 75 if the run was preempted; 2 if a child
+      stopped on a configuration error (which it printed); 1 if a child failed
+      more than ``max_restarts`` times.
     """
     if num_workers < 1:
         raise ConfigError(f"rlax.local_cluster.num_workers must be >= 1, got {num_workers}")
@@ -248,9 +273,15 @@ def local_cluster(
     server = _Child("param_server", [*base, "--role", "param_server"], env, None)
     children = [server]
     try:
-        _wait_ready(
+        exited = _wait_ready(
             dataclasses.replace(settings, address=env[ADDRESS_ENV], token=env[TOKEN_ENV]), server
         )
+        if exited == USAGE_STATUS:  # it printed the configuration error
+            return USAGE_STATUS
+        if exited is not None:
+            print(f"rlax: parameter server exited at start with {describe_status(exited)}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return 1
         trainer = _Child("trainer", [*base, "--role", "trainer"], env, trainer_cores)
         children.append(trainer)
         for i in range(num_workers):
@@ -280,10 +311,9 @@ def _supervise(trainer: _Child, children: list[_Child], max_restarts: int, stop:
                 continue
             if child is trainer and code == 0:
                 return 0
+            if code == USAGE_STATUS:  # a configuration error, printed: restarting cannot fix it
+                return USAGE_STATUS
             what = f"rlax: {child.name} (pid {child.proc.pid}) died with {describe_status(code)}"
-            if code == USAGE_STATUS:  # a configuration error: restarting cannot fix it
-                print(f"{what}; stopping the run", file=sys.stderr, flush=True)
-                return 1
             if child.restarts >= max_restarts:
                 print(f"{what}; restarted {child.restarts} times already (max_restarts); "
                       "stopping the run", file=sys.stderr, flush=True)  # fmt: skip

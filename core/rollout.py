@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
-from typing import Protocol
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
+from rlax.core.errors import ConfigError
 from rlax.core.reward_pool import RewardPool, score_one
 from rlax.core.types import Completion, Group, Prompt, RewardResult
 
@@ -22,6 +24,28 @@ class Sampler(Protocol):
 
 class Reward(Protocol):
     def score(self, prompt: Prompt, completion_text: str) -> float | RewardResult: ...
+
+
+def task_prompts(task: Any, split: str, *, tokenizer: Any, seed: int, setting: str) -> Iterator:
+    """``task.prompts(split)``, read far enough that its data errors come now, not mid-run.
+
+    The ``"eval"`` split is read whole (a list; none at all is an error); the
+    endless ``"train"`` stream up to its first prompt. A task raises ValueError
+    (OSError for a missing file) for data it cannot use, e.g. a malformed row
+    under ``on_malformed='error'``: that is a ConfigError naming ``setting``.
+    """
+    try:
+        prompts = task.prompts(split, tokenizer=tokenizer, seed=seed)
+        if split == "eval":
+            prompts = list(prompts)
+            if not prompts:
+                raise ValueError("no prompts (were all of its rows malformed?)")
+            return iter(prompts)
+        return itertools.chain([next(prompts)], prompts)
+    except StopIteration:
+        raise ConfigError(f"{setting}: {split} split: no prompts") from None
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"{setting}: {split} split: {str(err).splitlines()[0]}") from err
 
 
 def rollout(

@@ -31,8 +31,8 @@ from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.preemption import Preemption
 from rlax.core.reward_pool import RewardPool
-from rlax.core.types import ConfigPath
 from rlax.core.rollout import kept_by_filters, rollout
+from rlax.core.types import ConfigPath
 from rlax.core.weight_sync import WirePlan
 
 log = logging.getLogger("rlax.worker")

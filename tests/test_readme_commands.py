@@ -10,7 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def readme_commands() -> list[str]:
     """The one-line commands of the README's first two ``bash`` blocks."""
-    blocks = re.findall(r"```bash\n(.*?)\n```", (ROOT / "README.md").read_text(), re.S)
+    blocks = re.findall(r"```bash\n(.*?)\n```", (ROOT / "README.md").read_text(), re.DOTALL)
     return [block.strip() for block in blocks[:2]]
 
 
@@ -45,7 +45,8 @@ def test_every_extra_we_ask_of_a_dependency_is_one_it_provides():
     from packaging.requirements import Requirement
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    specs = [*project["dependencies"], *sum(project["optional-dependencies"].values(), [])]
+    extras = [spec for group in project["optional-dependencies"].values() for spec in group]
+    specs = [*project["dependencies"], *extras]
     asked = [(r.name, extra) for r in map(Requirement, specs) for extra in r.extras]
 
     missing = [

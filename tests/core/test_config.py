@@ -120,7 +120,7 @@ def test_syntax_error_in_an_included_file_reports_that_file(tmp_path):
 
 
 def test_syntax_error_in_a_binding_names_the_binding():
-    with pytest.raises(ConfigError, match=r"^binding 'point.x 3': syntax error"):
+    with pytest.raises(ConfigError, match=r"^--gin.point.x 3: syntax error"):
         config.parse([], ["point.x 3"])
 
 
@@ -263,3 +263,15 @@ def test_config_texts_show_bound_and_used_values(tmp_path):
 
     assert "point.x = 3" in config.operative_config_text()
     assert "point.y = 0" in config.operative_config_text()
+
+
+def test_a_bare_word_is_a_syntax_error_with_a_hint_not_an_ast_repr(tmp_path):
+    path = write(tmp_path / "bad.gin", "point.x = 1\npoint.y = five\n")
+
+    with pytest.raises(ConfigError) as info:
+        config.parse([path], [])
+
+    assert str(info.value) == (
+        f"{path}:2: syntax error: five is not a value (a string is quoted: 'five'; "
+        "a macro is %five; a configurable is @five())"
+    )
