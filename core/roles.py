@@ -139,6 +139,8 @@ def _check_listen(settings: ServerSettings) -> None:
     host, _, port = resolved.address.rpartition(":")
     try:
         with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET) as s:
+            # As gRPC binds: a restarted server's port in TIME_WAIT is free, a listener is not.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((host.strip("[]"), int(port)))
     except ValueError:
         raise ConfigError(
