@@ -71,7 +71,7 @@ def test_every_hook_s_example_runs(name, capsys):
     plugin = types.ModuleType(f"docs_example_{name}")
     exec(compile(example(name), f"{DOC}:{name}", "exec"), plugin.__dict__)  # noqa: S102
 
-    pm = build_plugin_manager(autoload=False, extra=[plugin])
+    pm = build_plugin_manager(autoload=False, builtins=False, extra=[plugin])
 
     if name in EXAMPLE_CALLS:
         getattr(pm.hook, name)(**EXAMPLE_CALLS[name])
