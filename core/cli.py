@@ -35,7 +35,7 @@ import gin
 
 from rlax.core import config, host_memory
 from rlax.core.errors import ConfigError, PluginError, Preempted, RunFinished
-from rlax.core.plugins import PluginManager, build_plugin_manager
+from rlax.core.plugins import PluginManager, autoload_notice, build_plugin_manager
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE", "main"]
 
@@ -183,9 +183,11 @@ def _configure(args: argparse.Namespace, bindings: list[str]) -> PluginManager:
 
 
 def _plugins(args: argparse.Namespace, bindings: list[str]) -> int:
+    pm = _plugin_manager(args)
+    if notice := autoload_notice(pm):
+        print(f"rlax: {notice}", file=sys.stderr)
     rows = [
-        {column: str(getattr(c, column)) for column in _PLUGIN_COLUMNS}
-        for c in _plugin_manager(args).components()
+        {column: str(getattr(c, column)) for column in _PLUGIN_COLUMNS} for c in pm.components()
     ]
     if args.json:
         print(json.dumps(rows, indent=2))

@@ -10,7 +10,7 @@ subset of a hook's arguments. Plugins are found through the entry-point group
 No hook here is ``firstresult`` or ``historic``: every registration hook's
 results are collected from all plugins, and every lifecycle hook is a plain
 notification to all plugins. ``docs/plugin_hooks.md`` documents each hook with
-a runnable example.
+a runnable example, and what the core calls on each kind of component.
 """
 
 from __future__ import annotations
@@ -31,7 +31,12 @@ from rlax.core import hookspec
 
 @hookspec
 def rlax_register_algorithms() -> dict[str, Callable[..., object]]:
-    """Register RL algorithms (advantages + loss, see DESIGN.md §3).
+    """Register RL algorithms.
+
+    An algorithm has the flags ``needs_reference`` and ``needs_critic``,
+    ``advantages(rewards) -> advantages`` (float32 [N, G] -> [N, G], on the
+    host) and ``loss(new_logprobs, batch) -> (loss, metrics)`` (inside the
+    jitted step; ``batch`` is a dict of arrays).
 
     Called once per plugin when the plugin manager loads; not firstresult, not
     historic.
@@ -46,9 +51,13 @@ def rlax_register_algorithms() -> dict[str, Callable[..., object]]:
 def rlax_register_rewards() -> dict[str, Callable[..., object]]:
     """Register reward functions.
 
-    A reward object has ``score(prompt, completion_text) -> float`` where
-    ``prompt`` is a ``rlax.core.types.Prompt``. Called once per plugin when the
-    plugin manager loads; not firstresult, not historic.
+    A reward object has ``score(prompt, completion_text) -> float |
+    RewardResult`` where ``prompt`` is a ``rlax.core.types.Prompt`` and
+    ``RewardResult`` is ``rlax.core.types.RewardResult`` (a score and its
+    reason).
+
+    Called once per plugin when the plugin manager loads; not firstresult, not
+    historic.
 
     Returns:
       A dict mapping each reward name to its factory. The gin configurable is
@@ -58,7 +67,12 @@ def rlax_register_rewards() -> dict[str, Callable[..., object]]:
 
 @hookspec
 def rlax_register_samplers() -> dict[str, Callable[..., object]]:
-    """Register samplers (``load_weights`` + ``generate`` with logprobs).
+    """Register samplers.
+
+    A sampler has ``setup(model, tokenizer)``, ``load_weights(params,
+    version)``, ``generate(prompts, n, *, seed) -> list[tuple[Completion,
+    ...]]`` (per-token logprobs in each ``Completion``) and the attributes
+    ``temperature`` and ``max_new_tokens``.
 
     Called once per plugin when the plugin manager loads; not firstresult, not
     historic.
@@ -71,7 +85,11 @@ def rlax_register_samplers() -> dict[str, Callable[..., object]]:
 
 @hookspec
 def rlax_register_curation_filters() -> dict[str, Callable[..., object]]:
-    """Register curation filters (``offline(dataset)`` and/or ``online(groups)``).
+    """Register curation filters.
+
+    A filter has ``offline(prompts) -> Curated`` (``rlax curate``: the kept
+    prompts and the dropped ones with reasons) and/or ``online(groups) ->
+    groups`` (each round of scored groups; returns the groups it keeps).
 
     Called once per plugin when the plugin manager loads; not firstresult, not
     historic.
@@ -84,7 +102,12 @@ def rlax_register_curation_filters() -> dict[str, Callable[..., object]]:
 
 @hookspec
 def rlax_register_tasks() -> dict[str, Callable[..., object]]:
-    """Register tasks (sources of ``Prompt`` values naming a default reward).
+    """Register tasks.
+
+    A task has ``prompts(split, *, tokenizer, seed) -> Iterator[Prompt]``:
+    ``"train"`` is an endless stream in an order fixed by ``seed``, ``"eval"``
+    the finite held-out set; ``load(split, *, tokenizer) -> list[Prompt]`` is
+    needed only by ``rlax curate``.
 
     Called once per plugin when the plugin manager loads; not firstresult, not
     historic.
@@ -147,7 +170,7 @@ def rlax_on_preemption(role: str, reason: str) -> None:
     then exits with status 75 (``rlax.core.cli.EXIT_PREEMPTED``).
 
     Args:
-      role: the role of the process: ``"trainer"``, ``"worker"``,
-        ``"param_server"`` or ``"local"``.
+      role: the role of the process: ``"trainer"``, ``"worker"`` or
+        ``"param_server"``.
       reason: what asked it to stop, e.g. ``"SIGTERM"`` or a notice file's path.
     """

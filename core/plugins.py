@@ -9,8 +9,11 @@ it explicitly::
     pm.get("algorithms", "grpo").factory
 
 Switches, as in pytest: ``RLAX_DISABLE_PLUGIN_AUTOLOAD=1`` skips the entry
-points (plugins named in ``extra`` still load, an entry-point name included);
-``disabled`` blocks plugins by name (the CLI's ``-p no:NAME``).
+points of every other distribution (third-party plugins); the built-ins, the
+entry points of rlax's own distribution ``rlax-llm``, still load, and so do
+the plugins named in ``extra`` (an entry-point name included). ``disabled``
+blocks plugins by name, built-ins included (the CLI's ``-p no:NAME``).
+``builtins=False`` leaves the built-ins out too (an empty manager for tests).
 
 Every component becomes the gin configurable ``<kind>.<name>``, e.g.
 ``@algorithms.grpo()``; the gin module of each kind holds exactly the
@@ -36,16 +39,20 @@ from rlax.core.errors import DuplicatePluginError, PluginError, PluginLoadError,
 
 __all__ = [
     "AUTOLOAD_ENV",
+    "BUILTIN_DISTRIBUTION",
     "ENTRY_POINT_GROUP",
     "KINDS",
     "Component",
     "PluginManager",
+    "autoload_notice",
     "build_plugin_manager",
     "installed_entry_points",
+    "is_builtin",
 ]
 
 ENTRY_POINT_GROUP = "rlax"
 AUTOLOAD_ENV = "RLAX_DISABLE_PLUGIN_AUTOLOAD"
+BUILTIN_DISTRIBUTION = "rlax-llm"  # its entry points are the built-in plugins
 
 # Component kind (also its gin module) -> the registration hook that provides it.
 KINDS: dict[str, str] = {
@@ -103,17 +110,27 @@ class PluginManager(pluggy.PluginManager):
             self.set_blocked(name)
         self._distributions: dict[str, tuple[str, str]] = {}
         self._registry: dict[str, dict[str, Component]] | None = None
+        self.autoloaded = False  # whether load() loaded the third-party entry points
 
     # -- loading ----------------------------------------------------------
 
-    def load(self, extra: Iterable[str | object] = (), *, autoload: bool | None = None) -> None:
+    def load(
+        self,
+        extra: Iterable[str | object] = (),
+        *,
+        autoload: bool | None = None,
+        builtins: bool = True,
+    ) -> None:
         """Loads plugins, collects the registries and registers them with gin.
 
         Args:
           extra: more plugins: an entry-point name of group ``rlax``, a module
             path to import, or a plugin object (module, class or instance).
-          autoload: load every entry point of group ``rlax``; by default
-            unless ``RLAX_DISABLE_PLUGIN_AUTOLOAD`` is set and non-empty.
+          autoload: load the entry points of group ``rlax`` of every
+            distribution other than ``rlax-llm`` (the third-party plugins); by
+            default unless ``RLAX_DISABLE_PLUGIN_AUTOLOAD`` is set and non-empty.
+          builtins: load the entry points of ``rlax-llm`` (the built-ins),
+            whatever ``autoload`` says.
 
         Raises:
           PluginLoadError: a plugin failed to import or is not a valid plugin.
@@ -126,9 +143,11 @@ class PluginManager(pluggy.PluginManager):
             raise RuntimeError("plugins are already loaded; build a new PluginManager")
         if autoload is None:
             autoload = not os.environ.get(AUTOLOAD_ENV)
+        self.autoloaded = autoload
         entry_points = installed_entry_points()
-        for entry_point in entry_points if autoload else ():
-            self._load_entry_point(entry_point)
+        for entry_point in entry_points:
+            if builtins if is_builtin(entry_point) else autoload:
+                self._load_entry_point(entry_point)
         for plugin in extra:
             if not isinstance(plugin, str):
                 self._register(plugin, None, f"plugin object {plugin!r}")
@@ -272,11 +291,29 @@ def installed_entry_points() -> list[importlib.metadata.EntryPoint]:
     return list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
 
 
+def is_builtin(entry_point: importlib.metadata.EntryPoint) -> bool:
+    """Whether ``entry_point`` is one of rlax's own (distribution ``rlax-llm``)."""
+    if entry_point.dist is None:
+        return False
+    # Distribution names compare normalised (PEP 503): rlax_llm is rlax-llm.
+    return re.sub(r"[-_.]+", "-", entry_point.dist.name).lower() == BUILTIN_DISTRIBUTION
+
+
+def autoload_notice(pm: PluginManager) -> str | None:
+    """One line saying that third-party plugins were not loaded, or None if they were."""
+    if pm.autoloaded:
+        return None
+    return (
+        f"{AUTOLOAD_ENV} is set: only the built-in plugins and those named with -p are loaded"
+    )
+
+
 def build_plugin_manager(
     *,
     disabled: Iterable[str] = (),
     extra: Iterable[str | object] = (),
     autoload: bool | None = None,
+    builtins: bool = True,
 ) -> PluginManager:
     """Builds a :class:`PluginManager` and loads its plugins.
 
@@ -284,11 +321,12 @@ def build_plugin_manager(
       disabled: plugin names to block (``-p no:NAME``).
       extra: plugins to load besides the entry points (``-p NAME``); see
         :meth:`PluginManager.load`.
-      autoload: see :meth:`PluginManager.load`.
+      autoload: load the third-party entry points; see :meth:`PluginManager.load`.
+      builtins: load the built-in entry points; see :meth:`PluginManager.load`.
 
     Returns:
       The loaded manager.
     """
     pm = PluginManager(disabled=disabled)
-    pm.load(extra, autoload=autoload)
+    pm.load(extra, autoload=autoload, builtins=builtins)
     return pm

@@ -1,6 +1,6 @@
 """Preemption notices -> one "stop at the next safe point" event per process.
 
-Preemption is normal, not an error (DESIGN.md §5). A *notice source* is a
+Preemption is normal, not an error (docs/preemption.md). A *notice source* is a
 small plugin object that watches for one kind of notice and calls
 ``notify(reason)`` when it sees it::
 

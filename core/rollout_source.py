@@ -1,6 +1,6 @@
 """Where the trainer's batches come from and where its weights go.
 
-:class:`RemoteRollouts` is the system of DESIGN.md §4: weights are pushed to
+:class:`RemoteRollouts` is the parameter-server system (docs/param_server.md): weights go to
 the parameter server, groups are taken from its rollout queue under the
 staleness rule and acknowledged once trained on. :class:`InlineRollouts`
 does the same in one process (a sampler beside the trainer): for debugging

@@ -1,4 +1,4 @@
-"""The values that flow through an experiment (DESIGN.md §2).
+"""The values that flow through an experiment: task -> sampler -> reward -> algorithm.
 
 Plain dataclasses holding numpy arrays: nothing here knows about JAX, gin or
 the wire, so every stage (task, sampler, reward, curation, algorithm) can be

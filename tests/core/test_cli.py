@@ -98,13 +98,29 @@ def test_p_no_blocks_and_p_module_adds(site, capsys):
     assert [(r["name"], r["plugin"], r["distribution"]) for r in rows] == [("added", module, "-")]
 
 
-def test_disable_autoload_lists_nothing(site, monkeypatch, capsys):
+def test_disable_autoload_lists_the_builtins_and_says_so(site, monkeypatch, capsys):
+    site.install("rlax-llm", "0.1", {"fake_builtin": site.rewards("builtin")})
     site.install("rlax-fake", "1.0", {"fake_auto": site.rewards("auto")})
     monkeypatch.setenv("RLAX_DISABLE_PLUGIN_AUTOLOAD", "1")
 
     assert cli.main(["plugins", "--json"]) == 0
 
-    assert json.loads(capsys.readouterr().out) == []
+    captured = capsys.readouterr()
+    assert [r["name"] for r in json.loads(captured.out)] == ["builtin"]
+    assert captured.err == (
+        "rlax: RLAX_DISABLE_PLUGIN_AUTOLOAD is set: only the built-in plugins and those "
+        "named with -p are loaded\n"
+    )
+
+
+def test_plugins_prints_no_autoload_notice_by_default(site, capsys):
+    site.install("rlax-fake", "1.0", {"fake_auto": site.rewards("auto")})
+
+    assert cli.main(["plugins", "--json"]) == 0
+
+    captured = capsys.readouterr()
+    assert [r["name"] for r in json.loads(captured.out)] == ["auto"]
+    assert captured.err == ""
 
 
 # -- rlax run / eval ---------------------------------------------------------

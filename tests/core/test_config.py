@@ -157,7 +157,7 @@ def test_unknown_plugin_reference_lists_the_valid_names(tmp_path):
     plugin = types.SimpleNamespace(
         rlax_register_algorithms=hookimpl(lambda: {"ppo": point, "grpo": other_point})
     )
-    pm = build_plugin_manager(autoload=False, extra=[plugin])
+    pm = build_plugin_manager(autoload=False, builtins=False, extra=[plugin])
     path = write(tmp_path / "main.gin", "point.x = 1\npoint.y = @algorithms.nope()\n")
 
     with pytest.raises(ConfigError) as info:
@@ -170,7 +170,7 @@ def test_unknown_plugin_reference_lists_the_valid_names(tmp_path):
 
 def test_unknown_plugin_configurable_lists_the_valid_names():
     plugin = types.SimpleNamespace(rlax_register_rewards=hookimpl(lambda: {"exact": point}))
-    pm = build_plugin_manager(autoload=False, extra=[plugin])
+    pm = build_plugin_manager(autoload=False, builtins=False, extra=[plugin])
 
     with pytest.raises(ConfigError, match="valid rewards: exact$"):
         config.parse([], ["rewards.exakt.x = 1"], plugins=pm)

@@ -22,7 +22,7 @@ class Thing:
 
 def registered(hook_name: str) -> PluginManager:
     plugin = types.SimpleNamespace(**{hook_name: hookimpl(lambda: {"thing": Thing})})
-    return build_plugin_manager(autoload=False, extra=[plugin])
+    return build_plugin_manager(autoload=False, builtins=False, extra=[plugin])
 
 
 def assert_fills_only(kind: str, hook_name: str) -> None:
@@ -67,7 +67,7 @@ def recording_manager(**impls: tuple[str, ...]) -> tuple[PluginManager, list]:
             }
         )
         pm.register(plugin, name=tag)
-    pm.load(autoload=False)
+    pm.load(autoload=False, builtins=False)
     return pm, calls
 
 
@@ -130,7 +130,7 @@ def test_an_argument_the_hook_does_not_have_is_rejected():
     plugin = types.SimpleNamespace(rlax_on_step_end=hookimpl(_recorder([], "x", "y", ("stepp",))))
 
     with pytest.raises(PluginLoadError, match="stepp"):
-        build_plugin_manager(autoload=False, extra=[plugin])
+        build_plugin_manager(autoload=False, builtins=False, extra=[plugin])
 
 
 def test_no_hook_is_firstresult_or_historic():

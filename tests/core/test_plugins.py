@@ -18,6 +18,7 @@ from rlax.core.plugins import (
     PluginManager,
     build_plugin_manager,
     installed_entry_points,
+    is_builtin,
 )
 
 
@@ -73,6 +74,57 @@ def test_disable_autoload_still_loads_an_entry_point_named_explicitly(site, monk
 
     assert pm.names("rewards") == ["two"]
     assert pm.get("rewards", "two").distribution == "rlax-fake"
+
+
+def test_disable_autoload_env_keeps_the_builtins(site, monkeypatch):
+    # Built-ins are the entry points of rlax's own distribution (as pytest's are its own).
+    site.install("rlax-llm", "0.1", {"fake_builtin": site.rewards("builtin")})
+    site.install("rlax-fake", "1.0", {"fake_third": site.rewards("third")})
+    monkeypatch.setenv(AUTOLOAD_ENV, "1")
+
+    pm = build_plugin_manager()
+
+    assert pm.names("rewards") == ["builtin"]
+    assert pm.get("rewards", "builtin").distribution == "rlax-llm"
+    assert "fake_third" not in sys.modules
+    assert not pm.autoloaded
+
+
+def test_without_the_env_builtins_and_third_party_plugins_load(site):
+    site.install("rlax-llm", "0.1", {"fake_builtin": site.rewards("builtin")})
+    site.install("rlax-fake", "1.0", {"fake_third": site.rewards("third")})
+
+    pm = build_plugin_manager()
+
+    assert pm.names("rewards") == ["builtin", "third"]
+    assert pm.autoloaded
+
+
+def test_a_builtin_can_still_be_blocked_by_name(site, monkeypatch):
+    site.install("rlax-llm", "0.1", {"fake_builtin": site.rewards("builtin")})
+    monkeypatch.setenv(AUTOLOAD_ENV, "1")
+
+    pm = build_plugin_manager(disabled=["fake_builtin"])
+
+    assert pm.names("rewards") == []
+
+
+def test_builtins_false_loads_no_entry_point(site):
+    site.install("rlax-llm", "0.1", {"fake_builtin": site.rewards("builtin")})
+    site.install("rlax-fake", "1.0", {"fake_third": site.rewards("third")})
+
+    pm = build_plugin_manager(autoload=False, builtins=False)
+
+    assert pm.names("rewards") == []
+    assert "fake_builtin" not in sys.modules and "fake_third" not in sys.modules
+
+
+def test_the_builtin_distribution_name_is_compared_normalised(site):
+    site.install("rlax_llm", "0.1", {"fake_underscored": site.rewards("underscored")})
+
+    (entry_point,) = site.entry_points()
+
+    assert is_builtin(entry_point)
 
 
 def test_disabled_plugin_is_not_even_imported(site):
@@ -255,7 +307,7 @@ def test_new_manager_replaces_gin_entries_of_its_kinds(site):
     first = sys.modules["gin_first"].First
     second = types.SimpleNamespace(rlax_register_rewards=hookimpl(lambda: {"kept": list}))
 
-    build_plugin_manager(autoload=False, extra=[second])
+    build_plugin_manager(autoload=False, builtins=False, extra=[second])
 
     gin.clear_config()
     assert config.configured("rewards", "kept")() == []  # the new factory, not First
