@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import pathlib
 import shutil
 import threading
@@ -52,8 +51,6 @@ import orbax.checkpoint as ocp
 
 from rlax.core import distributed
 from rlax.core.weight_sync import leaf_name
-
-log = logging.getLogger("rlax.checkpoint")
 
 FORMAT = "rlax-train-state/1"
 
@@ -256,7 +253,7 @@ class Checkpointer:
                     f"checkpoint {self.directory / str(step)} cannot be restored "
                     f"({_short(err)}); moved to {aside} and skipped"
                 )
-                log.warning(message)
+                # One report: the CLI shows rlax's warnings as one 'rlax: warning:' line.
                 warnings.warn(message, CorruptCheckpointWarning, stacklevel=2)
         return None
 

@@ -29,13 +29,20 @@ import json
 import pathlib
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 
 import gin
 
 from rlax.core import config, host_memory
+from rlax.core.bindings import closest_names
 from rlax.core.errors import ConfigError, PluginError, Preempted, RunFinished
-from rlax.core.plugins import PluginManager, autoload_notice, build_plugin_manager
+from rlax.core.plugins import (
+    PluginManager,
+    autoload_notice,
+    build_plugin_manager,
+    installed_entry_points,
+)
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE", "main"]
 
@@ -57,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       argv: the arguments after the program name; ``sys.argv[1:]`` if None.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    warnings.showwarning = _show_warning
     try:
         host_memory.reuse_freed_memory()
     except ValueError as exc:  # a bad RLAX_HOST_MALLOC
@@ -84,6 +92,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception:  # noqa: BLE001 -- report, then fail with a status rather than a crash
         traceback.print_exc()
         return EXIT_FAILURE
+
+
+_python_showwarning = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """rlax's own warnings as one ``rlax: warning: ...`` line; others as Python shows them."""
+    if category.__module__.startswith("rlax."):
+        print(f"rlax: warning: {message}", file=file or sys.stderr, flush=True)
+        return
+    _python_showwarning(message, category, filename, lineno, file, line)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -172,6 +191,13 @@ def _error(message: str, status: int) -> int:
 def _plugin_manager(args: argparse.Namespace) -> PluginManager:
     disabled = [p.removeprefix("no:") for p in args.plugins if p.startswith("no:")]
     extra = [p for p in args.plugins if not p.startswith("no:")]
+    known = sorted({ep.name for ep in installed_entry_points()})
+    for name in disabled:
+        if name not in known:  # a typo would otherwise block nothing, silently
+            raise PluginError(
+                f"-p no:{name}: no installed plugin is named {name!r}"
+                f"{closest_names(name, known)}"
+            )
     return build_plugin_manager(disabled=disabled, extra=extra)
 
 

@@ -137,10 +137,10 @@ def test_run_all_hands_its_arguments_to_the_local_cluster(site, monkeypatch, tmp
 
     monkeypatch.setattr(roles, "local_cluster", local_cluster)
     path = gin_file(tmp_path, "")
-    args = ["--gin", path, "--gin.local_cluster.settings=None", "-p", "no:foo", "--run-dir", "out"]
+    args = ["--gin", path, "--gin.local_cluster.settings=None", "-p", "no:grpo", "--run-dir", "out"]
     assert cli.main(["run", *args]) == 0
     assert seen["argv"] == [
-        "--gin", path, "--gin.local_cluster.settings=None", "-pno:foo", "--run-dir", "out"
+        "--gin", path, "--gin.local_cluster.settings=None", "-pno:grpo", "--run-dir", "out"
     ]  # fmt: skip
 
 
@@ -265,4 +265,33 @@ def test_missing_gin_file_exits_2(site, fake_experiment, capsys):
     assert usage_error(["run", "--gin", "does-not-exist.gin"], capsys) == (
         "rlax: error: does-not-exist.gin: no such gin file, nor a packaged config of that name "
         f"(packaged: {', '.join(config.packaged_configs())})\n"
+    )
+
+
+def test_blocking_a_plugin_that_does_not_exist_is_an_error_naming_the_closest(site, capsys):
+    assert cli.main(["plugins", "-p", "no:grpoo"]) == 2
+
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "rlax: error: -p no:grpoo: no installed plugin is named 'grpoo'; did you mean 'grpo'"
+    )
+    assert err.count("\n") == 1
+
+
+def test_an_rlax_warning_is_shown_once_as_one_line(capsys):
+    import warnings
+
+    from rlax.core.checkpoint import CorruptCheckpointWarning
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = cli._show_warning
+            warnings.warn("checkpoint runs/x/2 cannot be restored (ValueError: bad); moved",
+                          CorruptCheckpointWarning, stacklevel=1)  # fmt: skip
+    finally:
+        warnings.showwarning = cli._python_showwarning
+
+    assert capsys.readouterr().err == (
+        "rlax: warning: checkpoint runs/x/2 cannot be restored (ValueError: bad); moved\n"
     )
