@@ -338,7 +338,7 @@ def train(
 
     results["after"] = multihost.run_on_lead(evaluate_after)  # the others wait for it
     model = nnx.merge(trainer.graphdef, params)
-    _finish(run_dir, hook, trainer.state.step, model, bundle, run.log, results)
+    _finish(run_dir, hook, run.step, model, bundle, run.log, results)
     return 0
 
 

@@ -247,7 +247,7 @@ class TrainingRun:
         if not self.lead or not path.exists():  # process 0 keeps the file
             return
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        kept = [r for r in rows if r.get("step", 0) < self.step]
+        kept = [r for r in rows if r.get("step", 0) <= self.step]  # steps 1..k are in the state
         if len(kept) != len(rows):
             tmp = path.with_suffix(".tmp")
             tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
@@ -264,8 +264,10 @@ class TrainingRun:
         source._step = int(meta["rng"]["sampler_step"])  # its sampling-seed counter
 
     def loop(self, steps: int, hook, progress: bool, **step_args) -> None:
-        bar = tqdm(range(self.step, steps), desc="rl", disable=not (progress and self.lead),
-                   initial=self.step, total=steps)  # fmt: skip
+        # Steps are numbered from 1: step k is the k-th update, after which trainer.state.step
+        # == k. The hooks, metrics.jsonl, checkpoints and the bar all use that number.
+        bar = tqdm(range(self.step + 1, steps + 1), desc="rl",
+                   disable=not (progress and self.lead), initial=self.step, total=steps)  # fmt: skip
         if self._agree(None, None)[1]:
             self._stop()
         for step in bar:
@@ -287,7 +289,7 @@ class TrainingRun:
                       flush=True)  # fmt: skip
                 self.ckpt.wait()
                 self.preemption.stop_now()
-            self.step = step + 1
+            self.step = step
             # The save started a step ago must be complete before this step counts, so a
             # crash never redoes more than checkpoint_every steps (it rarely has to wait).
             self.ckpt.wait()
