@@ -97,3 +97,51 @@ def test_one_step_number_in_hooks_metrics_and_checkpoints_across_a_resume(
         ("checkpoint", 3, str(run_dir / "checkpoint")),
     ]
     assert metric_steps(run_dir) == [1, 2, 3]  # no row lost or repeated by the resume
+
+
+ALWAYS_ONE = """
+    from rlax.core import hookimpl
+
+    class AlwaysOne:
+        def score(self, prompt, completion_text):
+            return 1.0
+
+    @hookimpl
+    def rlax_register_rewards():
+        return {"always_one": AlwaysOne}
+"""
+
+
+def test_steps_that_keep_no_group_are_reported_in_the_log(tmp_path, monkeypatch, caplog):
+    # Every sample scores 1, so the quickstart's zero_variance filter drops every group.
+    (tmp_path / "rlax_test_always_one.py").write_text(textwrap.dedent(ALWAYS_ONE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reward = "--gin.rlax.train.reward=@rewards.always_one()"
+    with caplog.at_level("WARNING", logger="rlax.trainer"):
+        status = run("--run-dir", str(tmp_path / "run"), "-p", "rlax_test_always_one", reward,
+                     steps=4)  # fmt: skip
+    sys.modules.pop("rlax_test_always_one", None)
+    assert status == 0
+    warnings = [r.getMessage() for r in caplog.records if "kept no group" in r.getMessage()]
+    assert warnings == [
+        "rlax: warning: steps 1-3 (3 in a row) kept no group, so nothing was trained: the "
+        "curation filters (ZeroVarianceFilter) dropped every group (0 more as stale); "
+        "does the reward score every sample alike?"
+    ]
+
+
+def test_empty_step_warning_repeats_as_the_streak_doubles_and_resets(caplog):
+    from rlax.core.training_run import EmptyStepWatch
+
+    watch = EmptyStepWatch([], after=2)
+    kept = [0, 1, 0, 0, 0, 0, 0, 0, 0, 0]  # steps 1..10: a streak of 1, then one of 8
+    with caplog.at_level("WARNING", logger="rlax.trainer"):
+        for step, groups in enumerate(kept, start=1):
+            watch.see(step, {"groups_kept": groups, "dropped_stale": 1})
+    assert [r.getMessage().split(" kept")[0] for r in caplog.records] == [
+        "rlax: warning: steps 3-4 (2 in a row)",
+        "rlax: warning: steps 3-6 (4 in a row)",
+        "rlax: warning: steps 3-10 (8 in a row)",
+    ]
+    assert "curation filters (none)" in caplog.records[-1].getMessage()
+    assert "(8 more as stale)" in caplog.records[-1].getMessage()
