@@ -50,11 +50,12 @@ from flax import nnx
 from tqdm import tqdm
 
 from rlax.core import distributed as multihost
+from rlax.core import runs
 from rlax.core.batching import make_batch
 from rlax.core.checkpoint import Checkpointer
 from rlax.core.distributed import DistributedSettings
 from rlax.core.distributed import initialize as initialize_distributed
-from rlax.core.errors import ConfigError
+from rlax.core.errors import ConfigError, Preempted
 from rlax.core.mesh import MeshConfig, make_mesh
 from rlax.core.metrics import mean_pass_at_k
 from rlax.core.models.bundle import ModelBundle, load_model, save_model
@@ -88,6 +89,18 @@ def make_run_dir(run_root: str | pathlib.Path, run_name: str) -> pathlib.Path:
         except FileExistsError:
             continue
     raise AssertionError("unreachable")
+
+
+def _open_run_dir(run_dir: pathlib.Path | None, run_root: str, run_name: str) -> pathlib.Path:
+    """The run directory, made if needed; process 0 saves the config and says where it is."""
+    if not run_dir:
+        run_dir = multihost.run_on_lead(lambda: make_run_dir(run_root, run_name))
+    run_dir = pathlib.Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if multihost.is_lead():
+        _save_config(run_dir)
+        print(f"run directory: {run_dir}", flush=True)  # at start: a preempted run resumes there
+    return run_dir
 
 
 def _load_policy(path: str | pathlib.Path, setting: str) -> ModelBundle:
@@ -278,13 +291,13 @@ def train(
     if inline and jax.process_count() > 1:
         raise ConfigError("--role inline runs in one process; several hosts run --role trainer")
     lead = multihost.is_lead()
+    finished = run_dir and runs.finished_message(pathlib.Path(run_dir), steps)
+    if finished:  # re-running a finished run redoes nothing and overwrites nothing
+        if lead:
+            print(finished, flush=True)
+        return 0
     bundle = _load_policy(init_checkpoint, "rlax.train.init_checkpoint")
-    if not run_dir:
-        run_dir = multihost.run_on_lead(lambda: make_run_dir(run_root, run_name))
-    run_dir = pathlib.Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if lead:
-        _save_config(run_dir)
+    run_dir = _open_run_dir(run_dir, run_root, run_name)
     sampler.setup(bundle.model, bundle.tokenizer)
     trainer = Trainer(
         bundle.model, algorithm, optimizer, temperature=sampler.temperature,
@@ -326,6 +339,9 @@ def train(
         run.loop(
             steps, hook, progress, group_size=group_size, completion_len=sampler.max_new_tokens
         )
+    except Preempted as err:
+        err.run_dir = run_dir  # for the CLI's resume command
+        raise
     finally:
         preemption.close()
         source.close()

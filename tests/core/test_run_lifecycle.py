@@ -3,8 +3,11 @@ finished runs, the saved config, `rlax eval --out` and exported checksums."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import pathlib
+import shlex
 import sys
 import textwrap
 
@@ -124,9 +127,11 @@ def test_steps_that_keep_no_group_are_reported_in_the_log(tmp_path, monkeypatch,
     assert status == 0
     warnings = [r.getMessage() for r in caplog.records if "kept no group" in r.getMessage()]
     assert warnings == [
-        "rlax: warning: steps 1-3 (3 in a row) kept no group, so nothing was trained: the "
-        "curation filters (ZeroVarianceFilter) dropped every group (0 more as stale); "
-        "does the reward score every sample alike?"
+        (
+            "rlax: warning: steps 1-3 (3 in a row) kept no group, so nothing was trained: the "
+            "curation filters (ZeroVarianceFilter) dropped every group (0 more as stale); "
+            "does the reward score every sample alike?"
+        )
     ]
 
 
@@ -145,3 +150,158 @@ def test_empty_step_warning_repeats_as_the_streak_doubles_and_resets(caplog):
     ]
     assert "curation filters (none)" in caplog.records[-1].getMessage()
     assert "(8 more as stale)" in caplog.records[-1].getMessage()
+
+
+# -- the run directory: printed at start, resumed, finished ------------------------------
+
+
+def snapshot(path: pathlib.Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``path`` with its size and modification time."""
+    return {
+        str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> tuple[pathlib.Path, str]:
+    """A finished 2-step run made by rlax.train itself (run_root/tiny-STAMP); its stdout."""
+    root = tmp_path_factory.mktemp("runs")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        gin.clear_config()
+        status = run(f"--gin.rlax.train.run_root='{root}'", "--gin.rlax.train.run_name='tiny'",
+                     steps=2)  # fmt: skip
+        gin.clear_config()
+    assert status == 0
+    (run_dir,) = root.iterdir()
+    return run_dir, out.getvalue()
+
+
+def test_the_run_directory_is_printed_first_before_base_evaluation(finished):
+    run_dir, out = finished
+    lines = out.splitlines()
+    assert lines[0] == f"run directory: {run_dir}"
+    assert lines.index(f"run directory: {run_dir}") < lines.index(
+        "held-out pass@k of the base policy (8 problems x 2 samples)"
+    )
+
+
+@pytest.mark.parametrize(
+    "where",
+    [["--resume"], ["--resume", "DIR"], ["--run-dir", "DIR"], ["--role", "all", "--resume"]],
+)
+def test_rerunning_a_finished_run_says_so_and_changes_nothing(finished, capsys, where):
+    run_dir, _ = finished
+    root = run_dir.parent
+    before = snapshot(run_dir)
+    argv = [str(run_dir) if a == "DIR" else a for a in where]
+    common = [f"--gin.rlax.train.run_root='{root}'", "--gin.rlax.train.run_name='tiny'"]
+    status = cli.main(["run", *TINY, "--gin.rlax.train.steps=2", *common, "--role", "inline",
+                       *argv])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    assert out == f"rlax: {run_dir} is finished (2 of 2 steps); nothing to do\n"
+    assert snapshot(run_dir) == before  # no evaluation, no export, no config rewritten
+    assert list(root.iterdir()) == [run_dir]  # and no new run
+
+
+def test_resume_without_a_directory_takes_the_newest_run_of_that_name(tmp_path):
+    from rlax.core import runs
+
+    def make(name: str, marker: str = "operative_config.gin") -> pathlib.Path:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / marker).write_text("")
+        return tmp_path / name
+
+    make("tiny-20250101-120000")
+    newest = make("tiny-20250102-090000-2")
+    make("tiny-20250102-090000-1")
+    make("tiny-big-20991231-000000")  # another run name
+    (tmp_path / "tiny-20991231-000000").mkdir()  # not a run: nothing in it
+    assert runs.newest_run(tmp_path, "tiny") == newest
+    assert runs.newest_run(tmp_path, "tiny-big") == tmp_path / "tiny-big-20991231-000000"
+
+
+@pytest.mark.parametrize(
+    ("resume", "expected"),
+    [
+        (["--resume", "{tmp}/nowhere"], "--resume {tmp}/nowhere: no such run directory"),
+        (["--resume", "{tmp}/empty"],
+         "--resume {tmp}/empty: not a run directory (no operative_config.gin or train_state/)"),
+        (["--resume"], ("--resume: no run named 'tiny' in {tmp}/runs/ (from rlax.train.run_root "
+                        "and rlax.train.run_name); give its directory: --resume DIR")),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("role", ["inline", "all"])
+def test_nothing_to_resume_is_a_one_line_error(tmp_path, capsys, resume, expected, role):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "runs").mkdir()
+    args = [a.format(tmp=tmp_path) for a in resume]
+    common = [
+        f"--gin.rlax.train.run_root='{tmp_path / 'runs'}'",
+        "--gin.rlax.train.run_name='tiny'",
+    ]
+    status = cli.main(["run", *TINY, *common, "--role", role, *args])
+    assert status == cli.EXIT_USAGE
+    assert capsys.readouterr().err == f"rlax: error: {expected.format(tmp=tmp_path)}\n"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["empty", "runs"]  # nothing made
+
+
+def test_resume_and_run_dir_are_exclusive(capsys):
+    assert cli.main(["run", *TINY, "--run-dir", "a", "--resume", "b"]) == cli.EXIT_USAGE
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+# -- preemption: the command that resumes -------------------------------------------------
+
+
+def test_a_preempted_run_prints_the_command_that_resumes_it(tmp_path, capsys):
+    notice = tmp_path / "notice"
+    notice.write_text("")  # a notice from the start: the trainer stops at its first safe point
+    bindings = [
+        "--gin.rlax.train.preemption_notices=[@preemption.notice_file()]",
+        f"--gin.preemption.notice_file.path='{notice}'",
+        "--gin.preemption.notice_file.poll_s=0.05",
+    ]
+    run_dir = tmp_path / "run"
+    assert run(*bindings, "--run-dir", str(run_dir), steps=2) == cli.EXIT_PREEMPTED
+    err = capsys.readouterr().err.splitlines()
+    hint = next(line for line in err if line.startswith("rlax: resume with: "))
+    assert err.index(hint) == len(err) - 1  # the last word
+    command = shlex.split(hint.removeprefix("rlax: resume with: "))
+    assert command[:2] == ["rlax", "run"] and command[-2:] == ["--resume", str(run_dir)]
+    assert "--run-dir" not in command and command[-4:-2] == ["--role", "inline"]
+
+    notice.unlink()
+    gin.clear_config()
+    assert cli.main(command[1:]) == 0  # the printed command, as it is, finishes the run
+    assert metric_steps(run_dir) == [1, 2]
+
+
+def test_a_preempted_local_cluster_prints_the_command_that_resumes_it(
+    tmp_path, monkeypatch, capsys
+):
+    from rlax.core import roles
+
+    monkeypatch.setattr(roles, "local_cluster", lambda *, argv: 75)
+    path = tmp_path / "exp.gin"
+    path.write_text("")
+    status = cli.main(["run", "--gin", str(path), "--gin.SEED=3", "--run-dir", "r/x y"])
+    assert status == cli.EXIT_PREEMPTED
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"rlax: resume with: rlax run --gin {path} --gin.SEED=3 --resume 'r/x y'"
+    )
+
+
+def test_the_resume_command_keeps_plugins_and_quotes_what_the_shell_would_split():
+    from rlax.core import runs
+
+    command = runs.resume_command(
+        ["a b.gin"], ["rlax.train.seed=1"], ["my_plugin", "no:grpo"], "inline", pathlib.Path("r")
+    )
+    assert command == (
+        "rlax run --gin 'a b.gin' --gin.rlax.train.seed=1 -p my_plugin -p no:grpo "
+        "--role inline --resume r"
+    )
