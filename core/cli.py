@@ -6,6 +6,7 @@
     rlax run  --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...]
               [--run-dir DIR | --resume [DIR]] [--role ROLE]
     rlax eval --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...] --checkpoint DIR
+              [--out FILE]
     rlax curate --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...] [--out DIR]
 
 Start-up, in this order: let host memory be reused from step to step
@@ -133,6 +134,9 @@ def _parser() -> argparse.ArgumentParser:
         "eval", parents=[common, gin_files], help="evaluate a checkpoint (rlax.evaluate)"
     )
     evaluate.add_argument("--checkpoint", type=pathlib.Path, required=True, metavar="DIR")
+    evaluate.add_argument(
+        "--out", type=pathlib.Path, default=None, metavar="FILE", help="write the results as JSON"
+    )
     evaluate.set_defaults(handler=_eval)
 
     curate = commands.add_parser(
@@ -272,7 +276,8 @@ def _join_trainer_processes() -> None:
 def _eval(args: argparse.Namespace, bindings: list[str]) -> int:
     pm = _configure(args, bindings)
     evaluate = config.configured("rlax", "evaluate")
-    return _status(evaluate(hook=pm.hook, checkpoint=args.checkpoint))
+    extra = {"out": args.out} if args.out else {}
+    return _status(evaluate(hook=pm.hook, checkpoint=args.checkpoint, **extra))
 
 
 def _curate(args: argparse.Namespace, bindings: list[str]) -> int:

@@ -4,12 +4,13 @@
 task → sampler → reward → curation → algorithm → optax update → new weights
 to the sampler — and writes a run directory::
 
-    RUN/operative_config.gin   the gin config as it was used
-    RUN/metrics.jsonl          one line per step
-    RUN/curves.png             learning curves
-    RUN/eval.json              held-out pass@k before and after
-    RUN/checkpoint/            the final policy (a model directory)
-    RUN/train_state/           resumable checkpoints of the whole trainer state (orbax)
+    RUN/operative_config.gin           the whole gin config, every role: `rlax run --gin` it
+    RUN/trainer_operative_config.gin   every value the trainer used, defaults included
+    RUN/metrics.jsonl                  one line per step
+    RUN/curves.png                     learning curves
+    RUN/eval.json                      held-out pass@k before and after
+    RUN/checkpoint/                    the final policy (a model directory)
+    RUN/train_state/                   resumable checkpoints of the whole trainer state (orbax)
 
 A trainer started on a run directory that holds a checkpoint resumes from the
 newest good one (DESIGN.md §5): parameters, optimiser state, step, weight
@@ -110,10 +111,28 @@ def _load_policy(path: str | pathlib.Path, setting: str) -> ModelBundle:
         raise ConfigError(f"{setting}: {err}") from err
 
 
+_CONFIG_HEADER = """\
+# The whole configuration of this run: every role's bindings (trainer, workers,
+# parameter server, local cluster) from the gin files and --gin bindings, as
+# parsed. Run it again with
+#
+#   rlax run --gin {run_dir}/operative_config.gin
+#
+# (plugins loaded with -p need -p again). trainer_operative_config.gin lists
+# every value the trainer used, its defaults included.
+
+"""
+
+
 def _save_config(run_dir: pathlib.Path) -> None:
+    """Writes the config that reproduces the run, and the trainer's operative values."""
     from rlax.core import config  # the CLI's gin front; library code below never reads gin
 
-    (run_dir / "operative_config.gin").write_text(config.operative_config_text())
+    # The operative config alone holds only what this process called (the trainer's
+    # bindings): it could not start the other roles.
+    header = _CONFIG_HEADER.format(run_dir=run_dir)
+    (run_dir / "operative_config.gin").write_text(header + config.config_text())
+    (run_dir / "trainer_operative_config.gin").write_text(config.operative_config_text())
 
 
 def evaluate_pass_at_k(
@@ -401,6 +420,7 @@ def evaluate(
     *,
     hook: Any = None,
     checkpoint: pathlib.Path,
+    out: pathlib.Path | None = None,
     task: Any,
     reward: Any,
     sampler: Any,
@@ -409,7 +429,18 @@ def evaluate(
     eval_ks: Sequence[int] = (1, 8),
     progress: bool = True,
 ) -> int:
-    """Prints the held-out pass@k table of the model in ``checkpoint``; returns 0."""
+    """Prints the held-out pass@k table of the model in ``checkpoint``; returns 0.
+
+    With ``out`` (``rlax eval --out FILE``) the results are also written there
+    as JSON: ``{"checkpoint", "problems", "samples", "seed", "pass_at_k":
+    {"pass@1": ..., ...}}`` (fractions, as in ``eval.json``).
+
+    Raises:
+      ConfigError: the checkpoint cannot be loaded, or ``out`` cannot be
+        written (checked before the evaluation).
+    """
+    if out is not None:
+        _check_writable(out, "--out")
     bundle = _load_policy(checkpoint, "--checkpoint")
     sampler.setup(bundle.model, bundle.tokenizer)
     prompts = list(task.prompts("eval", tokenizer=bundle.tokenizer, seed=seed))
@@ -418,4 +449,20 @@ def evaluate(
     )
     print(f"{checkpoint}: {len(prompts)} held-out problems, {eval_samples} samples each")
     print(format_eval_table({"model": result}))
+    if out is not None:
+        record = {
+            "checkpoint": str(checkpoint), "problems": len(prompts), "samples": eval_samples,
+            "seed": seed, "pass_at_k": result,
+        }  # fmt: skip
+        tmp = out.with_name(out.name + ".tmp")  # a reader never sees half a file
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.replace(out)
+        print(f"results written to {out}")
     return 0
+
+
+def _check_writable(path: pathlib.Path, what: str) -> None:
+    if path.is_dir():
+        raise ConfigError(f"{what} {path}: is a directory; give a file name")
+    if not path.absolute().parent.is_dir():
+        raise ConfigError(f"{what} {path}: no such directory {path.absolute().parent}")

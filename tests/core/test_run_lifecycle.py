@@ -305,3 +305,76 @@ def test_the_resume_command_keeps_plugins_and_quotes_what_the_shell_would_split(
         "rlax run --gin 'a b.gin' --gin.rlax.train.seed=1 -p my_plugin -p no:grpo "
         "--role inline --resume r"
     )
+
+
+# -- the saved config reproduces the run; rlax eval --out -------------------------------
+
+TIMING = {"step_s", "tokens_per_s"}
+
+
+def rows_without_timing(run_dir: pathlib.Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in lines]
+
+
+def test_the_saved_config_alone_reproduces_the_run(finished, tmp_path, capsys):
+    run_dir, _ = finished
+    config = str(run_dir / "operative_config.gin")
+    again = tmp_path / "again"
+    assert cli.main(["run", "--gin", config, "--role", "inline", "--run-dir", str(again)]) == 0
+    assert rows_without_timing(again) == rows_without_timing(run_dir)
+    assert (again / "eval.json").read_text() == (run_dir / "eval.json").read_text()
+    assert "train.steps = 2" in (run_dir / "trainer_operative_config.gin").read_text()
+
+    # rlax eval with it, --out FILE: the checkpoint evaluates as the run's final policy did.
+    gin.clear_config()
+    capsys.readouterr()
+    out = tmp_path / "result.json"
+    checkpoint = run_dir / "checkpoint"
+    status = cli.main(["eval", "--gin", config, "--checkpoint", str(checkpoint), "--out", str(out)])
+    assert status == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"results written to {out}"
+    after = json.loads((run_dir / "eval.json").read_text())["after"]
+    assert json.loads(out.read_text()) == {
+        "checkpoint": str(checkpoint),
+        "problems": 8,
+        "samples": 2,
+        "seed": 0,
+        "pass_at_k": after,
+    }
+
+
+def test_the_saved_config_configures_every_role(finished, monkeypatch):
+    from rlax.core import roles, worker
+
+    seen = {}
+
+    def local_cluster(*, argv, settings, num_workers):
+        seen["local_cluster"] = (settings.address, num_workers)
+        return 0
+
+    def record(name):
+        def role(*, hook, **kwargs):
+            seen[name] = sorted(kwargs)
+            return 0
+
+        return role
+
+    monkeypatch.setattr(roles, "local_cluster", local_cluster)
+    monkeypatch.setattr(roles, "param_server", record("param_server"))
+    monkeypatch.setattr(worker, "worker", record("worker"))
+    config = str(finished[0] / "operative_config.gin")
+    for role in ("all", "param_server", "worker"):
+        gin.clear_config()
+        assert cli.main(["run", "--gin", config, "--role", role, "--run-dir", "x"]) == 0
+    assert seen["local_cluster"] == ("127.0.0.1:50051", 2)
+    assert {"settings", "task", "init_checkpoint", "prompts_per_step"} <= set(seen["param_server"])
+    assert {"settings", "sampler", "reward", "curation", "init_checkpoint"} <= set(seen["worker"])
+
+
+def test_eval_out_in_a_missing_directory_is_an_error_before_any_work(finished, tmp_path, capsys):
+    run_dir, _ = finished
+    out = tmp_path / "no" / "result.json"
+    argv = ["eval", *TINY, "--checkpoint", str(run_dir / "nowhere"), "--out", str(out)]
+    assert cli.main(argv) == cli.EXIT_USAGE
+    assert capsys.readouterr().err == f"rlax: error: --out {out}: no such directory {out.parent}\n"
