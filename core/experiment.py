@@ -384,10 +384,9 @@ def _export(path: pathlib.Path, bundle: ModelBundle) -> None:
     collective in a multi-process program (every process calls it; process 0
     writes the arrays it was given whole). An HF directory is process 0's alone.
     """
-    if multihost.is_lead() or (
-        jax.process_count() > 1 and isinstance(bundle.tokenizer, CharTokenizer)
-    ):
-        save_model(path, bundle)
+    lead = multihost.is_lead()
+    if lead or (jax.process_count() > 1 and isinstance(bundle.tokenizer, CharTokenizer)):
+        save_model(path, bundle, checksums=lead)  # process 0 writes checksums.json, once
 
 
 def _finish(run_dir, hook, step, model, bundle, log, results) -> None:

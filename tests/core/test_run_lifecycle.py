@@ -378,3 +378,11 @@ def test_eval_out_in_a_missing_directory_is_an_error_before_any_work(finished, t
     argv = ["eval", *TINY, "--checkpoint", str(run_dir / "nowhere"), "--out", str(out)]
     assert cli.main(argv) == cli.EXIT_USAGE
     assert capsys.readouterr().err == f"rlax: error: --out {out}: no such directory {out.parent}\n"
+
+
+def test_the_run_s_final_policy_is_exported_with_checksums(finished):
+    from rlax.core.models.bundle import verify_checksums
+
+    checkpoint = finished[0] / "checkpoint"
+    listed = json.loads((checkpoint / "checksums.json").read_text())["files"]
+    assert "model.json" in listed and verify_checksums(checkpoint) is True
