@@ -310,7 +310,7 @@ def train(
     if inline and jax.process_count() > 1:
         raise ConfigError("--role inline runs in one process; several hosts run --role trainer")
     lead = multihost.is_lead()
-    finished = run_dir and runs.finished_message(pathlib.Path(run_dir), steps)
+    finished = runs.finished_message(pathlib.Path(run_dir), steps) if run_dir else None
     if finished:  # re-running a finished run redoes nothing and overwrites nothing
         if lead:
             print(finished, flush=True)
