@@ -3,8 +3,10 @@
 ::
 
     rlax plugins [--json] [-p no:NAME | -p MODULE ...]
-    rlax run  --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...] [--run-dir DIR]
+    rlax run  --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...]
+              [--run-dir DIR | --resume [DIR]] [--role ROLE]
     rlax eval --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...] --checkpoint DIR
+              [--out FILE]
     rlax curate --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...] [--out DIR]
 
 Start-up, in this order: let host memory be reused from step to step
@@ -25,16 +27,19 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib.metadata
+import inspect
 import json
 import pathlib
+import shutil
 import sys
 import traceback
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import gin
 
-from rlax.core import config, host_memory
+from rlax.core import config, host_memory, runs
 from rlax.core.bindings import closest_names
 from rlax.core.errors import ConfigError, PluginError, Preempted, RunFinished
 from rlax.core.plugins import (
@@ -88,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except Preempted as exc:
         print(f"rlax: preempted: {str(exc).splitlines()[0]}", file=sys.stderr)
+        _say_how_to_resume(args, bindings, exc.run_dir)
         return EXIT_PREEMPTED
     except Exception:  # noqa: BLE001 -- report, then fail with a status rather than a crash
         traceback.print_exc()
@@ -136,7 +142,12 @@ def _parser() -> argparse.ArgumentParser:
     plugins.set_defaults(handler=_plugins)
 
     run = commands.add_parser("run", parents=[common, gin_files], help="train (rlax.train)")
-    run.add_argument("--run-dir", type=pathlib.Path, default=None, metavar="DIR")
+    where = run.add_mutually_exclusive_group()
+    where.add_argument("--run-dir", type=pathlib.Path, default=None, metavar="DIR")
+    where.add_argument(
+        "--resume", nargs="?", const=True, default=None, type=pathlib.Path, metavar="DIR",
+        help="continue the run in DIR (default: the newest run of rlax.train.run_name)",
+    )  # fmt: skip
     run.add_argument(
         "--role",
         choices=ROLES,
@@ -150,6 +161,9 @@ def _parser() -> argparse.ArgumentParser:
         "eval", parents=[common, gin_files], help="evaluate a checkpoint (rlax.evaluate)"
     )
     evaluate.add_argument("--checkpoint", type=pathlib.Path, required=True, metavar="DIR")
+    evaluate.add_argument(
+        "--out", type=pathlib.Path, default=None, metavar="FILE", help="write the results as JSON"
+    )
     evaluate.set_defaults(handler=_eval)
 
     curate = commands.add_parser(
@@ -195,8 +209,7 @@ def _plugin_manager(args: argparse.Namespace) -> PluginManager:
     for name in disabled:
         if name not in known:  # a typo would otherwise block nothing, silently
             raise PluginError(
-                f"-p no:{name}: no installed plugin is named {name!r}"
-                f"{closest_names(name, known)}"
+                f"-p no:{name}: no installed plugin is named {name!r}{closest_names(name, known)}"
             )
     return build_plugin_manager(disabled=disabled, extra=extra)
 
@@ -236,20 +249,59 @@ def _status(result: object) -> int:
 def _run(args: argparse.Namespace, bindings: list[str]) -> int:
     pm = _configure(args, bindings)
     role = args.role
+    run_dir = _resumed_run_dir(args.resume) if args.resume else args.run_dir
     if role == "all":
+        if run_dir is not None and runs.finished_steps(run_dir) is not None:
+            finished = runs.finished_message(run_dir, _train_setting("steps"))
+            if finished:  # before any process starts
+                print(finished, flush=True)
+                return EXIT_OK
         child_argv = [a for f in args.gin for a in ("--gin", f)]
         child_argv += [f"--gin.{b}" for b in bindings] + [f"-p{p}" for p in args.plugins]
         # One run directory for every child and every restart: resuming needs it.
-        run_dir = args.run_dir or config.default_run_dir()
+        fresh = run_dir is None
+        run_dir = run_dir or config.default_run_dir()
         child_argv += ["--run-dir", str(run_dir)]
-        return _status(config.configured("rlax", "local_cluster")(argv=child_argv))
+        status = _status(config.configured("rlax", "local_cluster")(argv=child_argv))
+        if status == EXIT_USAGE and fresh:  # a child refused its settings before any step
+            shutil.rmtree(run_dir, ignore_errors=True)  # made a moment ago: nothing to keep
+        if status == EXIT_PREEMPTED:
+            _say_how_to_resume(args, bindings, run_dir)
+        return status
     if role in ("trainer", "inline"):
         _join_trainer_processes()
         train = config.configured("rlax", "train")
         extra = {"inline": True} if role == "inline" else {}
-        return _status(train(hook=pm.hook, run_dir=args.run_dir, **extra))
-    extra = {"run_dir": args.run_dir} if role == "param_server" and args.run_dir else {}
+        return _status(train(hook=pm.hook, run_dir=run_dir, **extra))
+    extra = {"run_dir": run_dir} if role == "param_server" and run_dir else {}
     return _status(config.configured("rlax", role)(hook=pm.hook, **extra))
+
+
+def _train_setting(name: str) -> Any:
+    """``rlax.train``'s bound ``name`` (macros evaluated), else its default."""
+    try:
+        return copy.deepcopy(gin.query_parameter(f"rlax.train.{name}"))  # evaluates a macro
+    except ValueError:
+        from rlax.core import experiment
+
+        return inspect.signature(experiment.train).parameters[name].default
+
+
+def _resumed_run_dir(resume: pathlib.Path | bool) -> pathlib.Path:
+    """``--resume DIR``: DIR, checked; bare ``--resume``: the newest run of that name."""
+    if resume is not True:
+        return runs.resumable(resume)
+    return runs.newest_run(_train_setting("run_root"), _train_setting("run_name"))
+
+
+def _say_how_to_resume(
+    args: argparse.Namespace, bindings: list[str], run_dir: pathlib.Path | None
+) -> None:
+    # Only the roles a person starts by hand: a cluster's scheduler restarts the others.
+    if getattr(args, "role", None) not in ("all", "inline") or run_dir is None:
+        return
+    command = runs.resume_command(args.gin, bindings, args.plugins, args.role, run_dir)
+    print(f"rlax: resume with: {command}", file=sys.stderr, flush=True)
 
 
 def _join_trainer_processes() -> None:
@@ -269,7 +321,8 @@ def _join_trainer_processes() -> None:
 def _eval(args: argparse.Namespace, bindings: list[str]) -> int:
     pm = _configure(args, bindings)
     evaluate = config.configured("rlax", "evaluate")
-    return _status(evaluate(hook=pm.hook, checkpoint=args.checkpoint))
+    extra = {"out": args.out} if args.out else {}
+    return _status(evaluate(hook=pm.hook, checkpoint=args.checkpoint, **extra))
 
 
 def _curate(args: argparse.Namespace, bindings: list[str]) -> int:

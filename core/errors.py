@@ -7,6 +7,8 @@ plugin errors are usage errors (status 2, a one-line message, no traceback);
 
 from __future__ import annotations
 
+import pathlib
+
 __all__ = [
     "BadSetting",
     "ConfigError",
@@ -52,7 +54,20 @@ class UnknownPluginError(PluginError, LookupError):
 
 
 class Preempted(Exception):
-    """The process stopped at a safe point because it was asked to (not a failure)."""
+    """The process stopped at a safe point because it was asked to (not a failure).
+
+    Attributes:
+      run_dir: the trainer's run directory, set by ``rlax.train`` so the CLI
+        can say how to resume it (None elsewhere).
+    """
+
+    run_dir: pathlib.Path | None
+
+    def __init__(self, *args: object, run_dir: pathlib.Path | None = None) -> None:
+        super().__init__(*args)
+        # An instance attribute, not a class default: gin re-raises a proxy of the exception
+        # that finds the original's attributes only when its own lookup fails.
+        self.run_dir = run_dir
 
 
 class RunFinished(Preempted):

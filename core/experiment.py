@@ -4,12 +4,13 @@
 task → sampler → reward → curation → algorithm → optax update → new weights
 to the sampler — and writes a run directory::
 
-    RUN/operative_config.gin   the gin config as it was used
-    RUN/metrics.jsonl          one line per step
-    RUN/curves.png             learning curves
-    RUN/eval.json              held-out pass@k before and after
-    RUN/checkpoint/            the final policy (a model directory)
-    RUN/train_state/           resumable checkpoints of the whole trainer state (orbax)
+    RUN/operative_config.gin           the whole gin config, every role: `rlax run --gin` it
+    RUN/trainer_operative_config.gin   every value the trainer used, defaults included
+    RUN/metrics.jsonl                  one line per step
+    RUN/curves.png                     learning curves
+    RUN/eval.json                      held-out pass@k before and after
+    RUN/checkpoint/                    the final policy (a model directory)
+    RUN/train_state/                   resumable checkpoints of the whole trainer state (orbax)
 
 A trainer started on a run directory that holds a checkpoint resumes from the
 newest good one (DESIGN.md §5): parameters, optimiser state, step, weight
@@ -50,11 +51,12 @@ from flax import nnx
 from tqdm import tqdm
 
 from rlax.core import distributed as multihost
+from rlax.core import runs
 from rlax.core.batching import make_batch
 from rlax.core.checkpoint import Checkpointer
 from rlax.core.distributed import DistributedSettings
 from rlax.core.distributed import initialize as initialize_distributed
-from rlax.core.errors import BadSetting, ConfigError
+from rlax.core.errors import BadSetting, ConfigError, Preempted
 from rlax.core.mesh import MeshConfig, make_mesh
 from rlax.core.metrics import mean_pass_at_k
 from rlax.core.models.bundle import ModelBundle, load_model, save_model
@@ -98,6 +100,18 @@ def _checked(validate, selector: str, **settings) -> None:
         raise ConfigError(f"{selector}.{err.parameter}: {err}") from err
 
 
+def _open_run_dir(run_dir: pathlib.Path | None, run_root: str, run_name: str) -> pathlib.Path:
+    """The run directory, made if needed; process 0 saves the config and says where it is."""
+    if not run_dir:
+        run_dir = multihost.run_on_lead(lambda: make_run_dir(run_root, run_name))
+    run_dir = pathlib.Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if multihost.is_lead():
+        _save_config(run_dir)
+        print(f"run directory: {run_dir}", flush=True)  # at start: a preempted run resumes there
+    return run_dir
+
+
 def _load_policy(path: str | pathlib.Path, setting: str) -> ModelBundle:
     try:
         return load_model(path)
@@ -105,10 +119,28 @@ def _load_policy(path: str | pathlib.Path, setting: str) -> ModelBundle:
         raise ConfigError(f"{setting}: {err}") from err
 
 
+_CONFIG_HEADER = """\
+# The whole configuration of this run: every role's bindings (trainer, workers,
+# parameter server, local cluster) from the gin files and --gin bindings, as
+# parsed. Run it again with
+#
+#   rlax run --gin {run_dir}/operative_config.gin
+#
+# (plugins loaded with -p need -p again). trainer_operative_config.gin lists
+# every value the trainer used, its defaults included.
+
+"""
+
+
 def _save_config(run_dir: pathlib.Path) -> None:
+    """Writes the config that reproduces the run, and the trainer's operative values."""
     from rlax.core import config  # the CLI's gin front; library code below never reads gin
 
-    (run_dir / "operative_config.gin").write_text(config.operative_config_text())
+    # The operative config alone holds only what this process called (the trainer's
+    # bindings): it could not start the other roles.
+    header = _CONFIG_HEADER.format(run_dir=run_dir)
+    (run_dir / "operative_config.gin").write_text(header + config.config_text())
+    (run_dir / "trainer_operative_config.gin").write_text(config.operative_config_text())
 
 
 def check_eval_settings(*, eval_samples: int = 8, eval_ks: Sequence[int] = (1, 8), **_) -> None:
@@ -305,15 +337,15 @@ def train(
         raise ConfigError("--role inline runs in one process; several hosts run --role trainer")
     _checked(check_eval_settings, "rlax.train", eval_samples=eval_samples, eval_ks=eval_ks)
     lead = multihost.is_lead()
+    finished = runs.finished_message(pathlib.Path(run_dir), steps) if run_dir else None
+    if finished:  # re-running a finished run redoes nothing and overwrites nothing
+        if lead:
+            print(finished, flush=True)
+        return 0
     bundle = _load_policy(init_checkpoint, "rlax.train.init_checkpoint")
     eval_prompts = list(task_prompts(task, "eval", tokenizer=bundle.tokenizer, seed=seed,
                                      setting="rlax.train.task"))  # fmt: skip
-    if not run_dir:
-        run_dir = multihost.run_on_lead(lambda: make_run_dir(run_root, run_name))
-    run_dir = pathlib.Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if lead:
-        _save_config(run_dir)
+    run_dir = _open_run_dir(run_dir, run_root, run_name)
     sampler.setup(bundle.model, bundle.tokenizer)
     trainer = Trainer(
         bundle.model, algorithm, optimizer, temperature=sampler.temperature,
@@ -354,6 +386,9 @@ def train(
         run.loop(
             steps, hook, progress, group_size=group_size, completion_len=sampler.max_new_tokens
         )
+    except Preempted as err:
+        err.run_dir = run_dir  # for the CLI's resume command
+        raise
     finally:
         preemption.close()
         source.close()
@@ -366,7 +401,7 @@ def train(
 
     results["after"] = multihost.run_on_lead(evaluate_after)  # the others wait for it
     model = nnx.merge(trainer.graphdef, params)
-    _finish(run_dir, hook, trainer.state.step, model, bundle, run.log, results)
+    _finish(run_dir, hook, run.step, model, bundle, run.log, results)
     return 0
 
 
@@ -377,10 +412,9 @@ def _export(path: pathlib.Path, bundle: ModelBundle) -> None:
     collective in a multi-process program (every process calls it; process 0
     writes the arrays it was given whole). An HF directory is process 0's alone.
     """
-    if multihost.is_lead() or (
-        jax.process_count() > 1 and isinstance(bundle.tokenizer, CharTokenizer)
-    ):
-        save_model(path, bundle)
+    lead = multihost.is_lead()
+    if lead or (jax.process_count() > 1 and isinstance(bundle.tokenizer, CharTokenizer)):
+        save_model(path, bundle, checksums=lead)  # process 0 writes checksums.json, once
 
 
 def _finish(run_dir, hook, step, model, bundle, log, results) -> None:
@@ -413,6 +447,7 @@ def evaluate(
     *,
     hook: Any = None,
     checkpoint: pathlib.Path,
+    out: pathlib.Path | None = None,
     task: Any,
     reward: Any,
     sampler: Any,
@@ -421,8 +456,19 @@ def evaluate(
     eval_ks: Sequence[int] = (1, 8),
     progress: bool = True,
 ) -> int:
-    """Prints the held-out pass@k table of the model in ``checkpoint``; returns 0."""
+    """Prints the held-out pass@k table of the model in ``checkpoint``; returns 0.
+
+    With ``out`` (``rlax eval --out FILE``) the results are also written there
+    as JSON: ``{"checkpoint", "problems", "samples", "seed", "pass_at_k":
+    {"pass@1": ..., ...}}`` (fractions, as in ``eval.json``).
+
+    Raises:
+      ConfigError: the checkpoint cannot be loaded, or ``out`` cannot be
+        written (checked before the evaluation).
+    """
     _checked(check_eval_settings, "rlax.evaluate", eval_samples=eval_samples, eval_ks=eval_ks)
+    if out is not None:
+        _check_writable(out, "--out")
     bundle = _load_policy(checkpoint, "--checkpoint")
     prompts = list(task_prompts(task, "eval", tokenizer=bundle.tokenizer, seed=seed,
                                 setting="rlax.evaluate.task"))  # fmt: skip
@@ -432,4 +478,20 @@ def evaluate(
     )
     print(f"{checkpoint}: {len(prompts)} held-out problems, {eval_samples} samples each")
     print(format_eval_table({"model": result}))
+    if out is not None:
+        record = {
+            "checkpoint": str(checkpoint), "problems": len(prompts), "samples": eval_samples,
+            "seed": seed, "pass_at_k": result,
+        }  # fmt: skip
+        tmp = out.with_name(out.name + ".tmp")  # a reader never sees half a file
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.replace(out)
+        print(f"results written to {out}")
     return 0
+
+
+def _check_writable(path: pathlib.Path, what: str) -> None:
+    if path.is_dir():
+        raise ConfigError(f"{what} {path}: is a directory; give a file name")
+    if not path.absolute().parent.is_dir():
+        raise ConfigError(f"{what} {path}: no such directory {path.absolute().parent}")

@@ -132,10 +132,16 @@ def rlax_on_step_end(step: int, metrics: dict[str, float]) -> None:
 
     Not firstresult, not historic; return values are ignored.
 
+    Steps are numbered from 1, and one number names a step everywhere: step
+    ``k`` is the k-th update (after it ``trainer.state.step == k``), the row
+    of ``metrics.jsonl`` whose ``"step"`` is ``k``, the progress bar's ``k``
+    and the checkpoint :func:`rlax_on_checkpoint` reports after it. (A step
+    whose batch kept no group updates nothing but still counts.)
+
     Args:
       step: the number of the step just finished (the first step is 1).
-      metrics: scalar metrics of that step by name, e.g. ``{"loss": 0.31}``.
-        Plugins must not mutate it.
+      metrics: scalar metrics of that step by name, e.g. ``{"loss": 0.31}``
+        (``metrics["step"] == step``). Plugins must not mutate it.
     """
 
 
@@ -157,8 +163,11 @@ def rlax_on_checkpoint(step: int, path: str) -> None:
     Not firstresult, not historic; return values are ignored.
 
     Args:
-      step: the step the checkpoint restores to.
-      path: the checkpoint's directory.
+      step: the number of the last step the checkpoint holds, the ``step``
+        that :func:`rlax_on_step_end` reported for it (a run resumed from it
+        continues with ``step + 1``); for the final policy, the last step.
+      path: the checkpoint's directory (``RUN/train_state/<step>`` or the
+        exported ``RUN/checkpoint``).
     """
 
 

@@ -303,9 +303,7 @@ def autoload_notice(pm: PluginManager) -> str | None:
     """One line saying that third-party plugins were not loaded, or None if they were."""
     if pm.autoloaded:
         return None
-    return (
-        f"{AUTOLOAD_ENV} is set: only the built-in plugins and those named with -p are loaded"
-    )
+    return f"{AUTOLOAD_ENV} is set: only the built-in plugins and those named with -p are loaded"
 
 
 def build_plugin_manager(

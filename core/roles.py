@@ -11,7 +11,8 @@ times each; past that the run fails. When the trainer finishes, the workers
 and the server are stopped and the trainer's status is the run's. A notice to
 the supervisor itself (SIGTERM, SIGINT) is passed on to every child; the
 trainer checkpoints, and the run exits with status 75, to be resumed by
-running the same command with the same ``--run-dir``.
+running the same command with the same ``--run-dir`` (the CLI prints it,
+with ``--resume RUN``).
 
 The parameter server keeps its state in ``state_dir`` (the run directory's
 ``param_server/`` under ``rlax run``): the rollout queue in SQLite and the

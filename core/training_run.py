@@ -24,7 +24,7 @@ import logging
 import os
 import pathlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -177,6 +177,40 @@ class Counted:
         return item
 
 
+class EmptyStepWatch:
+    """Says in the log when several steps in a row kept no group (so nothing was trained).
+
+    A reward that scores every sample alike, with a filter such as
+    ``zero_variance``, drops every group; without this the run would go on
+    reporting ``groups_kept: 0`` in silence. It warns once a streak reaches
+    ``after`` steps and again each time the streak doubles.
+    """
+
+    def __init__(self, filters: Sequence[Any], after: int = 3):
+        self.names = ", ".join(type(f).__name__ for f in filters) or "none"
+        self.after = after
+        self._first, self._streak, self._stale = 0, 0, 0
+
+    def see(self, step: int, metrics: dict) -> None:
+        """Counts step ``step``'s outcome (its metrics row)."""
+        if metrics.get("groups_kept", 1):
+            self._streak = self._stale = 0
+            return
+        if not self._streak:
+            self._first = step
+        self._streak += 1
+        self._stale += int(metrics.get("dropped_stale", 0))
+        n = self._streak
+        times, rest = divmod(n, self.after)
+        if times and not rest and times & (times - 1) == 0:  # after, 2 * after, 4 * after, ...
+            _log.warning(
+                "rlax: warning: steps %d-%d (%d in a row) kept no group, so nothing was trained: "
+                "the curation filters (%s) dropped every group (%d more as stale); "
+                "does the reward score every sample alike?",
+                self._first, step, n, self.names, self._stale,
+            )  # fmt: skip
+
+
 class TrainingRun:
     """The trainer loop's state between steps: what a checkpoint saves and a resume restores."""
 
@@ -195,6 +229,7 @@ class TrainingRun:
         self.lead = distributed.is_lead()  # process 0 of the trainer (always, with one process)
         # Every process keeps the rows (the same on each); process 0 writes the file.
         self.log = MetricsLog(run_dir / "metrics.jsonl" if self.lead else pathlib.Path(os.devnull))
+        self.empty_steps = EmptyStepWatch(source.curation)
         self.remote = isinstance(source, RemoteRollouts)
         if self.remote:
             source.client = TrainerClient(source.client, preemption)
@@ -247,7 +282,7 @@ class TrainingRun:
         if not self.lead or not path.exists():  # process 0 keeps the file
             return
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        kept = [r for r in rows if r.get("step", 0) < self.step]
+        kept = [r for r in rows if r.get("step", 0) <= self.step]  # steps 1..k are in the state
         if len(kept) != len(rows):
             tmp = path.with_suffix(".tmp")
             tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
@@ -264,8 +299,10 @@ class TrainingRun:
         source._step = int(meta["rng"]["sampler_step"])  # its sampling-seed counter
 
     def loop(self, steps: int, hook, progress: bool, **step_args) -> None:
-        bar = tqdm(range(self.step, steps), desc="rl", disable=not (progress and self.lead),
-                   initial=self.step, total=steps)  # fmt: skip
+        # Steps are numbered from 1: step k is the k-th update, after which trainer.state.step
+        # == k. The hooks, metrics.jsonl, checkpoints and the bar all use that number.
+        bar = tqdm(range(self.step + 1, steps + 1), desc="rl",
+                   disable=not (progress and self.lead), initial=self.step, total=steps)  # fmt: skip
         if self._agree(None, None)[1]:
             self._stop()
         for step in bar:
@@ -287,7 +324,7 @@ class TrainingRun:
                       flush=True)  # fmt: skip
                 self.ckpt.wait()
                 self.preemption.stop_now()
-            self.step = step + 1
+            self.step = step
             # The save started a step ago must be complete before this step counts, so a
             # crash never redoes more than checkpoint_every steps (it rarely has to wait).
             self.ckpt.wait()
@@ -298,6 +335,7 @@ class TrainingRun:
                     refresh=False,
                 )  # fmt: skip
                 hook.rlax_on_step_end(step=step, metrics=metrics)
+                self.empty_steps.see(step, metrics)
                 hook.rlax_on_weights_published(version=self.version)
             if self.ckpt.due(self.step) or self.step == steps or stop:
                 self.save()

@@ -23,7 +23,6 @@ import inspect
 import json
 import pathlib
 import re
-import textwrap
 import threading
 import tomllib
 import types
@@ -273,7 +272,7 @@ def check_algorithm(b: Block, tmp_path: pathlib.Path) -> None:
     groups = tiny_groups()
     batch = make_batch(groups, algorithm.advantages(np.stack([g.rewards for g in groups])))
     model = Transformer(TINY, rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(model)
+    _, params = nnx.split(model)
     arrays = jax.tree.map(jnp.asarray, batch_arrays(batch))
     logp, _ = sequence_logprobs(model, arrays["tokens"], arrays["attention_mask"])
     expected = float(algorithm.loss(logp, arrays)[0])

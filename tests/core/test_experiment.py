@@ -46,7 +46,7 @@ def test_reward_rises(run_dir):
 
 def test_metrics_has_every_step_and_field(run_dir):
     rows = metrics(run_dir)
-    assert [r["step"] for r in rows] == list(range(STEPS))
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # steps start at 1
     for field in ("reward", "pass_rate", "loss", "kl_old", "entropy", "tokens_per_s"):
         assert all(np.isfinite(r[field]) for r in rows if r["groups_kept"]), field
     assert all(0 <= r["pass_rate"] <= 1 and r["kl_old"] >= 0 for r in rows if r["groups_kept"])

@@ -188,7 +188,7 @@ def test_two_trainer_processes_run_the_loop_stop_together_and_resume(cluster):
     (a0, _), (a1, _) = cluster.record(0, 0), cluster.record(1, 0)
     assert len(a0["steps"]) == len(a1["steps"]) == 2
     assert a0["metrics"] == a1["metrics"] and len(a0["metrics"]) == 2  # identical everywhere
-    assert [r["step"] for r in metric_rows(cluster.run_dir)] == [0, 1]  # written once
+    assert [r["step"] for r in metric_rows(cluster.run_dir)] == [1, 2]  # written once
     saved = cluster.run_dir / "train_state"
     assert (saved / "2" / "crc32.json").is_file()  # both processes' shards, checksummed
 
@@ -201,7 +201,7 @@ def test_two_trainer_processes_run_the_loop_stop_together_and_resume(cluster):
     assert len(b0["steps"]) == len(b1["steps"]) == STEPS - 2
     assert b0["metrics"] == b1["metrics"]
     rows = metric_rows(cluster.run_dir)
-    assert [r["step"] for r in rows] == list(range(STEPS))
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # steps start at 1
     assert [r["version"] for r in rows] == list(range(1, STEPS + 1))
     for r in rows:
         # On-policy: every group came from the version just pushed, so the worker pulled each

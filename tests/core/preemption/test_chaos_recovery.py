@@ -95,7 +95,7 @@ def test_every_prompt_is_accounted_for_exactly_once(chaos):
     # Each prompt drawn from the task is in exactly one place (consumed once, or still
     # waiting): none lost, none duplicated.
     assert everywhere == drawn(counts["cursor"])
-    assert [r["step"] for r in metrics(run_dir)] == list(range(N))
+    assert [r["step"] for r in metrics(run_dir)] == list(range(1, N + 1))
 
 
 def test_b_killed_trainer_resumes_from_its_last_checkpoint(chaos):

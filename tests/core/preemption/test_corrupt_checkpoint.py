@@ -30,7 +30,7 @@ def test_a_corrupt_newest_checkpoint_is_skipped_and_its_steps_redone(tmp_path):
                      r"/train_state/3\.corrupt-\d+ and skipped", err), err[-3000:]  # fmt: skip
     assert f"resumed from {states / '2'}: step 2" in out
     rows = metrics(run_dir)
-    assert [r["step"] for r in rows] == list(range(4))  # step 2 once, not twice
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # step 3 once, not twice
     # The redone step repeats the lost one exactly: same state, prompts and seeds.
     assert training_metrics(rows[:3]) == training_metrics(first)
     # The damaged checkpoint was set aside, not deleted; training went on past it.

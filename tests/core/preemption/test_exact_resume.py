@@ -62,7 +62,7 @@ def test_preempted_twice_then_resumed_equals_a_run_that_never_stopped(straight, 
     assert code == 0, err[-3000:]
     assert f"resumed from {run_dir / 'train_state' / str(stopped_at)}: step {stopped_at}" in out
     rows = metrics(run_dir)
-    assert [r["step"] for r in rows] == list(range(N))  # no step ran twice
+    assert [r["step"] for r in rows] == list(range(1, N + 1))  # no step ran twice
     # Same parameters, bit for bit: the same prompts in the same order, sampled with
     # per-prompt seeds, trained on from an exactly restored state (float32 saved as is).
     a, b = final_params(straight), final_params(run_dir)
