@@ -67,8 +67,8 @@ def run_one(name: str, steps: int, prompts: int, learning_rate: float, extra: li
     cmd = [
         sys.executable, "-m", "rlax.core.cli", "run", "--role", "inline",
         "--gin", str(ROOT / "configs" / EXPERIMENTS[name]), "--run-dir", str(run_dir),
-        f"--gin.rlax.train.init_checkpoint='{ROOT / 'assets' / 'quickstart-base'}'",
-        f"--gin.rlax.train.steps={steps}", f"--gin.rlax.train.prompts_per_step={prompts}",
+        f"--gin.INIT_CHECKPOINT='{ROOT / 'assets' / 'quickstart-base'}'",
+        f"--gin.rlax.train.steps={steps}", f"--gin.PROMPTS_PER_STEP={prompts}",
         f"--gin.LEARNING_RATE={learning_rate}", f"--gin.tasks.arithmetic.num_eval={EVAL_PROBLEMS}",
         f"--gin.rlax.train.eval_samples={EVAL_SAMPLES}",
         "--gin.rlax.train.progress=False", "--gin.rlax.evaluate.progress=False", *extra,

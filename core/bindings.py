@@ -24,12 +24,13 @@ import contextlib
 import dataclasses
 import difflib
 import inspect
+import itertools
 import os
 import pathlib
 import re
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import gin
@@ -106,10 +107,10 @@ def recording(origins: Origins, binding: str | None = None) -> Iterator[None]:
     def bind(binding_key, value):
         bind_parameter(binding_key, value)
         location = current[-1]
-        if binding is not None or location is None or not location.filename:
-            origin = Origin(binding=binding or "?")
-        else:
+        if location is not None and location.filename:  # a file, one included by a binding too
             origin = Origin(file=location.filename, line=location.line_num)
+        else:
+            origin = Origin(binding=binding or "?")
         origins.record(*binding_key, origin)
 
     utils.try_with_location, config.bind_parameter = located, bind
@@ -298,6 +299,28 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _is_required(value: Any) -> bool:
+    return (
+        _is_reference(value)
+        and value.selector == "gin.constant"
+        and value.scopes == ["gin.REQUIRED"]
+    )
+
+
+def check_required(origins: Origins) -> None:
+    """Raises ConfigError naming the first ``%gin.REQUIRED`` value left unset, and where."""
+    for (scope, selector), params in list(gin.config._CONFIG.items()):
+        for arg, value in params.items():
+            if not _is_required(value):
+                continue
+            name = scope if selector == _MACRO else f"{selector}.{arg}"
+            origin = origins.get(scope, selector, arg)
+            raise ConfigError(
+                f"{name} is required{f' ({origin})' if origin else ''} and not set: "
+                f"set it in a gin file or with --gin.{name}=..."
+            )
+
+
 def check_types(origins: Origins) -> None:
     """Raises ConfigError for the first bound literal that its parameter's annotation refuses.
 
@@ -361,6 +384,55 @@ def check_values(origins: Origins, validators: dict[str, Callable[..., None]]) -
             origin = args.get(err.parameter, (None, None))[1]
             where = f"{origin}: " if origin else ""
             raise ConfigError(f"{where}{selector}.{err.parameter}: {err}") from err
+
+
+def _shown(value: Any) -> str:
+    return f"%{'/'.join(value.scopes)}" if _is_macro(value) else _show(value)
+
+
+def _is_macro(value: Any) -> bool:
+    return _is_reference(value) and value.selector == _MACRO
+
+
+def _same(a: Any, b: Any) -> bool:
+    if _is_reference(a) or _is_reference(b):
+        return (_is_reference(a) and _is_reference(b)
+                and (a.scoped_selector, a.evaluate) == (b.scoped_selector, b.evaluate))  # fmt: skip
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(map(_same, a, b))
+    return type(a) is type(b) and a == b
+
+
+def check_roles_agree(origins: Origins, shared: dict[str, Sequence[str]]) -> None:
+    """Raises ConfigError if two roles are bound to different values of a shared setting.
+
+    ``shared`` maps a parameter name to the configurables (roles) that must
+    agree on it, e.g. ``{"reward": ("rlax.train", "rlax.worker")}``: the
+    trainer evaluates with the reward the workers score with. Macros are
+    followed before comparing; a role that does not bind the parameter is not
+    compared.
+    """
+    config = gin.config._CONFIG
+    for arg, roles in shared.items():
+        bound = [(role, config[("", role)][arg]) for role in roles
+                 if arg in config.get(("", role), {})]  # fmt: skip
+        for (role_a, raw_a), (role_b, raw_b) in itertools.pairwise(bound):
+            a = _follow(raw_a, origins, None)[0]
+            b = _follow(raw_b, origins, None)[0]
+            if _same(a, b):
+                continue
+            if _is_macro(raw_a) and not _is_macro(raw_b):  # report the odd one out first
+                (role_a, raw_a, a), (role_b, raw_b, b) = (role_b, raw_b, b), (role_a, raw_a, a)
+            where = origins.get("", role_a, arg) or role_a
+            other = f"{_shown(raw_b)}, which is {_show(b)}" if _is_macro(raw_b) else _shown(raw_b)
+            macro = next((r for r in (raw_b, raw_a) if _is_macro(r)), None)
+            fix = (f"set {'/'.join(macro.scopes)} = ... once instead (every role reads it)"
+                   if macro else "bind both to the same value")  # fmt: skip
+            raise ConfigError(
+                f"{where}: {role_a}.{arg} = {_shown(raw_a)} but {role_b}.{arg} = {other} "
+                f"({origins.get('', role_b, arg) or 'its default'}): the roles would disagree; "
+                f"{fix}"
+            )
 
 
 def parameter_names(selector: str) -> list[str]:

@@ -319,7 +319,9 @@ def _join_trainer_processes() -> None:
 
 
 def _eval(args: argparse.Namespace, bindings: list[str]) -> int:
-    pm = _configure(args, bindings)
+    # The model evaluated is the run's model: configs that require INIT_CHECKPOINT
+    # (configs/roles.gin) need no placeholder for `rlax eval`.
+    pm = _configure(args, [*bindings, f"INIT_CHECKPOINT = {str(args.checkpoint)!r}"])
     evaluate = config.configured("rlax", "evaluate")
     extra = {"out": args.out} if args.out else {}
     return _status(evaluate(hook=pm.hook, checkpoint=args.checkpoint, **extra))

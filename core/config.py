@@ -183,7 +183,8 @@ def parse(
     """Replaces the process's gin config with these files and bindings, then locks it.
 
     ``include`` paths resolve against the including file's directory first,
-    then the working directory. Unknown configurables and parameters are
+    then the working directory, then rlax's packaged configs (so a file of
+    your own can ``include 'quickstart.gin'`` from anywhere). Unknown configurables and parameters are
     errors, and so is a ``%gin.REQUIRED`` value left unset.
 
     Args:
@@ -203,14 +204,30 @@ def parse(
         for path in [find_gin_file(f) for f in gin_files]:
             with _as_config_error(plugins), bindings_mod.recording(origins):
                 gin.parse_config_file(path)
-    for binding in bindings:
-        with _as_config_error(plugins, binding=binding), bindings_mod.recording(origins, binding):
-            gin.parse_config(binding)
+        for binding in bindings:
+            with (_as_config_error(plugins, binding=binding),
+                  bindings_mod.recording(origins, binding)):  # fmt: skip
+                gin.parse_config(binding)
     with _as_config_error(plugins):
+        bindings_mod.check_required(origins)
         bindings_mod.resolve_paths(origins)
         bindings_mod.check_types(origins)
         bindings_mod.check_values(origins, _validators())
+        bindings_mod.check_roles_agree(origins, SHARED_SETTINGS)
         gin.finalize()
+
+
+# What the roles of one run must agree on (configs/roles.gin binds each from one macro).
+SHARED_SETTINGS: dict[str, tuple[str, ...]] = {
+    "task": ("rlax.train", "rlax.param_server"),
+    "reward": ("rlax.train", "rlax.worker"),
+    "sampler": ("rlax.train", "rlax.worker"),
+    "curation": ("rlax.train", "rlax.worker"),
+    "init_checkpoint": ("rlax.train", "rlax.worker", "rlax.param_server"),
+    "group_size": ("rlax.train", "rlax.worker"),
+    "prompts_per_step": ("rlax.train", "rlax.param_server"),
+    "max_staleness": ("rlax.train", "rlax.param_server"),
+}
 
 
 def _validators() -> dict[str, Callable[..., None]]:
@@ -254,13 +271,17 @@ _INCLUDING_DIRS: list[str] = []  # directory of each gin file being parsed, inne
 
 
 def _resolve(path: str) -> str | None:
+    """An ``include``: the including file's folder, the working directory, the packaged configs."""
     if os.path.isabs(path):
         return path if os.path.isfile(path) else None
     if _INCLUDING_DIRS:
         candidate = os.path.join(_INCLUDING_DIRS[-1], path)
         if os.path.isfile(candidate):
             return candidate
-    return path if os.path.isfile(path) else None
+    if os.path.isfile(path):
+        return path
+    packaged = packaged_configs().get(path.removesuffix(".gin"))
+    return str(packaged) if packaged is not None and os.sep not in path else None
 
 
 @contextlib.contextmanager

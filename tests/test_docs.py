@@ -198,6 +198,25 @@ def test_gin_block_parses_against_the_registered_configurables(gin_block, doc_pl
     parse(gin_block.text, doc_plugins)
 
 
+def test_the_readme_s_reward_reaches_every_role(doc_plugins):
+    """The plugin example chooses the reward of the workers and both evaluations, not one role."""
+    (block,) = [b for b in of("gin") if b.where.startswith("README.md")]
+    parse(block.text, doc_plugins)
+
+    for role in ("rlax.train", "rlax.worker", "rlax.evaluate"):
+        reward = gin.query_parameter(f"{role}.reward")
+        while reward.selector == "gin.macro":  # %REWARD -> its value
+            reward = gin.query_parameter(f"{'/'.join(reward.scopes)}/gin.macro.value")
+        assert reward.scoped_selector == "rewards.brevity", role
+    assert gin.query_parameter("rewards.brevity.max_chars") == 3
+
+
+def test_choosing_the_reward_for_one_role_alone_is_refused(doc_plugins):
+    with pytest.raises(ConfigError, match=r"(?s)rlax\.train\.reward = @rewards\.brevity\(\) but "
+                       r"rlax\.worker\.reward = %REWARD, .*the roles would disagree"):  # fmt: skip
+        parse("include 'quickstart.gin'\nrlax.train.reward = @rewards.brevity()\n", doc_plugins)
+
+
 def test_a_misspelt_parameter_in_a_gin_block_would_fail(doc_plugins):
     with pytest.raises(ConfigError, match="max_chars_x"):
         parse("rewards.brevity.max_chars_x = 40\n", doc_plugins)

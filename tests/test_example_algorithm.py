@@ -80,7 +80,7 @@ def test_gin_selects_the_installed_algorithm_for_a_real_run(installed):
     result = subprocess.run(
         [sys.executable, "-m", "rlax.core.cli", "run", "--role", "inline",
          "--gin", str(ROOT / "configs" / "quickstart.gin"), "--gin", str(EXAMPLE / "lite_ppo.gin"),
-         f"--gin.rlax.train.init_checkpoint='{ROOT / 'assets' / 'quickstart-base'}'",
+         f"--gin.INIT_CHECKPOINT='{ROOT / 'assets' / 'quickstart-base'}'",
          "--gin.rlax.train.steps=3", "--gin.tasks.arithmetic.num_eval=8",
          "--gin.algorithms.lite_ppo.clip_eps=0.25",
          "--gin.rlax.train.progress=False", "--gin.rlax.evaluate.progress=False",

@@ -179,7 +179,7 @@ def test_unknown_plugin_configurable_lists_the_valid_names():
 def test_required_value_left_unset_is_an_error(tmp_path):
     path = write(tmp_path / "main.gin", "point.x = %gin.REQUIRED\n")
 
-    with pytest.raises(ConfigError, match=r"point.x set to `%gin.REQUIRED` but not"):
+    with pytest.raises(ConfigError, match=r"^cfgtest.point.x is required \(.*main.gin:1\) and not set"):
         config.parse([path], [])
     config.parse([path], ["point.x = 3"])
     assert config.configured("cfgtest", "point")() == (3, 0)
@@ -263,6 +263,17 @@ def test_config_texts_show_bound_and_used_values(tmp_path):
 
     assert "point.x = 3" in config.operative_config_text()
     assert "point.y = 0" in config.operative_config_text()
+
+
+def test_a_required_value_left_unset_names_it_and_where_it_was_required(tmp_path):
+    path = write(tmp_path / "roles.gin", "# wiring\nMODEL = %gin.REQUIRED\npoint.x = %MODEL\n")
+
+    with pytest.raises(ConfigError) as info:
+        config.parse([path], [])
+
+    assert str(info.value) == (
+        f"MODEL is required ({path}:2) and not set: set it in a gin file or with --gin.MODEL=..."
+    )
 
 
 def test_a_bare_word_is_a_syntax_error_with_a_hint_not_an_ast_repr(tmp_path):

@@ -16,9 +16,9 @@ BASE = ROOT / "assets" / "quickstart-base"
 STEPS = 100
 SHORT = [
     "--gin", str(ROOT / "configs" / "quickstart.gin"),
-    f"--gin.rlax.train.init_checkpoint='{BASE}'",
+    f"--gin.INIT_CHECKPOINT='{BASE}'",
     f"--gin.rlax.train.steps={STEPS}",
-    "--gin.rlax.train.prompts_per_step=32",
+    "--gin.PROMPTS_PER_STEP=32",
     "--gin.tasks.arithmetic.num_eval=48",
     "--gin.rlax.train.progress=False",
     "--gin.rlax.evaluate.progress=False",
@@ -88,7 +88,7 @@ def test_missing_or_corrupt_checkpoint_is_a_configuration_error(tmp_path, capsys
 
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "model.json").write_text("{not json")
-    status = cli.main(["run", *SHORT, f"--gin.rlax.train.init_checkpoint='{tmp_path / 'bad'}'",
+    status = cli.main(["run", *SHORT, f"--gin.INIT_CHECKPOINT='{tmp_path / 'bad'}'",
                        "--role", "inline", "--run-dir", str(tmp_path / "run")])  # fmt: skip
     err = capsys.readouterr().err
     assert status == cli.EXIT_USAGE

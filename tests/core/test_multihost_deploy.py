@@ -143,9 +143,7 @@ def test_trainer_hosts_find_their_coordinator_and_their_ids():
 
 @pytest.fixture
 def config_map(tmp_path):
-    """The ConfigMap's flat directory: configs/*.gin and cluster.gin side by side."""
-    for f in (ROOT / "configs").glob("*.gin"):
-        shutil.copy(f, tmp_path / f.name)
+    """The ConfigMap's directory: cluster.gin alone (it includes the packaged quickstart)."""
     shutil.copy(DEPLOY / "cluster.gin", tmp_path / "cluster.gin")
     return tmp_path
 
@@ -158,8 +156,12 @@ def test_cluster_gin_parses_and_lays_out_the_trainer(config_map):
         mesh = gin.query_parameter("rlax.train.mesh").scoped_configurable_fn()
         settings = gin.query_parameter("rlax.train.trainer_settings").scoped_configurable_fn()
         dist = gin.query_parameter("rlax.train.distributed").scoped_configurable_fn()
+        base = gin.query_parameter("INIT_CHECKPOINT/gin.macro.value")
     finally:
         gin.clear_config()
     assert isinstance(mesh, MeshConfig) and mesh.shape(16) == (1, 16, 1)
     assert isinstance(settings, TrainerSettings) and settings.compute_dtype == "bfloat16"
     assert isinstance(dist, DistributedSettings)
+    # The ConfigMap holds cluster.gin alone: quickstart.gin and its base policy are the package's.
+    assert pathlib.Path(base, "model.json").is_file()
+    assert pathlib.Path(base).parent.name == "assets"

@@ -119,7 +119,7 @@ def test_steps_that_keep_no_group_are_reported_in_the_log(tmp_path, monkeypatch,
     # Every sample scores 1, so the quickstart's zero_variance filter drops every group.
     (tmp_path / "rlax_test_always_one.py").write_text(textwrap.dedent(ALWAYS_ONE))
     monkeypatch.syspath_prepend(str(tmp_path))
-    reward = "--gin.rlax.train.reward=@rewards.always_one()"
+    reward = "--gin.REWARD=@rewards.always_one()"
     with caplog.at_level("WARNING", logger="rlax.trainer"):
         status = run("--run-dir", str(tmp_path / "run"), "-p", "rlax_test_always_one", reward,
                      steps=4)  # fmt: skip

@@ -51,7 +51,7 @@ def configured(monkeypatch):
     monkeypatch.chdir(ROOT)
     pm = build_plugin_manager()
     config.register_core_configurables()
-    config.parse([CONFIG], [], plugins=pm)
+    config.parse([CONFIG], ["INIT_CHECKPOINT = 'unused: no model is built here'"], plugins=pm)
     yield config.configured("tasks", "dataset")(), config.configured("rewards", "math")()
     gin.clear_config()
 
