@@ -25,10 +25,12 @@ before any code touches a device.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib.metadata
 import inspect
 import json
+import logging
 import pathlib
 import shutil
 import sys
@@ -70,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     warnings.showwarning = _show_warning
+    _log_as_rlax()
     try:
         host_memory.reuse_freed_memory()
     except ValueError as exc:  # a bad RLAX_HOST_MALLOC
@@ -101,6 +104,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 _python_showwarning = warnings.showwarning
+
+
+class _Lines(logging.Formatter):
+    """rlax's log records as ``rlax: warning: MESSAGE``; other libraries' as Python's default."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.BASIC_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.name == "rlax" or record.name.startswith("rlax."):
+            return f"rlax: {record.levelname.lower()}: {record.getMessage()}"
+        return super().format(record)
+
+
+def _log_as_rlax() -> None:
+    """Log lines in rlax's format on stderr.
+
+    Importing orbax makes absl call ``logging.basicConfig()``, which gives the
+    root logger a plain stderr handler in Python's ``WARNING:name:msg`` format;
+    that handler (or a new one) gets :class:`_Lines`. Handlers someone else
+    installed (a test's capture, an application's) are left alone.
+    """
+    plain = [h for h in logging.root.handlers if type(h) is logging.StreamHandler]
+    if not logging.root.handlers:
+        plain = [logging.StreamHandler(sys.stderr)]
+        logging.root.addHandler(plain[0])
+    for handler in plain:
+        if handler.stream in (sys.stderr, sys.__stderr__):
+            handler.setFormatter(_Lines())
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -260,11 +292,13 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> int:
         child_argv += [f"--gin.{b}" for b in bindings] + [f"-p{p}" for p in args.plugins]
         # One run directory for every child and every restart: resuming needs it.
         fresh = run_dir is None
+        root = pathlib.Path(_train_setting("run_root"))
+        made_root = fresh and not root.exists()
         run_dir = run_dir or config.default_run_dir()
         child_argv += ["--run-dir", str(run_dir)]
         status = _status(config.configured("rlax", "local_cluster")(argv=child_argv))
         if status == EXIT_USAGE and fresh:  # a child refused its settings before any step
-            shutil.rmtree(run_dir, ignore_errors=True)  # made a moment ago: nothing to keep
+            _remove_fresh(run_dir, root if made_root else None)
         if status == EXIT_PREEMPTED:
             _say_how_to_resume(args, bindings, run_dir)
         return status
@@ -275,6 +309,14 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> int:
         return _status(train(hook=pm.hook, run_dir=run_dir, **extra))
     extra = {"run_dir": run_dir} if role == "param_server" and run_dir else {}
     return _status(config.configured("rlax", role)(hook=pm.hook, **extra))
+
+
+def _remove_fresh(run_dir: pathlib.Path, made_root: pathlib.Path | None) -> None:
+    """Removes a run directory made a moment ago (nothing trained in it), and its new root."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if made_root is not None:
+        with contextlib.suppress(OSError):  # only if nothing else is in it
+            made_root.rmdir()
 
 
 def _train_setting(name: str) -> Any:

@@ -101,13 +101,16 @@ def _checked(validate, selector: str, **settings) -> None:
 
 
 def _open_run_dir(run_dir: pathlib.Path | None, run_root: str, run_name: str) -> pathlib.Path:
-    """The run directory, made if needed; process 0 saves the config and says where it is."""
+    """The run directory, made if needed; process 0 says where it is.
+
+    The config is saved once the checkpoint in it (if any) has been found
+    resumable, so a refused resume leaves the run's files as they were.
+    """
     if not run_dir:
         run_dir = multihost.run_on_lead(lambda: make_run_dir(run_root, run_name))
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if multihost.is_lead():
-        _save_config(run_dir)
         print(f"run directory: {run_dir}", flush=True)  # at start: a preempted run resumes there
     return run_dir
 
@@ -371,6 +374,8 @@ def train(
             train_step=_train_step,
         )  # fmt: skip
         run.resume()
+        if lead:
+            _save_config(run_dir)
         evaluate_now = functools.partial(
             evaluate_pass_at_k, sampler, reward, eval_prompts,
             samples=eval_samples, ks=eval_ks, seed=seed + 1, progress=progress,

@@ -275,6 +275,7 @@ def local_cluster(
     stop = Preemption(preemption_notices, role="local").start()
     server = _Child("param_server", [*base, "--role", "param_server"], env, None)
     children = [server]
+    status = 1
     try:
         exited = _wait_ready(
             dataclasses.replace(settings, address=env[ADDRESS_ENV], token=env[TOKEN_ENV]), server
@@ -292,12 +293,13 @@ def local_cluster(
             children.append(
                 _Child(f"worker-{i}", [*base, "--role", "worker"], worker_env, worker_cores)
             )
-        return _supervise(trainer, children, max_restarts, stop)
+        status = _supervise(trainer, children, max_restarts, stop)
+        return status
     finally:
         stop.close()
-        # A finished run ends the others quietly (FINISH_SIGNAL); anything else is a notice.
-        finished = len(children) > 1 and children[1].proc.poll() == 0
-        sig = FINISH_SIGNAL if finished else signal.SIGTERM
+        # A finished run, or one a child refused for its settings, ends the others
+        # quietly (FINISH_SIGNAL); anything else is a notice.
+        sig = FINISH_SIGNAL if status in (0, USAGE_STATUS) else signal.SIGTERM
         for child in children:  # all at once, then wait for each
             child.signal(sig)
         for child in reversed(children):

@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from rlax.core import distributed
 from rlax.core.checkpoint import Restored
-from rlax.core.errors import Preempted
+from rlax.core.errors import ConfigError, Preempted
 from rlax.core.metrics import MetricsLog
 from rlax.core.param_server import recovery
 from rlax.core.param_server import rlax_pb2 as pb
@@ -204,7 +204,7 @@ class EmptyStepWatch:
         times, rest = divmod(n, self.after)
         if times and not rest and times & (times - 1) == 0:  # after, 2 * after, 4 * after, ...
             _log.warning(
-                "rlax: warning: steps %d-%d (%d in a row) kept no group, so nothing was trained: "
+                "steps %d-%d (%d in a row) kept no group, so nothing was trained: "
                 "the curation filters (%s) dropped every group (%d more as stale); "
                 "does the reward score every sample alike?",
                 self._first, step, n, self.names, self._stale,
@@ -242,6 +242,7 @@ class TrainingRun:
 
     def resume(self) -> None:
         """Continues the metrics log, the data position and the served weights."""
+        self._check_same_source()
         self._continue_metrics()
         if self.restored is not None:
             for f, state in zip(self.source.curation, self.restored.meta.get("curation", [])):
@@ -264,6 +265,22 @@ class TrainingRun:
                 f"{back['unconsumed']} consumed and {back['untaken']} taken prompts returned "
                 "to the queue",
                 flush=True,
+            )
+
+    def _check_same_source(self) -> None:
+        """ConfigError if the checkpoint's data position belongs to the other kind of source.
+
+        An inline run records how many prompts it drew; a run fed by a parameter
+        server keeps its position in the server's queue. Neither can continue the other.
+        """
+        data = (self.restored.meta.get("data") or {}) if self.restored is not None else {}
+        made_inline, made_remote = "drawn" in data, "consumed" in data
+        if (self.remote and made_inline) or (not self.remote and made_remote):
+            how = ("--role inline (an in-process sampler)" if made_inline
+                   else "a parameter server and workers (--role all, or trainer)")  # fmt: skip
+            raise ConfigError(
+                f"{self.run_dir}: its checkpoint at step {self.step} was trained with {how}; "
+                "resume it the same way"
             )
 
     def _roll_back_queue(self, restored_version: int) -> tuple[int, int, dict]:

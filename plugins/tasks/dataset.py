@@ -19,6 +19,7 @@ prompt text, so the split never depends on the file order or the seed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -77,6 +78,24 @@ def _json_lines(path: str) -> tuple[list[dict], list[MalformedRow]]:
     return rows, bad
 
 
+@contextlib.contextmanager
+def _quiet(datasets: Any) -> Iterator[None]:
+    """No progress bar and no log lines from ``datasets`` while it reads a local file.
+
+    Its JSON reader logs an ERROR for a file with one bad line before raising;
+    that row is reported once, as a :class:`MalformedRow`, by :func:`_json_lines`.
+    """
+    bars, verbosity = datasets.is_progress_bar_enabled(), datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL + 10)
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+        if bars:
+            datasets.enable_progress_bars()
+
+
 def load_rows(path: str) -> tuple[list[dict], list[MalformedRow]]:
     """Every row of a local file as a dict (with ``__index__``), and the unreadable rows.
 
@@ -89,7 +108,8 @@ def load_rows(path: str) -> tuple[list[dict], list[MalformedRow]]:
         raise FileNotFoundError(f"tasks.dataset: {path}: no such file")
     kind = _format_of(path)
     try:
-        data = datasets.load_dataset(kind, data_files=path, split="train")
+        with _quiet(datasets):
+            data = datasets.load_dataset(kind, data_files=path, split="train")
     except Exception:  # datasets rejects a whole file for one bad line: find which
         if kind != "json":
             raise

@@ -179,7 +179,9 @@ def test_unknown_plugin_configurable_lists_the_valid_names():
 def test_required_value_left_unset_is_an_error(tmp_path):
     path = write(tmp_path / "main.gin", "point.x = %gin.REQUIRED\n")
 
-    with pytest.raises(ConfigError, match=r"^cfgtest.point.x is required \(.*main.gin:1\) and not set"):
+    with pytest.raises(
+        ConfigError, match=r"^cfgtest.point.x is required \(.*main.gin:1\) and not set"
+    ):
         config.parse([path], [])
     config.parse([path], ["point.x = 3"])
     assert config.configured("cfgtest", "point")() == (3, 0)

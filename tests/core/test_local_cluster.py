@@ -53,9 +53,9 @@ def test_async_mode_trains_on_groups_at_most_max_staleness_old(tmp_path):
 
 
 def test_a_dead_worker_is_reported_and_fails_the_run(tmp_path):
-    proc = rlax_run(
-        "--run-dir", str(tmp_path / "run"), "--gin.rlax.worker.init_checkpoint='/nonexistent'"
-    )
+    # A worker that crashes at start (its reward pool refuses -1 processes); a model path
+    # for the workers alone is refused before anything starts (the roles must agree).
+    proc = rlax_run("--run-dir", str(tmp_path / "run"), "--gin.rlax.worker.reward_workers=-1")
     assert proc.returncode == 1
     # Both workers fail at start; whichever the supervisor sees first is named.
     assert re.search(r"worker-[01] \(pid \d+\) died with status [1-9]", proc.stderr), proc.stderr[

@@ -128,7 +128,7 @@ def test_steps_that_keep_no_group_are_reported_in_the_log(tmp_path, monkeypatch,
     warnings = [r.getMessage() for r in caplog.records if "kept no group" in r.getMessage()]
     assert warnings == [
         (
-            "rlax: warning: steps 1-3 (3 in a row) kept no group, so nothing was trained: the "
+            "steps 1-3 (3 in a row) kept no group, so nothing was trained: the "
             "curation filters (ZeroVarianceFilter) dropped every group (0 more as stale); "
             "does the reward score every sample alike?"
         )
@@ -144,9 +144,9 @@ def test_empty_step_warning_repeats_as_the_streak_doubles_and_resets(caplog):
         for step, groups in enumerate(kept, start=1):
             watch.see(step, {"groups_kept": groups, "dropped_stale": 1})
     assert [r.getMessage().split(" kept")[0] for r in caplog.records] == [
-        "rlax: warning: steps 3-4 (2 in a row)",
-        "rlax: warning: steps 3-6 (4 in a row)",
-        "rlax: warning: steps 3-10 (8 in a row)",
+        "steps 3-4 (2 in a row)",
+        "steps 3-6 (4 in a row)",
+        "steps 3-10 (8 in a row)",
     ]
     assert "curation filters (none)" in caplog.records[-1].getMessage()
     assert "(8 more as stale)" in caplog.records[-1].getMessage()

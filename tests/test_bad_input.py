@@ -1,0 +1,203 @@
+"""Bad input, as a new user types it: one line, exit status 2, within seconds, nothing left behind.
+
+Each case runs the real command line (``python -m rlax.core.cli``) in a fresh
+working directory, the way the README's quickstart is run, and checks:
+
+- exit status 2 and one line on stderr, ``rlax: error: ...``, that says what
+  is wrong and names the binding or file it came from (only ``rlax: warning:``
+  lines may come before it: the malformed rows a task skipped);
+- no traceback anywhere in the output;
+- it took seconds (before any evaluation or training), not minutes;
+- nothing was left behind: no run directory, or the run's files unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SECONDS = 60  # generous for a loaded 2-core machine; each case takes a few seconds quietly
+FAST = ["--gin.rlax.train.progress=False", "--gin.tasks.arithmetic.num_eval=16",
+        "--gin.EVAL_SAMPLES=2", "--gin.EVAL_KS=(1, 2)"]  # fmt: skip
+
+
+def rlax(*args: str, cwd: pathlib.Path, env: dict[str, str] | None = None):
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "rlax.core.cli", *args], cwd=cwd, capture_output=True, text=True,
+        env={**os.environ, **(env or {})}, timeout=600, check=False,
+    )  # fmt: skip
+    return result, time.monotonic() - start
+
+
+def write(path: pathlib.Path, text: str) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return str(path)
+
+
+def dataset_gin(tmp: pathlib.Path, *, train: str, test: str, on_malformed: str) -> str:
+    """The quickstart with a dataset task whose rows the base policy's tokenizer can encode."""
+    write(tmp / "data" / "train.jsonl", train)
+    write(tmp / "data" / "test.jsonl", test)
+    return write(
+        tmp / "dataset.gin",
+        f"""
+include 'quickstart.gin'
+TASK = @tasks.dataset()
+tasks.dataset.train_files = ['data/train.jsonl']
+tasks.dataset.eval_files = ['data/test.jsonl']
+tasks.dataset.template = '{{question}}'
+tasks.dataset.on_malformed = '{on_malformed}'
+""",
+    )
+
+
+GOOD_ROWS = '{"question": "1+2=", "answer": "3"}\n{"question": "4+4=", "answer": "8"}\n'
+
+
+def case_malformed_row_is_an_error(tmp):
+    gin_file = dataset_gin(tmp, train=GOOD_ROWS + "{not json\n", test=GOOD_ROWS,
+                           on_malformed="error")  # fmt: skip
+    return ["run", "--gin", gin_file, *FAST], "rlax.param_server.task: train split: "
+
+
+def case_every_eval_row_malformed(tmp):
+    gin_file = dataset_gin(tmp, train=GOOD_ROWS, test='{"question": "1+2="}\n{broken\n',
+                           on_malformed="skip")  # fmt: skip
+    return ["run", "--gin", gin_file, *FAST], (
+        "rlax.train.task: eval split: no prompts (were all of its rows malformed?)"
+    )
+
+
+def test_the_rows_a_task_skips_are_warned_one_line_each(tmp_path):
+    gin_file = dataset_gin(tmp_path, train=GOOD_ROWS, test='{"question": "1+2="}\n{broken\n',
+                           on_malformed="skip")  # fmt: skip
+
+    result, _ = rlax("run", "--gin", gin_file, "--role", "inline", *FAST, cwd=tmp_path)
+
+    test_file = tmp_path / "data" / "test.jsonl"
+    assert result.stderr.splitlines() == [
+        (
+            f"rlax: warning: tasks.dataset: skipping malformed row: {test_file} row 1: "
+            "invalid JSON: Expecting property name enclosed in double quotes"
+        ),
+        (
+            f"rlax: warning: tasks.dataset: skipping malformed row: {test_file} row 0: "
+            "missing field 'answer'"
+        ),
+        "rlax: error: rlax.train.task: eval split: no prompts (were all of its rows malformed?)",
+    ]
+
+
+def case_param_server_without_a_token(tmp):
+    return (["run", "--gin", "quickstart", "--role", "param_server"],
+            "--role param_server: parameter server: no token; set RLAX_PS_TOKEN")  # fmt: skip
+
+
+CASES = {
+    "a string for an int": (["run", "--gin", "quickstart", "--gin.rlax.train.steps='five'"],
+                            "--gin.rlax.train.steps='five': rlax.train.steps: expected int, got str"),
+    "a string for a float": (["run", "--gin", "quickstart", "--gin.samplers.jax.temperature='hot'"],
+                             "samplers.jax.temperature: expected float, got str"),
+    "a string for a macro's number": (
+        ["run", "--gin", "quickstart", "--gin.LEARNING_RATE='fast'"],
+        ("--gin.LEARNING_RATE='fast': optax.linear_schedule.end_value (via %LEARNING_RATE): "
+         "expected bool, int, float or complex, got str"),
+    ),
+    "a bare word": (["run", "--gin", "quickstart", "--gin.rlax.train.steps=five"],
+                    "--gin.rlax.train.steps=five: syntax error: five is not a value"),
+    "pass@k beyond the samples": (
+        ["run", "--gin", "quickstart", "--gin.EVAL_KS=(1, 32)"],
+        ("--gin.EVAL_KS=(1, 32): rlax.train.eval_ks: pass@k needs 1 <= k <= eval_samples (16); "
+         "got k = 32"),
+    ),
+    "a misspelt parameter": (["run", "--gin", "quickstart", "--gin.rlax.train.stpes=5"],
+                             "rlax.train has no parameter 'stpes'; did you mean 'steps'?"),
+    "a misspelt config": (["run", "--gin", "quikstart"],
+                          "quikstart: no such gin file, nor a packaged config of that name"),
+    "blocking a plugin that is not there": (
+        ["run", "--gin", "quickstart", "-p", "no:grpoo"],
+        "-p no:grpoo: no installed plugin is named 'grpoo'; did you mean 'grpo'",
+    ),
+    "one role's reward alone": (
+        ["run", "--gin", "quickstart", "--gin.rlax.train.reward=@rewards.length()"],
+        "rlax.train.reward = @rewards.length() but rlax.worker.reward = %REWARD",
+    ),
+    "a required value left unset": (["run", "--gin", "roles"],
+                                    "TASK is required ("),
+    "a malformed row under on_malformed='error'": case_malformed_row_is_an_error,
+    "an evaluation set of malformed rows": case_every_eval_row_malformed,
+    "a parameter server without a token": case_param_server_without_a_token,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_is_one_line_exit_2_in_seconds_and_leaves_nothing(name, tmp_path):
+    case = CASES[name]
+    args, expected = case(tmp_path) if callable(case) else case
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    env = {"RLAX_PS_TOKEN": ""} if "param_server" in args else None
+
+    result, seconds = rlax(*args, cwd=tmp_path, env=env)
+
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr + result.stdout
+    *warned, error = result.stderr.splitlines()
+    assert error.startswith("rlax: error: ")
+    assert expected in error
+    # The error is one line; before it only rlax's own warnings, one line each.
+    assert all(line.startswith("rlax: warning: ") for line in warned), result.stderr
+    assert seconds < SECONDS
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_busy_port_for_the_parameter_server_is_one_line(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        address = f"127.0.0.1:{busy.getsockname()[1]}"
+        result, _ = rlax("run", "--gin", "quickstart", "--role", "param_server", cwd=tmp_path,
+                         env={"RLAX_PS_TOKEN": "t", "RLAX_PS_ADDRESS": address})  # fmt: skip
+
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"rlax: error: rlax.ps_settings.address: cannot listen on {address} "
+        "(Address already in use); RLAX_PS_ADDRESS overrides the address\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster_run(tmp_path_factory) -> pathlib.Path:
+    """A --role all run stopped after 2 of 4 steps: its checkpoint is at step 2."""
+    cwd = tmp_path_factory.mktemp("cluster-run")
+    run_dir = cwd / "run"
+    result, _ = rlax("run", "--gin", "quickstart", "--run-dir", str(run_dir), *FAST,
+                     "--gin.rlax.train.steps=2", "--gin.rlax.train.checkpoint_every=1",
+                     cwd=cwd)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_resuming_a_cluster_run_inline_is_one_line_and_changes_nothing(cluster_run):
+    files = {p: p.stat().st_mtime_ns for p in cluster_run.rglob("*") if p.is_file()}
+
+    result, seconds = rlax("run", "--gin", "quickstart", "--role", "inline", "--resume",
+                           str(cluster_run), *FAST, "--gin.rlax.train.steps=4",
+                           cwd=cluster_run.parent)  # fmt: skip
+
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.splitlines()[-1] == (
+        f"rlax: error: {cluster_run}: its checkpoint at step 2 was trained with a parameter "
+        "server and workers (--role all, or trainer); resume it the same way"
+    )
+    assert "Traceback" not in result.stderr
+    assert seconds < SECONDS
+    assert {p: p.stat().st_mtime_ns for p in cluster_run.rglob("*") if p.is_file()} == files
