@@ -23,6 +23,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import gin
 
+from rlax.core import binding_checks
 from rlax.core import bindings as bindings_mod
 from rlax.core.errors import ConfigError
 
@@ -209,11 +210,11 @@ def parse(
                   bindings_mod.recording(origins, binding)):  # fmt: skip
                 gin.parse_config(binding)
     with _as_config_error(plugins):
-        bindings_mod.check_required(origins)
+        binding_checks.check_required(origins)
         bindings_mod.resolve_paths(origins)
-        bindings_mod.check_types(origins)
-        bindings_mod.check_values(origins, _validators())
-        bindings_mod.check_roles_agree(origins, SHARED_SETTINGS)
+        binding_checks.check_types(origins)
+        binding_checks.check_values(origins, _validators())
+        binding_checks.check_roles_agree(origins, SHARED_SETTINGS)
         gin.finalize()
 
 

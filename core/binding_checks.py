@@ -1,0 +1,252 @@
+"""Checks of the bound values of a gin config, before any work starts.
+
+:func:`rlax.core.config.parse` runs them after reading the files and bindings
+and before gin locks the config; each raises one :class:`ConfigError` that
+names the binding, where it was written (``FILE:LINE`` or
+``--gin.NAME=VALUE``), what was expected and what was given:
+
+- :func:`check_required`: a ``%gin.REQUIRED`` value left unset;
+- :func:`check_types`: a bound literal its parameter's annotation refuses
+  (macros followed to the literal);
+- :func:`check_values`: a component's own checks of its settings taken
+  together (a validator raising :class:`BadSetting`);
+- :func:`check_roles_agree`: two roles of one run bound to different values of
+  a setting they share (the workers' reward and the trainer's).
+
+References (``@rewards.math()``) are not evaluated here: what they build is
+checked by its own parameters' bindings.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import inspect
+import itertools
+import os
+import pathlib
+import re
+import types
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gin
+
+from rlax.core.bindings import (
+    MACRO,
+    Origin,
+    Origins,
+    bound_values,
+    follow,
+    hints,
+    is_reference,
+    show,
+)
+from rlax.core.errors import BadSetting, ConfigError
+
+__all__ = ["arguments", "check_required", "check_roles_agree", "check_types", "check_values"]
+
+
+# -------------------------------------------------------------------------
+# Types
+# -------------------------------------------------------------------------
+
+
+_SCALARS = ("bool", "int", "float", "complex", "str", "None")
+
+
+def _describe(annotation: Any) -> str:
+    if annotation is type(None):
+        return "None"
+    if isinstance(annotation, type):
+        return annotation.__name__
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _describe(args[0])
+    if origin in (typing.Union, types.UnionType):
+        names = list(dict.fromkeys(_describe(a) for a in args))
+        scalars = [n for n in _SCALARS if n in names]  # a number type's array forms say little
+        shown = scalars if scalars and len(scalars) < len(names) else names
+        return ", ".join(shown[:-1]) + f" or {shown[-1]}" if len(shown) > 1 else shown[0]
+    text = str(annotation).replace("typing.", "").replace("collections.abc.", "")
+    return re.sub(r"\b[\w.]+\.(\w+)", r"\1", text)  # jax.jaxlib._jax.Array -> Array
+
+
+def _conforms(value: Any, annotation: Any) -> bool:
+    """Whether the literal ``value`` can be passed where ``annotation`` is expected."""
+    if annotation is Any or annotation is inspect.Parameter.empty or is_reference(value):
+        return True
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _conforms(value, args[0])
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if annotation is None or annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, str)
+    if annotation in (pathlib.Path, os.PathLike) or origin is os.PathLike:
+        return isinstance(value, (str, os.PathLike))
+    if origin in (tuple,) and args:
+        if not isinstance(value, (list, tuple)):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_conforms(v, args[0]) for v in value)
+        return len(args) == len(value) and all(map(_conforms, value, args))
+    if origin in (list, collections.abc.Sequence, collections.abc.Iterable,
+                  collections.abc.Collection, set, frozenset, collections.abc.Set):  # fmt: skip
+        return isinstance(value, (list, tuple)) and all(_conforms(v, args[0]) for v in value
+                                                        if args)  # fmt: skip
+    if origin in (dict, collections.abc.Mapping):
+        return isinstance(value, dict)
+    if origin is collections.abc.Callable or annotation is collections.abc.Callable:
+        return callable(value)
+    if isinstance(annotation, type):
+        if getattr(annotation, "_is_protocol", False):
+            return not isinstance(value, (str, int, float, bool, list, tuple, dict))
+        return isinstance(value, annotation)
+    return True  # a TypeVar, a forward reference we could not resolve, ...
+
+
+def _is_required(value: Any) -> bool:
+    return (
+        is_reference(value)
+        and value.selector == "gin.constant"
+        and value.scopes == ["gin.REQUIRED"]
+    )
+
+
+def check_required(origins: Origins) -> None:
+    """Raises ConfigError naming the first ``%gin.REQUIRED`` value left unset, and where."""
+    for (scope, selector), params in list(gin.config._CONFIG.items()):
+        for arg, value in params.items():
+            if not _is_required(value):
+                continue
+            name = scope if selector == MACRO else f"{selector}.{arg}"
+            origin = origins.get(scope, selector, arg)
+            raise ConfigError(
+                f"{name} is required{f' ({origin})' if origin else ''} and not set: "
+                f"set it in a gin file or with --gin.{name}=..."
+            )
+
+
+def check_types(origins: Origins) -> None:
+    """Raises ConfigError for the first bound literal that its parameter's annotation refuses.
+
+    The message reads ``WHERE: NAME = VALUE: expected TYPE, got TYPE``, where
+    WHERE is the file and line (or ``--gin.`` binding) that wrote the value.
+    """
+    for bound in bound_values(origins):
+        annotation = hints(bound.selector).get(bound.arg, Any)
+        if _conforms(bound.value, annotation):
+            continue
+        written = bound.origin is not None and bound.origin.binding is not None
+        where = f"{bound.origin}: " if bound.origin else ""
+        value = "" if written else f" = {show(bound.value)}"
+        via = f" (via %{bound.macro[0]})" if bound.macro else ""
+        raise ConfigError(
+            f"{where}{bound.name}{via}{value}: expected {_describe(annotation)}, "
+            f"got {type(bound.value).__name__}"
+        )
+
+
+def arguments(
+    selector: str, origins: Origins, scope: str = ""
+) -> dict[str, tuple[Any, Origin | None]]:
+    """The literal arguments the configurable ``selector`` will get: ``{name: (value, origin)}``.
+
+    Bound literals (macros followed) and the signature's defaults (origin
+    None); a parameter bound to a reference is left out, since what it builds
+    is not known before it is called.
+    """
+    info = gin.config._REGISTRY.get(selector)
+    fn = getattr(info, "wrapped", None)
+    found: dict[str, tuple[Any, Origin | None]] = {}
+    if fn is not None:
+        for p in inspect.signature(fn).parameters.values():
+            if p.default is not inspect.Parameter.empty:
+                found[p.name] = (p.default, None)
+    for bound in bound_values(origins):
+        if bound.selector == selector and bound.scope == scope:
+            if is_reference(bound.value):
+                found.pop(bound.arg, None)
+            else:
+                found[bound.arg] = (bound.value, bound.origin)
+    return found
+
+
+def check_values(origins: Origins, validators: dict[str, Callable[..., None]]) -> None:
+    """Calls ``validators[selector](**literal arguments)`` for each bound configurable.
+
+    A validator takes the parameters it checks by keyword (and ``**_``) and
+    raises :class:`BadSetting` naming the parameter at fault; the message is
+    prefixed with where that parameter's value was written.
+    """
+    bound = {selector for (_, selector) in gin.config._CONFIG}
+    for selector, validate in validators.items():
+        if selector not in bound:
+            continue
+        args = arguments(selector, origins)
+        try:
+            validate(**{name: value for name, (value, _) in args.items()})
+        except BadSetting as err:
+            origin = args.get(err.parameter, (None, None))[1]
+            where = f"{origin}: " if origin else ""
+            raise ConfigError(f"{where}{selector}.{err.parameter}: {err}") from err
+
+
+def _shown(value: Any) -> str:
+    return f"%{'/'.join(value.scopes)}" if _is_macro(value) else show(value)
+
+
+def _is_macro(value: Any) -> bool:
+    return is_reference(value) and value.selector == MACRO
+
+
+def _same(a: Any, b: Any) -> bool:
+    if is_reference(a) or is_reference(b):
+        return (is_reference(a) and is_reference(b)
+                and (a.scoped_selector, a.evaluate) == (b.scoped_selector, b.evaluate))  # fmt: skip
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(map(_same, a, b))
+    return type(a) is type(b) and a == b
+
+
+def check_roles_agree(origins: Origins, shared: dict[str, Sequence[str]]) -> None:
+    """Raises ConfigError if two roles are bound to different values of a shared setting.
+
+    ``shared`` maps a parameter name to the configurables (roles) that must
+    agree on it, e.g. ``{"reward": ("rlax.train", "rlax.worker")}``: the
+    trainer evaluates with the reward the workers score with. Macros are
+    followed before comparing; a role that does not bind the parameter is not
+    compared.
+    """
+    config = gin.config._CONFIG
+    for arg, roles in shared.items():
+        bound = [(role, config[("", role)][arg]) for role in roles
+                 if arg in config.get(("", role), {})]  # fmt: skip
+        for (role_a, raw_a), (role_b, raw_b) in itertools.pairwise(bound):
+            a = follow(raw_a, origins, None)[0]
+            b = follow(raw_b, origins, None)[0]
+            if _same(a, b):
+                continue
+            if _is_macro(raw_a) and not _is_macro(raw_b):  # report the odd one out first
+                (role_a, raw_a, a), (role_b, raw_b, b) = (role_b, raw_b, b), (role_a, raw_a, a)
+            where = origins.get("", role_a, arg) or role_a
+            other = f"{_shown(raw_b)}, which is {show(b)}" if _is_macro(raw_b) else _shown(raw_b)
+            macro = next((r for r in (raw_b, raw_a) if _is_macro(r)), None)
+            fix = (f"set {'/'.join(macro.scopes)} = ... once instead (every role reads it)"
+                   if macro else "bind both to the same value")  # fmt: skip
+            raise ConfigError(
+                f"{where}: {role_a}.{arg} = {_shown(raw_a)} but {role_b}.{arg} = {other} "
+                f"({origins.get('', role_b, arg) or 'its default'}): the roles would disagree; "
+                f"{fix}"
+            )
