@@ -136,6 +136,21 @@ CASES = {
     "a malformed row under on_malformed='error'": case_malformed_row_is_an_error,
     "an evaluation set of malformed rows": case_every_eval_row_malformed,
     "a parameter server without a token": case_param_server_without_a_token,
+    "--resume with no run of that name": (
+        ["run", "--gin", "quickstart", "--resume"],
+        "--resume: no run named 'quickstart' in runs/",
+    ),
+    "--resume of a directory that is not there": (["run", "--gin", "quickstart", "--resume", "nope"],
+                                                   "--resume nope: no such run directory"),
+    "--resume of a directory that holds no run": (
+        ["run", "--gin", "quickstart", "--resume", "."],
+        "--resume .: not a run directory (no operative_config.gin or train_state/)",
+    ),
+    "eval --out into a missing folder": (
+        ["eval", "--gin", "quickstart", "--checkpoint", str(ROOT / "assets" / "quickstart-base"),
+         "--out", "missing/eval.json"],
+        "--out missing/eval.json: no such directory",
+    ),
 }  # fmt: skip
 
 
@@ -184,6 +199,30 @@ def cluster_run(tmp_path_factory) -> pathlib.Path:
                      cwd=cwd)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
+
+
+def test_a_damaged_exported_model_is_one_line_naming_the_file(cluster_run, tmp_path):
+    import shutil
+
+    model = tmp_path / "checkpoint"
+    shutil.copytree(cluster_run / "checkpoint", model)
+    damaged = max((p for p in model.rglob("*") if p.is_file() and p.name != "checksums.json"),
+                  key=lambda p: p.stat().st_size)  # fmt: skip
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(
+        b ^ 0xFF for b in data[len(data) // 2 :][:64]
+    )
+    damaged.write_bytes(bytes(data))
+
+    result, seconds = rlax("eval", "--gin", "quickstart", "--checkpoint", str(model), *FAST,
+                           cwd=tmp_path)  # fmt: skip
+
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"rlax: error: --checkpoint: {damaged}: checksum mismatch (the file is damaged or was "
+        "changed since it was saved)\n"
+    )
+    assert seconds < SECONDS
 
 
 def test_resuming_a_cluster_run_inline_is_one_line_and_changes_nothing(cluster_run):
