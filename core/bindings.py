@@ -1,4 +1,4 @@
-"""Where each gin binding came from, and checks of bound values before any work starts.
+"""Where each gin binding came from, the literals behind its macros, and paths in gin files.
 
 :func:`rlax.core.config.parse` records the origin of every binding it reads
 (``FILE:LINE``, or ``--gin.NAME=VALUE`` for a command-line binding) in a
@@ -178,7 +178,7 @@ def hints(selector: str) -> dict[str, Any]:
     target = fn.__init__ if inspect.isclass(fn) and not dataclasses.is_dataclass(fn) else fn
     try:
         return typing.get_type_hints(target, include_extras=True)
-    except Exception:  # noqa: BLE001 -- an annotation that cannot be resolved is not checked
+    except (NameError, TypeError):  # a forward reference or annotation it cannot resolve
         return {}
 
 

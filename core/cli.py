@@ -294,7 +294,7 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> int:
         fresh = run_dir is None
         root = pathlib.Path(_train_setting("run_root"))
         made_root = fresh and not root.exists()
-        run_dir = run_dir or config.default_run_dir()
+        run_dir = run_dir or _new_run_dir()
         child_argv += ["--run-dir", str(run_dir)]
         status = _status(config.configured("rlax", "local_cluster")(argv=child_argv))
         if status == EXIT_USAGE and fresh:  # a child refused its settings before any step
@@ -317,6 +317,13 @@ def _remove_fresh(run_dir: pathlib.Path, made_root: pathlib.Path | None) -> None
     if made_root is not None:
         with contextlib.suppress(OSError):  # only if nothing else is in it
             made_root.rmdir()
+
+
+def _new_run_dir() -> pathlib.Path:
+    """A new run directory as ``rlax.train`` would make it (its run_root and run_name)."""
+    from rlax.core.experiment import make_run_dir
+
+    return make_run_dir(_train_setting("run_root"), _train_setting("run_name"))
 
 
 def _train_setting(name: str) -> Any:

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 __all__ = [
     "config_text",
     "configured",
-    "default_run_dir",
     "find_gin_file",
     "operative_config_text",
     "packaged_configs",
@@ -135,19 +134,6 @@ def register_core_configurables() -> None:
     )
 
 
-def default_run_dir() -> Any:
-    """A new run directory as ``rlax.train`` would make it (from its bound run_root/run_name)."""
-    from rlax.core.experiment import make_run_dir
-
-    def bound(name: str, default: str) -> str:
-        try:
-            return gin.query_parameter(f"rlax.train.{name}")
-        except ValueError:
-            return default
-
-    return make_run_dir(bound("run_root", "runs"), bound("run_name", "run"))
-
-
 def configured(module: str, name: str) -> Callable[..., Any]:
     """Returns the gin-wrapped callable ``<module>.<name>`` (bindings applied on call).
 
@@ -185,8 +171,10 @@ def parse(
 
     ``include`` paths resolve against the including file's directory first,
     then the working directory, then rlax's packaged configs (so a file of
-    your own can ``include 'quickstart.gin'`` from anywhere). Unknown configurables and parameters are
-    errors, and so is a ``%gin.REQUIRED`` value left unset.
+    your own can ``include 'quickstart.gin'`` from anywhere). Unknown
+    configurables and parameters are errors, and so is a ``%gin.REQUIRED``
+    value left unset; then the bound values are checked
+    (:mod:`rlax.core.binding_checks`).
 
     Args:
       gin_files: gin files, parsed in order.
@@ -258,14 +246,21 @@ def find_gin_file(ref: str | os.PathLike[str]) -> str:
     path = os.fspath(ref)
     if os.path.isfile(path):
         return path
-    packaged = packaged_configs()
-    name = path.removesuffix(".gin")
-    if os.sep not in path and name in packaged:
-        return str(packaged[name])
+    packaged = _packaged(path)
+    if packaged is not None:
+        return packaged
     raise ConfigError(
         f"{path}: no such gin file, nor a packaged config of that name "
-        f"(packaged: {', '.join(packaged)})"
+        f"(packaged: {', '.join(packaged_configs())})"
     )
+
+
+def _packaged(name: str) -> str | None:
+    """The packaged config called ``name`` (``quickstart`` or ``quickstart.gin``), if any."""
+    if os.sep in name:
+        return None
+    path = packaged_configs().get(name.removesuffix(".gin"))
+    return str(path) if path is not None else None
 
 
 _INCLUDING_DIRS: list[str] = []  # directory of each gin file being parsed, innermost last
@@ -281,8 +276,7 @@ def _resolve(path: str) -> str | None:
             return candidate
     if os.path.isfile(path):
         return path
-    packaged = packaged_configs().get(path.removesuffix(".gin"))
-    return str(packaged) if packaged is not None and os.sep not in path else None
+    return _packaged(path)
 
 
 @contextlib.contextmanager

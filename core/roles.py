@@ -281,7 +281,8 @@ def local_cluster(
             dataclasses.replace(settings, address=env[ADDRESS_ENV], token=env[TOKEN_ENV]), server
         )
         if exited == USAGE_STATUS:  # it printed the configuration error
-            return USAGE_STATUS
+            status = USAGE_STATUS
+            return status
         if exited is not None:
             print(f"rlax: parameter server exited at start with {describe_status(exited)}",
                   file=sys.stderr, flush=True)  # fmt: skip
