@@ -45,6 +45,7 @@ from rlax.core import config, host_memory, runs
 from rlax.core.bindings import closest_names
 from rlax.core.errors import ConfigError, PluginError, Preempted, RunFinished
 from rlax.core.plugins import (
+    BUILTIN_DISTRIBUTION,
     PluginManager,
     autoload_notice,
     build_plugin_manager,
@@ -58,7 +59,6 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2  # bad arguments, gin configuration or plugins
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped at a safe point; restart to resume
 
-DISTRIBUTION = "rlax-llm"
 ROLES = ("all", "inline", "param_server", "trainer", "worker")
 _BINDING_PREFIX = "--gin."
 _PLUGIN_COLUMNS = ("kind", "name", "plugin", "distribution", "version")
@@ -208,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _version() -> str:
     try:
-        return importlib.metadata.version(DISTRIBUTION)
+        return importlib.metadata.version(BUILTIN_DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
         return "unknown"
 
