@@ -3,7 +3,7 @@
 One run: the parameters of a decoder (``--layers`` x ``--width``, with Adam's
 two moments: the trainer's whole state) are updated by a jitted step that
 donates the optimiser state, as the trainer's does, and every ``--every``
-steps the state is checkpointed with :class:`rlax.core.checkpoint.Checkpointer`
+steps the state is checkpointed with :class:`rlax.core.trainer.checkpoint.Checkpointer`
 (orbax, asynchronous, the last 2 kept). Measured, each the median over
 ``--saves`` saves:
 
@@ -38,9 +38,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from rlax.core.checkpoint import Checkpointer
 from rlax.core.models.bundle import new_model
 from rlax.core.models.transformer import TransformerConfig
+from rlax.core.trainer.checkpoint import Checkpointer
 
 
 def build_state(layers: int, width: int):

@@ -121,7 +121,7 @@ def main() -> None:
     server.start()
     port = port_q.get()
     trainer = _client(port)
-    from rlax.core.weight_sync import WirePlan
+    from rlax.core.param_server.wire import WirePlan
 
     tree = {"w": np.zeros(4, np.float32)}
     trainer.push(WirePlan.for_tree(tree), tree, 0)

@@ -35,8 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlax.core.host_memory import reuse_freed_memory
 from rlax.core.models.bundle import load_model
+from rlax.core.parallel.host_memory import reuse_freed_memory
 from rlax.core.types import Prompt
 from rlax.plugins.samplers.jax_sampler import JaxSampler
 

@@ -6,7 +6,7 @@ fp32, 64 sequences x 96 tokens (32 prompt + 64 completion), the GRPO loss
 (seq-mean-token-mean clipped surrogate) and adam.
 
 - ``tok_s``: tokens (all B x T positions) per second of rlax's jitted step
-  (:class:`rlax.core.trainer.Trainer`) on every local device (``--mesh``).
+  (:class:`rlax.core.trainer.step.Trainer`) on every local device (``--mesh``).
 - ``mfu``: ``tok_s`` x model FLOPs per token / ``peak_gflops``. Model FLOPs per
   token of a training step are ``6 N + 12 L n h T`` (PaLM's count: N the
   parameters that multiply activations, the full T x T attention of n heads of
@@ -44,10 +44,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from rlax.core.host_memory import reuse_freed_memory
-from rlax.core.mesh import MeshConfig, make_mesh, param_name
 from rlax.core.models.transformer import Transformer, TransformerConfig
-from rlax.core.trainer import Trainer, TrainerSettings
+from rlax.core.parallel.host_memory import reuse_freed_memory
+from rlax.core.parallel.mesh import MeshConfig, make_mesh, param_name
+from rlax.core.trainer.step import Trainer, TrainerSettings
 from rlax.plugins.algorithms.grpo import grpo
 
 

@@ -10,7 +10,7 @@
     rlax curate --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...] [--out DIR]
 
 Start-up, in this order: let host memory be reused from step to step
-(:mod:`rlax.core.host_memory`; it must come before JAX starts), build the
+(:mod:`rlax.core.parallel.host_memory`; it must come before JAX starts), build the
 plugin manager and load the plugins
 (registering their components with gin), register the core configurables,
 parse the gin files and bindings; then call the configured ``rlax.train`` or
@@ -41,9 +41,11 @@ from typing import Any
 
 import gin
 
-from rlax.core import config, host_memory, runs
-from rlax.core.bindings import closest_names
+from rlax.core import config
+from rlax.core.config.bindings import closest_names
 from rlax.core.errors import ConfigError, PluginError, Preempted, RunFinished
+from rlax.core.launch import runs
+from rlax.core.parallel import host_memory
 from rlax.core.plugins import (
     BUILTIN_DISTRIBUTION,
     PluginManager,
@@ -321,7 +323,7 @@ def _remove_fresh(run_dir: pathlib.Path, made_root: pathlib.Path | None) -> None
 
 def _new_run_dir() -> pathlib.Path:
     """A new run directory as ``rlax.train`` would make it (its run_root and run_name)."""
-    from rlax.core.experiment import make_run_dir
+    from rlax.core.launch.runs import make_run_dir
 
     return make_run_dir(_train_setting("run_root"), _train_setting("run_name"))
 
@@ -331,7 +333,7 @@ def _train_setting(name: str) -> Any:
     try:
         return copy.deepcopy(gin.query_parameter(f"rlax.train.{name}"))  # evaluates a macro
     except ValueError:
-        from rlax.core import experiment
+        from rlax.core.trainer import role as experiment
 
         return inspect.signature(experiment.train).parameters[name].default
 
@@ -355,7 +357,7 @@ def _say_how_to_resume(
 
 def _join_trainer_processes() -> None:
     """``jax.distributed.initialize`` with ``rlax.train.distributed`` (a no-op for one process)."""
-    from rlax.core import distributed
+    from rlax.core.parallel import multihost as distributed
 
     try:
         settings = copy.deepcopy(gin.query_parameter("rlax.train.distributed"))  # evaluates it
@@ -377,7 +379,7 @@ def _eval(args: argparse.Namespace, bindings: list[str]) -> int:
 
 
 def _curate(args: argparse.Namespace, bindings: list[str]) -> int:
-    from rlax.core import curate
+    from rlax.core.evaluation import curate
 
     pm = _plugin_manager(args)
     config.register_core_configurables()

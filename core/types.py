@@ -18,7 +18,7 @@ import numpy as np
 PATH_MARK = "rlax:path"
 #: A string parameter that names a file, a directory or a model reference. A
 #: relative path written in a gin file is read relative to that file's folder
-#: (``rlax.core.bindings.resolve_paths``); ``pypi:...`` and other
+#: (``rlax.core.config.bindings.resolve_paths``); ``pypi:...`` and other
 #: ``scheme:`` references are left as they are.
 ConfigPath = Annotated[str, PATH_MARK]
 

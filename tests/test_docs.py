@@ -36,19 +36,20 @@ import optax
 import pytest
 from flax import nnx
 
-from rlax.core import config, preemption
-from rlax.core.batching import make_batch
-from rlax.core.checkpoint import Checkpointer
-from rlax.core.curate import curate
+from rlax.core import config
 from rlax.core.errors import ConfigError, Preempted
-from rlax.core.experiment import evaluate_pass_at_k
+from rlax.core.evaluation.curate import curate
+from rlax.core.evaluation.evaluate import evaluate_pass_at_k
+from rlax.core.launch import preemption
 from rlax.core.models.tokenizer import CharTokenizer
 from rlax.core.models.transformer import Transformer, TransformerConfig, sequence_logprobs
 from rlax.core.plugins import PluginManager, build_plugin_manager
-from rlax.core.reward_pool import RewardPool, score_one
-from rlax.core.rollout import kept_by_filters, rollout
-from rlax.core.trainer import Trainer, batch_arrays
+from rlax.core.trainer.batches import make_batch
+from rlax.core.trainer.checkpoint import Checkpointer
+from rlax.core.trainer.step import Trainer, batch_arrays
 from rlax.core.types import Completion, Group, Prompt, RewardResult
+from rlax.core.worker.reward_pool import RewardPool, score_one
+from rlax.core.worker.rollout import kept_by_filters, rollout
 from rlax.plugins.rewards.arithmetic import ArithmeticReward
 from rlax.plugins.tasks.dataset import DatasetTask
 
@@ -481,8 +482,8 @@ CHECKS: dict[str, Callable[..., None]] = {
     HOOKS + "rlax_on_weights_published(version: int) -> None": check_weights_published,
     HOOKS + "rlax_on_checkpoint(step: int, path: str) -> None": check_checkpoint,
     HOOKS + "rlax_on_preemption(role: str, reason: str) -> None": check_preemption,
-    "docs/preemption.md § Notices (`core/preemption.py`)": check_notice_source,
-    "docs/rewards_and_data.md § Scoring in a pool: `rlax.core.reward_pool.RewardPool`": (
+    "docs/preemption.md § Notices (`core/launch/preemption.py`)": check_notice_source,
+    "docs/rewards_and_data.md § Scoring in a pool: `rlax.core.worker.reward_pool.RewardPool`": (
         check_reward_pool
     ),
 }

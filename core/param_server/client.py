@@ -18,13 +18,13 @@ from collections.abc import Callable, Iterator
 import grpc
 import numpy as np
 
-from rlax.core.host_memory import keep_message_buffers
+from rlax.core.parallel.host_memory import keep_message_buffers
 from rlax.core.param_server import codec, transfer
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.settings import MB, ServerSettings
 from rlax.core.param_server.transfer import checksum, decode_chunk, encode_chunk
+from rlax.core.param_server.wire import WirePlan, chunks, stream
 from rlax.core.types import Group, Prompt
-from rlax.core.weight_sync import WirePlan, chunks, stream
 
 log = logging.getLogger("rlax.client")
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 
 import grpc
 
-from rlax.core.host_memory import keep_message_buffers
+from rlax.core.parallel.host_memory import keep_message_buffers
 from rlax.core.param_server import recovery, transfer
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.queue import QueueError, RolloutQueue

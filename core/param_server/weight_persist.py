@@ -28,7 +28,7 @@ import orbax.checkpoint as ocp
 
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
-from rlax.core.weight_sync import WIRE_DTYPES, TensorSpec, WirePlan
+from rlax.core.param_server.wire import WIRE_DTYPES, TensorSpec, WirePlan
 
 log = logging.getLogger("rlax.param_server")
 

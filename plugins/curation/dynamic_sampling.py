@@ -13,7 +13,7 @@ The filter does the first half, ``online(groups)``, a pure function that
 workers and the trainer can both run. The second half belongs to whoever
 assembles the batch: the filter declares ``extra_rounds``, the number of
 additional sampling rounds the loop may spend per update to replace what it
-dropped, and :func:`rlax.core.batch_filling.fill_batch` is the loop's side of
+dropped, and :func:`rlax.core.trainer.filling.fill_batch` is the loop's side of
 that contract (take rounds until ``prompts_per_step`` groups survive or the
 extra rounds are spent; surplus groups are not trained on, as in the
 paper's implementation, rather than kept for a later, off-policy update).

@@ -18,7 +18,7 @@ Three stages, cheapest first:
    towers, huge exponents or factorials), which no Python-level alarm can stop.
 
 The deadline is a ``SIGALRM`` timer when called on the main thread (as in a
-:class:`rlax.core.reward_pool.RewardPool` worker); the hard guarantee is the
+:class:`rlax.core.worker.reward_pool.RewardPool` worker); the hard guarantee is the
 pool's, which kills a worker that overruns.
 """
 

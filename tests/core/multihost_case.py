@@ -6,9 +6,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from rlax.core.mesh import MeshConfig, make_mesh
 from rlax.core.models.transformer import Transformer, TransformerConfig
-from rlax.core.trainer import Trainer
+from rlax.core.parallel.mesh import MeshConfig, make_mesh
+from rlax.core.trainer.step import Trainer
 from rlax.plugins.algorithms.grpo import grpo
 
 CFG = TransformerConfig(

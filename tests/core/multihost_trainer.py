@@ -37,11 +37,12 @@ def main(argv: list[str]) -> int:
     import jax
     import numpy as np
 
-    from rlax.core import cli, distributed
+    from rlax.core import cli
+    from rlax.core.parallel import multihost as distributed
     from rlax.core.param_server.client import ParamServerClient
-    from rlax.core.trainer import Trainer
-    from rlax.core.training_run import TrainingRun
-    from rlax.core.weight_sync import leaf_name
+    from rlax.core.param_server.wire import leaf_name
+    from rlax.core.trainer.loop import TrainingRun
+    from rlax.core.trainer.step import Trainer
 
     record: dict = {"steps": [], "takes": []}
     batches: dict[str, np.ndarray] = {}

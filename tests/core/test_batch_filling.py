@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlax.core.batch_filling import extra_rounds, fill_batch
+from rlax.core.trainer.filling import extra_rounds, fill_batch
 from rlax.core.types import Group, Prompt
 from rlax.plugins.curation.dynamic_sampling import DynamicSampling
 from rlax.plugins.curation.zero_variance import ZeroVarianceFilter

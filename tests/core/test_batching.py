@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rlax.core.batching import make_batch
+from rlax.core.trainer.batches import make_batch
 from rlax.core.types import Completion, Group, Prompt
 
 

@@ -9,8 +9,10 @@ import sys
 import gin
 import pytest
 
-from rlax.core import cli, config, experiment
+from rlax.core import cli, config
 from rlax.core.errors import Preempted
+from rlax.core.evaluation import evaluate as evaluation
+from rlax.core.trainer import role as experiment
 
 RECORDER = """
     from rlax.core import hookimpl
@@ -46,7 +48,7 @@ def fake_experiment(monkeypatch):
         return 0
 
     monkeypatch.setattr(experiment, "train", train)
-    monkeypatch.setattr(experiment, "evaluate", evaluate)
+    monkeypatch.setattr(evaluation, "evaluate", evaluate)
     return calls
 
 
@@ -127,7 +129,7 @@ def test_plugins_prints_no_autoload_notice_by_default(site, capsys):
 
 
 def test_run_all_hands_its_arguments_to_the_local_cluster(site, monkeypatch, tmp_path):
-    from rlax.core import roles
+    from rlax.core.launch import local_cluster as roles
 
     seen = {}
 
@@ -281,7 +283,7 @@ def test_blocking_a_plugin_that_does_not_exist_is_an_error_naming_the_closest(si
 def test_an_rlax_warning_is_shown_once_as_one_line(capsys):
     import warnings
 
-    from rlax.core.checkpoint import CorruptCheckpointWarning
+    from rlax.core.trainer.checkpoint import CorruptCheckpointWarning
 
     try:
         with warnings.catch_warnings():

@@ -232,7 +232,7 @@ def test_registration_works_after_the_config_is_locked(tmp_path):
 
 
 def test_core_configurables_optax_and_rlax(monkeypatch):
-    from rlax.core import experiment
+    from rlax.core.trainer import role as experiment
 
     def fake_train(*, hook=None, run_dir=None, steps: int = 1):
         return steps

@@ -7,20 +7,20 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlax.core.critic import (
-    ValueHead,
-    ValueModel,
-    build_critic,
-    forward_with_values,
-    hidden_states,
-    logits_from_hidden,
-)
 from rlax.core.models.transformer import (
     Transformer,
     TransformerConfig,
     causal_mask,
     positions_from_mask,
     sequence_logprobs,
+)
+from rlax.core.trainer.critic import (
+    ValueHead,
+    ValueModel,
+    build_critic,
+    forward_with_values,
+    hidden_states,
+    logits_from_hidden,
 )
 
 CFG = TransformerConfig(

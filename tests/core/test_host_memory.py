@@ -1,4 +1,4 @@
-"""Host memory reuse (rlax.core.host_memory): page faults per call, modes, and when it is too late."""
+"""Host memory reuse (rlax.core.parallel.host_memory): page faults per call, modes, and when it is too late."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import textwrap
 import jax
 import pytest
 
-from rlax.core import cli, host_memory
+from rlax.core import cli
+from rlax.core.parallel import host_memory
 
 # A program whose scratch buffer is SIZE**2 floats (the [SIZE, SIZE] product
 # must exist for the matmul that reads it). Prints what reuse_freed_memory did,
@@ -21,7 +22,7 @@ from rlax.core import cli, host_memory
 FAULTS_SCRIPT = textwrap.dedent(
     """
     import json, resource, sys
-    from rlax.core.host_memory import keep_message_buffers, reuse_freed_memory
+    from rlax.core.parallel.host_memory import keep_message_buffers, reuse_freed_memory
     applied = reuse_freed_memory(sys.argv[1])
     if len(sys.argv) > 2:  # a parameter-server client or server in the process
         keep_message_buffers()

@@ -10,8 +10,8 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
-from rlax.core.critic import build_critic
-from rlax.core.mesh import (
+from rlax.core.models.transformer import Transformer, TransformerConfig
+from rlax.core.parallel.mesh import (
     AXES,
     DEFAULT_RULES,
     MeshConfig,
@@ -22,7 +22,7 @@ from rlax.core.mesh import (
     spec_for,
     tree_specs,
 )
-from rlax.core.models.transformer import Transformer, TransformerConfig
+from rlax.core.trainer.critic import build_critic
 
 MESH = AbstractMesh((2, 4, 2), AXES)  # data 2, fsdp 4, tensor 2
 

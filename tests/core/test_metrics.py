@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from rlax.core.metrics import MetricsLog, mean_pass_at_k, pass_at_k
+from rlax.core.evaluation.metrics import MetricsLog, mean_pass_at_k, pass_at_k
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,8 @@ import gin
 import jax
 import pytest
 
-from rlax.core import cli, experiment
+from rlax.core import cli
+from rlax.core.trainer import role as experiment
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GIN = ["--gin", str(ROOT / "configs" / "quickstart.gin")]

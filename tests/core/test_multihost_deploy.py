@@ -19,9 +19,9 @@ import yaml
 
 from rlax.core import config, plugins
 from rlax.core.cli import ROLES
-from rlax.core.distributed import DistributedSettings
-from rlax.core.mesh import MeshConfig
-from rlax.core.trainer import TrainerSettings
+from rlax.core.parallel.mesh import MeshConfig
+from rlax.core.parallel.multihost import DistributedSettings
+from rlax.core.trainer.step import TrainerSettings
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "examples" / "deploy"

@@ -31,9 +31,9 @@ from rlax.core import config
 from rlax.core.models.bundle import load_model
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
+from rlax.core.param_server.wire import leaf_name
 from rlax.core.plugins import build_plugin_manager
-from rlax.core.trainer import Trainer
-from rlax.core.weight_sync import leaf_name
+from rlax.core.trainer.step import Trainer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HERE = pathlib.Path(__file__).parent

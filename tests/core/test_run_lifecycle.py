@@ -136,7 +136,7 @@ def test_steps_that_keep_no_group_are_reported_in_the_log(tmp_path, monkeypatch,
 
 
 def test_empty_step_warning_repeats_as_the_streak_doubles_and_resets(caplog):
-    from rlax.core.training_run import EmptyStepWatch
+    from rlax.core.trainer.loop import EmptyStepWatch
 
     watch = EmptyStepWatch([], after=2)
     kept = [0, 1, 0, 0, 0, 0, 0, 0, 0, 0]  # steps 1..10: a streak of 1, then one of 8
@@ -208,7 +208,7 @@ def test_rerunning_a_finished_run_says_so_and_changes_nothing(finished, capsys, 
 
 
 def test_resume_without_a_directory_takes_the_newest_run_of_that_name(tmp_path):
-    from rlax.core import runs
+    from rlax.core.launch import runs
 
     def make(name: str, marker: str = "operative_config.gin") -> pathlib.Path:
         (tmp_path / name).mkdir()
@@ -283,7 +283,7 @@ def test_a_preempted_run_prints_the_command_that_resumes_it(tmp_path, capsys):
 def test_a_preempted_local_cluster_prints_the_command_that_resumes_it(
     tmp_path, monkeypatch, capsys
 ):
-    from rlax.core import roles
+    from rlax.core.launch import local_cluster as roles
 
     monkeypatch.setattr(roles, "local_cluster", lambda *, argv: 75)
     path = tmp_path / "exp.gin"
@@ -296,7 +296,7 @@ def test_a_preempted_local_cluster_prints_the_command_that_resumes_it(
 
 
 def test_the_resume_command_keeps_plugins_and_quotes_what_the_shell_would_split():
-    from rlax.core import runs
+    from rlax.core.launch import runs
 
     command = runs.resume_command(
         ["a b.gin"], ["rlax.train.seed=1"], ["my_plugin", "no:grpo"], "inline", pathlib.Path("r")
@@ -345,7 +345,9 @@ def test_the_saved_config_alone_reproduces_the_run(finished, tmp_path, capsys):
 
 
 def test_the_saved_config_configures_every_role(finished, monkeypatch):
-    from rlax.core import roles, worker
+    from rlax.core.launch import local_cluster as roles
+    from rlax.core.param_server import role as ps_role
+    from rlax.core.worker import role as worker
 
     seen = {}
 
@@ -361,7 +363,7 @@ def test_the_saved_config_configures_every_role(finished, monkeypatch):
         return role
 
     monkeypatch.setattr(roles, "local_cluster", local_cluster)
-    monkeypatch.setattr(roles, "param_server", record("param_server"))
+    monkeypatch.setattr(ps_role, "param_server", record("param_server"))
     monkeypatch.setattr(worker, "worker", record("worker"))
     config = str(finished[0] / "operative_config.gin")
     for role in ("all", "param_server", "worker"):

@@ -11,10 +11,10 @@ import optax
 import pytest
 from flax import nnx
 
-from rlax.core.batching import make_batch
-from rlax.core.critic import ValueHead, ValueModel, forward_with_values
 from rlax.core.models.transformer import Transformer, TransformerConfig, sequence_logprobs
-from rlax.core.trainer import Trainer, batch_arrays
+from rlax.core.trainer.batches import make_batch
+from rlax.core.trainer.critic import ValueHead, ValueModel, forward_with_values
+from rlax.core.trainer.step import Trainer, batch_arrays
 from rlax.core.types import Completion, Group, Prompt
 from rlax.plugins.algorithms.grpo import grpo
 from rlax.plugins.algorithms.ppo import ppo

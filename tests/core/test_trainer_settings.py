@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from rlax.core.models.transformer import Transformer, TransformerConfig
-from rlax.core.trainer import Trainer, TrainerSettings
+from rlax.core.trainer.step import Trainer, TrainerSettings
 from rlax.plugins.algorithms.dapo import dapo
 from rlax.plugins.algorithms.grpo import grpo
 from rlax.plugins.algorithms.ppo import ppo

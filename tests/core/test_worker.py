@@ -7,8 +7,8 @@ import pytest
 from flax import nnx
 
 from rlax.core.models.bundle import load_model
-from rlax.core.weight_sync import WirePlan
-from rlax.core.worker import Worker
+from rlax.core.param_server.wire import WirePlan
+from rlax.core.worker.role import Worker
 from rlax.plugins.curation.zero_variance import ZeroVarianceFilter
 from rlax.plugins.rewards.arithmetic import ArithmeticReward
 from rlax.plugins.samplers.jax_sampler import JaxSampler
@@ -85,7 +85,7 @@ def test_a_lease_that_expired_during_generation_is_counted_not_fatal(make_ps, bu
 
 
 def test_a_failing_verifier_scores_zero_and_is_reported_to_the_trainer(ps, bundle):
-    from rlax.core.reward_pool import RewardPool
+    from rlax.core.worker.reward_pool import RewardPool
 
     class Flaky(ArithmeticReward):
         def score(self, prompt, text):

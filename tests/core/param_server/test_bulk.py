@@ -16,7 +16,7 @@ from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server import transfer
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
-from rlax.core.weight_sync import WirePlan, chunks
+from rlax.core.param_server.wire import WirePlan, chunks
 
 from ..conftest import TOKEN
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from rlax.core.param_server.client import ParamServerClient
+from rlax.core.param_server.wire import WirePlan
 from rlax.core.types import Completion, Group
-from rlax.core.weight_sync import WirePlan
 
 TREE = {"w": np.zeros((4,), np.float32)}
 

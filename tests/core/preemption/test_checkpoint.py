@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from rlax.core.checkpoint import Checkpointer, CorruptCheckpointWarning
+from rlax.core.trainer.checkpoint import Checkpointer, CorruptCheckpointWarning
 
 
 def state(seed: float):

@@ -157,8 +157,8 @@ def test_inverse_cdf_unrestricted_path_logprobs_and_frequencies():
 
 def test_large_vocabulary_path_logprobs_equal_a_full_forward():
     """Vocab > 4096: inverse-CDF draws and last-position prefill logits, same logprobs."""
-    from rlax.core.batching import make_batch
     from rlax.core.models.transformer import sequence_logprobs
+    from rlax.core.trainer.batches import make_batch
     from rlax.core.types import Group
 
     tok = CharTokenizer("".join(chr(0x4E00 + i) for i in range(5000)))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlax.core.batching import make_batch
 from rlax.core.models.transformer import sequence_logprobs
+from rlax.core.trainer.batches import make_batch
 from rlax.core.types import Group, Prompt
 from rlax.plugins.samplers.jax_sampler import JaxSampler
 

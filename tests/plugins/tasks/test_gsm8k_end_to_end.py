@@ -14,7 +14,7 @@ from rlax.core.models.bundle import ModelBundle, new_model, save_model
 from rlax.core.models.tokenizer import CharTokenizer
 from rlax.core.models.transformer import TransformerConfig
 from rlax.core.plugins import build_plugin_manager
-from rlax.core.reward_pool import RewardPool
+from rlax.core.worker.reward_pool import RewardPool
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "configs" / "gsm8k_tiny.gin"

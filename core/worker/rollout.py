@@ -10,8 +10,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from rlax.core.errors import ConfigError
-from rlax.core.reward_pool import RewardPool, score_one
 from rlax.core.types import Completion, Group, Prompt, RewardResult
+from rlax.core.worker.reward_pool import RewardPool, score_one
 
 
 class Sampler(Protocol):

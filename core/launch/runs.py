@@ -1,7 +1,7 @@
 """Run directories: the one to resume, whether a run is finished, the command that resumes it.
 
 ``rlax.train`` makes a run directory ``RUN_ROOT/RUN_NAME-YYYYmmdd-HHMMSS[-i]``
-(:func:`rlax.core.experiment.make_run_dir`) and writes ``operative_config.gin``
+(:func:`rlax.core.launch.runs.make_run_dir`) and writes ``operative_config.gin``
 into it before anything else, so a directory holding that file (or a
 ``train_state/``) is a run that can be resumed. A run is finished once it has
 exported its final policy (``checkpoint/``, whose info records the last step)
@@ -10,9 +10,11 @@ and written ``eval.json``.
 
 from __future__ import annotations
 
+import itertools
 import pathlib
 import re
 import shlex
+import time
 from collections.abc import Sequence
 
 from rlax.core.errors import ConfigError
@@ -108,3 +110,15 @@ def resume_command(
     if role != "all":
         argv += ["--role", role]
     return shlex.join([*argv, "--resume", str(run_dir)])
+
+
+def make_run_dir(run_root: str | pathlib.Path, run_name: str) -> pathlib.Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for i in itertools.count():
+        path = pathlib.Path(run_root) / (f"{run_name}-{stamp}" + (f"-{i}" if i else ""))
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import logging
 import os
-import pathlib
 import secrets
 import signal
 import socket
@@ -36,122 +34,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlax.core.errors import ConfigError
-from rlax.core.models.tokenizer import load_tokenizer
+from rlax.core.launch.preemption import FINISH_SIGNAL, Preemption
 from rlax.core.param_server.client import ParamServerClient
-from rlax.core.param_server.persist import QueueDB, QueueDBError
-from rlax.core.param_server.server import ParamServer
 from rlax.core.param_server.settings import ADDRESS_ENV, TOKEN_ENV, ServerSettings
-from rlax.core.param_server.weight_persist import WeightPersister
-from rlax.core.preemption import FINISH_SIGNAL, Preemption
-from rlax.core.rollout import task_prompts
-from rlax.core.types import ConfigPath
-from rlax.core.worker import WORKER_ID_ENV
-
-log = logging.getLogger("rlax.roles")
+from rlax.core.worker.role import WORKER_ID_ENV
 
 PREEMPTED_STATUS = 75  # rlax.core.cli.EXIT_PREEMPTED (the CLI imports this module)
+
+
 USAGE_STATUS = 2  # rlax.core.cli.EXIT_USAGE
-
-
-def param_server(
-    *,
-    hook: Any = None,
-    task: Any,
-    init_checkpoint: ConfigPath,
-    settings: ServerSettings,
-    prompts_per_step: int,
-    max_staleness: int = 0,
-    reload_staleness: int = 0,
-    capacity: int | None = None,
-    lease_ttl_s: float = 120.0,
-    curricula: Sequence[Any] = (),
-    seed: int = 0,
-    state_dir: str | None = None,
-    run_dir: pathlib.Path | None = None,
-    preemption_notices: Sequence[Any] | None = None,
-) -> int:
-    """Serves weights and the rollout queue until a notice (SIGTERM/SIGINT by default).
-
-    ``capacity`` (prompts leased, queued or being trained on) defaults to
-    ``prompts_per_step * max(1, max_staleness + 1 - reload_staleness)``: one
-    batch in synchronous mode, and otherwise as many batches ahead as the
-    staleness rule can accept — a group generated with weights up to
-    ``reload_staleness`` versions old waits behind at most that many batches,
-    so deeper queues would only produce groups the trainer must drop.
-    ``curricula`` (e.g. ``@curation.pass_rate_curriculum()``) see every
-    submitted group and keep retired prompts from being leased again.
-    ``state_dir`` (default: ``RUN/param_server`` when given a run directory;
-    neither: nothing is kept) holds ``queue.sqlite`` and ``weights/``.
-
-    Raises:
-      Preempted: after a notice, once the server has stopped (exit status 75).
-    """
-    _check_listen(settings)
-    try:
-        tokenizer = load_tokenizer(init_checkpoint)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"rlax.param_server.init_checkpoint: {err}") from err
-    prompts = task_prompts(
-        task, "train", tokenizer=tokenizer, seed=seed, setting="rlax.param_server.task"
-    )
-    if state_dir is None and run_dir is not None:
-        state_dir = str(pathlib.Path(run_dir) / "param_server")
-    try:
-        db = QueueDB(pathlib.Path(state_dir) / "queue.sqlite") if state_dir else None
-    except QueueDBError as err:
-        raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
-    stop = Preemption(preemption_notices, role="param_server", hook=hook).start()
-    try:
-        server = ParamServer(
-            settings, prompts,
-            capacity=capacity or prompts_per_step * max(1, max_staleness + 1 - reload_staleness),
-            lease_ttl_s=lease_ttl_s, curricula=curricula, queue_db=db,
-        )  # fmt: skip
-    except QueueDBError as err:  # the saved queue does not fit this task (a different seed?)
-        stop.close()
-        raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
-    port = server.start()
-    persister = None
-    if state_dir:
-        host = server.settings.address.rsplit(":", 1)[0]
-        local = dataclasses.replace(server.settings, address=f"{host}:{port}")
-        persister = WeightPersister(pathlib.Path(state_dir) / "weights", local)
-        persister.restore()
-        persister.start()
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        if persister is not None:
-            persister.stop()
-        server.stop(grace=1.0)
-        server.queue.close()
-        stop.close()
-    stop.stop_now()
-    return 0
-
-
-def _check_listen(settings: ServerSettings) -> None:
-    """ConfigError unless the server has a token and its address can be bound (before any work)."""
-    try:
-        resolved = settings.resolved()
-    except ValueError as err:
-        raise ConfigError(f"--role param_server: {err}") from err
-    host, _, port = resolved.address.rpartition(":")
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET) as s:
-            # As gRPC binds: a restarted server's port in TIME_WAIT is free, a listener is not.
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host.strip("[]"), int(port)))
-    except ValueError:
-        raise ConfigError(
-            f"rlax.ps_settings.address: {resolved.address!r} is not host:port"
-        ) from None
-    except OSError as err:
-        raise ConfigError(
-            f"rlax.ps_settings.address: cannot listen on {resolved.address} ({err.strerror}); "
-            f"{ADDRESS_ENV} overrides the address"
-        ) from None
 
 
 def _free_port() -> int:

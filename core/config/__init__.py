@@ -23,8 +23,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 import gin
 
-from rlax.core import binding_checks
-from rlax.core import bindings as bindings_mod
+from rlax.core.config import bindings as bindings_mod
+from rlax.core.config import checks as binding_checks
 from rlax.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -105,8 +105,17 @@ def register_core_configurables() -> None:
     """
     import optax
 
-    from rlax.core import distributed, experiment, mesh, optim, preemption, roles, trainer, worker
+    from rlax.core.evaluation import evaluate as evaluation
+    from rlax.core.launch import local_cluster as roles
+    from rlax.core.launch import preemption
+    from rlax.core.parallel import mesh
+    from rlax.core.parallel import multihost as distributed
+    from rlax.core.param_server import role as ps_role
     from rlax.core.param_server import settings
+    from rlax.core.trainer import optimizer as optim
+    from rlax.core.trainer import role as experiment
+    from rlax.core.trainer import step as trainer
+    from rlax.core.worker import role as worker
 
     register_configurables("optax", {name: getattr(optax, name) for name in _OPTAX_NAMES})
     register_configurables(
@@ -121,9 +130,9 @@ def register_core_configurables() -> None:
         "rlax",
         {
             "train": experiment.train,
-            "evaluate": experiment.evaluate,
+            "evaluate": evaluation.evaluate,
             "clipped_optimizer": optim.clipped_optimizer,
-            "param_server": roles.param_server,
+            "param_server": ps_role.param_server,
             "worker": worker.worker,
             "local_cluster": roles.local_cluster,
             "ps_settings": settings.ServerSettings,
@@ -174,7 +183,7 @@ def parse(
     your own can ``include 'quickstart.gin'`` from anywhere). Unknown
     configurables and parameters are errors, and so is a ``%gin.REQUIRED``
     value left unset; then the bound values are checked
-    (:mod:`rlax.core.binding_checks`).
+    (:mod:`rlax.core.config.checks`).
 
     Args:
       gin_files: gin files, parsed in order.
@@ -221,11 +230,11 @@ SHARED_SETTINGS: dict[str, tuple[str, ...]] = {
 
 def _validators() -> dict[str, Callable[..., None]]:
     """Checks of a configurable's settings taken together, run on the bound literals."""
-    from rlax.core import experiment
+    from rlax.core.evaluation.evaluate import check_eval_settings
 
     return {
-        "rlax.train": experiment.check_eval_settings,
-        "rlax.evaluate": experiment.check_eval_settings,
+        "rlax.train": check_eval_settings,
+        "rlax.evaluate": check_eval_settings,
     }
 
 

@@ -30,15 +30,15 @@ from typing import Any
 import grpc
 from tqdm import tqdm
 
-from rlax.core import distributed
-from rlax.core.checkpoint import Restored
 from rlax.core.errors import ConfigError, Preempted
-from rlax.core.metrics import MetricsLog
+from rlax.core.evaluation.metrics import MetricsLog
+from rlax.core.launch.preemption import Preemption
+from rlax.core.parallel import multihost as distributed
 from rlax.core.param_server import recovery
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.preemption import Preemption
-from rlax.core.rollout_source import RemoteRollouts
-from rlax.core.trainer import Trainer, TrainState
+from rlax.core.trainer.checkpoint import Restored
+from rlax.core.trainer.sources import RemoteRollouts
+from rlax.core.trainer.step import Trainer, TrainState
 
 _log = logging.getLogger("rlax.trainer")
 

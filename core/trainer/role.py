@@ -17,7 +17,7 @@ newest good one (DESIGN.md §5): parameters, optimiser state, step, weight
 version, the data position (the rollout queue rolls back whatever the lost
 trainer consumed after that checkpoint) and the metrics log, truncated to the
 steps the checkpoint covers. On a preemption notice
-(:mod:`rlax.core.preemption`) the trainer finishes its step, checkpoints and
+(:mod:`rlax.core.launch.preemption`) the trainer finishes its step, checkpoints and
 exits with status 75. With ``deterministic`` (needs ``max_staleness = 0``;
 workers set it too) every batch is put in a fixed order, so a run stopped and
 resumed ends with the same parameters as one that never stopped.
@@ -30,13 +30,12 @@ files and exports the final policy from the gathered parameters; every
 process pushes its shards of each new version and checkpoints its part.
 
 The loop never branches on which algorithm, reward or sampler it runs; their
-contracts are the Protocols in ``core/rollout.py`` and ``core/trainer.py``.
+contracts are the Protocols in ``core/worker/rollout.py`` and ``core/trainer/step.py``.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import pathlib
 import shutil
@@ -48,29 +47,35 @@ import jax
 import numpy as np
 import optax
 from flax import nnx
-from tqdm import tqdm
 
-from rlax.core import distributed as multihost
-from rlax.core import runs
-from rlax.core.batching import make_batch
-from rlax.core.checkpoint import Checkpointer
-from rlax.core.distributed import DistributedSettings
-from rlax.core.distributed import initialize as initialize_distributed
-from rlax.core.errors import BadSetting, ConfigError, Preempted
-from rlax.core.mesh import MeshConfig, make_mesh
-from rlax.core.metrics import mean_pass_at_k
-from rlax.core.models.bundle import ModelBundle, load_model, save_model
+from rlax.core.errors import ConfigError, Preempted
+from rlax.core.evaluation.evaluate import (
+    check_eval_settings,
+    checked,
+    evaluate_pass_at_k,
+    format_eval_table,
+    load_policy,
+)
+from rlax.core.evaluation.plot import plot_curves
+from rlax.core.launch import runs
+from rlax.core.launch.preemption import Preemption
+from rlax.core.launch.runs import make_run_dir
+from rlax.core.models.bundle import ModelBundle, save_model
 from rlax.core.models.tokenizer import CharTokenizer
+from rlax.core.parallel import multihost
+from rlax.core.parallel.mesh import MeshConfig, make_mesh
+from rlax.core.parallel.multihost import DistributedSettings
+from rlax.core.parallel.multihost import initialize as initialize_distributed
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
-from rlax.core.plot import plot_curves
-from rlax.core.preemption import Preemption
-from rlax.core.rollout import generated_tokens, rollout, task_prompts
-from rlax.core.rollout_source import InlineRollouts, RemoteRollouts
-from rlax.core.trainer import Trainer, TrainerSettings, batch_arrays
-from rlax.core.training_run import TrainingRun, apply_restored, state_tree
-from rlax.core.types import ConfigPath, Group, Prompt
-from rlax.core.weight_sync import WirePlan
+from rlax.core.param_server.wire import WirePlan
+from rlax.core.trainer.batches import make_batch
+from rlax.core.trainer.checkpoint import Checkpointer
+from rlax.core.trainer.loop import TrainingRun, apply_restored, state_tree
+from rlax.core.trainer.sources import InlineRollouts, RemoteRollouts
+from rlax.core.trainer.step import Trainer, TrainerSettings, batch_arrays
+from rlax.core.types import ConfigPath, Group
+from rlax.core.worker.rollout import generated_tokens, task_prompts
 
 
 class _NoHooks:
@@ -78,26 +83,6 @@ class _NoHooks:
 
     def __getattr__(self, name: str):
         return lambda **kwargs: []
-
-
-def make_run_dir(run_root: str | pathlib.Path, run_name: str) -> pathlib.Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for i in itertools.count():
-        path = pathlib.Path(run_root) / (f"{run_name}-{stamp}" + (f"-{i}" if i else ""))
-        try:
-            path.mkdir(parents=True)
-            return path
-        except FileExistsError:
-            continue
-    raise AssertionError("unreachable")
-
-
-def _checked(validate, selector: str, **settings) -> None:
-    """``validate(**settings)``, its BadSetting as a ConfigError naming ``selector.parameter``."""
-    try:
-        validate(**settings)
-    except BadSetting as err:
-        raise ConfigError(f"{selector}.{err.parameter}: {err}") from err
 
 
 def _open_run_dir(run_dir: pathlib.Path | None, run_root: str, run_name: str) -> pathlib.Path:
@@ -113,13 +98,6 @@ def _open_run_dir(run_dir: pathlib.Path | None, run_root: str, run_name: str) ->
     if multihost.is_lead():
         print(f"run directory: {run_dir}", flush=True)  # at start: a preempted run resumes there
     return run_dir
-
-
-def _load_policy(path: str | pathlib.Path, setting: str) -> ModelBundle:
-    try:
-        return load_model(path)
-    except (FileNotFoundError, ValueError) as err:
-        raise ConfigError(f"{setting}: {err}") from err
 
 
 _CONFIG_HEADER = """\
@@ -144,58 +122,6 @@ def _save_config(run_dir: pathlib.Path) -> None:
     header = _CONFIG_HEADER.format(run_dir=run_dir)
     (run_dir / "operative_config.gin").write_text(header + config.config_text())
     (run_dir / "trainer_operative_config.gin").write_text(config.operative_config_text())
-
-
-def check_eval_settings(*, eval_samples: int = 8, eval_ks: Sequence[int] = (1, 8), **_) -> None:
-    """BadSetting unless every k of pass@k can be estimated from ``eval_samples`` samples.
-
-    The unbiased estimator needs ``1 <= k <= n`` (:func:`rlax.core.metrics.pass_at_k`).
-    """
-    if eval_samples < 1:
-        raise BadSetting("eval_samples", f"must be >= 1, got {eval_samples}")
-    if not eval_ks:
-        raise BadSetting("eval_ks", "needs at least one k")
-    bad = [k for k in eval_ks if not 1 <= k <= eval_samples]
-    if bad:
-        raise BadSetting(
-            "eval_ks",
-            f"pass@k needs 1 <= k <= eval_samples ({eval_samples}); got k = "
-            f"{', '.join(map(str, bad))}",
-        )
-
-
-def evaluate_pass_at_k(
-    sampler: Any,
-    reward: Any,
-    prompts: Sequence[Prompt],
-    *,
-    samples: int,
-    ks: Sequence[int],
-    seed: int,
-    batch_prompts: int = 64,
-    progress: bool = True,
-) -> dict[str, float]:
-    """pass@k over ``prompts`` from ``samples`` completions each (unbiased estimator)."""
-    correct = []
-    chunks = range(0, len(prompts), batch_prompts)
-    for i in tqdm(chunks, desc="eval", disable=not progress, leave=False):
-        groups = rollout(prompts[i : i + batch_prompts], sampler, reward, samples, seed + i)
-        correct.extend(g.rewards >= 1.0 for g in groups)
-    return mean_pass_at_k(np.array(correct), ks)
-
-
-def format_eval_table(rows: dict[str, dict[str, float]]) -> str:
-    """Rows like {"before": {"pass@1": .1, ...}, "after": {...}} as an aligned text table."""
-    keys = list(next(iter(rows.values())))
-    lines = [f"{'':<8}" + "".join(f"{k:>10}" for k in keys)]
-    for name, values in rows.items():
-        lines.append(f"{name:<8}" + "".join(f"{100 * values[k]:>9.1f}%" for k in keys))
-    if len(rows) == 2:
-        before, after = rows.values()
-        lines.append(
-            f"{'change':<8}" + "".join(f"{100 * (after[k] - before[k]):>+9.1f} " for k in keys)
-        )
-    return "\n".join(lines)
 
 
 def _entry_order(entry) -> tuple:
@@ -338,14 +264,14 @@ def train(
         raise ConfigError(f"rlax.train.deterministic needs max_staleness = 0, got {max_staleness}")
     if inline and jax.process_count() > 1:
         raise ConfigError("--role inline runs in one process; several hosts run --role trainer")
-    _checked(check_eval_settings, "rlax.train", eval_samples=eval_samples, eval_ks=eval_ks)
+    checked(check_eval_settings, "rlax.train", eval_samples=eval_samples, eval_ks=eval_ks)
     lead = multihost.is_lead()
     finished = runs.finished_message(pathlib.Path(run_dir), steps) if run_dir else None
     if finished:  # re-running a finished run redoes nothing and overwrites nothing
         if lead:
             print(finished, flush=True)
         return 0
-    bundle = _load_policy(init_checkpoint, "rlax.train.init_checkpoint")
+    bundle = load_policy(init_checkpoint, "rlax.train.init_checkpoint")
     eval_prompts = list(task_prompts(task, "eval", tokenizer=bundle.tokenizer, seed=seed,
                                      setting="rlax.train.task"))  # fmt: skip
     run_dir = _open_run_dir(run_dir, run_root, run_name)
@@ -446,57 +372,3 @@ def _finish(run_dir, hook, step, model, bundle, log, results) -> None:
         plot_curves(log.rows, run_dir / "curves.png", title=run_dir.name)
     print("\nheld-out pass@k (unbiased estimator)\n" + format_eval_table(results))
     print(f"\nrun directory: {run_dir}", flush=True)
-
-
-def evaluate(
-    *,
-    hook: Any = None,
-    checkpoint: pathlib.Path,
-    out: pathlib.Path | None = None,
-    task: Any,
-    reward: Any,
-    sampler: Any,
-    seed: int = 0,
-    eval_samples: int = 8,
-    eval_ks: Sequence[int] = (1, 8),
-    progress: bool = True,
-) -> int:
-    """Prints the held-out pass@k table of the model in ``checkpoint``; returns 0.
-
-    With ``out`` (``rlax eval --out FILE``) the results are also written there
-    as JSON: ``{"checkpoint", "problems", "samples", "seed", "pass_at_k":
-    {"pass@1": ..., ...}}`` (fractions, as in ``eval.json``).
-
-    Raises:
-      ConfigError: the checkpoint cannot be loaded, or ``out`` cannot be
-        written (checked before the evaluation).
-    """
-    _checked(check_eval_settings, "rlax.evaluate", eval_samples=eval_samples, eval_ks=eval_ks)
-    if out is not None:
-        _check_writable(out, "--out")
-    bundle = _load_policy(checkpoint, "--checkpoint")
-    prompts = list(task_prompts(task, "eval", tokenizer=bundle.tokenizer, seed=seed,
-                                setting="rlax.evaluate.task"))  # fmt: skip
-    sampler.setup(bundle.model, bundle.tokenizer)
-    result = evaluate_pass_at_k(
-        sampler, reward, prompts, samples=eval_samples, ks=eval_ks, seed=seed + 1, progress=progress
-    )
-    print(f"{checkpoint}: {len(prompts)} held-out problems, {eval_samples} samples each")
-    print(format_eval_table({"model": result}))
-    if out is not None:
-        record = {
-            "checkpoint": str(checkpoint), "problems": len(prompts), "samples": eval_samples,
-            "seed": seed, "pass_at_k": result,
-        }  # fmt: skip
-        tmp = out.with_name(out.name + ".tmp")  # a reader never sees half a file
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
-        tmp.replace(out)
-        print(f"results written to {out}")
-    return 0
-
-
-def _check_writable(path: pathlib.Path, what: str) -> None:
-    if path.is_dir():
-        raise ConfigError(f"{what} {path}: is a directory; give a file name")
-    if not path.absolute().parent.is_dir():
-        raise ConfigError(f"{what} {path}: no such directory {path.absolute().parent}")

@@ -49,8 +49,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from rlax.core import distributed
-from rlax.core.weight_sync import leaf_name
+from rlax.core.parallel import multihost as distributed
+from rlax.core.param_server.wire import leaf_name
 
 FORMAT = "rlax-train-state/1"
 

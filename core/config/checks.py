@@ -32,7 +32,7 @@ from typing import Any
 
 import gin
 
-from rlax.core.bindings import (
+from rlax.core.config.bindings import (
     MACRO,
     Origin,
     Origins,

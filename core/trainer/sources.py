@@ -26,12 +26,13 @@ from typing import Any
 
 import jax
 
-from rlax.core import distributed
-from rlax.core.batch_filling import Entry, extra_rounds, fill_batch
+from rlax.core.parallel import multihost as distributed
+from rlax.core.param_server import shards
 from rlax.core.param_server.client import ParamServerClient
-from rlax.core.rollout import kept_by_filters, rollout
+from rlax.core.param_server.wire import WirePlan
+from rlax.core.trainer.filling import Entry, extra_rounds, fill_batch
 from rlax.core.types import Group, Prompt
-from rlax.core.weight_sync import WirePlan
+from rlax.core.worker.rollout import kept_by_filters, rollout
 
 
 class InlineRollouts:
@@ -118,11 +119,11 @@ class RemoteRollouts:
     def _push_part(self, params, version: int) -> None:
         """This process's part of ``version``; raises on every process if any part failed."""
         from rlax.core.errors import Preempted
-        from rlax.core.training_run import LostStep  # (it imports this module)
+        from rlax.core.trainer.loop import LostStep  # (it imports this module)
 
         error: Exception | None = None
         try:
-            reply = distributed.push_local_shards(
+            reply = shards.push_local_shards(
                 self.client, params, version, wire_dtype=self.plan.wire_dtype.name,
                 chunk_bytes=self.client.settings.chunk_mb << 20,
             )  # fmt: skip

@@ -13,14 +13,14 @@ on which algorithm it runs, only on the algorithm's declared needs:
 - ``needs_reference``: the trainer keeps the initial policy frozen and adds
   its logprobs as ``ref_logprobs`` (unless the batch brings its own);
 - ``needs_critic``: the trainer builds the critic named by
-  ``algorithm.value_model`` (:mod:`rlax.core.critic`), trains it with the same
+  ``algorithm.value_model`` (:mod:`rlax.core.trainer.critic`), trains it with the same
   optimiser on the same loss, and adds ``values`` (with gradient) and
   ``old_values`` (without).
 
 The train/inference mismatch between the sampler's and the trainer's
 logprobs is always measured (``mismatch_abs_logp``, ``mismatch_kl``).
 
-Layout (:mod:`rlax.core.mesh`): parameters, critic and optimiser state live on
+Layout (:mod:`rlax.core.parallel.mesh`): parameters, critic and optimiser state live on
 a (data, fsdp, tensor) mesh as the sharding rules say, the batch is split over
 (data, fsdp) by rows, and the step is compiled with exactly those in/out
 shardings; GSPMD inserts the collectives. Without a mesh the trainer uses a
@@ -50,10 +50,10 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from rlax.core import distributed
-from rlax.core import mesh as meshlib
-from rlax.core.critic import build_critic, forward_with_values
 from rlax.core.models.transformer import Transformer, sequence_logprobs
+from rlax.core.parallel import mesh as meshlib
+from rlax.core.parallel import multihost as distributed
+from rlax.core.trainer.critic import build_critic, forward_with_values
 from rlax.core.types import TrainBatch
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -227,10 +227,10 @@ class Trainer:
       algorithm: the algorithm plugin (loss, needs).
       optimizer: any optax transformation (schedules and clipping included).
       temperature: the sampler's temperature (logprobs are of the tempered policy).
-      mesh: a (data, fsdp, tensor) mesh (:func:`rlax.core.mesh.make_mesh`);
+      mesh: a (data, fsdp, tensor) mesh (:func:`rlax.core.parallel.mesh.make_mesh`);
         None: one device.
       settings: microbatches, remat, compute dtype, placements.
-      rules: the sharding rules (:data:`rlax.core.mesh.DEFAULT_RULES`).
+      rules: the sharding rules (:data:`rlax.core.parallel.mesh.DEFAULT_RULES`).
     """
 
     def __init__(
@@ -449,8 +449,8 @@ class Trainer:
     def device_batch(self, batch: TrainBatch | dict[str, Any]) -> dict[str, jax.Array]:
         """The batch as global arrays split over (data, fsdp).
 
-        With several processes (:mod:`rlax.core.distributed`) each passes its
-        own rows (:func:`rlax.core.distributed.process_rows` of the global batch).
+        With several processes (:mod:`rlax.core.parallel.multihost`) each passes its
+        own rows (:func:`rlax.core.parallel.multihost.process_rows` of the global batch).
         """
         arrays = batch_arrays(batch) if isinstance(batch, TrainBatch) else dict(batch)
         rows = next(iter(arrays.values())).shape[0] * jax.process_count()

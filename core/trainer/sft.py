@@ -15,9 +15,9 @@ import optax
 from flax import nnx
 from tqdm import tqdm
 
-from rlax.core.batching import make_batch
 from rlax.core.models.transformer import Transformer, sequence_logprobs
-from rlax.core.trainer import _masked_mean, batch_arrays
+from rlax.core.trainer.batches import make_batch
+from rlax.core.trainer.step import _masked_mean, batch_arrays
 from rlax.core.types import Completion, Group, Prompt
 
 

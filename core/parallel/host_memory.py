@@ -14,7 +14,7 @@ from one arena that grows with ``brk`` and never hands memory back: the
 process keeps its high-water mark of host memory and reuses it. It only
 helps if called before JAX starts its backend (the worker threads choose
 their arena on their first allocation), so ``rlax``'s command line calls it
-first thing; a script that builds a :class:`~rlax.core.trainer.Trainer`
+first thing; a script that builds a :class:`~rlax.core.trainer.step.Trainer`
 itself calls it before its first JAX computation.
 
 :func:`keep_message_buffers` is the parameter server's and its clients'

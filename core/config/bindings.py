@@ -8,7 +8,7 @@
   path relative to that file's folder, for the parameters annotated
   :data:`~rlax.core.types.ConfigPath` (a path given on the command line stays
   relative to the working directory, as a shell user expects);
-- :mod:`rlax.core.binding_checks` checks the bound values, naming where each
+- :mod:`rlax.core.config.checks` checks the bound values, naming where each
   was written.
 
 :func:`bound_values` walks the bindings with each literal found through its

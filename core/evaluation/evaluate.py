@@ -1,0 +1,139 @@
+"""Held-out evaluation: pass@k of a policy on a task's eval split (``rlax eval``, and the
+trainer's before/after table)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from rlax.core.errors import BadSetting, ConfigError
+from rlax.core.evaluation.metrics import mean_pass_at_k
+from rlax.core.models.bundle import ModelBundle, load_model
+from rlax.core.types import Prompt
+from rlax.core.worker.rollout import rollout, task_prompts
+
+
+def checked(validate, selector: str, **settings) -> None:
+    """``validate(**settings)``, its BadSetting as a ConfigError naming ``selector.parameter``."""
+    try:
+        validate(**settings)
+    except BadSetting as err:
+        raise ConfigError(f"{selector}.{err.parameter}: {err}") from err
+
+
+def load_policy(path: str | pathlib.Path, setting: str) -> ModelBundle:
+    try:
+        return load_model(path)
+    except (FileNotFoundError, ValueError) as err:
+        raise ConfigError(f"{setting}: {err}") from err
+
+
+def check_eval_settings(*, eval_samples: int = 8, eval_ks: Sequence[int] = (1, 8), **_) -> None:
+    """BadSetting unless every k of pass@k can be estimated from ``eval_samples`` samples.
+
+    The unbiased estimator needs ``1 <= k <= n`` (:func:`rlax.core.evaluation.metrics.pass_at_k`).
+    """
+    if eval_samples < 1:
+        raise BadSetting("eval_samples", f"must be >= 1, got {eval_samples}")
+    if not eval_ks:
+        raise BadSetting("eval_ks", "needs at least one k")
+    bad = [k for k in eval_ks if not 1 <= k <= eval_samples]
+    if bad:
+        raise BadSetting(
+            "eval_ks",
+            f"pass@k needs 1 <= k <= eval_samples ({eval_samples}); got k = "
+            f"{', '.join(map(str, bad))}",
+        )
+
+
+def evaluate_pass_at_k(
+    sampler: Any,
+    reward: Any,
+    prompts: Sequence[Prompt],
+    *,
+    samples: int,
+    ks: Sequence[int],
+    seed: int,
+    batch_prompts: int = 64,
+    progress: bool = True,
+) -> dict[str, float]:
+    """pass@k over ``prompts`` from ``samples`` completions each (unbiased estimator)."""
+    correct = []
+    chunks = range(0, len(prompts), batch_prompts)
+    for i in tqdm(chunks, desc="eval", disable=not progress, leave=False):
+        groups = rollout(prompts[i : i + batch_prompts], sampler, reward, samples, seed + i)
+        correct.extend(g.rewards >= 1.0 for g in groups)
+    return mean_pass_at_k(np.array(correct), ks)
+
+
+def format_eval_table(rows: dict[str, dict[str, float]]) -> str:
+    """Rows like {"before": {"pass@1": .1, ...}, "after": {...}} as an aligned text table."""
+    keys = list(next(iter(rows.values())))
+    lines = [f"{'':<8}" + "".join(f"{k:>10}" for k in keys)]
+    for name, values in rows.items():
+        lines.append(f"{name:<8}" + "".join(f"{100 * values[k]:>9.1f}%" for k in keys))
+    if len(rows) == 2:
+        before, after = rows.values()
+        lines.append(
+            f"{'change':<8}" + "".join(f"{100 * (after[k] - before[k]):>+9.1f} " for k in keys)
+        )
+    return "\n".join(lines)
+
+
+def evaluate(
+    *,
+    hook: Any = None,
+    checkpoint: pathlib.Path,
+    out: pathlib.Path | None = None,
+    task: Any,
+    reward: Any,
+    sampler: Any,
+    seed: int = 0,
+    eval_samples: int = 8,
+    eval_ks: Sequence[int] = (1, 8),
+    progress: bool = True,
+) -> int:
+    """Prints the held-out pass@k table of the model in ``checkpoint``; returns 0.
+
+    With ``out`` (``rlax eval --out FILE``) the results are also written there
+    as JSON: ``{"checkpoint", "problems", "samples", "seed", "pass_at_k":
+    {"pass@1": ..., ...}}`` (fractions, as in ``eval.json``).
+
+    Raises:
+      ConfigError: the checkpoint cannot be loaded, or ``out`` cannot be
+        written (checked before the evaluation).
+    """
+    checked(check_eval_settings, "rlax.evaluate", eval_samples=eval_samples, eval_ks=eval_ks)
+    if out is not None:
+        _check_writable(out, "--out")
+    bundle = load_policy(checkpoint, "--checkpoint")
+    prompts = list(task_prompts(task, "eval", tokenizer=bundle.tokenizer, seed=seed,
+                                setting="rlax.evaluate.task"))  # fmt: skip
+    sampler.setup(bundle.model, bundle.tokenizer)
+    result = evaluate_pass_at_k(
+        sampler, reward, prompts, samples=eval_samples, ks=eval_ks, seed=seed + 1, progress=progress
+    )
+    print(f"{checkpoint}: {len(prompts)} held-out problems, {eval_samples} samples each")
+    print(format_eval_table({"model": result}))
+    if out is not None:
+        record = {
+            "checkpoint": str(checkpoint), "problems": len(prompts), "samples": eval_samples,
+            "seed": seed, "pass_at_k": result,
+        }  # fmt: skip
+        tmp = out.with_name(out.name + ".tmp")  # a reader never sees half a file
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.replace(out)
+        print(f"results written to {out}")
+    return 0
+
+
+def _check_writable(path: pathlib.Path, what: str) -> None:
+    if path.is_dir():
+        raise ConfigError(f"{what} {path}: is a directory; give a file name")
+    if not path.absolute().parent.is_dir():
+        raise ConfigError(f"{what} {path}: no such directory {path.absolute().parent}")
