@@ -41,7 +41,7 @@ forward pass; activation memory is one microbatch's.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +50,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from rlax.core.contracts import Algorithm
 from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.parallel import mesh as meshlib
 from rlax.core.parallel import multihost as distributed
@@ -63,23 +64,6 @@ REMAT_POLICIES = {
     "block_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 PLACEMENTS = ("sharded", "replicated")
-
-
-class Algorithm(Protocol):
-    """What the trainer needs of an algorithm plugin.
-
-    An algorithm with ``needs_critic`` also names its critic's architecture
-    in ``value_model`` (``"head"`` or ``"separate"``).
-    """
-
-    needs_reference: bool
-    needs_critic: bool
-
-    def advantages(self, rewards: np.ndarray) -> np.ndarray: ...
-
-    def loss(
-        self, new_logprobs: jax.Array, batch: dict[str, jax.Array]
-    ) -> tuple[jax.Array, dict]: ...
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,25 +5,14 @@ from __future__ import annotations
 import collections
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from rlax.core.contracts import Reward, Sampler
 from rlax.core.errors import ConfigError
-from rlax.core.types import Completion, Group, Prompt, RewardResult
+from rlax.core.types import Group, Prompt
 from rlax.core.worker.reward_pool import RewardPool, score_one
-
-
-class Sampler(Protocol):
-    version: int
-
-    def generate(
-        self, prompts: Sequence[Prompt], n: int, *, seed: int
-    ) -> list[tuple[Completion, ...]]: ...
-
-
-class Reward(Protocol):
-    def score(self, prompt: Prompt, completion_text: str) -> float | RewardResult: ...
 
 
 def task_prompts(task: Any, split: str, *, tokenizer: Any, seed: int, setting: str) -> Iterator:
