@@ -9,12 +9,12 @@ Shapes follow the legend in :mod:`rlax.core.types`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 import numpy as np
 
-from rlax.core.types import Completion, Prompt, RewardResult
+from rlax.core.types import Completion, Group, Prompt, RewardResult
 
 # -------------------------------------------------------------------------
 # Algorithms (rlax_register_algorithms)
@@ -68,6 +68,32 @@ class Reward(Protocol):
 # -------------------------------------------------------------------------
 # Curation filters (rlax_register_curation_filters)
 # -------------------------------------------------------------------------
+# A filter has one or more of these capabilities; the core asks which with
+# ``isinstance`` (the Protocols are runtime-checkable), never with ``hasattr``.
+
+
+@runtime_checkable
+class OnlineFilter(Protocol):
+    def online(self, groups: Sequence[Group]) -> list[Group]: ...
+
+
+@runtime_checkable
+class Curriculum(Protocol):
+    def admit(self, prompts: Sequence[Prompt]) -> list[Prompt]: ...
+
+    def observe(self, prompt_id: str, rewards: np.ndarray) -> bool: ...
+
+
+@runtime_checkable
+class Refilling(Protocol):
+    extra_rounds: int
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 # -------------------------------------------------------------------------
