@@ -1,0 +1,169 @@
+"""The house rules of docs/architecture.md, checked on the source tree.
+
+- The import graph of ``rlax.core`` and ``rlax.plugins`` has no cycle, counting
+  the imports inside functions too (a lazy import is how a cycle hides);
+  imports under ``if TYPE_CHECKING:`` are for annotations only and do not count.
+- No module under ``core/`` imports ``rlax.plugins``: the core knows plugins
+  only through the contracts (``core/contracts.py``) and the plugin manager.
+- No module is over 400 lines and no function over 60 (generated protobuf
+  code excepted).
+- Every path the "where is X" table of docs/architecture.md names exists.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = {"rlax.core": ROOT / "core", "rlax.plugins": ROOT / "plugins"}
+GENERATED = {"rlax_pb2.py", "rlax_pb2_grpc.py"}
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
+
+
+def modules() -> dict[str, pathlib.Path]:
+    """``{dotted name: file}`` of every module of the two packages."""
+    found = {}
+    for package, root in PACKAGES.items():
+        for path in sorted(root.rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            parts = path.relative_to(root).with_suffix("").parts
+            name = ".".join([package, *parts])
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """Line numbers of the imports under ``if TYPE_CHECKING:``."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            for inner in node.body:
+                lines.update(range(inner.lineno, inner.end_lineno + 1))
+    return lines
+
+
+def imported(path: pathlib.Path, known: dict[str, pathlib.Path]) -> set[str]:
+    """The rlax modules ``path`` imports anywhere in its body (module level or in functions)."""
+
+    def owner(name: str) -> str | None:  # the module (or package) a dotted name lives in
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_only(tree)
+    out = set()
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        out.update(m for m in map(owner, (n for n in names if n.startswith("rlax."))) if m)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    graph = {name: imported(path, known) for name, path in known.items()}
+    return {name: deps - {name} for name, deps in graph.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                found.append(sorted([v, *component]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_a_lazy_import_counts_and_a_type_checking_one_does_not(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from rlax.core import types\n"
+        "def f():\n    from rlax.core.errors import ConfigError\n"
+    )
+    known = {"rlax.core.types": pathlib.Path(), "rlax.core.errors": pathlib.Path()}
+    assert imported(tmp_path / "m.py", known) == {"rlax.core.errors"}
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    assert len(graph) > 80  # the walk found the tree
+    assert cycles(graph) == []
+
+
+def test_the_core_never_imports_a_plugin():
+    graph = import_graph()
+    offenders = {
+        name: sorted(d for d in deps if d.startswith("rlax.plugins"))
+        for name, deps in graph.items()
+        if name.startswith("rlax.core")
+    }
+    assert {name: deps for name, deps in offenders.items() if deps} == {}
+
+
+def _sources() -> list[pathlib.Path]:
+    return [p for p in modules().values() if p.name not in GENERATED]
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_over_400_lines_and_no_function_over_60(path):
+    text = path.read_text()
+    assert text.count("\n") <= MAX_MODULE_LINES
+    long = [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert long == []
+
+
+def test_every_path_in_the_where_is_table_exists():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    table = doc.split("## Where is X", 1)[1].split("\n## ", 1)[0]
+    paths = re.findall(r"`((?:core|plugins)/[\w/]+\.py)(?:::[\w.]+)?`", table)
+    assert len(paths) >= 10
+    assert [p for p in paths if not (ROOT / p).is_file()] == []
+    named = re.findall(r"`(?:core|plugins)/[\w/]+\.py::([\w.]+)`", table)
+    for ref in re.findall(r"`((?:core|plugins)/[\w/]+\.py)::([\w.]+)`", table):
+        source = (ROOT / ref[0]).read_text()
+        top = ref[1].split(".")[0]
+        assert re.search(rf"^(class|def) {top}\b", source, re.MULTILINE), ref
+    assert named  # the table names the functions and classes, not just files
