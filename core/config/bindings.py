@@ -104,14 +104,15 @@ def recording(origins: Origins, binding: str | None = None) -> Iterator[None]:
         finally:
             current.pop()
 
-    def bind(binding_key, value):
+    def bind(binding_key: tuple[str, str, str], value: Any) -> None:
         bind_parameter(binding_key, value)
         location = current[-1]
         if location is not None and location.filename:  # a file, one included by a binding too
             origin = Origin(file=location.filename, line=location.line_num)
         else:
             origin = Origin(binding=binding or "?")
-        origins.record(*binding_key, origin)
+        scope, selector, arg = binding_key  # the parser binds (scope, selector, arg)
+        origins.record(scope, selector, arg, origin)
 
     utils.try_with_location, config.bind_parameter = located, bind
     try:

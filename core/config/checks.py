@@ -27,7 +27,7 @@ import pathlib
 import re
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gin
@@ -220,7 +220,7 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def check_roles_agree(origins: Origins, shared: dict[str, Sequence[str]]) -> None:
+def check_roles_agree(origins: Origins, shared: Mapping[str, Sequence[str]]) -> None:
     """Raises ConfigError if two roles are bound to different values of a shared setting.
 
     ``shared`` maps a parameter name to the configurables (roles) that must

@@ -202,16 +202,15 @@ class GGUFFile:
         merges = [tuple(m.split(" ", 1)) for m in self.get("tokenizer.ggml.merges")]
         vocab = {tok: i for i, tok in enumerate(tokens)}
         tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-        byte_level = pre_tokenizers.ByteLevel(
-            add_prefix_space=False, use_regex=_PRE_SPLITS[pre] is None
-        )
-        steps = []
+        split = _PRE_SPLITS[pre]
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split is None)
+        steps: list[pre_tokenizers.PreTokenizer] = []
         if pre == "smollm":
             steps.append(pre_tokenizers.Digits(individual_digits=True))
-        elif _PRE_SPLITS[pre] is not None:
+        elif split is not None:
             from tokenizers import Regex
 
-            steps.append(pre_tokenizers.Split(Regex(_PRE_SPLITS[pre]), behavior="isolated"))
+            steps.append(pre_tokenizers.Split(Regex(split), behavior="isolated"))
         tok.pre_tokenizer = pre_tokenizers.Sequence([*steps, byte_level])
         tok.decoder = decoders.ByteLevel()
         specials = [AddedToken(tokens[i], special=True, normalized=False)

@@ -18,9 +18,12 @@ from __future__ import annotations
 import json
 import pathlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import jinja2
 
 __all__ = ["HFTokenizer", "TokenizerError"]
 
@@ -66,7 +69,7 @@ class HFTokenizer:
         self.chat_template = chat_template
         self.add_bos = add_bos
         self.use_chat_template = use_chat_template and chat_template is not None
-        self._template = None
+        self._template: jinja2.Template | None = None  # compiled on first use
 
     @property
     def vocab_size(self) -> int:
@@ -107,10 +110,10 @@ class HFTokenizer:
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """Text of ``ids`` up to the first eos; special tokens are dropped."""
-        ids = np.asarray(ids).tolist()
-        if self.eos_id in ids:
-            ids = ids[: ids.index(self.eos_id)]
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        listed: list[int] = np.asarray(ids).tolist()
+        if self.eos_id in listed:
+            listed = listed[: listed.index(self.eos_id)]
+        return self.tokenizer.decode(listed, skip_special_tokens=True)
 
     # -- files -------------------------------------------------------------------
 
@@ -182,12 +185,12 @@ class HFTokenizer:
         )
 
 
-def _compile(source: str):
+def _compile(source: str) -> jinja2.Template:
     """A jinja template in a sandbox, with the helpers HF chat templates call."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    def raise_exception(message: str):
+    def raise_exception(message: str) -> NoReturn:
         raise jinja2.exceptions.TemplateError(message)
 
     def strftime_now(fmt: str) -> str:

@@ -92,7 +92,7 @@ class MeshConfig:
             sizes = tuple(num_devices // known if s == -1 else s for s in sizes)
         if math.prod(sizes) != num_devices:
             raise ValueError(f"mesh {self} needs {math.prod(sizes)} devices, have {num_devices}")
-        return sizes  # type: ignore[return-value]
+        return sizes
 
 
 def make_mesh(config: MeshConfig | None = None, devices: Sequence[Any] | None = None) -> Mesh:

@@ -218,7 +218,8 @@ def process_rows(mesh: Mesh, global_rows: int, process: int | None = None) -> np
     sharding = NamedSharding(mesh, batch_spec(1))
     rows: set[int] = set()
     for device, index in sharding.devices_indices_map((global_rows,)).items():
-        if device.process_index == process:
+        # jaxlib's Device lives in a compiled module without stubs: mypy cannot see its fields.
+        if device.process_index == process:  # type: ignore[attr-defined]
             rows.update(range(global_rows)[index[0]])
     return np.array(sorted(rows), dtype=np.int64)
 
@@ -238,14 +239,21 @@ def global_batch(mesh: Mesh, local: Mapping[str, np.ndarray]) -> dict[str, jax.A
         )
     position = np.full(global_rows, -1)
     position[rows] = np.arange(local_rows)
-    out = {}
+    out: dict[str, jax.Array] = {}
     for name, x in local.items():
         x = np.asarray(x)
         shape = (global_rows, *x.shape[1:])
         sharding = NamedSharding(mesh, batch_spec(x.ndim))
         pieces = [
-            jax.device_put(x[position[np.arange(global_rows)[index[0]]]], device)
+            jax.device_put(x[position[np.arange(global_rows)[_row_slice(index)]]], device)
             for device, index in sharding.addressable_devices_indices_map(shape).items()
         ]
         out[name] = jax.make_array_from_single_device_arrays(shape, sharding, pieces)
     return out
+
+
+def _row_slice(index: tuple[slice, ...] | None) -> slice:
+    """The rows of one device's index; jax types the index Optional, a batch sharding has one."""
+    if index is None:
+        raise ValueError("global_batch: a device of the batch sharding holds no rows")
+    return index[0]

@@ -16,6 +16,7 @@ import hmac
 import logging
 import socket
 from collections.abc import Iterator, Sequence
+from typing import NoReturn
 
 import grpc
 
@@ -41,13 +42,15 @@ PROTECTED = {
 
 
 class _TokenCheck(grpc.ServerInterceptor):
-    def __init__(self, token: str):
+    def __init__(self, token: str | None):
+        if not token:  # ServerSettings.resolved() reads it, or raises
+            raise ValueError("parameter server: no token to check calls against")
         self._expected = f"Bearer {token}".encode()
 
-        def deny(request, context):
+        def deny(request, context: grpc.ServicerContext) -> NoReturn:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
 
-        self._deny = {
+        self._deny: dict[bool, grpc.RpcMethodHandler] = {
             False: grpc.unary_unary_rpc_method_handler(deny),
             True: grpc.stream_unary_rpc_method_handler(deny),
         }
@@ -139,7 +142,7 @@ class ParamServer:
     def _pull(self, request: pb.PullRequest, context):
         yield from self.weights.messages_for(request.have_version)
 
-    def _no_bulk(self, context) -> None:
+    def _no_bulk(self, context: grpc.ServicerContext) -> NoReturn:
         context.abort(
             grpc.StatusCode.UNIMPLEMENTED,
             "the bulk lane is off (TLS is configured, or bulk_lane = False): use Push/Pull",

@@ -77,7 +77,7 @@ class ServerSettings:
             raise ValueError("parameter server: chunk_mb must be below max_message_mb")
         return dataclasses.replace(self, address=address, token=token, token_file=token_file)
 
-    def grpc_options(self) -> list[tuple[str, int]]:
+    def grpc_options(self) -> list[tuple[str, int | str]]:
         limit = self.max_message_mb * MB
         return [
             ("grpc.max_send_message_length", limit),

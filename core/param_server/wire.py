@@ -139,7 +139,7 @@ def stream(plan: WirePlan, tree: Any, chunk_bytes: int) -> Iterator[tuple[int, m
     small: list[memoryview] = []
     start = 0
     for spec, leaf in zip(plan.tensors, leaves, strict=True):
-        view = memoryview(np.ascontiguousarray(np.asarray(leaf))).cast("B")
+        view = byte_view(np.ascontiguousarray(np.asarray(leaf)))
         if len(view) != spec.nbytes:
             raise ValueError(
                 f"weight sync: {spec.name} has {len(view)} bytes, plan says {spec.nbytes}"
@@ -166,8 +166,21 @@ def _gathered(
     return ((start + o, v) for o, v in chunks(b"".join(views), chunk_bytes))
 
 
-def chunks(buffer: np.ndarray | bytes, chunk_bytes: int) -> Iterator[tuple[int, memoryview]]:
+def byte_view(buffer: np.ndarray | bytes | memoryview) -> memoryview:
+    """A flat byte view of ``buffer``'s memory, no copy (C-contiguous buffers only).
+
+    An array's view is taken through ``ndarray.data``: numpy declares the
+    buffer protocol of its arrays (``__buffer__``) for Python 3.12 on only, so a
+    type checker for 3.11 rejects ``memoryview(array)``; the two are the same view.
+    """
+    view = buffer.data if isinstance(buffer, np.ndarray) else memoryview(buffer)
+    return view.cast("B")
+
+
+def chunks(
+    buffer: np.ndarray | bytes | memoryview, chunk_bytes: int
+) -> Iterator[tuple[int, memoryview]]:
     """(offset, view) pairs covering ``buffer`` in order."""
-    view = memoryview(buffer).cast("B")
+    view = byte_view(buffer)
     for offset in range(0, len(view), chunk_bytes):
         yield offset, view[offset : offset + chunk_bytes]

@@ -76,7 +76,10 @@ class Dedup:
     def offline(self, prompts: Sequence[Prompt]) -> Curated:
         reasons: list[str | None] = [None] * len(prompts)
         exact: dict[str, int] = {}
-        sets, buckets = {}, collections.defaultdict(list)
+        sets: dict[int, set[str]] = {}
+        buckets: collections.defaultdict[tuple[int, bytes], list[int]] = collections.defaultdict(
+            list
+        )
         for i, prompt in enumerate(prompts):
             key = " ".join(normalized_words(prompt.text))
             if key in exact:

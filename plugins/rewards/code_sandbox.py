@@ -182,6 +182,9 @@ def run_sandboxed(
     """
     fallback = tempfile.mkdtemp(prefix="rlax-sandbox-")
     uid = _sandbox_uid()
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
+    if not namespaces:
+        env.update(HOME=fallback, TMPDIR=fallback)
     job = {
         "files": files,
         "argv": argv,
@@ -190,10 +193,8 @@ def run_sandboxed(
         "uid": uid,
         "caller_pid": os.getpid(),
         "fallback_dir": fallback,
-        "env": {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/tmp"},
+        "env": env,
     }
-    if not namespaces:
-        job["env"].update(HOME=fallback, TMPDIR=fallback)
     proc = subprocess.Popen(
         [python_for_sandbox() if os.geteuid() != 0 else sys.executable, "-I", "-S",
          str(SUPERVISOR)],

@@ -16,7 +16,7 @@ import re
 __all__ = ["Extraction", "extract_answer", "find_boxed", "unify_characters"]
 
 # Full-width ASCII (U+FF01..U+FF5E) -> ASCII, and the look-alikes models emit.
-_CHARACTERS = {code: code - 0xFEE0 for code in range(0xFF01, 0xFF5F)}
+_CHARACTERS: dict[int, int | str] = {code: code - 0xFEE0 for code in range(0xFF01, 0xFF5F)}
 _CHARACTERS.update(
     {
         0x3000: " ",  # ideographic space
