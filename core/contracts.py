@@ -131,14 +131,6 @@ class Algorithm(Protocol):
 class Sampler(Protocol):
     """What the trainer, the workers and ``rlax eval`` need of a sampler."""
 
-    @property
-    def temperature(self) -> float:
-        """The sampling temperature; the trainer recomputes logprobs at it."""
-
-    @property
-    def max_new_tokens(self) -> int:
-        """No completion is longer, in tokens (the trainer pads to it)."""
-
     def setup(self, model: Transformer, tokenizer: Tokenizer) -> None:
         """Called once, before anything else: the policy's architecture (with
         its initial weights) and its tokenizer."""
@@ -160,6 +152,14 @@ class Sampler(Protocol):
         ``load_weights``. ``seed`` changes from call to call; the same prompts,
         weights and seed give the same completions (deterministic mode).
         """
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature; the trainer recomputes logprobs at it."""
+
+    @property
+    def max_new_tokens(self) -> int:
+        """No completion is longer, in tokens (the trainer pads to it)."""
 
 
 # -------------------------------------------------------------------------
@@ -208,17 +208,17 @@ class Task(Protocol):
 class Dataset(Protocol):
     """A task with a finite dataset: what ``rlax curate`` needs besides :class:`Task`."""
 
-    @property
-    def malformed(self) -> Sequence[Any]:
-        """The rows ``load`` skipped so far, each with ``source`` (a file or
-        hub name), ``index`` (the row's) and ``reason``, for the report."""
-
     def load(self, split: str, *, tokenizer: Encoder) -> list[Prompt]:
         """Every well-formed prompt of ``split``, in dataset order."""
 
     def rows(self, prompts: Sequence[Prompt]) -> list[dict[str, Any]]:
         """The dataset rows of ``prompts`` (from ``load``), in order, fields as
         read: ``rlax curate`` writes them out unchanged."""
+
+    @property
+    def malformed(self) -> Sequence[Any]:
+        """The rows ``load`` skipped so far, each with ``source`` (a file or
+        hub name), ``index`` (the row's) and ``reason``, for the report."""
 
 
 # -------------------------------------------------------------------------
