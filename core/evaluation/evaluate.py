@@ -64,7 +64,7 @@ def evaluate_pass_at_k(
     progress: bool = True,
 ) -> dict[str, float]:
     """pass@k over ``prompts`` from ``samples`` completions each (unbiased estimator)."""
-    correct = []
+    correct: list[np.ndarray] = []  # bool [G] per prompt
     chunks = range(0, len(prompts), batch_prompts)
     for i in tqdm(chunks, desc="eval", disable=not progress, leave=False):
         groups = rollout(prompts[i : i + batch_prompts], sampler, reward, samples, seed + i)

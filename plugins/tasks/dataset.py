@@ -275,13 +275,14 @@ class DatasetTask:
         files: dict[str, dict[int, dict]] = {}
         out = []
         for prompt in prompts:
-            source, index = prompt.metadata.get("source"), prompt.metadata.get("index")
+            source = prompt.metadata.get("source")
             if not (source and pathlib.Path(source).is_file()):
                 out.append({"id": prompt.id, "text": prompt.text, "answer": prompt.answer})
                 continue
             if source not in files:
                 files[source] = {row["__index__"]: row for row in load_rows(source)[0]}
-            out.append({k: v for k, v in files[source][index].items() if k != "__index__"})
+            row = files[source][prompt.metadata["index"]]
+            out.append({k: v for k, v in row.items() if k != "__index__"})
         return out
 
     def prompts(self, split: str, *, tokenizer: Any, seed: int) -> Iterator[Prompt]:
