@@ -60,20 +60,8 @@ def curate(
       tokenizer_checkpoint: a model directory whose tokenizer encodes the
         prompts ("" : UTF-8 bytes; only ``curation.length`` with unit tokens cares).
     """
-    if not isinstance(task, Dataset):
-        raise ConfigError(
-            f"rlax.curate.task: {type(task).__name__} has no finite dataset "
-            "(rlax.core.contracts.Dataset: load, rows, malformed)"
-        )
-    for f in filters:
-        if not isinstance(f, OfflineFilter):
-            raise ConfigError(f"rlax.curate.filters: {type(f).__name__} has no offline()")
-    tokenizer: Encoder = TextTokenizer()
-    if tokenizer_checkpoint:
-        from rlax.core.models.bundle import load_model
-
-        tokenizer = load_model(tokenizer_checkpoint).tokenizer
-    prompts = task.load(split, tokenizer=tokenizer)
+    _check_capabilities(task, filters)
+    prompts = task.load(split, tokenizer=_tokenizer(tokenizer_checkpoint))
     report: dict[str, Any] = {
         "split": split,
         "malformed": [
@@ -100,6 +88,30 @@ def curate(
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     _print_summary(report, out, split)
     return 0
+
+
+def _check_capabilities(task: Dataset, filters: Sequence[OfflineFilter]) -> None:
+    """Raises ConfigError unless ``task`` has a finite dataset and every filter is offline.
+
+    Gin builds whatever component it is told to, so the types are checked here.
+    """
+    if not isinstance(task, Dataset):
+        raise ConfigError(
+            f"rlax.curate.task: {type(task).__name__} has no finite dataset "
+            "(rlax.core.contracts.Dataset: load, rows, malformed)"
+        )
+    for f in filters:
+        if not isinstance(f, OfflineFilter):
+            raise ConfigError(f"rlax.curate.filters: {type(f).__name__} has no offline()")
+
+
+def _tokenizer(checkpoint: str) -> Encoder:
+    """The tokenizer of the model in ``checkpoint``; UTF-8 bytes without one."""
+    if not checkpoint:
+        return TextTokenizer()
+    from rlax.core.models.bundle import load_model
+
+    return load_model(checkpoint).tokenizer
 
 
 def _print_summary(report: dict[str, Any], out: pathlib.Path, split: str) -> None:
