@@ -2,19 +2,78 @@
 
 A plugin implements these; the core's signatures are typed with them. Each
 member is documented once, here, and ``docs/plugin_hooks.md`` lists the same
-members (``tests/test_contracts.py`` checks that the two agree).
-Shapes follow the legend in :mod:`rlax.core.types`.
+members under the hook that registers the component
+(``tests/test_contracts.py`` checks that the two agree, and that every
+built-in component satisfies its kind's Protocols). Shapes follow the legend
+in :mod:`rlax.core.types`.
+
+Data members are read-only properties here, so a plain attribute, a class
+attribute or a property all satisfy them. The Protocols of optional
+capabilities (the curation filters', :class:`Dataset`) are
+runtime-checkable: the core asks which a component has with ``isinstance``,
+never with ``hasattr``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import jax
 import numpy as np
 
-from rlax.core.types import Completion, Group, Prompt, RewardResult
+from rlax.core.types import Completion, Curated, Group, Prompt, RewardResult
+
+if TYPE_CHECKING:
+    from flax import nnx
+
+    from rlax.core.models.transformer import Transformer
+
+__all__ = [
+    "Algorithm",
+    "Curriculum",
+    "Dataset",
+    "Encoder",
+    "OfflineFilter",
+    "OnlineFilter",
+    "Refilling",
+    "Reward",
+    "Sampler",
+    "Stateful",
+    "Task",
+    "Tokenizer",
+]
+
+# -------------------------------------------------------------------------
+# What the core hands to components
+# -------------------------------------------------------------------------
+
+
+class Encoder(Protocol):
+    """What a task (and an offline filter) may call on the policy's tokenizer.
+
+    :class:`rlax.core.models.tokenizer.CharTokenizer` and
+    :class:`rlax.core.models.hf_tokenizer.HFTokenizer` are the core's tokenizers;
+    ``rlax curate`` without a model passes one that only encodes (UTF-8 bytes).
+    """
+
+    def encode(self, text: str, *, bos: bool = False) -> np.ndarray:
+        """Token ids of ``text``, int32 [P]; ``bos`` prefixes the begin-of-sequence id.
+
+        Raises ValueError for text it cannot encode (a task reports such a row).
+        """
+
+
+class Tokenizer(Encoder, Protocol):
+    """The policy's tokenizer, as a sampler's ``setup`` receives it."""
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """The text of ``ids`` up to the first ``eos_id``, special ids dropped."""
+
+    @property
+    def eos_id(self) -> int:
+        """The end-of-sequence id: a sampler's stop token."""
+
 
 # -------------------------------------------------------------------------
 # Algorithms (rlax_register_algorithms)
@@ -22,20 +81,46 @@ from rlax.core.types import Completion, Group, Prompt, RewardResult
 
 
 class Algorithm(Protocol):
-    """What the trainer needs of an algorithm plugin.
+    """What the trainer (:mod:`rlax.core.trainer.step`) needs of an algorithm.
 
-    An algorithm with ``needs_critic`` also names its critic's architecture
-    in ``value_model`` (``"head"`` or ``"separate"``).
+    The trainer never branches on an algorithm's name, only on its declared
+    needs; ``advantages`` runs on the host, ``loss`` inside the jitted step.
     """
 
-    needs_reference: bool
-    needs_critic: bool
+    @property
+    def needs_reference(self) -> bool:
+        """True: the trainer keeps the starting policy frozen and adds its
+        ``ref_logprobs`` [B, T-1] to the batch ``loss`` receives."""
 
-    def advantages(self, rewards: np.ndarray) -> np.ndarray: ...
+    @property
+    def needs_critic(self) -> bool:
+        """True: the trainer builds the critic ``value_model`` names, trains it on
+        the same loss and adds ``values`` (with gradient) and ``old_values``
+        (without), float32 [B, T-1], to the batch ``loss`` receives."""
+
+    @property
+    def value_model(self) -> str:
+        """The critic's architecture, ``"head"`` (a value head on the policy's
+        trunk) or ``"separate"`` (a copy of the trunk); read only when
+        ``needs_critic``, so an algorithm without a critic need not have it."""
+
+    def advantages(self, rewards: np.ndarray) -> np.ndarray:
+        """Float32 rewards [N, G] of the batch's groups, on the host, to one
+        advantage per completion [N, G] (the core spreads each over its
+        completion's tokens as the batch's ``advantages``)."""
 
     def loss(
         self, new_logprobs: jax.Array, batch: dict[str, jax.Array]
-    ) -> tuple[jax.Array, dict]: ...
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """The scalar loss to minimise and a dict of scalar metrics, inside the jitted step.
+
+        ``new_logprobs`` [B, T-1] are the policy's, with gradient; ``batch``
+        holds ``tokens`` and ``attention_mask`` [B, T]; ``loss_mask``,
+        ``old_logprobs`` (the sampler's), ``advantages`` and ``train_logprobs``
+        (the trainer's own at the start of the step) [B, T-1]; ``group_ids``
+        [B]; and what ``needs_reference`` / ``needs_critic`` add. Only
+        ``jax.numpy`` operations: the function is traced.
+        """
 
 
 # -------------------------------------------------------------------------
@@ -44,11 +129,37 @@ class Algorithm(Protocol):
 
 
 class Sampler(Protocol):
-    version: int
+    """What the trainer, the workers and ``rlax eval`` need of a sampler."""
+
+    def setup(self, model: Transformer, tokenizer: Tokenizer) -> None:
+        """Called once, before anything else: the policy's architecture (with
+        its initial weights) and its tokenizer."""
+
+    def load_weights(self, params: nnx.State, version: int) -> None:
+        """New weights of the policy (the model's ``nnx.State``) and their
+        version, after every update and every pull; later completions carry
+        that ``policy_version``."""
 
     def generate(
         self, prompts: Sequence[Prompt], n: int, *, seed: int
-    ) -> list[tuple[Completion, ...]]: ...
+    ) -> list[tuple[Completion, ...]]:
+        """``n`` completions of each prompt: one tuple per prompt, in order.
+
+        Each :class:`~rlax.core.types.Completion` holds the generated ids (stop
+        token included) [C'], their logprobs under softmax(logits /
+        ``temperature``) [C'], the text without the stop token, its
+        ``finish_reason`` and the ``policy_version`` of the last
+        ``load_weights``. ``seed`` changes from call to call; the same prompts,
+        weights and seed give the same completions (deterministic mode).
+        """
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature; the trainer recomputes logprobs at it."""
+
+    @property
+    def max_new_tokens(self) -> int:
+        """No completion is longer, in tokens (the trainer pads to it)."""
 
 
 # -------------------------------------------------------------------------
@@ -57,12 +168,57 @@ class Sampler(Protocol):
 
 
 class Reward(Protocol):
-    def score(self, prompt: Prompt, completion_text: str) -> float | RewardResult: ...
+    """What the workers, the inline trainer and the evaluation need of a reward.
+
+    Workers call it in a :class:`rlax.core.worker.reward_pool.RewardPool`
+    (other processes, a timeout per call), so the object must be picklable.
+    """
+
+    def score(self, prompt: Prompt, completion_text: str) -> float | RewardResult:
+        """The reward of one completion: a finite number, or a
+        :class:`~rlax.core.types.RewardResult` (the number and why).
+
+        ``prompt.answer`` is the task's ground truth; the text is the
+        completion decoded without its stop token. A call that raises, hangs
+        or returns a non-finite number scores 0 and is counted. Evaluation
+        counts a completion as correct when its score is at least 1.
+        """
 
 
 # -------------------------------------------------------------------------
 # Tasks (rlax_register_tasks)
 # -------------------------------------------------------------------------
+
+
+class Task(Protocol):
+    """What the parameter server, the trainer and ``rlax eval`` need of a task."""
+
+    def prompts(self, split: str, *, tokenizer: Encoder, seed: int) -> Iterator[Prompt]:
+        """The prompts of ``split``, encoded with the policy's ``tokenizer``.
+
+        ``"train"``: an endless stream in an order fixed by ``seed`` (a
+        restarted parameter server draws it again up to its saved position).
+        ``"eval"``: the finite held-out set, independent of ``seed``. Each
+        ``Prompt.id`` is stable; ValueError (OSError for a missing file) for
+        data the task cannot use.
+        """
+
+
+@runtime_checkable
+class Dataset(Protocol):
+    """A task with a finite dataset: what ``rlax curate`` needs besides :class:`Task`."""
+
+    def load(self, split: str, *, tokenizer: Encoder) -> list[Prompt]:
+        """Every well-formed prompt of ``split``, in dataset order."""
+
+    def rows(self, prompts: Sequence[Prompt]) -> list[dict[str, Any]]:
+        """The dataset rows of ``prompts`` (from ``load``), in order, fields as
+        read: ``rlax curate`` writes them out unchanged."""
+
+    @property
+    def malformed(self) -> Sequence[Any]:
+        """The rows ``load`` skipped so far, each with ``source`` (a file or
+        hub name), ``index`` (the row's) and ``reason``, for the report."""
 
 
 # -------------------------------------------------------------------------
@@ -74,26 +230,54 @@ class Reward(Protocol):
 
 @runtime_checkable
 class OnlineFilter(Protocol):
-    def online(self, groups: Sequence[Group]) -> list[Group]: ...
+    """A filter of scored groups, run by the workers and the trainer each round."""
+
+    def online(self, groups: Sequence[Group]) -> list[Group]:
+        """The groups it keeps, the same objects, in order (a dropped group's
+        rewards still count in the step's metrics)."""
+
+
+@runtime_checkable
+class OfflineFilter(Protocol):
+    """A filter of a whole dataset before training, run by ``rlax curate``."""
+
+    def offline(self, prompts: Sequence[Prompt]) -> Curated:
+        """The prompts it keeps, in order, in ``.kept``; the others in
+        ``.dropped``, each a :class:`~rlax.core.types.Dropped` with its reason."""
 
 
 @runtime_checkable
 class Curriculum(Protocol):
-    def admit(self, prompts: Sequence[Prompt]) -> list[Prompt]: ...
+    """A prompt curriculum, run by the parameter server (and the inline trainer)."""
 
-    def observe(self, prompt_id: str, rewards: np.ndarray) -> bool: ...
+    def admit(self, prompts: Sequence[Prompt]) -> list[Prompt]:
+        """The prompts that may be served now (called before leasing or sampling them)."""
+
+    def observe(self, prompt_id: str, rewards: np.ndarray) -> bool:
+        """Records one scored attempt, float32 rewards [G] (also of a group a
+        filter dropped); False if the prompt was already retired."""
 
 
 @runtime_checkable
 class Refilling(Protocol):
-    extra_rounds: int
+    """An online filter that wants the groups it drops replaced (DAPO's dynamic sampling)."""
+
+    @property
+    def extra_rounds(self) -> int:
+        """How many more rounds of sampling per update may replace dropped
+        groups (:func:`rlax.core.trainer.filling.fill_batch`); the loop takes
+        the largest over its filters."""
 
 
 @runtime_checkable
 class Stateful(Protocol):
-    def state_dict(self) -> dict[str, Any]: ...
+    """A filter with state a checkpoint must keep (a curriculum's history)."""
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def state_dict(self) -> dict[str, Any]:
+        """Its state as JSON-serialisable values, saved with each checkpoint."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores what ``state_dict`` returned, on resume."""
 
 
 # -------------------------------------------------------------------------

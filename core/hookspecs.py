@@ -10,7 +10,8 @@ subset of a hook's arguments. Plugins are found through the entry-point group
 No hook here is ``firstresult`` or ``historic``: every registration hook's
 results are collected from all plugins, and every lifecycle hook is a plain
 notification to all plugins. ``docs/plugin_hooks.md`` documents each hook with
-a runnable example, and what the core calls on each kind of component.
+a runnable example, and what the core calls on each kind of component: the
+Protocols of :mod:`rlax.core.contracts`, where each member is documented.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from rlax.core import hookspec
 def rlax_register_algorithms() -> dict[str, Callable[..., object]]:
     """Register RL algorithms.
 
-    An algorithm has the flags ``needs_reference`` and ``needs_critic``,
+    Each factory builds a ``rlax.core.contracts.Algorithm``: the flags
+    ``needs_reference`` and ``needs_critic`` (with a critic, ``value_model``),
     ``advantages(rewards) -> advantages`` (float32 [N, G] -> [N, G], on the
     host) and ``loss(new_logprobs, batch) -> (loss, metrics)`` (inside the
     jitted step; ``batch`` is a dict of arrays).
@@ -51,10 +53,10 @@ def rlax_register_algorithms() -> dict[str, Callable[..., object]]:
 def rlax_register_rewards() -> dict[str, Callable[..., object]]:
     """Register reward functions.
 
-    A reward object has ``score(prompt, completion_text) -> float |
-    RewardResult`` where ``prompt`` is a ``rlax.core.types.Prompt`` and
-    ``RewardResult`` is ``rlax.core.types.RewardResult`` (a score and its
-    reason).
+    Each factory builds a ``rlax.core.contracts.Reward``:
+    ``score(prompt, completion_text) -> float | RewardResult``, where
+    ``prompt`` is a ``rlax.core.types.Prompt`` and the result is a finite
+    number or a ``rlax.core.types.RewardResult`` (a score and its reason).
 
     Called once per plugin when the plugin manager loads; not firstresult, not
     historic.
@@ -69,10 +71,10 @@ def rlax_register_rewards() -> dict[str, Callable[..., object]]:
 def rlax_register_samplers() -> dict[str, Callable[..., object]]:
     """Register samplers.
 
-    A sampler has ``setup(model, tokenizer)``, ``load_weights(params,
-    version)``, ``generate(prompts, n, *, seed) -> list[tuple[Completion,
-    ...]]`` (per-token logprobs in each ``Completion``) and the attributes
-    ``temperature`` and ``max_new_tokens``.
+    Each factory builds a ``rlax.core.contracts.Sampler``: ``setup(model,
+    tokenizer)``, ``load_weights(params, version)``, ``generate(prompts, n, *,
+    seed) -> list[tuple[Completion, ...]]`` (per-token logprobs in each
+    ``Completion``) and the attributes ``temperature`` and ``max_new_tokens``.
 
     Called once per plugin when the plugin manager loads; not firstresult, not
     historic.
@@ -87,9 +89,14 @@ def rlax_register_samplers() -> dict[str, Callable[..., object]]:
 def rlax_register_curation_filters() -> dict[str, Callable[..., object]]:
     """Register curation filters.
 
-    A filter has ``offline(prompts) -> Curated`` (``rlax curate``: the kept
-    prompts and the dropped ones with reasons) and/or ``online(groups) ->
-    groups`` (each round of scored groups; returns the groups it keeps).
+    Each factory builds a filter with one or more of the capabilities
+    ``rlax.core.contracts.OfflineFilter`` (``offline(prompts) -> Curated``,
+    for ``rlax curate``: the kept prompts and the dropped ones with reasons),
+    ``rlax.core.contracts.OnlineFilter`` (``online(groups) -> groups``, each
+    round of scored groups), ``rlax.core.contracts.Curriculum`` (``admit``,
+    ``observe``; run by the parameter server), ``rlax.core.contracts.Refilling``
+    (``extra_rounds``) and ``rlax.core.contracts.Stateful`` (``state_dict``,
+    ``load_state_dict``). The core asks which with ``isinstance``.
 
     Called once per plugin when the plugin manager loads; not firstresult, not
     historic.
@@ -104,10 +111,12 @@ def rlax_register_curation_filters() -> dict[str, Callable[..., object]]:
 def rlax_register_tasks() -> dict[str, Callable[..., object]]:
     """Register tasks.
 
-    A task has ``prompts(split, *, tokenizer, seed) -> Iterator[Prompt]``:
-    ``"train"`` is an endless stream in an order fixed by ``seed``, ``"eval"``
-    the finite held-out set; ``load(split, *, tokenizer) -> list[Prompt]`` is
-    needed only by ``rlax curate``.
+    Each factory builds a ``rlax.core.contracts.Task``: ``prompts(split, *,
+    tokenizer, seed) -> Iterator[Prompt]``, where ``"train"`` is an endless
+    stream in an order fixed by ``seed`` and ``"eval"`` the finite held-out
+    set. ``rlax curate`` also needs a ``rlax.core.contracts.Dataset``
+    (``load(split, *, tokenizer) -> list[Prompt]``, ``rows(prompts)``,
+    ``malformed``).
 
     Called once per plugin when the plugin manager loads; not firstresult, not
     historic.

@@ -4,13 +4,15 @@ Plain dataclasses holding numpy arrays: nothing here knows about JAX, gin or
 the wire, so every stage (task, sampler, reward, curation, algorithm) can be
 tested with hand-made values.
 
-Shape legend used across rlax: B batch (rows), G group size (completions per
-prompt), P prompt length, C completion length, T = P + C, V vocabulary.
+Shape legend used across rlax: N groups (prompts) of a batch, G group size
+(completions per prompt), B batch rows (one per completion), P prompt length, C
+completion length, T = P + C, V vocabulary.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import numpy as np
@@ -120,3 +122,31 @@ class RewardResult:
 
     score: float
     reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Dropped:
+    """A prompt an offline curation filter removed, and why (shown in ``rlax curate``'s report)."""
+
+    prompt: Prompt
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Curated:
+    """The outcome of one offline curation filter over a dataset.
+
+    Attributes:
+      kept: the prompts it keeps, in their original order.
+      dropped: the others, each with its reason.
+    """
+
+    kept: list[Prompt]
+    dropped: list[Dropped]
+
+    @classmethod
+    def split(cls, prompts: Sequence[Prompt], reasons: Sequence[str | None]) -> Curated:
+        """Keeps ``prompts[i]`` where ``reasons[i]`` is None; drops it with the reason otherwise."""
+        kept = [p for p, r in zip(prompts, reasons) if r is None]
+        dropped = [Dropped(p, r) for p, r in zip(prompts, reasons) if r is not None]
+        return cls(kept, dropped)

@@ -18,6 +18,7 @@ check, fails the inventory tests.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import json
@@ -454,6 +455,27 @@ def check_notice_source(b: Block, tmp_path: pathlib.Path) -> None:
     assert str(tmp_path / "preempt") in seen[0]
 
 
+def check_public_algorithm(b: Block, tmp_path: pathlib.Path) -> None:
+    # Only the public surface of rlax.plugins is imported, never a module path.
+    imported = [
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(ast.parse(b.text))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    ]
+    assert {m for m in imported if m and m.startswith("rlax.plugins")} == {"rlax.plugins"}
+    factory = manager(run(b)).get("algorithms", "centred_dapo").factory
+    algorithm = factory()
+    rewards = np.array([[1, 0, 1, 0], [1, 1, 1, 1]], np.float32)
+    np.testing.assert_array_equal(
+        algorithm.advantages(rewards), [[0.5, -0.5, 0.5, -0.5], [0, 0, 0, 0]]
+    )
+    assert (algorithm.objective.eps_low, algorithm.objective.eps_high) == (0.2, 0.28)
+    # A bad setting's error names the algorithm (settings_of).
+    with pytest.raises(ValueError, match="^centred_dapo: "):
+        factory(eps_high=-1.0)
+
+
 def check_reward_pool(b: Block, tmp_path: pathlib.Path) -> None:
     ns = run(
         b,
@@ -482,6 +504,7 @@ CHECKS: dict[str, Callable[..., None]] = {
     HOOKS + "rlax_on_weights_published(version: int) -> None": check_weights_published,
     HOOKS + "rlax_on_checkpoint(step: int, path: str) -> None": check_checkpoint,
     HOOKS + "rlax_on_preemption(role: str, reason: str) -> None": check_preemption,
+    "docs/algorithms.md § Writing a new algorithm": check_public_algorithm,
     "docs/preemption.md § Notices (`core/launch/preemption.py`)": check_notice_source,
     "docs/rewards_and_data.md § Scoring in a pool: `rlax.core.worker.reward_pool.RewardPool`": (
         check_reward_pool

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
@@ -14,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from rlax.plugins import algorithms
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "rlax-example-algorithm"
@@ -29,6 +32,27 @@ def lite_ppo_module(monkeypatch):
 
 def test_module_is_about_forty_lines():
     assert len((EXAMPLE / "rlax_example_algorithm" / "lite_ppo.py").read_text().splitlines()) <= 45
+
+
+def test_the_example_algorithm_imports_only_public_names():
+    source = EXAMPLE / "rlax_example_algorithm" / "lite_ppo.py"
+    tree = ast.parse(source.read_text())
+    imported = [
+        (node.module, alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if (node.module or "").startswith("rlax.plugins")
+    ]
+    assert imported == [("rlax.plugins", "algorithms")]
+    plain = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [name for name in plain if name.startswith("rlax.plugins")]
+    used = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == "algos"
+    }
+    assert used and used <= set(algorithms.__all__)
 
 
 def test_advantages_use_the_group_mean_and_the_batch_std(lite_ppo_module):

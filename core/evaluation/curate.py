@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from rlax.core.contracts import Dataset, Encoder, OfflineFilter
 from rlax.core.errors import ConfigError
 from rlax.core.types import Prompt
 
@@ -33,20 +34,6 @@ class TextTokenizer:
         return np.frombuffer(text.encode(), np.uint8).astype(np.int32)
 
 
-def _row_of(prompt: Prompt, cache: dict[str, list[dict]]) -> dict:
-    """The source row of a prompt (a record of the prompt when it has no source file)."""
-    from rlax.plugins.tasks.dataset import load_rows
-
-    source, index = prompt.metadata.get("source"), prompt.metadata.get("index")
-    if source and pathlib.Path(source).is_file():
-        if source not in cache:
-            rows, _ = load_rows(source)
-            cache[source] = rows
-        row = next(r for r in cache[source] if r["__index__"] == index)
-        return {k: v for k, v in row.items() if k != "__index__"}
-    return {"id": prompt.id, "text": prompt.text, "answer": prompt.answer}
-
-
 def _where(prompt: Prompt) -> dict[str, Any]:
     return {k: prompt.metadata.get(k) for k in ("source", "index")} | {"id": prompt.id}
 
@@ -54,8 +41,8 @@ def _where(prompt: Prompt) -> dict[str, Any]:
 def curate(
     *,
     hook: Any = None,
-    task: Any,
-    filters: Sequence[Any] = (),
+    task: Dataset,
+    filters: Sequence[OfflineFilter] = (),
     output_dir: str,
     split: str = "train",
     tokenizer_checkpoint: str = "",
@@ -64,37 +51,28 @@ def curate(
 
     Args:
       hook: the plugin manager's hook relay (unused; for symmetry with train).
-      task: a task with ``load(split, *, tokenizer)`` (e.g. ``tasks.dataset``).
-      filters: offline filters, applied in order (``offline(prompts) -> Curated``).
+      task: a task with a finite dataset (:class:`rlax.core.contracts.Dataset`,
+        e.g. ``tasks.dataset``).
+      filters: offline filters (:class:`rlax.core.contracts.OfflineFilter`),
+        applied in order.
       output_dir: where to write ``<split>.jsonl`` and ``report.json``.
       split: the task's split to curate.
       tokenizer_checkpoint: a model directory whose tokenizer encodes the
         prompts ("" : UTF-8 bytes; only ``curation.length`` with unit tokens cares).
     """
-    if not hasattr(task, "load"):
-        raise ConfigError(f"rlax.curate.task: {type(task).__name__} has no finite dataset (load)")
-    for f in filters:
-        if not hasattr(f, "offline"):
-            raise ConfigError(f"rlax.curate.filters: {type(f).__name__} has no offline()")
-    if tokenizer_checkpoint:
-        from rlax.core.models.bundle import load_model
-
-        tokenizer = load_model(tokenizer_checkpoint).tokenizer
-    else:
-        tokenizer = TextTokenizer()
-    prompts = task.load(split, tokenizer=tokenizer)
+    _check_capabilities(task, filters)
+    prompts = task.load(split, tokenizer=_tokenizer(tokenizer_checkpoint))
     report: dict[str, Any] = {
         "split": split,
         "malformed": [
-            {"source": m.source, "index": m.index, "reason": m.reason}
-            for m in getattr(task, "malformed", [])
+            {"source": m.source, "index": m.index, "reason": m.reason} for m in task.malformed
         ],
         "prompts": len(prompts),
         "filters": [],
         "dropped": [],
     }
     for f in filters:
-        name = getattr(f, "name", type(f).__name__)
+        name = type(f).__name__
         result = f.offline(prompts)
         report["filters"].append(
             {"filter": name, "input": len(prompts), "dropped": len(result.dropped)}
@@ -105,12 +83,35 @@ def curate(
     report["kept"] = len(prompts)
     out = pathlib.Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cache: dict[str, list[dict]] = {}
-    with open(out / f"{split}.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(_row_of(prompt, cache), default=str) + "\n" for prompt in prompts)
+    with open(out / f"{split}.jsonl", "w", encoding="utf-8") as rows:
+        rows.writelines(json.dumps(row, default=str) + "\n" for row in task.rows(prompts))
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     _print_summary(report, out, split)
     return 0
+
+
+def _check_capabilities(task: Dataset, filters: Sequence[OfflineFilter]) -> None:
+    """Raises ConfigError unless ``task`` has a finite dataset and every filter is offline.
+
+    Gin builds whatever component it is told to, so the types are checked here.
+    """
+    if not isinstance(task, Dataset):
+        raise ConfigError(
+            f"rlax.curate.task: {type(task).__name__} has no finite dataset "
+            "(rlax.core.contracts.Dataset: load, rows, malformed)"
+        )
+    for f in filters:
+        if not isinstance(f, OfflineFilter):
+            raise ConfigError(f"rlax.curate.filters: {type(f).__name__} has no offline()")
+
+
+def _tokenizer(checkpoint: str) -> Encoder:
+    """The tokenizer of the model in ``checkpoint``; UTF-8 bytes without one."""
+    if not checkpoint:
+        return TextTokenizer()
+    from rlax.core.models.bundle import load_model
+
+    return load_model(checkpoint).tokenizer
 
 
 def _print_summary(report: dict[str, Any], out: pathlib.Path, split: str) -> None:

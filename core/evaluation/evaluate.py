@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from rlax.core.contracts import Reward, Sampler, Task
 from rlax.core.errors import BadSetting, ConfigError
 from rlax.core.evaluation.metrics import mean_pass_at_k
 from rlax.core.models.bundle import ModelBundle, load_model
@@ -52,8 +53,8 @@ def check_eval_settings(*, eval_samples: int = 8, eval_ks: Sequence[int] = (1, 8
 
 
 def evaluate_pass_at_k(
-    sampler: Any,
-    reward: Any,
+    sampler: Sampler,
+    reward: Reward,
     prompts: Sequence[Prompt],
     *,
     samples: int,
@@ -63,7 +64,7 @@ def evaluate_pass_at_k(
     progress: bool = True,
 ) -> dict[str, float]:
     """pass@k over ``prompts`` from ``samples`` completions each (unbiased estimator)."""
-    correct = []
+    correct: list[np.ndarray] = []  # bool [G] per prompt
     chunks = range(0, len(prompts), batch_prompts)
     for i in tqdm(chunks, desc="eval", disable=not progress, leave=False):
         groups = rollout(prompts[i : i + batch_prompts], sampler, reward, samples, seed + i)
@@ -90,9 +91,9 @@ def evaluate(
     hook: Any = None,
     checkpoint: pathlib.Path,
     out: pathlib.Path | None = None,
-    task: Any,
-    reward: Any,
-    sampler: Any,
+    task: Task,
+    reward: Reward,
+    sampler: Sampler,
     seed: int = 0,
     eval_samples: int = 8,
     eval_ks: Sequence[int] = (1, 8),

@@ -14,6 +14,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+from rlax.core.contracts import Curriculum, Task
 from rlax.core.errors import ConfigError
 from rlax.core.launch.preemption import Preemption
 from rlax.core.models.tokenizer import load_tokenizer
@@ -30,7 +31,7 @@ log = logging.getLogger("rlax.roles")
 def param_server(
     *,
     hook: Any = None,
-    task: Any,
+    task: Task,
     init_checkpoint: ConfigPath,
     settings: ServerSettings,
     prompts_per_step: int,
@@ -38,7 +39,7 @@ def param_server(
     reload_staleness: int = 0,
     capacity: int | None = None,
     lease_ttl_s: float = 120.0,
-    curricula: Sequence[Any] = (),
+    curricula: Sequence[Curriculum] = (),
     seed: int = 0,
     state_dir: str | None = None,
     run_dir: pathlib.Path | None = None,

@@ -2,8 +2,9 @@
 
 An online curation filter may drop groups (``curation.dynamic_sampling``
 drops those whose rewards are all equal). A filter that wants the dropped
-groups replaced declares ``extra_rounds``: how many more rounds of sampling
-the loop may spend per update. :func:`fill_batch` is the loop's side of that
+groups replaced declares ``extra_rounds`` (it is
+:class:`rlax.core.contracts.Refilling`): how many more rounds of sampling the
+loop may spend per update. :func:`fill_batch` is the loop's side of that
 contract, independent of where rounds come from (a sampler in the trainer's
 process, or the parameter server's rollout queue).
 
@@ -15,22 +16,22 @@ it, so that reward and pass-rate metrics still see every sample.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
+from rlax.core.contracts import OnlineFilter, Refilling
 from rlax.core.types import Group
 
 Entry = Group | np.ndarray
 
 
-def extra_rounds(curation: Sequence[Any]) -> int:
+def extra_rounds(curation: Sequence[OnlineFilter]) -> int:
     """The most extra sampling rounds any of the online filters asks for (0 if none does).
 
-    ``extra_rounds`` is an optional attribute of a curation filter; filters
-    without it only filter.
+    Only a :class:`~rlax.core.contracts.Refilling` filter asks for any; the
+    others only filter.
     """
-    return max((int(getattr(f, "extra_rounds", 0)) for f in curation), default=0)
+    return max((int(f.extra_rounds) for f in curation if isinstance(f, Refilling)), default=0)
 
 
 def fill_batch(

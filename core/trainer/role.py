@@ -30,7 +30,7 @@ files and exports the final policy from the gathered parameters; every
 process pushes its shards of each new version and checkpoints its part.
 
 The loop never branches on which algorithm, reward or sampler it runs; their
-contracts are the Protocols in ``core/worker/rollout.py`` and ``core/trainer/step.py``.
+contracts are the Protocols in ``core/contracts.py``.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from rlax.core.contracts import Algorithm, OnlineFilter, Reward, Sampler, Task
 from rlax.core.errors import ConfigError, Preempted
 from rlax.core.evaluation.evaluate import (
     check_eval_settings,
@@ -215,14 +216,14 @@ def train(
     hook: Any = None,
     run_dir: pathlib.Path | None = None,
     inline: bool = False,
-    task: Any,
-    reward: Any,
-    sampler: Any,
-    algorithm: Any,
+    task: Task,
+    reward: Reward,
+    sampler: Sampler,
+    algorithm: Algorithm,
     optimizer: optax.GradientTransformation,
     init_checkpoint: ConfigPath,
     settings: ServerSettings | None = None,
-    curation: Sequence[Any] = (),
+    curation: Sequence[OnlineFilter] = (),
     steps: int = 100,
     prompts_per_step: int = 16,
     group_size: int = 8,

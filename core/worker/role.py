@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from rlax.core.contracts import OnlineFilter, Reward, Sampler
 from rlax.core.launch.preemption import Preemption
 from rlax.core.models.bundle import load_model
 from rlax.core.param_server.client import ParamServerClient
@@ -143,11 +144,11 @@ class Worker:
 def worker(
     *,
     hook: Any = None,
-    sampler: Any,
-    reward: Any,
+    sampler: Sampler,
+    reward: Reward,
     init_checkpoint: ConfigPath,
     settings: ServerSettings,
-    curation: Sequence[Any] = (),
+    curation: Sequence[OnlineFilter] = (),
     group_size: int = 8,
     prompts_per_lease: int = 16,
     reload_staleness: int = 0,

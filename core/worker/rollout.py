@@ -5,17 +5,18 @@ from __future__ import annotations
 import collections
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 
-from rlax.core.contracts import Reward, Sampler
+from rlax.core.contracts import Encoder, OnlineFilter, Reward, Sampler, Task
 from rlax.core.errors import ConfigError
 from rlax.core.types import Group, Prompt
 from rlax.core.worker.reward_pool import RewardPool, score_one
 
 
-def task_prompts(task: Any, split: str, *, tokenizer: Any, seed: int, setting: str) -> Iterator:
+def task_prompts(
+    task: Task, split: str, *, tokenizer: Encoder, seed: int, setting: str
+) -> Iterator[Prompt]:
     """``task.prompts(split)``, read far enough that its data errors come now, not mid-run.
 
     The ``"eval"`` split is read whole (a list; none at all is an error); the
@@ -26,10 +27,10 @@ def task_prompts(task: Any, split: str, *, tokenizer: Any, seed: int, setting: s
     try:
         prompts = task.prompts(split, tokenizer=tokenizer, seed=seed)
         if split == "eval":
-            prompts = list(prompts)
-            if not prompts:
+            held_out = list(prompts)
+            if not held_out:
                 raise ValueError("no prompts (were all of its rows malformed?)")
-            return iter(prompts)
+            return iter(held_out)
         return itertools.chain([next(prompts)], prompts)
     except StopIteration:
         raise ConfigError(f"{setting}: {split} split: no prompts") from None
@@ -52,6 +53,7 @@ def rollout(
     (``reward_errors``, ``reward_timeouts``) instead of stopping the run.
     """
     completions = sampler.generate(prompts, group_size, seed=seed)
+    scores: np.ndarray | list[list[float]]  # [N, G]
     if isinstance(reward, RewardPool):
         flat = [(p, c.text) for p, cs in zip(prompts, completions) for c in cs]
         result = reward.score([p for p, _ in flat], [t for _, t in flat])
@@ -68,7 +70,7 @@ def rollout(
     ]
 
 
-def kept_by_filters(groups: Sequence[Group], filters: Sequence) -> list[bool]:
+def kept_by_filters(groups: Sequence[Group], filters: Sequence[OnlineFilter]) -> list[bool]:
     """Runs the online curation filters in order; True for each group they all kept."""
     kept = list(groups)
     for f in filters:

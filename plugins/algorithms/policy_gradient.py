@@ -140,4 +140,5 @@ def settings_of(name: str) -> Iterator[None]:
 
 def alignment_of(mode: str, cap: float, bounds: tuple[float, float]) -> Alignment:
     """The :class:`Alignment` of an algorithm's ``alignment``/``is_cap``/``is_bounds`` settings."""
-    return Alignment(mode=mode, cap=cap, bounds=tuple(bounds))  # gin may hand over a list
+    low, high = bounds  # gin may hand over a list
+    return Alignment(mode=mode, cap=cap, bounds=(low, high))

@@ -1,44 +1,21 @@
 """The offline curation contract shared by the offline filters.
 
-An offline filter has ``offline(prompts) -> Curated``: it receives the whole
-dataset as :class:`~rlax.core.types.Prompt` values (before training) and
-returns the prompts it keeps, in order, and the ones it drops, each with the
-reason, so ``rlax curate`` can write the new dataset and a report of what was
-dropped and why.
+An offline filter has ``offline(prompts) -> Curated``
+(:class:`rlax.core.contracts.OfflineFilter`): it receives the whole dataset
+as :class:`~rlax.core.types.Prompt` values (before training) and returns the
+prompts it keeps, in order, and the ones it drops, each with the reason, so
+``rlax curate`` can write the new dataset and a report of what was dropped
+and why. :class:`Curated` and :class:`Dropped` are the core's value types
+(:mod:`rlax.core.types`), re-exported here for the filters.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from collections.abc import Sequence
 
-from rlax.core.types import Prompt
+from rlax.core.types import Curated, Dropped
 
 __all__ = ["Curated", "Dropped", "normalized_words"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Dropped:
-    """A prompt an offline filter removed, and why."""
-
-    prompt: Prompt
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Curated:
-    """The outcome of one offline filter."""
-
-    kept: list[Prompt]
-    dropped: list[Dropped]
-
-    @classmethod
-    def split(cls, prompts: Sequence[Prompt], reasons: Sequence[str | None]) -> Curated:
-        """Keeps ``prompts[i]`` where ``reasons[i]`` is None; drops it with the reason otherwise."""
-        kept = [p for p, r in zip(prompts, reasons) if r is None]
-        dropped = [Dropped(p, r) for p, r in zip(prompts, reasons) if r is not None]
-        return cls(kept, dropped)
 
 
 def normalized_words(text: str) -> list[str]:

@@ -266,6 +266,25 @@ class DatasetTask:
             prompts = prompts[: self.num_eval]
         return prompts
 
+    def rows(self, prompts: Sequence[Prompt]) -> list[dict]:
+        """The source row of each prompt from :meth:`load`, fields as read (``rlax curate``).
+
+        A prompt of a local file is looked up by its ``source`` and ``index``;
+        one without a file (a hub dataset) is recorded as its id, text and answer.
+        """
+        files: dict[str, dict[int, dict]] = {}
+        out = []
+        for prompt in prompts:
+            source = prompt.metadata.get("source")
+            if not (source and pathlib.Path(source).is_file()):
+                out.append({"id": prompt.id, "text": prompt.text, "answer": prompt.answer})
+                continue
+            if source not in files:
+                files[source] = {row["__index__"]: row for row in load_rows(source)[0]}
+            row = files[source][prompt.metadata["index"]]
+            out.append({k: v for k, v in row.items() if k != "__index__"})
+        return out
+
     def prompts(self, split: str, *, tokenizer: Any, seed: int) -> Iterator[Prompt]:
         """``"train"``: an endless stream, reshuffled every epoch from ``seed``.
         ``"eval"``: every evaluation prompt once, in file order.

@@ -14,9 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from rlax.core import hookimpl
-from rlax.plugins.algorithms.aggregation import Aggregation
-from rlax.plugins.algorithms.objectives import ClippedSurrogate
-from rlax.plugins.algorithms.policy_gradient import PolicyGradient, alignment_of
+from rlax.plugins import algorithms as algos
 
 
 def group_mean_batch_std(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:
@@ -26,14 +24,14 @@ def group_mean_batch_std(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     return (centred / (rewards.std() + eps)).astype(np.float32)
 
 
-def lite_ppo(*, clip_eps: float = 0.2, alignment: str = "none") -> PolicyGradient:
+def lite_ppo(*, clip_eps: float = 0.2, alignment: str = "none") -> algos.PolicyGradient:
     """Lite PPO; ``alignment`` is ``none``, ``tis`` or ``mask`` as for the built-ins."""
-    return PolicyGradient(
+    return algos.PolicyGradient(
         name="lite_ppo",
         estimator=group_mean_batch_std,
-        objective=ClippedSurrogate(clip_eps, clip_eps),
-        aggregation=Aggregation("token-mean"),
-        alignment=alignment_of(alignment, cap=2.0, bounds=(0.5, 2.0)),
+        objective=algos.ClippedSurrogate(clip_eps, clip_eps),
+        aggregation=algos.Aggregation("token-mean"),
+        alignment=algos.alignment_of(alignment, cap=2.0, bounds=(0.5, 2.0)),
     )
 
 
