@@ -90,13 +90,13 @@ class Algorithm(Protocol):
     @property
     def needs_reference(self) -> bool:
         """True: the trainer keeps the starting policy frozen and adds its
-        ``ref_logprobs`` [B, T-1] to the batch ``loss`` receives."""
+        ``ref_logprobs`` [B, L] to the batch ``loss`` receives."""
 
     @property
     def needs_critic(self) -> bool:
         """True: the trainer builds the critic ``value_model`` names, trains it on
         the same loss and adds ``values`` (with gradient) and ``old_values``
-        (without), float32 [B, T-1], to the batch ``loss`` receives."""
+        (without), float32 [B, L], to the batch ``loss`` receives."""
 
     @property
     def value_model(self) -> str:
@@ -105,8 +105,8 @@ class Algorithm(Protocol):
         ``needs_critic``, so an algorithm without a critic need not have it."""
 
     def advantages(self, rewards: np.ndarray) -> np.ndarray:
-        """Float32 rewards [N, G] of the batch's groups, on the host, to one
-        advantage per completion [N, G] (the core spreads each over its
+        """Float32 rewards [M, G] of the batch's groups, on the host, to one
+        advantage per completion [M, G] (the core spreads each over its
         completion's tokens as the batch's ``advantages``)."""
 
     def loss(
@@ -114,10 +114,10 @@ class Algorithm(Protocol):
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """The scalar loss to minimise and a dict of scalar metrics, inside the jitted step.
 
-        ``new_logprobs`` [B, T-1] are the policy's, with gradient; ``batch``
+        ``new_logprobs`` [B, L] are the policy's, with gradient; ``batch``
         holds ``tokens`` and ``attention_mask`` [B, T]; ``loss_mask``,
         ``old_logprobs`` (the sampler's), ``advantages`` and ``train_logprobs``
-        (the trainer's own at the start of the step) [B, T-1]; ``group_ids``
+        (the trainer's own at the start of the step) [B, L]; ``group_ids``
         [B]; and what ``needs_reference`` / ``needs_critic`` add. Only
         ``jax.numpy`` operations: the function is traced.
         """

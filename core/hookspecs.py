@@ -36,7 +36,7 @@ def rlax_register_algorithms() -> dict[str, Callable[..., object]]:
 
     Each factory builds a ``rlax.core.contracts.Algorithm``: the flags
     ``needs_reference`` and ``needs_critic`` (with a critic, ``value_model``),
-    ``advantages(rewards) -> advantages`` (float32 [N, G] -> [N, G], on the
+    ``advantages(rewards) -> advantages`` (float32 [M, G] -> [M, G], on the
     host) and ``loss(new_logprobs, batch) -> (loss, metrics)`` (inside the
     jitted step; ``batch`` is a dict of arrays).
 

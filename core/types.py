@@ -4,9 +4,17 @@ Plain dataclasses holding numpy arrays: nothing here knows about JAX, gin or
 the wire, so every stage (task, sampler, reward, curation, algorithm) can be
 tested with hand-made values.
 
-Shape legend used across rlax: N groups (prompts) of a batch, G group size
-(completions per prompt), B batch rows (one per completion), P prompt length, C
-completion length, T = P + C, V vocabulary.
+Shape legend, the one used across rlax (every shape comment and docstring
+uses these letters):
+
+  batches:  M groups (prompts) of a batch, G group size (completions per
+            prompt), B rows (one completion each), P prompt length,
+            C completion length, T = P + C tokens of a row, L = T - 1 target
+            positions (loss mask, logprobs, advantages: position t predicts
+            token t + 1).
+  models:   V vocabulary, D embed dim, F MLP hidden dim, N query heads,
+            K key/value heads, H head dim, S cache length (key slots); in
+            attention T is the query length.
 """
 
 from __future__ import annotations
@@ -98,13 +106,13 @@ class TrainBatch:
     Attributes:
       tokens: int32 [B, T] prompt then completion token ids (0 where padded).
       attention_mask: bool [B, T], True on real tokens.
-      loss_mask: float32 [B, T-1], 1 where position t predicts a generated token
+      loss_mask: float32 [B, L], 1 where position t predicts a generated token
         (the target is ``tokens[:, t+1]``).
-      old_logprobs: float32 [B, T-1], the sampler's log-probability of
+      old_logprobs: float32 [B, L], the sampler's log-probability of
         ``tokens[:, t+1]`` (0 off the loss mask).
-      advantages: float32 [B, T-1] per-token advantages (0 off the loss mask).
+      advantages: float32 [B, L] per-token advantages (0 off the loss mask).
       group_ids: int32 [B], which group each row belongs to.
-      ref_logprobs: optional float32 [B, T-1] of a frozen reference policy.
+      ref_logprobs: optional float32 [B, L] of a frozen reference policy.
     """
 
     tokens: np.ndarray

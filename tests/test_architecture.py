@@ -167,3 +167,13 @@ def test_every_path_in_the_where_is_table_exists():
         top = ref[1].split(".")[0]
         assert re.search(rf"^(class|def) {top}\b", source, re.MULTILINE), ref
     assert named  # the table names the functions and classes, not just files
+
+
+def test_one_shape_legend():
+    """Shape letters are defined once, in core/types.py; other modules point to it."""
+    defining = sorted(
+        str(path.relative_to(ROOT))
+        for path in _sources()
+        if re.search(r"^Shape legend", path.read_text(), re.MULTILINE)
+    )
+    assert defining == ["core/types.py"]

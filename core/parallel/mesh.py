@@ -17,8 +17,8 @@ same rules: its leaves are named after the parameters they mirror
 leaf (adam's scalar ``count``) leaves it replicated. A dimension not divisible
 by its axis size is replicated instead, so one rule set serves every model size.
 
-Shape legend: V vocabulary, D embed dim, N query heads, K key/value heads,
-H head dim, F mlp dim.
+Shapes: the legend of :mod:`rlax.core.types` (V vocabulary, D embed dim, N query
+heads, K key/value heads, H head dim, F MLP hidden dim).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ def _bucket(n: int, multiple: int) -> int:
 
 def make_batch(
     groups: Sequence[Group],
-    advantages: np.ndarray,  # [N, G] sequence-level advantages
+    advantages: np.ndarray,  # [M, G] sequence-level advantages
     *,
     pad_id: int = 0,
     length_bucket: int = 8,
@@ -30,7 +30,7 @@ def make_batch(
     """Packs ``groups`` into a TrainBatch.
 
     Args:
-      groups: N groups of G completions each.
+      groups: M groups of G completions each.
       advantages: one advantage per completion, broadcast to its tokens.
       pad_id: token id written in padding.
       length_bucket: P and C are rounded up to multiples of this, so the train

@@ -14,7 +14,7 @@ the loss mask: it estimates the return of the prefix before that token.
 The heads start at zero (V = 0 everywhere), so the critic's first gradients
 cannot disturb the policy.
 
-Shape legend: B batch, T sequence length, D embed dim.
+Shapes: the legend of :mod:`rlax.core.types`.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def forward_with_values(
     attention_mask: jax.Array,  # [B, T]
     temperature: float = 1.0,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Per-token logprobs, entropies and values, each [B, T-1]."""
+    """Per-token logprobs, entropies and values, each [B, L]."""
     hidden = hidden_states(policy, tokens, attention_mask)
     logp, entropy = token_logprobs(logits_from_hidden(policy, hidden), tokens, temperature)
     if isinstance(critic, ValueHead):

@@ -9,7 +9,7 @@ call that raises, crashes its worker, returns a non-finite score or runs past
 
     pool = RewardPool(MathReward(), workers=4, timeout_s=5.0)
     result = pool.score(prompts, texts)      # one prompt per text
-    result.scores                            # float32 [N]; 0 where a call failed
+    result.scores                            # float32 [B]; 0 where a call failed
     result.errors, result.timeouts           # counts of failed calls
     result.reasons[i]                        # the verifier's reason, or the failure
     pool.close()
@@ -47,9 +47,9 @@ class PoolScores:
     """The outcome of :meth:`RewardPool.score` for N completions.
 
     Attributes:
-      scores: float32 [N], the reward of each completion; 0 where its call failed.
+      scores: float32 [B], the reward of each completion; 0 where its call failed.
       reasons: N strings: the reward's reason, or why the call failed.
-      failed: bool [N], True where the call raised, crashed, timed out or
+      failed: bool [B], True where the call raised, crashed, timed out or
         returned a non-finite score.
       errors: calls that raised, crashed their worker or returned a bad value.
       timeouts: calls killed at the deadline.

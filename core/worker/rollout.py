@@ -53,7 +53,7 @@ def rollout(
     (``reward_errors``, ``reward_timeouts``) instead of stopping the run.
     """
     completions = sampler.generate(prompts, group_size, seed=seed)
-    scores: np.ndarray | list[list[float]]  # [N, G]
+    scores: np.ndarray | list[list[float]]  # [M, G]
     if isinstance(reward, RewardPool):
         flat = [(p, c.text) for p, cs in zip(prompts, completions) for c in cs]
         result = reward.score([p for p, _ in flat], [t for _, t in flat])

@@ -14,7 +14,7 @@ A third-party algorithm imports names, not module paths::
 The pieces, one module each (the unified objective is written out in
 :mod:`.policy_gradient`):
 
-- sequence-level advantage estimators, rewards [N, G] -> advantages [N, G]
+- sequence-level advantage estimators, rewards [M, G] -> advantages [M, G]
   on the host: :mod:`.advantages`;
 - aggregations, per-token values -> the scalar loss: :mod:`.aggregation`;
 - train/inference alignment, the importance weight: :mod:`.alignment`;

@@ -1,4 +1,4 @@
-"""Sequence-level advantage estimators: rewards [N, G] -> advantages [N, G].
+"""Sequence-level advantage estimators: rewards [M, G] -> advantages [M, G].
 
 The experiment loop calls an algorithm's ``advantages(rewards)`` on the host
 with one row per prompt and one column per completion (a *group*); the batch

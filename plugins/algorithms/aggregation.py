@@ -7,7 +7,7 @@ choice changes which sequences dominate the gradient (long ones under
 ``token-mean``, every sequence equally under ``seq-mean-token-mean``) and is
 the main difference between GRPO, DAPO and Dr.GRPO.
 
-Shape legend: B rows (completions), T positions (the loss mask's width).
+Shapes: the legend of :mod:`rlax.core.types` (B rows, L target positions).
 
 References:
   Shao et al., 2024, DeepSeekMath (GRPO), https://arxiv.org/abs/2402.03300 (seq-mean-token-mean)
@@ -36,8 +36,8 @@ def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def aggregate(
-    per_token: jax.Array,  # [B, T]
-    mask: jax.Array,  # [B, T]
+    per_token: jax.Array,  # [B, L]
+    mask: jax.Array,  # [B, L]
     mode: str,
     max_len: int | None = None,
 ) -> jax.Array:

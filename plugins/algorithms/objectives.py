@@ -11,7 +11,7 @@ the denominator of the importance ratio :math:`r = \\pi_\\theta / \\pi_{old}`
 ready for an :class:`~rlax.plugins.algorithms.aggregation.Aggregation`.
 Metrics are scalars, already averaged.
 
-Shape legend: B rows, T positions.
+Shapes: the legend of :mod:`rlax.core.types` (B rows, L target positions).
 """
 
 from __future__ import annotations

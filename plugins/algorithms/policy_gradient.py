@@ -46,7 +46,7 @@ Batch = dict[str, jax.Array]
 
 
 class Objective(Protocol):
-    """A per-token policy loss: (logp, old_logp, advantages, mask) -> (loss [B, T], metrics)."""
+    """A per-token policy loss: (logp, old_logp, advantages, mask) -> (loss [B, L], metrics)."""
 
     def __call__(
         self, logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array
@@ -59,7 +59,7 @@ class PolicyGradient:
 
     Args:
       name: the algorithm's name, for messages.
-      estimator: rewards [N, G] -> sequence advantages [N, G] (host, numpy).
+      estimator: rewards [M, G] -> sequence advantages [M, G] (host, numpy).
       objective: the per-token policy loss.
       aggregation: how per-token values become the scalar loss.
       alignment: the importance weight against the sampler's logprobs.
@@ -100,11 +100,11 @@ class PolicyGradient:
         return self.critic.model
 
     def advantages(self, rewards: np.ndarray) -> np.ndarray:
-        """Sequence advantages [N, G] from rewards [N, G]; every token gets its row's value."""
+        """Sequence advantages [M, G] from rewards [M, G]; every token gets its row's value."""
         return np.asarray(self.estimator(rewards), np.float32)
 
     def loss(self, new_logprobs: jax.Array, batch: Batch) -> tuple[jax.Array, dict]:
-        """The scalar loss and its metrics; ``batch`` holds [B, T] arrays (see module doc)."""
+        """The scalar loss and its metrics; ``batch`` holds [B, L] arrays (see module doc)."""
         old_logp, weight, mask, metrics = self.alignment(batch)
         if self.returns is None:
             advantages, returns = batch["advantages"], None

@@ -8,7 +8,7 @@ per-token advantages by generalised advantage estimation against a critic's
 values (or against V = 0, which with γ = λ = 1 is the plain return-to-go),
 optionally whitened over the whole batch.
 
-Shape legend: B rows, T positions (the loss mask's width). Completions are
+Shapes: the legend of :mod:`rlax.core.types` (B rows, L target positions). Completions are
 contiguous on the mask, so "the next token" of position t is position t+1.
 """
 
@@ -30,7 +30,7 @@ def _shift_left(x: jax.Array) -> jax.Array:
 def terminal_rewards(seq_reward: jax.Array, mask: jax.Array) -> jax.Array:
     """The sequence reward on the last masked token of each row, 0 elsewhere.
 
-    ``seq_reward`` is [B, T] (constant on a row's mask) or [B].
+    ``seq_reward`` is [B, L] (constant on a row's mask) or [B].
     """
     if seq_reward.ndim == 1:
         seq_reward = seq_reward[:, None]
@@ -39,9 +39,9 @@ def terminal_rewards(seq_reward: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def gae(
-    rewards: jax.Array,  # [B, T]
-    values: jax.Array,  # [B, T]
-    mask: jax.Array,  # [B, T]
+    rewards: jax.Array,  # [B, L]
+    values: jax.Array,  # [B, L]
+    mask: jax.Array,  # [B, L]
     gamma: float,
     lam: float,
 ) -> tuple[jax.Array, jax.Array]:
@@ -128,7 +128,7 @@ class Returns:
     def __call__(
         self, batch: dict[str, jax.Array], mask: jax.Array, values: jax.Array | None
     ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
-        """Returns (advantages, returns, metrics), each array [B, T] and 0 off the mask."""
+        """Returns (advantages, returns, metrics), each array [B, L] and 0 off the mask."""
         rewards = terminal_rewards(batch["advantages"], mask)
         metrics = {}
         if self.needs_reference:

@@ -53,10 +53,10 @@ class ValueLoss:
 
     def __call__(
         self,
-        values: jax.Array,  # [B, T]
-        old_values: jax.Array,  # [B, T]
-        returns: jax.Array,  # [B, T]
-        mask: jax.Array,  # [B, T]
+        values: jax.Array,  # [B, L]
+        old_values: jax.Array,  # [B, L]
+        returns: jax.Array,  # [B, L]
+        mask: jax.Array,  # [B, L]
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Returns (coef × L_V, metrics)."""
         clipped = old_values + jnp.clip(values - old_values, -self.clip_eps, self.clip_eps)

@@ -89,7 +89,7 @@ class PassRateFilter:
         return Prompt(prompt.id, prompt.text, tokens, prompt.answer, prompt.metadata)
 
     def pass_rates(self, prompts: Sequence[Prompt]) -> np.ndarray:
-        """The pass rate of each prompt over ``samples`` completions, float [N]."""
+        """The pass rate of each prompt over ``samples`` completions, float [M]."""
         from rlax.core.worker.reward_pool import RewardPool
 
         self._setup()
