@@ -70,10 +70,7 @@ def param_server(
     )
     if state_dir is None and run_dir is not None:
         state_dir = str(pathlib.Path(run_dir) / "param_server")
-    try:
-        db = QueueDB(pathlib.Path(state_dir) / "queue.sqlite") if state_dir else None
-    except QueueDBError as err:
-        raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
+    db = _queue_db(state_dir)
     stop = Preemption(preemption_notices, role="param_server", hook=hook).start()
     try:
         server = ParamServer(
@@ -85,13 +82,7 @@ def param_server(
         stop.close()
         raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
     port = server.start()
-    persister = None
-    if state_dir:
-        host = server.settings.address.rsplit(":", 1)[0]
-        local = dataclasses.replace(server.settings, address=f"{host}:{port}")
-        persister = WeightPersister(pathlib.Path(state_dir) / "weights", local)
-        persister.restore()
-        persister.start()
+    persister = _start_persister(server, port, state_dir) if state_dir else None
     try:
         while not stop.wait(0.5):
             pass
@@ -103,6 +94,28 @@ def param_server(
         stop.close()
     stop.stop_now()
     return 0
+
+
+def _queue_db(state_dir: str | None) -> QueueDB | None:
+    """The rollout queue's database in ``state_dir`` (None: the queue is not kept)."""
+    try:
+        return QueueDB(pathlib.Path(state_dir) / "queue.sqlite") if state_dir else None
+    except QueueDBError as err:
+        raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
+
+
+def _start_persister(server: ParamServer, port: int, state_dir: str) -> WeightPersister:
+    """Restores the weights saved in ``state_dir/weights`` and keeps saving each new version.
+
+    The persister talks to this server on the port it actually bound (the
+    configured one may be 0, "any free port").
+    """
+    host = server.settings.address.rsplit(":", 1)[0]
+    local = dataclasses.replace(server.settings, address=f"{host}:{port}")
+    persister = WeightPersister(pathlib.Path(state_dir) / "weights", local)
+    persister.restore()
+    persister.start()
+    return persister
 
 
 def _check_listen(settings: ServerSettings) -> None:
