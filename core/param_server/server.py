@@ -23,7 +23,8 @@ from rlax.core.parallel.host_memory import keep_message_buffers
 from rlax.core.param_server import recovery, transfer
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.parts import Part, PushRejected
-from rlax.core.param_server.queue import QueueError, RolloutQueue
+from rlax.core.param_server.queue import RolloutQueue
+from rlax.core.param_server.queue_state import QueueError
 from rlax.core.param_server.settings import MB, ServerSettings
 from rlax.core.param_server.weights import Served, WeightStore
 from rlax.core.types import Prompt
