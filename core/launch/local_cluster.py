@@ -159,9 +159,7 @@ def local_cluster(
         raise ConfigError(f"rlax.local_cluster.num_workers must be >= 1, got {num_workers}")
     if max_restarts < 0:
         raise ConfigError(f"rlax.local_cluster.max_restarts must be >= 0, got {max_restarts}")
-    env = dict(os.environ)
-    env.setdefault(ADDRESS_ENV, f"127.0.0.1:{_free_port()}")
-    env.setdefault(TOKEN_ENV, secrets.token_hex(16))
+    env = _cluster_env()
     base = [sys.executable, "-m", "rlax.core.cli", "run", *argv]
     stop = Preemption(preemption_notices, role="local").start()
     server = _Child("param_server", [*base, "--role", "param_server"], env, None)
@@ -186,6 +184,15 @@ def local_cluster(
     finally:
         stop.close()
         _end_children(children, status)
+
+
+def _cluster_env() -> dict[str, str]:
+    """The children's environment: this one, plus a free local server address and a
+    fresh token unless RLAX_PS_ADDRESS / RLAX_PS_TOKEN already set them."""
+    env = dict(os.environ)
+    env.setdefault(ADDRESS_ENV, f"127.0.0.1:{_free_port()}")
+    env.setdefault(TOKEN_ENV, secrets.token_hex(16))
+    return env
 
 
 def _start_failure(exited: int) -> int:

@@ -128,6 +128,20 @@ def check_header(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             f"part of {h.nbytes} bytes exceeds the limit of {max_version_bytes}",
         )
+    _check_tensors(h)
+    if known_layout is not None and known_layout != layout(h):
+        ours = {t[1]: t for t in known_layout}
+        diff = next((t for t in layout(h) if ours.get(t[1]) != t), None)
+        what = f"tensor {diff[1]!r}" if diff else "the tensor list"
+        raise PushRejected(
+            BAD,
+            f"{what} does not match the model's layout (unknown tensor, shape, dtype or position)",
+        )
+
+
+def _check_tensors(h: pb.PartHeader) -> None:
+    """Raises PushRejected unless ``h``'s tensors have known dtypes, slices inside their
+    shapes, and sizes and offsets that pack them back to back into ``h.nbytes``."""
     offset = 0
     for t in h.tensors:
         itemsize = DTYPE_BYTES.get(t.dtype)
@@ -154,14 +168,6 @@ def check_header(
         offset += t.nbytes
     if offset != h.nbytes:
         raise PushRejected(BAD, f"tensors add up to {offset} bytes, header says {h.nbytes}")
-    if known_layout is not None and known_layout != layout(h):
-        ours = {t[1]: t for t in known_layout}
-        diff = next((t for t in layout(h) if ours.get(t[1]) != t), None)
-        what = f"tensor {diff[1]!r}" if diff else "the tensor list"
-        raise PushRejected(
-            BAD,
-            f"{what} does not match the model's layout (unknown tensor, shape, dtype or position)",
-        )
 
 
 def assemble(

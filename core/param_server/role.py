@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import pathlib
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from rlax.core.errors import ConfigError
@@ -21,7 +21,7 @@ from rlax.core.param_server.persist import QueueDB, QueueDBError
 from rlax.core.param_server.server import ParamServer
 from rlax.core.param_server.settings import ADDRESS_ENV, ServerSettings
 from rlax.core.param_server.weight_persist import WeightPersister
-from rlax.core.types import ConfigPath
+from rlax.core.types import ConfigPath, Prompt
 from rlax.core.worker.rollout import task_prompts
 
 log = logging.getLogger("rlax.roles")
@@ -61,13 +61,7 @@ def param_server(
       Preempted: after a notice, once the server has stopped (exit status 75).
     """
     _check_listen(settings)
-    try:
-        tokenizer = load_tokenizer(init_checkpoint)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"rlax.param_server.init_checkpoint: {err}") from err
-    prompts = task_prompts(
-        task, "train", tokenizer=tokenizer, seed=seed, setting="rlax.param_server.task"
-    )
+    prompts = _train_prompts(task, init_checkpoint, seed)
     if state_dir is None and run_dir is not None:
         state_dir = str(pathlib.Path(run_dir) / "param_server")
     db = _queue_db(state_dir)
@@ -83,6 +77,24 @@ def param_server(
         raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
     port = server.start()
     persister = _start_persister(server, port, state_dir) if state_dir else None
+    _serve_until(stop, server, persister)
+    stop.stop_now()
+    return 0
+
+
+def _train_prompts(task: Any, init_checkpoint: ConfigPath, seed: int) -> Iterator[Prompt]:
+    """The task's training prompts, tokenised with the checkpoint's tokenizer."""
+    try:
+        tokenizer = load_tokenizer(init_checkpoint)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"rlax.param_server.init_checkpoint: {err}") from err
+    return task_prompts(
+        task, "train", tokenizer=tokenizer, seed=seed, setting="rlax.param_server.task"
+    )
+
+
+def _serve_until(stop: Preemption, server: ParamServer, persister: WeightPersister | None) -> None:
+    """Serves until a notice; then stops the persister, the server, the queue, the notices."""
     try:
         while not stop.wait(0.5):
             pass
@@ -92,8 +104,6 @@ def param_server(
         server.stop(grace=1.0)
         server.queue.close()
         stop.close()
-    stop.stop_now()
-    return 0
 
 
 def _queue_db(state_dir: str | None) -> QueueDB | None:
