@@ -119,7 +119,7 @@ class RolloutQueue(QueueState):
         with self._cv:
             self._wait(lambda: len(self._queue) >= req.max_groups, req.wait_s)
             reply = pb.TakeReply(take_id=uuid.uuid4().hex)
-            taken = []
+            taken: list[pb.GroupMsg] = []
             with self._tx():
                 while self._queue and len(taken) < req.max_groups:
                     group = self._queue.popleft()
@@ -235,9 +235,9 @@ class RolloutQueue(QueueState):
         server restarted): that take may have been recorded, and nobody would
         ever acknowledge it. Returns how many groups went back.
         """
-        keep = set(keep)
+        kept = set(keep)
         with self._cv, self._tx():
-            orphans = [t for t in self._taken if t not in keep]
+            orphans = [t for t in self._taken if t not in kept]
             back = [g for t in orphans for g in self._taken[t]]
             for take_id in orphans:
                 del self._taken[take_id]

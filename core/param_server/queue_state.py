@@ -105,8 +105,8 @@ class QueueState:
         self._acked: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._workers: dict[str, tuple[float, float, int, int]] = {}
         self._take_versions: dict[str, int] = {}
-        self.version_floor = 0  # groups from older weights are dropped (set by resume_trainer)
-        self.counts = collections.Counter()
+        self.version_floor: int = 0  # groups from older weights are dropped (set by resume_trainer)
+        self.counts: collections.Counter[str] = collections.Counter()
         self._db = db
         self._closed = False
         if db is not None:
