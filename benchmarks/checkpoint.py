@@ -39,7 +39,7 @@ import optax
 from flax import nnx
 
 from rlax.core.models.bundle import new_model
-from rlax.core.models.transformer import TransformerConfig
+from rlax.core.models.config import TransformerConfig
 from rlax.core.trainer.checkpoint import Checkpointer
 
 

@@ -44,7 +44,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from rlax.core.models.transformer import Transformer, TransformerConfig
+from rlax.core.models.config import TransformerConfig
+from rlax.core.models.transformer import Transformer
 from rlax.core.parallel.host_memory import reuse_freed_memory
 from rlax.core.parallel.mesh import MeshConfig, make_mesh, param_name
 from rlax.core.trainer.step import Trainer, TrainerSettings

@@ -145,7 +145,8 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     _python_showwarning(message, category, filename, lineno, file, line)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _shared_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The parent parsers of the subcommands: ``-p NAME`` (all) and ``--gin FILE`` (run/eval/curate)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "-p",
@@ -163,6 +164,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="gin file, or the name of a packaged config (quickstart); repeatable",
     )
+    return common, gin_files
+
+
+def _parser() -> argparse.ArgumentParser:
+    common, gin_files = _shared_options()
     parser = argparse.ArgumentParser(
         prog="rlax",
         description="RL for language models in JAX.",

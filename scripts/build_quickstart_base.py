@@ -19,8 +19,8 @@ import shutil
 import numpy as np
 
 from rlax.core.models.bundle import ModelBundle, new_model, save_model
+from rlax.core.models.config import TransformerConfig
 from rlax.core.models.tokenizer import CharTokenizer
-from rlax.core.models.transformer import TransformerConfig
 from rlax.core.trainer.sft import supervised_finetune
 from rlax.plugins.tasks.arithmetic import ArithmeticTask
 

@@ -42,8 +42,9 @@ from rlax.core.errors import ConfigError, Preempted
 from rlax.core.evaluation.curate import curate
 from rlax.core.evaluation.evaluate import evaluate_pass_at_k
 from rlax.core.launch import preemption
+from rlax.core.models.config import TransformerConfig
 from rlax.core.models.tokenizer import CharTokenizer
-from rlax.core.models.transformer import Transformer, TransformerConfig, sequence_logprobs
+from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.plugins import PluginManager, build_plugin_manager
 from rlax.core.trainer.batches import make_batch
 from rlax.core.trainer.checkpoint import Checkpointer

@@ -159,9 +159,7 @@ def local_cluster(
         raise ConfigError(f"rlax.local_cluster.num_workers must be >= 1, got {num_workers}")
     if max_restarts < 0:
         raise ConfigError(f"rlax.local_cluster.max_restarts must be >= 0, got {max_restarts}")
-    env = dict(os.environ)
-    env.setdefault(ADDRESS_ENV, f"127.0.0.1:{_free_port()}")
-    env.setdefault(TOKEN_ENV, secrets.token_hex(16))
+    env = _cluster_env()
     base = [sys.executable, "-m", "rlax.core.cli", "run", *argv]
     stop = Preemption(preemption_notices, role="local").start()
     server = _Child("param_server", [*base, "--role", "param_server"], env, None)
@@ -171,13 +169,9 @@ def local_cluster(
         exited = _wait_ready(
             dataclasses.replace(settings, address=env[ADDRESS_ENV], token=env[TOKEN_ENV]), server
         )
-        if exited == USAGE_STATUS:  # it printed the configuration error
-            status = USAGE_STATUS
-            return status
         if exited is not None:
-            print(f"rlax: parameter server exited at start with {describe_status(exited)}",
-                  file=sys.stderr, flush=True)  # fmt: skip
-            return 1
+            status = _start_failure(exited)
+            return status
         trainer = _Child("trainer", [*base, "--role", "trainer"], env, trainer_cores)
         children.append(trainer)
         for i in range(num_workers):
@@ -189,13 +183,38 @@ def local_cluster(
         return status
     finally:
         stop.close()
-        # A finished run, or one a child refused for its settings, ends the others
-        # quietly (FINISH_SIGNAL); anything else is a notice.
-        sig = FINISH_SIGNAL if status in (0, USAGE_STATUS) else signal.SIGTERM
-        for child in children:  # all at once, then wait for each
-            child.signal(sig)
-        for child in reversed(children):
-            child.stop(sig=sig)
+        _end_children(children, status)
+
+
+def _cluster_env() -> dict[str, str]:
+    """The children's environment: this one, plus a free local server address and a
+    fresh token unless RLAX_PS_ADDRESS / RLAX_PS_TOKEN already set them."""
+    env = dict(os.environ)
+    env.setdefault(ADDRESS_ENV, f"127.0.0.1:{_free_port()}")
+    env.setdefault(TOKEN_ENV, secrets.token_hex(16))
+    return env
+
+
+def _start_failure(exited: int) -> int:
+    """The run's status when the server exited at start with ``exited``."""
+    if exited == USAGE_STATUS:  # it printed the configuration error
+        return USAGE_STATUS
+    print(f"rlax: parameter server exited at start with {describe_status(exited)}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return 1
+
+
+def _end_children(children: list[_Child], status: int) -> None:
+    """Stops every child: all signalled at once, then each waited for, the server last.
+
+    A finished run, or one a child refused for its settings, ends the others
+    quietly (FINISH_SIGNAL); anything else is a notice (SIGTERM).
+    """
+    sig = FINISH_SIGNAL if status in (0, USAGE_STATUS) else signal.SIGTERM
+    for child in children:
+        child.signal(sig)
+    for child in reversed(children):
+        child.stop(sig=sig)
 
 
 def _supervise(trainer: _Child, children: list[_Child], max_restarts: int, stop: Preemption) -> int:

@@ -38,8 +38,9 @@ import orbax.checkpoint as ocp
 import xxhash
 from flax import nnx
 
+from rlax.core.models.config import TransformerConfig
 from rlax.core.models.tokenizer import CharTokenizer
-from rlax.core.models.transformer import Transformer, TransformerConfig
+from rlax.core.models.transformer import Transformer
 
 FORMAT = "rlax-model/1"
 HF_INFO = "rlax_info.json"

@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from rlax.core.models.config import RopeScaling, TransformerConfig
 from rlax.core.models.hf import hf_names, model_from_params, params_from_tensors
 from rlax.core.models.hf_tokenizer import HFTokenizer
-from rlax.core.models.transformer import RopeScaling, Transformer, TransformerConfig
+from rlax.core.models.transformer import Transformer
 
 __all__ = ["GGUFError", "GGUFFile", "load_gguf_model", "unpermute_qk"]
 

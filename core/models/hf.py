@@ -30,8 +30,9 @@ import jax
 import numpy as np
 from flax import nnx
 
+from rlax.core.models.config import TransformerConfig
 from rlax.core.models.hf_config import config_from_hf, config_to_hf
-from rlax.core.models.transformer import Transformer, TransformerConfig
+from rlax.core.models.transformer import Transformer
 
 __all__ = [
     "WeightsError",

@@ -13,7 +13,7 @@ import json
 import pathlib
 from typing import Any
 
-from rlax.core.models.transformer import RopeScaling, TransformerConfig
+from rlax.core.models.config import RopeScaling, TransformerConfig
 
 __all__ = ["HFConfigError", "config_from_hf", "config_to_hf", "read_hf_config"]
 

@@ -1,223 +1,43 @@
 """The RolloutQueue service: prompt leases, submitted groups, takes and acks.
 
-Every prompt is in exactly one place: the pool (waiting), a lease (a worker
-is generating), the queue (a scored group waits for the trainer), a take (the
-trainer is training on it) or consumed (acknowledged). Capacity bounds
-leases + queue + takes together, so producers wait at ``Lease`` when the
-trainer falls behind — nothing is ever dropped to make room. An expired
-lease returns its prompt to the front of the pool; a group too stale for the
-trainer's rule is dropped, counted, and its prompt returns to the pool too.
-With capacity = one batch and ``max_staleness = 0`` this is synchronous
-on-policy RL; larger capacity lets workers run ahead.
+Each call is one transaction over :class:`~rlax.core.param_server.queue_state.QueueState`
+(where every prompt is, in memory and on disk). Capacity bounds leases + queue
++ takes together, so producers wait at ``Lease`` when the trainer falls
+behind — nothing is ever dropped to make room. An expired lease returns its
+prompt to the front of the pool; a group too stale for the trainer's rule is
+dropped, counted, and its prompt returns to the pool too. With capacity = one
+batch and ``max_staleness = 0`` this is synchronous on-policy RL; larger
+capacity lets workers run ahead.
 
-With a database (``db``, :mod:`rlax.core.param_server.persist`) every call
-that changes state is one SQLite transaction, and a queue built on an existing
-database resumes where the last one stopped: the data cursor (the task's
-prompts are drawn again up to it and checked), the returned prompts, the
-leases (with a fresh time to live), the submitted groups, the takes and the
-consumed log. A restarted trainer calls :meth:`RolloutQueue.resume_trainer`:
-prompts consumed after its checkpoint and prompts it had taken are served
-again, and groups from weight versions older than its new one are dropped.
+A restarted trainer calls :meth:`RolloutQueue.resume_trainer`: prompts
+consumed after its checkpoint and prompts it had taken are served again, and
+groups from weight versions older than its new one are dropped.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import dataclasses
 import logging
-import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import grpc
 import numpy as np
 
 from rlax.core.param_server import codec
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server.persist import QueueDB, QueueDBError
-from rlax.core.types import Prompt
+from rlax.core.param_server.queue_state import (
+    Lease,
+    QueueError,
+    QueueState,
+    prompt_from_bytes,
+)
 
 log = logging.getLogger("rlax.queue")
 
 
-class QueueError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-@dataclasses.dataclass
-class _Lease:
-    prompt: Prompt
-    worker: str
-    expires: float
-
-
-class RolloutQueue:
+class RolloutQueue(QueueState):
     """State and logic of the RolloutQueue service (the gRPC glue is in server.py)."""
-
-    def __init__(
-        self,
-        prompts: Iterator[Prompt],
-        *,
-        capacity: int,
-        lease_ttl_s: float,
-        max_completions: int = 1024,
-        max_tokens: int = 1 << 16,
-        version_fn=lambda: 0,
-        curricula: Sequence = (),
-        db: QueueDB | None = None,
-    ):
-        if capacity < 1 or lease_ttl_s <= 0:
-            raise ValueError(
-                f"rollout queue: need capacity >= 1 and lease_ttl_s > 0, got {capacity}, {lease_ttl_s}"
-            )
-        self._source = prompts
-        # Prompt curricula (``admit(prompts)``, ``observe(prompt_id, rewards)``) live
-        # here, where every worker's results meet: a retired prompt is never leased.
-        self._curricula = list(curricula)
-        self.capacity = capacity
-        self.lease_ttl_s = lease_ttl_s
-        self.max_completions = max_completions
-        self.max_tokens = max_tokens
-        self._version = version_fn
-        self._cv = threading.Condition()
-        self._pool: collections.deque[Prompt] = collections.deque()
-        self._leases: dict[str, _Lease] = {}
-        self._queue: collections.deque[pb.GroupMsg] = collections.deque()
-        self._taken: dict[str, list[pb.GroupMsg]] = {}
-        # Lease ids submitted and not yet acknowledged (a retried Submit is a no-op),
-        # and recent take ids (a retried Ack is a no-op): both bounded, so memory stays flat.
-        self._submitted: set[str] = set()
-        self._acked: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self._workers: dict[str, tuple[float, float, int, int]] = {}
-        self._take_versions: dict[str, int] = {}
-        self.version_floor = 0  # groups from older weights are dropped (set by resume_trainer)
-        self.counts = collections.Counter()
-        self._db = db
-        self._closed = False
-        if db is not None:
-            self._restore(db)
-
-    # -- persistence ----------------------------------------------------------
-
-    def _tx(self):
-        if self._closed:
-            # A call still running as the server stops: nothing it does may be acknowledged
-            # without being on disk, and UNAVAILABLE makes the client retry after the restart.
-            raise QueueError(grpc.StatusCode.UNAVAILABLE, "the rollout queue is shutting down")
-        return self._db.transaction() if self._db is not None else contextlib.nullcontext()
-
-    def close(self) -> None:
-        """Closes the database; calls still running after this fail with UNAVAILABLE."""
-        with self._cv:
-            self._closed = True
-            if self._db is not None:
-                self._db.close()
-            self._cv.notify_all()
-
-    def _save_counts(self) -> None:
-        if self._db is not None:
-            self._db.set_meta("counts", dict(self.counts))
-            self._db.set_meta("version_floor", self.version_floor)
-
-    def _save_curricula(self) -> None:
-        if self._db is not None and self._curricula:
-            self._db.set_meta(
-                "curricula", [c.state_dict() if hasattr(c, "state_dict") else None
-                              for c in self._curricula],
-            )  # fmt: skip
-
-    def _restore(self, db: QueueDB) -> None:
-        """Rebuilds the in-memory state from ``db`` (empty: a fresh queue)."""
-        self.counts.update(db.load_meta("counts", {}))
-        self.version_floor = db.load_meta("version_floor", 0)
-        for c, state in zip(self._curricula, db.load_meta("curricula", [])):
-            if state is not None and hasattr(c, "load_state_dict"):
-                c.load_state_dict(state)
-        last = db.load_meta("last_drawn")
-        for i in range(self.counts["cursor"]):
-            prompt = next(self._source)
-            if i == self.counts["cursor"] - 1 and last is not None and prompt.id != last:
-                raise QueueDBError(
-                    f"{db.path}: the task's prompt #{i} is {prompt.id!r}, but the saved queue "
-                    f"drew {last!r} there (a different task or seed?); the database was left "
-                    "as it is"
-                )
-        self._pool.extend(_prompt(b) for b in db.pool())
-        expires = time.monotonic() + self.lease_ttl_s
-        for lease_id, worker, prompt in db.leases():
-            self._leases[lease_id] = _Lease(_prompt(prompt), worker, expires)
-        self._queue.extend(pb.GroupMsg.FromString(g) for g in db.queued())
-        for take_id, (version, groups) in db.takes().items():
-            self._taken[take_id] = [pb.GroupMsg.FromString(g) for g in groups]
-            self._take_versions[take_id] = version
-        self._submitted.update(g.lease_id for g in self._queue)
-        self._submitted.update(g.lease_id for t in self._taken.values() for g in t)
-        self._acked.update((t, None) for t in db.recent_take_ids(4096))
-        if self.counts["cursor"]:
-            log.info(
-                "rollout queue restored from %s: cursor %d, %d returned, %d leased, %d queued, "
-                "%d taken, %d consumed", db.path, self.counts["cursor"], len(self._pool),
-                len(self._leases), len(self._queue), self._n_taken(), self.counts["consumed"],
-            )  # fmt: skip
-
-    # -- helpers (hold the lock) --------------------------------------------
-
-    def _n_taken(self) -> int:
-        return sum(len(t) for t in self._taken.values())
-
-    def _in_flight(self) -> int:
-        return len(self._leases) + len(self._queue) + self._n_taken()
-
-    def _return(self, prompt: Prompt) -> None:
-        """Puts a prompt back at the front of the pool (served next)."""
-        self._pool.appendleft(prompt)
-        if self._db is not None:
-            self._db.pool_push_front(_blob(prompt))
-
-    def _expire(self) -> None:
-        now = time.monotonic()
-        expired = [k for k, v in self._leases.items() if v.expires <= now]
-        if not expired:
-            return
-        with self._tx():
-            for lease_id in expired:
-                self._return(self._leases.pop(lease_id).prompt)
-                if self._db is not None:
-                    self._db.lease_del(lease_id)
-                self.counts["expired_leases"] += 1
-            self._save_counts()
-        self._cv.notify_all()
-
-    def _next_prompt(self) -> Prompt:
-        if self._pool:
-            if self._db is not None:
-                self._db.pool_pop_front()
-            return self._pool.popleft()
-        for _ in range(100_000):
-            self.counts["cursor"] += 1
-            prompt = next(self._source)
-            if self._db is not None:
-                self._db.set_meta("last_drawn", prompt.id)
-            if all(c.admit([prompt]) for c in self._curricula):
-                return prompt
-            self.counts["retired_skipped"] += 1
-        raise QueueError(grpc.StatusCode.RESOURCE_EXHAUSTED, "the curriculum retired every prompt")
-
-    def _wait(self, ready, wait_s: float) -> bool:
-        deadline = time.monotonic() + max(0.0, min(wait_s, 600.0))
-        while not ready():
-            if self._closed:
-                return False
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            self._cv.wait(min(remaining, 0.5))  # wake up to expire leases
-            self._expire()
-        return True
 
     # -- the four calls -----------------------------------------------------
 
@@ -242,7 +62,7 @@ class RolloutQueue:
                 for _ in range(max(0, n)):
                     prompt = self._next_prompt()
                     lease_id = uuid.uuid4().hex
-                    self._leases[lease_id] = _Lease(prompt, req.worker, expires)
+                    self._leases[lease_id] = Lease(prompt, req.worker, expires)
                     msg = codec.prompt_to_msg(prompt)
                     if self._db is not None:
                         self._db.lease_add(lease_id, req.worker, msg.SerializeToString())
@@ -299,7 +119,7 @@ class RolloutQueue:
         with self._cv:
             self._wait(lambda: len(self._queue) >= req.max_groups, req.wait_s)
             reply = pb.TakeReply(take_id=uuid.uuid4().hex)
-            taken = []
+            taken: list[pb.GroupMsg] = []
             with self._tx():
                 while self._queue and len(taken) < req.max_groups:
                     group = self._queue.popleft()
@@ -382,7 +202,9 @@ class RolloutQueue:
             )
         with self._cv, self._tx():
             if self._db is not None:
-                unconsumed = [_prompt(b) for _, b in self._db.consumed_since(restored_version)]
+                unconsumed = [
+                    prompt_from_bytes(b) for _, b in self._db.consumed_since(restored_version)
+                ]
                 self._db.consumed_drop_since(restored_version)
             else:  # without a database the consumed log is not kept: nothing to roll back
                 unconsumed = []
@@ -413,9 +235,9 @@ class RolloutQueue:
         server restarted): that take may have been recorded, and nobody would
         ever acknowledge it. Returns how many groups went back.
         """
-        keep = set(keep)
+        kept = set(keep)
         with self._cv, self._tx():
-            orphans = [t for t in self._taken if t not in keep]
+            orphans = [t for t in self._taken if t not in kept]
             back = [g for t in orphans for g in self._taken[t]]
             for take_id in orphans:
                 del self._taken[take_id]
@@ -468,11 +290,3 @@ class RolloutQueue:
                 reward_errors=int(reward_errors),
                 reward_timeouts=int(reward_timeouts),
             )
-
-
-def _blob(prompt: Prompt) -> bytes:
-    return codec.prompt_to_msg(prompt).SerializeToString()
-
-
-def _prompt(blob: bytes) -> Prompt:
-    return codec.msg_to_prompt(pb.PromptMsg.FromString(blob))

@@ -21,7 +21,8 @@ import time
 
 import grpc
 
-from rlax.core.param_server.queue import QueueError, RolloutQueue
+from rlax.core.param_server.queue import RolloutQueue
+from rlax.core.param_server.queue_state import QueueError
 
 log = logging.getLogger("rlax.recovery")
 

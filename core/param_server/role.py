@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import pathlib
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from rlax.core.contracts import Curriculum, Task
@@ -22,7 +22,7 @@ from rlax.core.param_server.persist import QueueDB, QueueDBError
 from rlax.core.param_server.server import ParamServer
 from rlax.core.param_server.settings import ADDRESS_ENV, ServerSettings
 from rlax.core.param_server.weight_persist import WeightPersister
-from rlax.core.types import ConfigPath
+from rlax.core.types import ConfigPath, Prompt
 from rlax.core.worker.rollout import task_prompts
 
 log = logging.getLogger("rlax.roles")
@@ -62,19 +62,10 @@ def param_server(
       Preempted: after a notice, once the server has stopped (exit status 75).
     """
     _check_listen(settings)
-    try:
-        tokenizer = load_tokenizer(init_checkpoint)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"rlax.param_server.init_checkpoint: {err}") from err
-    prompts = task_prompts(
-        task, "train", tokenizer=tokenizer, seed=seed, setting="rlax.param_server.task"
-    )
+    prompts = _train_prompts(task, init_checkpoint, seed)
     if state_dir is None and run_dir is not None:
         state_dir = str(pathlib.Path(run_dir) / "param_server")
-    try:
-        db = QueueDB(pathlib.Path(state_dir) / "queue.sqlite") if state_dir else None
-    except QueueDBError as err:
-        raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
+    db = _queue_db(state_dir)
     stop = Preemption(preemption_notices, role="param_server", hook=hook).start()
     try:
         server = ParamServer(
@@ -86,13 +77,25 @@ def param_server(
         stop.close()
         raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
     port = server.start()
-    persister = None
-    if state_dir:
-        host = server.settings.address.rsplit(":", 1)[0]
-        local = dataclasses.replace(server.settings, address=f"{host}:{port}")
-        persister = WeightPersister(pathlib.Path(state_dir) / "weights", local)
-        persister.restore()
-        persister.start()
+    persister = _start_persister(server, port, state_dir) if state_dir else None
+    _serve_until(stop, server, persister)
+    stop.stop_now()
+    return 0
+
+
+def _train_prompts(task: Any, init_checkpoint: ConfigPath, seed: int) -> Iterator[Prompt]:
+    """The task's training prompts, tokenised with the checkpoint's tokenizer."""
+    try:
+        tokenizer = load_tokenizer(init_checkpoint)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"rlax.param_server.init_checkpoint: {err}") from err
+    return task_prompts(
+        task, "train", tokenizer=tokenizer, seed=seed, setting="rlax.param_server.task"
+    )
+
+
+def _serve_until(stop: Preemption, server: ParamServer, persister: WeightPersister | None) -> None:
+    """Serves until a notice; then stops the persister, the server, the queue, the notices."""
     try:
         while not stop.wait(0.5):
             pass
@@ -102,8 +105,28 @@ def param_server(
         server.stop(grace=1.0)
         server.queue.close()
         stop.close()
-    stop.stop_now()
-    return 0
+
+
+def _queue_db(state_dir: str | None) -> QueueDB | None:
+    """The rollout queue's database in ``state_dir`` (None: the queue is not kept)."""
+    try:
+        return QueueDB(pathlib.Path(state_dir) / "queue.sqlite") if state_dir else None
+    except QueueDBError as err:
+        raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
+
+
+def _start_persister(server: ParamServer, port: int, state_dir: str) -> WeightPersister:
+    """Restores the weights saved in ``state_dir/weights`` and keeps saving each new version.
+
+    The persister talks to this server on the port it actually bound (the
+    configured one may be 0, "any free port").
+    """
+    host = server.settings.address.rsplit(":", 1)[0]
+    local = dataclasses.replace(server.settings, address=f"{host}:{port}")
+    persister = WeightPersister(pathlib.Path(state_dir) / "weights", local)
+    persister.restore()
+    persister.start()
+    return persister
 
 
 def _check_listen(settings: ServerSettings) -> None:

@@ -23,9 +23,11 @@ import grpc
 from rlax.core.parallel.host_memory import keep_message_buffers
 from rlax.core.param_server import recovery, transfer
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server.queue import QueueError, RolloutQueue
+from rlax.core.param_server.parts import Part, PushRejected
+from rlax.core.param_server.queue import RolloutQueue
+from rlax.core.param_server.queue_state import QueueError
 from rlax.core.param_server.settings import MB, ServerSettings
-from rlax.core.param_server.weights import PushRejected, Served, WeightStore, _Part
+from rlax.core.param_server.weights import Served, WeightStore
 from rlax.core.types import Prompt
 
 log = logging.getLogger("rlax.param_server")
@@ -165,7 +167,7 @@ class ParamServer:
         )
         return pb.BulkTicket(ticket=ticket, port=self.bulk.port)
 
-    def _receive(self, part: _Part, conn: socket.socket) -> None:
+    def _receive(self, part: Part, conn: socket.socket) -> None:
         """A staged part's bytes, frame by frame, straight into its buffer; then the commit."""
         max_frame = self.settings.max_message_mb * MB - 4096  # servable by gRPC Pull as well
         view = memoryview(part.buffer)

@@ -1,17 +1,16 @@
 """The WeightStore service: versioned weights, committed only when whole and verified.
 
-A version is made of ``num_parts`` parts (one per trainer host). A part is a
-header (its tensors or tensor shards, their byte offsets) and then its bytes,
-which land in one preallocated buffer — from a gRPC ``Push`` stream or over
-the bulk lane (core/param_server/transfer.py) — in offset order, each segment
-verified against its xxh3_64 checksum as it arrives. When every part of a
-version is complete, the version is committed atomically as the newest one.
-Parts that carry shards (a multi-host push) are assembled into whole tensors
-at commit, so a puller always receives one buffer of whole tensors, in the
-model's order. Anything wrong — a cut-off stream, a gap, a duplicate chunk, an
-unknown tensor, a wrong size or checksum, shards that do not tile their
-tensor, a version that is not newer — fails the push with a gRPC status and
-leaves the served version untouched.
+A version is made of ``num_parts`` parts (one per trainer host), received
+from a gRPC ``Push`` stream or over the bulk lane
+(core/param_server/transfer.py) and verified as they arrive
+(:mod:`rlax.core.param_server.parts`). When every part of a version is
+complete, the version is committed atomically as the newest one. Parts that
+carry shards (a multi-host push) are assembled into whole tensors at commit,
+so a puller always receives one buffer of whole tensors, in the model's
+order. Anything wrong — a cut-off stream, a gap, a duplicate chunk, an unknown
+tensor, a wrong size or checksum, shards that do not tile their tensor, a
+version that is not newer — fails the push with a gRPC status and leaves the
+served version untouched.
 
 Buffers are recycled: a superseded version's buffer goes back to a small
 pool once no pull is reading it, so steady-state pushes write into memory
@@ -26,64 +25,19 @@ import threading
 import time
 
 import grpc
-import numpy as np
 from google.protobuf.message import DecodeError
 
 from rlax.core.param_server import rlax_pb2 as pb
+from rlax.core.param_server.parts import (
+    BAD,
+    Part,
+    PushRejected,
+    assemble,
+    check_header,
+    is_whole,
+    layout,
+)
 from rlax.core.param_server.transfer import checksum, decode_chunk, encode_chunk
-
-_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4}
-
-
-class PushRejected(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-_BAD = grpc.StatusCode.INVALID_ARGUMENT
-
-
-@dataclasses.dataclass
-class _Part:
-    """One part being received or waiting for the rest of its version."""
-
-    header: pb.PartHeader
-    buffer: bytearray
-    segments: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
-    received: int = 0
-
-    def write(self, offset: int, data, digest: int) -> None:
-        """Copies one chunk in at ``offset`` and verifies it (the gRPC path)."""
-        self.check_segment(offset, len(data))
-        self.buffer[offset : offset + len(data)] = data
-        self.accept(len(data), digest)
-
-    def accept(self, length: int, digest: int) -> None:
-        """Verifies the ``length`` bytes just written at the end of the received data."""
-        offset = self.received
-        if checksum(memoryview(self.buffer)[offset : offset + length]) != digest:
-            raise PushRejected(
-                grpc.StatusCode.DATA_LOSS, f"checksum mismatch in the chunk at offset {offset}"
-            )
-        self.segments.append((offset, length, digest))
-        self.received += length
-
-    def check_segment(self, offset: int, length: int) -> None:
-        if offset != self.received:
-            raise PushRejected(
-                _BAD,
-                f"out-of-order or duplicate chunk: part {self.header.part} offset {offset}, "
-                f"expected offset {self.received}",
-            )
-        if length <= 0 or offset + length > self.header.nbytes:
-            raise PushRejected(
-                _BAD, f"chunk at offset {offset} overruns the part's {self.header.nbytes} bytes"
-            )
-
-    @property
-    def complete(self) -> bool:
-        return self.received == self.header.nbytes
 
 
 @dataclasses.dataclass
@@ -97,21 +51,6 @@ class Served:
     owned: list[bytearray]  # buffers to recycle once superseded and unread
     readers: int = 0
     superseded: bool = False
-
-
-def _layout(header: pb.PartHeader) -> tuple:
-    return tuple(
-        (header.part, t.name, t.dtype, tuple(t.shape), tuple(t.slice_start), tuple(t.slice_shape),
-         t.offset, t.nbytes, t.index)
-        for t in header.tensors
-    )  # fmt: skip
-
-
-def _is_whole(header: pb.PartHeader) -> bool:
-    return header.num_parts == 1 and all(
-        not t.slice_shape or (tuple(t.slice_shape) == tuple(t.shape) and not any(t.slice_start))
-        for t in header.tensors
-    )
 
 
 class _Pool:
@@ -150,7 +89,7 @@ class WeightStore:
         self.chunk_bytes = chunk_bytes
         self._lock = threading.Condition()
         self._served: Served | None = None
-        self._pending: dict[int, dict[int, _Part]] = {}  # complete parts of uncommitted versions
+        self._pending: dict[int, dict[int, Part]] = {}  # complete parts of uncommitted versions
         self._num_parts: dict[int, int] = {}
         self._staged_bytes = 0  # buffers held by parts not yet committed
         # (num_parts, part) -> layout, fixed by the first commit of that split: a
@@ -213,54 +152,15 @@ class WeightStore:
     # -- writing: validation and staging ------------------------------------
 
     def _check_header(self, h: pb.PartHeader) -> None:
-        if h.version <= self.version:
-            raise PushRejected(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"version {h.version} is not newer than the served version {self.version}",
-            )
-        if not 0 <= h.part < h.num_parts <= 4096:
-            raise PushRejected(_BAD, f"part {h.part} of {h.num_parts} is out of range")
-        known_parts = self._num_parts.get(h.version)
-        if known_parts is not None and known_parts != h.num_parts:
-            raise PushRejected(
-                _BAD, f"version {h.version}: num_parts {h.num_parts} != {known_parts}"
-            )
-        if h.nbytes == 0 and h.num_parts == 1:
-            raise PushRejected(_BAD, "an empty push: a single-part version needs bytes")
-        if not 0 <= h.nbytes <= self.max_version_bytes:
-            raise PushRejected(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"part of {h.nbytes} bytes exceeds the limit of {self.max_version_bytes}",
-            )
-        offset = 0
-        for t in h.tensors:
-            itemsize = _DTYPES.get(t.dtype)
-            if itemsize is None:
-                raise PushRejected(_BAD, f"tensor {t.name!r}: unknown dtype {t.dtype!r}")
-            shard = tuple(t.slice_shape) or tuple(t.shape)
-            start = tuple(t.slice_start) or (0,) * len(shard)
-            if (
-                len(shard) != len(t.shape)
-                or len(start) != len(shard)
-                or any(s < 0 or st < 0 or st + s > d for s, st, d in zip(shard, start, t.shape))
-            ):
-                raise PushRejected(_BAD, f"tensor {t.name!r}: slice {list(t.slice_start)}+{list(shard)} "
-                                         f"outside shape {list(t.shape)}")  # fmt: skip
-            if t.offset != offset or t.nbytes != int(np.prod(shard, dtype=np.int64)) * itemsize:
-                raise PushRejected(_BAD, f"tensor {t.name!r}: offset/size {t.offset}/{t.nbytes} "
-                                         f"do not match its shape and position")  # fmt: skip
-            offset += t.nbytes
-        if offset != h.nbytes:
-            raise PushRejected(_BAD, f"tensors add up to {offset} bytes, header says {h.nbytes}")
-        known = self._layouts.get((h.num_parts, h.part))
-        if known is not None and known != _layout(h):
-            ours = {t[1]: t for t in known}
-            diff = next((t for t in _layout(h) if ours.get(t[1]) != t), None)
-            what = f"tensor {diff[1]!r}" if diff else "the tensor list"
-            raise PushRejected(_BAD, f"{what} does not match the model's layout (unknown tensor, "
-                                     "shape, dtype or position)")  # fmt: skip
+        check_header(
+            h,
+            served_version=self.version,
+            num_parts=self._num_parts.get(h.version),
+            max_version_bytes=self.max_version_bytes,
+            known_layout=self._layouts.get((h.num_parts, h.part)),
+        )
 
-    def begin(self, header: pb.PartHeader) -> _Part | pb.PushReply:
+    def begin(self, header: pb.PartHeader) -> Part | pb.PushReply:
         """Validates a part's header and gives it a buffer; a PushReply if it is a duplicate."""
         with self._lock:
             if header.push_id and header.push_id in self._push_ids:
@@ -272,13 +172,13 @@ class WeightStore:
                     f"{self._staged_bytes} bytes already staged; no room for {header.nbytes}",
                 )
             self._staged_bytes += header.nbytes
-            return _Part(header, self._pool.get(header.nbytes))
+            return Part(header, self._pool.get(header.nbytes))
 
     def note_rejected(self) -> None:
         with self._lock:
             self.rejected += 1
 
-    def abandon(self, part: _Part, *, rejected: bool = True) -> None:
+    def abandon(self, part: Part, *, rejected: bool = True) -> None:
         """Releases a part that will never be committed (a failed or cut-off push)."""
         with self._lock:
             self._staged_bytes -= part.header.nbytes
@@ -288,21 +188,21 @@ class WeightStore:
 
     def push(self, messages) -> pb.PushReply:
         """Consumes one gRPC Push stream of raw WeightChunk messages; commits or raises."""
-        part: _Part | None = None
-        done: list[_Part] = []
+        part: Part | None = None
+        done: list[Part] = []
         try:
             for raw in messages:
                 try:
                     decoded = decode_chunk(raw)
                     chunk = pb.WeightChunk.FromString(raw) if decoded is None else None
                 except (DecodeError, ValueError):  # garbage bytes
-                    raise PushRejected(_BAD, "undecodable weight chunk") from None
+                    raise PushRejected(BAD, "undecodable weight chunk") from None
                 if chunk is not None:
                     if part is not None:
-                        raise PushRejected(_BAD, f"part {part.header.part} ended after "
-                                                 f"{part.received} of {part.header.nbytes} bytes")  # fmt: skip
+                        raise PushRejected(BAD, f"part {part.header.part} ended after "
+                                                f"{part.received} of {part.header.nbytes} bytes")  # fmt: skip
                     if chunk.data:
-                        raise PushRejected(_BAD, "a header message carries no data")
+                        raise PushRejected(BAD, "a header message carries no data")
                     started = self.begin(chunk.header)
                     if isinstance(started, pb.PushReply):
                         for p in done:
@@ -315,17 +215,15 @@ class WeightStore:
                     continue
                 index, offset, data, digest = decoded
                 if part is None:
-                    raise PushRejected(_BAD, "data chunk before any header")
+                    raise PushRejected(BAD, "data chunk before any header")
                 if index != part.header.part:
-                    raise PushRejected(
-                        _BAD, f"chunk of part {index} inside part {part.header.part}"
-                    )
+                    raise PushRejected(BAD, f"chunk of part {index} inside part {part.header.part}")
                 part.write(offset, data, digest)
                 if part.complete:
                     done.append(part)
                     part = None
             if part is not None or not done:
-                raise PushRejected(_BAD, "push ended before its part was complete")
+                raise PushRejected(BAD, "push ended before its part was complete")
             return self.commit(done)
         except BaseException as err:
             rejected = isinstance(err, PushRejected)
@@ -337,7 +235,7 @@ class WeightStore:
 
     # -- writing: commit ----------------------------------------------------
 
-    def commit(self, parts: list[_Part]) -> pb.PushReply:
+    def commit(self, parts: list[Part]) -> pb.PushReply:
         """Adds complete parts to their version; commits it when every part is there.
 
         The caller still owns ``parts`` if this raises (and must :meth:`abandon` them).
@@ -346,13 +244,13 @@ class WeightStore:
             number = parts[0].header.version
             for p in parts:
                 if p.header.version != number:
-                    raise PushRejected(_BAD, "one push, one version")
+                    raise PushRejected(BAD, "one push, one version")
                 self._check_header(p.header)  # still newer than what was committed meanwhile
             pending = self._pending.setdefault(number, {})
             self._num_parts.setdefault(number, parts[0].header.num_parts)
             for p in parts:
                 if p.header.part in pending:
-                    raise PushRejected(_BAD, f"version {number}: part {p.header.part} pushed twice")
+                    raise PushRejected(BAD, f"version {number}: part {p.header.part} pushed twice")
             num_parts = self._num_parts[number]
             if len(pending) + len(parts) < num_parts:
                 for p in parts:
@@ -366,17 +264,17 @@ class WeightStore:
             self._install(served, every)
             return pb.PushReply(version=number, committed=True)
 
-    def _remember(self, p: _Part) -> None:
+    def _remember(self, p: Part) -> None:
         if p.header.push_id:
             self._push_ids[p.header.push_id] = p.header.version
             while len(self._push_ids) > 4096:
                 self._push_ids.popitem(last=False)
 
-    def _serve(self, number: int, parts: dict[int, _Part]) -> Served:
-        if len(parts) == 1 and _is_whole(parts[0].header):
+    def _serve(self, number: int, parts: dict[int, Part]) -> Served:
+        if len(parts) == 1 and is_whole(parts[0].header):
             p = parts[0]
             return Served(number, p.header, p.buffer, list(p.segments), [p.buffer])
-        header, buffer = self._assemble(number, parts)
+        header, buffer = assemble(number, parts, self._pool.get)
         view = memoryview(buffer)
         segments = [
             (o, min(self.chunk_bytes, len(buffer) - o),
@@ -387,43 +285,10 @@ class WeightStore:
             self._pool.put(p.buffer)
         return Served(number, header, buffer, segments, [buffer])
 
-    def _assemble(self, number: int, parts: dict[int, _Part]) -> tuple[pb.PartHeader, bytearray]:
-        """Whole tensors, in the model's order (``index``), from the parts' shards."""
-        tensors: dict[str, list] = {}
-        for i in sorted(parts):
-            for t in parts[i].header.tensors:
-                entry = tensors.setdefault(t.name, [t.index, t.dtype, tuple(t.shape), []])
-                if (entry[0], entry[1], entry[2]) != (t.index, t.dtype, tuple(t.shape)):
-                    raise PushRejected(_BAD, f"version {number}: parts disagree on tensor "
-                                             f"{t.name!r} (index, dtype or shape)")  # fmt: skip
-                entry[3].append((parts[i], t))
-        header = pb.PartHeader(version=number, part=0, num_parts=1)
-        offset = 0
-        for name in sorted(tensors, key=lambda n: tensors[n][0]):
-            index, dtype, shape, shards = tensors[name]
-            _check_tiling(name, shape, [(tuple(t.slice_start) or (0,) * len(shape),
-                                         tuple(t.slice_shape) or shape) for _, t in shards])  # fmt: skip
-            nbytes = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype]
-            header.tensors.add(name=name, dtype=dtype, shape=shape, offset=offset, nbytes=nbytes,
-                               index=index)  # fmt: skip
-            offset += nbytes
-        header.nbytes = offset
-        buffer = self._pool.get(offset)
-        for t_whole in header.tensors:
-            unit = np.dtype(f"u{_DTYPES[t_whole.dtype]}")  # bytes are moved, never interpreted
-            shape = tuple(t_whole.shape)
-            whole = np.frombuffer(buffer, unit, int(np.prod(shape)), t_whole.offset).reshape(shape)
-            for part, t in tensors[t_whole.name][3]:
-                sshape = tuple(t.slice_shape) or shape
-                start = tuple(t.slice_start) or (0,) * len(shape)
-                shard = np.frombuffer(part.buffer, unit, int(np.prod(sshape)), t.offset)
-                whole[tuple(slice(a, a + n) for a, n in zip(start, sshape))] = shard.reshape(sshape)
-        return header, buffer
-
-    def _install(self, served: Served, parts: dict[int, _Part]) -> None:
+    def _install(self, served: Served, parts: dict[int, Part]) -> None:
         number = served.number
         for i, p in parts.items():
-            self._layouts.setdefault((p.header.num_parts, i), _layout(p.header))
+            self._layouts.setdefault((p.header.num_parts, i), layout(p.header))
         self._staged_bytes -= sum(p.header.nbytes for p in parts.values())
         # Older pending versions can never commit now: release their parts.
         for v in [v for v in self._pending if v <= number]:
@@ -445,24 +310,3 @@ class WeightStore:
             for buf in served.owned:
                 self._pool.put(buf)
             served.owned = []
-
-
-def _check_tiling(name: str, shape: tuple, shards: list[tuple[tuple, tuple]]) -> None:
-    """Raises unless the shards tile ``shape`` exactly, as a grid (what mesh shardings make)."""
-    cuts = []
-    for d, size in enumerate(shape):
-        spans = sorted({(start[d], sshape[d]) for start, sshape in shards})
-        position = 0
-        for a, n in spans:
-            if a != position or n <= 0:
-                raise PushRejected(_BAD, f"tensor {name!r}: shards do not tile dimension {d} "
-                                         f"of shape {list(shape)}")  # fmt: skip
-            position = a + n
-        if position != size:
-            raise PushRejected(_BAD, f"tensor {name!r}: shards cover {position} of {size} "
-                                     f"in dimension {d}")  # fmt: skip
-        cuts.append(len(spans))
-    starts = {start for start, _ in shards}
-    if len(starts) != len(shards) or len(shards) != int(np.prod(cuts, dtype=np.int64)):
-        raise PushRejected(_BAD, f"tensor {name!r}: {len(shards)} shards do not form a grid "
-                                 "(overlapping or missing shards)")  # fmt: skip

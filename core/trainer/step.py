@@ -26,16 +26,9 @@ a (data, fsdp, tensor) mesh as the sharding rules say, the batch is split over
 shardings; GSPMD inserts the collectives. Without a mesh the trainer uses a
 one-device mesh, the unsharded special case.
 
-Microbatches (:class:`TrainerSettings`): the loss of many algorithms is not a
-sum over rows (a token-mean over the whole batch, a group's statistics), so
-averaging microbatch losses would change the update. The step instead runs the
-chain rule in two passes: a forward scan over microbatches gives the whole
-batch's logprobs (and values) without keeping activations; the algorithm's
-loss and its gradient with respect to those per-token outputs are computed on
-the whole batch; a second scan back-propagates each microbatch's slice of that
-gradient through its forward pass and sums the parameter gradients. The
-result is the one-batch gradient for any loss, at the cost of one extra
-forward pass; activation memory is one microbatch's.
+Microbatches, remat and the activations' layout (:class:`TrainerSettings`) are
+in :mod:`rlax.core.trainer.microbatch`: with microbatches the step runs the
+chain rule in two passes, so the update is the one-batch update for any loss.
 """
 
 from __future__ import annotations
@@ -55,14 +48,16 @@ from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.parallel import mesh as meshlib
 from rlax.core.parallel import multihost as distributed
 from rlax.core.trainer.critic import build_critic, forward_with_values
+from rlax.core.trainer.microbatch import (
+    REMAT_POLICIES,
+    accumulate_grads,
+    cast_floats,
+    scan_forward,
+    wrap_blocks,
+)
 from rlax.core.types import TrainBatch
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-REMAT_POLICIES = {
-    "none": None,
-    "block": jax.checkpoint_policies.nothing_saveable,
-    "block_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
 PLACEMENTS = ("sharded", "replicated")
 
 
@@ -156,53 +151,6 @@ def _mismatch_metrics(train_logp: jax.Array, batch: dict[str, jax.Array]) -> dic
     }
 
 
-class _RematBlock(nnx.Module):
-    """A decoder block whose activations are recomputed in the backward pass."""
-
-    def __init__(self, block: nnx.Module, policy_name: str):
-        self.block = block
-        self.policy_name = policy_name
-
-    def __call__(self, *args):
-        graphdef, state = nnx.split(self.block)
-
-        def run(state, *args):
-            return nnx.merge(graphdef, state)(*args)
-
-        return jax.checkpoint(run, policy=REMAT_POLICIES[self.policy_name])(state, *args)
-
-
-class _BatchShardedBlock(nnx.Module):
-    """A decoder block whose input and output activations [B, T, D] are split by rows
-    over (data, fsdp): FSDP then gathers the weights, never the activations."""
-
-    def __init__(self, block: nnx.Module, sharding: NamedSharding):
-        self.block = block
-        self.sharding = sharding
-
-    def __call__(self, x, *args):
-        x, *rest = self.block(jax.lax.with_sharding_constraint(x, self.sharding), *args)
-        return (jax.lax.with_sharding_constraint(x, self.sharding), *rest)
-
-
-def _cast(tree: Any, dtype) -> Any:
-    """Floating leaves of ``tree`` in ``dtype`` (the compute copy of fp32 master weights)."""
-    return jax.tree.map(
-        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
-    )
-
-
-def _split_rows(x: jax.Array, k: int) -> jax.Array:
-    """[B, ...] -> [k, B/k, ...]; microbatch i is rows i, i+k, ... so each device's
-    rows split evenly between microbatches (no data moves between devices)."""
-    return jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1)
-
-
-def _join_rows(x: jax.Array) -> jax.Array:
-    """The inverse of :func:`_split_rows`: [k, B/k, ...] -> [B, ...]."""
-    return jnp.swapaxes(x, 0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
-
-
 class Trainer:
     """Owns the policy (and critic) parameters and optimiser state; ``step`` applies one update.
 
@@ -236,12 +184,12 @@ class Trainer:
         self.optimizer = optimizer
         self.temperature = temperature
         self._compute_dtype = COMPUTE_DTYPES[self.settings.compute_dtype]
-        params = _cast(params, jnp.float32)
+        params = cast_floats(params, jnp.float32)
         critic = None
         self.critic_graphdef = None
         if algorithm.needs_critic:
             self.critic_graphdef, critic = nnx.split(build_critic(model, algorithm.value_model))
-            critic = _cast(critic, jnp.float32)
+            critic = cast_floats(critic, jnp.float32)
         self.param_shardings = self._shardings(params, "sharded")
         self.critic_shardings = self._shardings(critic, self.settings.critic_placement)
         params = jax.device_put(params, self.param_shardings)
@@ -304,54 +252,27 @@ class Trainer:
 
     def _forward(self, params, critic, batch):
         """(logprobs, entropy, values or None), each [B, T-1], in ``compute_dtype``."""
-        model = self._wrap_blocks(nnx.merge(self.graphdef, _cast(params, self._compute_dtype)))
+        dtype = self._compute_dtype
+        model = self._wrap_blocks(nnx.merge(self.graphdef, cast_floats(params, dtype)))
         if critic is None:
             logp, entropy = sequence_logprobs(
                 model, batch["tokens"], batch["attention_mask"], self.temperature
             )
             return logp, entropy, None
+        critic_model = self._wrap_blocks(
+            nnx.merge(self.critic_graphdef, cast_floats(critic, dtype))
+        )
         return forward_with_values(
-            model,
-            self._wrap_blocks(nnx.merge(self.critic_graphdef, _cast(critic, self._compute_dtype))),
-            batch["tokens"],
-            batch["attention_mask"],
-            self.temperature,
+            model, critic_model, batch["tokens"], batch["attention_mask"], self.temperature
         )
 
     def _wrap_blocks(self, module: nnx.Module) -> nnx.Module:
-        """Remat and activation layout around each decoder block of ``module`` (a live copy)."""
-        model = module.trunk if hasattr(module, "trunk") else module  # a separate critic's
-        if not hasattr(model, "blocks"):
-            return module
-        blocks = list(model.blocks)
-        if self.settings.remat != "none":
-            blocks = [_RematBlock(b, self.settings.remat) for b in blocks]
-        if self.mesh.size > 1:
-            rows = NamedSharding(self.mesh, jax.sharding.PartitionSpec(meshlib.BATCH_AXES))
-            blocks = [_BatchShardedBlock(b, rows) for b in blocks]
-        model.blocks = nnx.List(blocks)
-        return module
-
-    def _microbatches(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        k = self.settings.microbatches
-        spec = jax.sharding.PartitionSpec(None, meshlib.BATCH_AXES)
-        return {
-            name: jax.lax.with_sharding_constraint(
-                _split_rows(x, k), NamedSharding(self.mesh, spec)
-            )
-            for name, x in batch.items()
-        }
+        return wrap_blocks(module, self.settings.remat, self.mesh)
 
     def _scan_forward(self, params, critic, batch):
         """``_forward`` over microbatches (no gradient): the whole batch's outputs."""
-        if self.settings.microbatches == 1:
-            return self._forward(params, critic, batch)
-
-        def body(_, mb):
-            return None, self._forward(params, critic, mb)
-
-        _, outs = jax.lax.scan(body, None, self._microbatches(batch))
-        return jax.tree.map(_join_rows, outs)
+        k = self.settings.microbatches
+        return scan_forward(lambda mb: self._forward(params, critic, mb), batch, k, self.mesh)
 
     def _loss(self, logp, values, batch):
         inputs = dict(batch, train_logprobs=jax.lax.stop_gradient(logp))
@@ -390,17 +311,10 @@ class Trainer:
             lambda out: self._loss(*out, batch), has_aux=True
         )((logp, values))
         # Pass 2: back-propagate each microbatch's slice of that cotangent, summing gradients.
-        mbs = self._microbatches(batch)
-        cts = jax.tree.map(lambda x: _split_rows(x, self.settings.microbatches), cotangent)
-
-        def body(acc, xs):
-            mb, ct = xs
-            _, vjp = jax.vjp(lambda t: outputs(t, mb)[0], trainable)
-            (g,) = vjp(ct)
-            return jax.tree.map(jnp.add, acc, g), None
-
-        zeros = jax.tree.map(jnp.zeros_like, trainable)
-        grads, _ = jax.lax.scan(body, zeros, (mbs, cts))
+        k = self.settings.microbatches
+        grads = accumulate_grads(
+            lambda t, mb: outputs(t, mb)[0], trainable, batch, cotangent, k, self.mesh
+        )
         return loss, metrics, logp, entropy, grads
 
     def _train_step(self, params, critic, opt_state, ref_params, batch):

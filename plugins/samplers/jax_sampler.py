@@ -26,7 +26,7 @@ from flax import nnx
 
 from rlax.core import hookimpl
 from rlax.core.models.tokenizer import PAD
-from rlax.core.models.transformer import Transformer, init_cache, positions_from_mask
+from rlax.core.models.transformer import KVCache, Transformer, init_cache, positions_from_mask
 from rlax.core.types import Completion, Prompt
 from rlax.plugins.samplers.sampling import sample_token
 
@@ -43,6 +43,30 @@ def _bucket(n: int, multiple: int) -> int:
 def _row_bucket(n: int) -> int:
     """Next power of two >= n (at least 8): few distinct batch shapes."""
     return max(8, 1 << (n - 1).bit_length())
+
+
+def _prefill(
+    model: Transformer,
+    tokens: jax.Array,  # [B, P] left-padded
+    positions: jax.Array,  # [B, P]
+    key_valid: jax.Array,  # [B, S] bool, S = P + max_new_tokens
+    last_logits_only: bool,
+) -> tuple[jax.Array, KVCache]:
+    """The prompt's pass: logits at its last position [B, V] and a cache of S slots.
+
+    ``last_logits_only`` applies the head at the last position alone (a real
+    vocabulary); otherwise at every position, the toy models' path kept
+    exactly as it was.
+    """
+    b, p = tokens.shape
+    s = key_valid.shape[1]
+    prefill_mask = (jnp.arange(s)[None, :] <= jnp.arange(p)[:, None])[None] & key_valid[:, None, :]
+    cache = init_cache(model.cfg, b, s)
+    if last_logits_only:
+        hidden, cache = model.hidden_states(tokens, positions, prefill_mask, cache, 0)
+        return model.logits(hidden[:, -1]), cache
+    logits, cache = model(tokens, positions, prefill_mask, cache, 0)
+    return logits[:, -1], cache
 
 
 def _generate(
@@ -67,15 +91,8 @@ def _generate(
     slots = jnp.arange(s)
     stops = jnp.asarray(stop_ids, jnp.int32)
     key_valid = jnp.zeros((b, s), bool).at[:, :p].set(mask)
-    prefill_mask = (slots[None, :] <= jnp.arange(p)[:, None])[None] & key_valid[:, None, :]
     positions = positions_from_mask(mask)
-    cache = init_cache(model.cfg, b, s)
-    if last_logits_only:
-        hidden, cache = model.hidden_states(tokens, positions, prefill_mask, cache, 0)
-        last_logits = model.logits(hidden[:, -1])
-    else:  # the toy models' path, kept exactly as it was
-        logits, cache = model(tokens, positions, prefill_mask, cache, 0)
-        last_logits = logits[:, -1]
+    last_logits, cache = _prefill(model, tokens, positions, key_valid, last_logits_only)
 
     def cond(carry):
         i, done = carry[0], carry[1]

@@ -21,7 +21,8 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from rlax.core.models.transformer import Transformer, TransformerConfig
+from rlax.core.models.config import TransformerConfig
+from rlax.core.models.transformer import Transformer
 from rlax.core.parallel.mesh import MeshConfig, make_mesh, param_name, spec_for
 from rlax.core.trainer.step import Trainer, TrainerSettings
 from rlax.plugins.algorithms.grpo import grpo

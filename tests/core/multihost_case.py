@@ -6,7 +6,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from rlax.core.models.transformer import Transformer, TransformerConfig
+from rlax.core.models.config import TransformerConfig
+from rlax.core.models.transformer import Transformer
 from rlax.core.parallel.mesh import MeshConfig, make_mesh
 from rlax.core.trainer.step import Trainer
 from rlax.plugins.algorithms.grpo import grpo

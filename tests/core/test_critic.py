@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rlax.core.models.config import TransformerConfig
 from rlax.core.models.transformer import (
     Transformer,
-    TransformerConfig,
     causal_mask,
     positions_from_mask,
     sequence_logprobs,

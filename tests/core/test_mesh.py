@@ -10,7 +10,8 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
-from rlax.core.models.transformer import Transformer, TransformerConfig
+from rlax.core.models.config import TransformerConfig
+from rlax.core.models.transformer import Transformer
 from rlax.core.parallel.mesh import (
     AXES,
     DEFAULT_RULES,

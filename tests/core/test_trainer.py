@@ -11,7 +11,8 @@ import optax
 import pytest
 from flax import nnx
 
-from rlax.core.models.transformer import Transformer, TransformerConfig, sequence_logprobs
+from rlax.core.models.config import TransformerConfig
+from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.trainer.batches import make_batch
 from rlax.core.trainer.critic import ValueHead, ValueModel, forward_with_values
 from rlax.core.trainer.step import Trainer, batch_arrays

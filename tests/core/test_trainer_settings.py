@@ -13,7 +13,8 @@ import optax
 import pytest
 from flax import nnx
 
-from rlax.core.models.transformer import Transformer, TransformerConfig
+from rlax.core.models.config import TransformerConfig
+from rlax.core.models.transformer import Transformer
 from rlax.core.trainer.step import Trainer, TrainerSettings
 from rlax.plugins.algorithms.dapo import dapo
 from rlax.plugins.algorithms.grpo import grpo

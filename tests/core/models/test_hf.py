@@ -15,6 +15,7 @@ import torch
 import transformers
 from flax import nnx
 
+from rlax.core.models.config import RopeScaling, TransformerConfig
 from rlax.core.models.hf import (
     WeightsError,
     load_hf_model,
@@ -22,13 +23,8 @@ from rlax.core.models.hf import (
     save_hf_model,
 )
 from rlax.core.models.hf_config import HFConfigError, config_from_hf, config_to_hf
-from rlax.core.models.transformer import (
-    RopeScaling,
-    TransformerConfig,
-    causal_mask,
-    positions_from_mask,
-    rope_frequencies,
-)
+from rlax.core.models.rope import rope_frequencies
+from rlax.core.models.transformer import causal_mask, positions_from_mask
 
 from .conftest import tiny_hf_model
 

@@ -5,14 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rlax.core.models.transformer import (
-    Transformer,
-    TransformerConfig,
-    apply_rope,
-    causal_mask,
-    init_cache,
-    positions_from_mask,
-)
+from rlax.core.models.config import TransformerConfig
+from rlax.core.models.rope import apply_rope
+from rlax.core.models.transformer import Transformer, causal_mask, init_cache, positions_from_mask
 
 CFG = TransformerConfig(
     vocab_size=11, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=48

@@ -181,7 +181,7 @@ def test_a_call_after_close_is_unavailable_and_changes_nothing(tmp_path):
     """The server stopping with calls still running: none succeeds without being on disk."""
     import grpc
 
-    from rlax.core.param_server.queue import QueueError
+    from rlax.core.param_server.queue_state import QueueError
 
     db = tmp_path / "queue.sqlite"
     q = make(db)

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rlax.core.models.config import TransformerConfig
 from rlax.core.models.tokenizer import CharTokenizer
-from rlax.core.models.transformer import Transformer, TransformerConfig, sequence_logprobs
+from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.trainer.batches import make_batch
 from rlax.core.types import Group, Prompt
 from rlax.plugins.samplers.jax_sampler import JaxSampler

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rlax.core.models.config import TransformerConfig
 from rlax.core.models.tokenizer import CharTokenizer
-from rlax.core.models.transformer import Transformer, TransformerConfig
+from rlax.core.models.transformer import Transformer
 from rlax.core.types import Prompt
 from rlax.plugins.samplers.jax_sampler import JaxSampler
 from rlax.plugins.samplers.sampling import (

@@ -11,8 +11,8 @@ import pytest
 
 from rlax.core import cli, config
 from rlax.core.models.bundle import ModelBundle, new_model, save_model
+from rlax.core.models.config import TransformerConfig
 from rlax.core.models.tokenizer import CharTokenizer
-from rlax.core.models.transformer import TransformerConfig
 from rlax.core.plugins import build_plugin_manager
 from rlax.core.worker.reward_pool import RewardPool
 

@@ -1,0 +1,122 @@
+"""The decoder's layers: grouped-query attention with its KV cache, the SwiGLU MLP, a block.
+
+A block is pre-RMSNorm attention then pre-RMSNorm MLP, each with a residual.
+Attention writes this call's keys and values into the cache it is given
+(prefill and decode) or attends within the call (training), and reads keys
+through an explicit [B, T, S] mask, so left-padded prompts work everywhere.
+Shapes as in :mod:`rlax.core.models.transformer`.
+
+References:
+  Vaswani et al., 2017, https://arxiv.org/abs/1706.03762 (the transformer)
+  Ainslie et al., 2023, https://arxiv.org/abs/2305.13245 (grouped-query attention)
+  Shazeer, 2020, https://arxiv.org/abs/2002.05202 (SwiGLU)
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rlax.core.models.config import TransformerConfig
+from rlax.core.models.rope import rotate
+
+# A large finite negative instead of -inf: a query whose keys are all masked
+# (a left-pad position) gets a uniform softmax instead of NaNs.
+_MASKED = -1e9
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d, n, k, h = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q = nnx.Linear(d, n * h, use_bias=cfg.qkv_bias, rngs=rngs)
+        self.k = nnx.Linear(d, k * h, use_bias=cfg.qkv_bias, rngs=rngs)
+        self.v = nnx.Linear(d, k * h, use_bias=cfg.qkv_bias, rngs=rngs)
+        self.o = nnx.Linear(n * h, d, use_bias=cfg.o_bias, rngs=rngs)
+        if cfg.qk_norm:
+            self.q_norm = nnx.RMSNorm(h, epsilon=cfg.norm_eps, rngs=rngs)
+            self.k_norm = nnx.RMSNorm(h, epsilon=cfg.norm_eps, rngs=rngs)
+
+    def __call__(
+        self,
+        x: jax.Array,  # [B, T, D]
+        rope: tuple[jax.Array, jax.Array],  # rope_tables of the positions
+        attn_mask: jax.Array,  # [B, T, S] bool
+        cache: dict[str, jax.Array] | None,
+        cache_index: jax.Array | None,
+    ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
+        cfg = self.cfg
+        b, t, d = x.shape
+        # Projections on [B*T, D]: one plain matmul each (XLA:CPU runs a rank-3
+        # dot and its weight gradient markedly slower than the flattened one).
+        x = x.reshape(b * t, d)
+        q = self.q(x).reshape(b, t, cfg.num_heads, cfg.head_dim)
+        k = self.k(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        v = self.v(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotate(q, rope), rotate(k, rope)
+        groups = cfg.num_heads // cfg.num_kv_heads
+        q = q.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim) / math.sqrt(cfg.head_dim)
+        kv, groups_t = cfg.num_kv_heads, groups * t
+        if cache is None:
+            # The G query heads that share a KV head stacked as rows: one plain
+            # [G*T, H] x [H, S] product per (sequence, KV head). XLA:CPU runs it
+            # ~15% faster (forward and backward) than the 5-d einsum.
+            q_rows = q.transpose(0, 2, 3, 1, 4).reshape(b, kv, groups_t, cfg.head_dim)
+            v = v.transpose(0, 2, 1, 3)  # [B, K, S, H]
+            scores = jnp.einsum("bkqh,bskh->bkqs", q_rows, k).reshape(b, kv, groups, t, -1)
+        else:
+            # The cache is kept in the layout the products read, so a decode step
+            # never transposes it: keys [B,K,H,S], values [B,K,S,H].
+            k_t = k.transpose(0, 2, 3, 1).astype(cache["k"].dtype)
+            v = v.transpose(0, 2, 1, 3).astype(cache["v"].dtype)
+            cache = {
+                "k": jax.lax.dynamic_update_slice(cache["k"], k_t, (0, 0, 0, cache_index)),
+                "v": jax.lax.dynamic_update_slice(cache["v"], v, (0, 0, cache_index, 0)),
+            }
+            if t == 1:  # decode: a broadcast product and sum that reads each cached key once
+                q1 = q[:, 0, :, :, :, None]  # [B,K,G,H,1]
+                scores = jnp.sum(q1 * cache["k"][:, :, None], axis=3)[:, :, :, None]
+            else:
+                scores = jnp.einsum("btkgh,bkhs->bkgts", q, cache["k"])
+        scores = jnp.where(attn_mask[:, None, None, :, :], scores, _MASKED)
+        probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
+        if cache is None:
+            out = jnp.einsum("bkqs,bksh->bkqh", probs.reshape(b, kv, groups_t, -1), v)
+            out = out.reshape(b, kv, groups, t, cfg.head_dim).transpose(0, 3, 1, 2, 4)
+        elif t == 1:
+            p1 = probs[:, :, :, 0, :, None]  # [B,K,G,S,1]
+            out = jnp.sum(p1 * cache["v"][:, :, None], axis=3)[:, None]  # [B,1,K,G,H]
+        else:
+            out = jnp.einsum("bkgts,bksh->btkgh", probs, cache["v"])
+        out = out.reshape(b * t, -1)
+        return self.o(out).reshape(b, t, d), cache
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        self.gate = nnx.Linear(cfg.embed_dim, cfg.mlp_dim, use_bias=False, rngs=rngs)
+        self.up = nnx.Linear(cfg.embed_dim, cfg.mlp_dim, use_bias=False, rngs=rngs)
+        self.down = nnx.Linear(cfg.mlp_dim, cfg.embed_dim, use_bias=False, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])  # [B*T, D]: see Attention
+        return self.down(jax.nn.silu(self.gate(x)) * self.up(x)).reshape(shape)
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        self.attn_norm = nnx.RMSNorm(cfg.embed_dim, epsilon=cfg.norm_eps, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = nnx.RMSNorm(cfg.embed_dim, epsilon=cfg.norm_eps, rngs=rngs)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x, rope, attn_mask, cache, cache_index):
+        h, cache = self.attn(self.attn_norm(x), rope, attn_mask, cache, cache_index)
+        x = x + h
+        return x + self.mlp(self.mlp_norm(x)), cache

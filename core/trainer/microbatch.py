@@ -1,0 +1,161 @@
+"""How one step's passes are laid out: row microbatches, remat, activation sharding.
+
+Microbatches (``TrainerSettings.microbatches``): the loss of many algorithms
+is not a sum over rows (a token-mean over the whole batch, a group's
+statistics), so averaging microbatch losses would change the update. The step
+(:mod:`rlax.core.trainer.step`) instead runs the chain rule in two passes: a
+forward scan over microbatches gives the whole batch's logprobs (and values)
+without keeping activations; the algorithm's loss and its gradient with
+respect to those per-token outputs are computed on the whole batch; a second
+scan (:func:`accumulate_grads`) back-propagates each microbatch's slice of
+that gradient through its forward pass and sums the parameter gradients. The
+result is the one-batch gradient for any loss, at the cost of one extra
+forward pass; activation memory is one microbatch's.
+
+Around each decoder block (:func:`wrap_blocks`): rematerialisation
+(``TrainerSettings.remat``) and, on a multi-device mesh, a sharding
+constraint that keeps activations split by rows. Shapes: B batch rows, k
+microbatches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from rlax.core.parallel import mesh as meshlib
+
+REMAT_POLICIES = {
+    "none": None,
+    "block": jax.checkpoint_policies.nothing_saveable,
+    "block_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class RematBlock(nnx.Module):
+    """A decoder block whose activations are recomputed in the backward pass."""
+
+    def __init__(self, block: nnx.Module, policy_name: str):
+        self.block = block
+        self.policy_name = policy_name
+
+    def __call__(self, *args):
+        graphdef, state = nnx.split(self.block)
+
+        def run(state, *args):
+            return nnx.merge(graphdef, state)(*args)
+
+        return jax.checkpoint(run, policy=REMAT_POLICIES[self.policy_name])(state, *args)
+
+
+class BatchShardedBlock(nnx.Module):
+    """A decoder block whose input and output activations [B, T, D] are split by rows
+    over (data, fsdp): FSDP then gathers the weights, never the activations."""
+
+    def __init__(self, block: nnx.Module, sharding: NamedSharding):
+        self.block = block
+        self.sharding = sharding
+
+    def __call__(self, x, *args):
+        x, *rest = self.block(jax.lax.with_sharding_constraint(x, self.sharding), *args)
+        return (jax.lax.with_sharding_constraint(x, self.sharding), *rest)
+
+
+def cast_floats(tree: Any, dtype) -> Any:
+    """Floating leaves of ``tree`` in ``dtype`` (the compute copy of fp32 master weights)."""
+    return jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
+    )
+
+
+def split_rows(x: jax.Array, k: int) -> jax.Array:
+    """[B, ...] -> [k, B/k, ...]; microbatch i is rows i, i+k, ... so each device's
+    rows split evenly between microbatches (no data moves between devices)."""
+    return jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1)
+
+
+def join_rows(x: jax.Array) -> jax.Array:
+    """The inverse of :func:`split_rows`: [k, B/k, ...] -> [B, ...]."""
+    return jnp.swapaxes(x, 0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def wrap_blocks(module: nnx.Module, remat: str, mesh: Mesh) -> nnx.Module:
+    """Remat and activation layout around each decoder block of ``module`` (a live copy).
+
+    ``module`` is a Transformer or a separate critic (whose decoder is ``trunk``);
+    anything without ``blocks`` is returned as it is.
+    """
+    model = module.trunk if hasattr(module, "trunk") else module  # a separate critic's
+    if not hasattr(model, "blocks"):
+        return module
+    blocks = list(model.blocks)
+    if remat != "none":
+        blocks = [RematBlock(b, remat) for b in blocks]
+    if mesh.size > 1:
+        rows = NamedSharding(mesh, jax.sharding.PartitionSpec(meshlib.BATCH_AXES))
+        blocks = [BatchShardedBlock(b, rows) for b in blocks]
+    model.blocks = nnx.List(blocks)
+    return module
+
+
+def split_microbatches(batch: dict[str, jax.Array], k: int, mesh: Mesh) -> dict[str, jax.Array]:
+    """Each array [B, ...] as [k, B/k, ...] (:func:`split_rows`), rows still over (data, fsdp)."""
+    spec = jax.sharding.PartitionSpec(None, meshlib.BATCH_AXES)
+    return {
+        name: jax.lax.with_sharding_constraint(split_rows(x, k), NamedSharding(mesh, spec))
+        for name, x in batch.items()
+    }
+
+
+def scan_forward(
+    forward: Callable[[dict[str, jax.Array]], Any], batch: dict[str, jax.Array], k: int, mesh: Mesh
+) -> Any:
+    """``forward`` of the whole batch, one microbatch at a time (``lax.scan``; k = 1: one call).
+
+    Pass 1 of the chain rule: the outputs' leaves come back joined, [B, ...].
+    """
+    if k == 1:
+        return forward(batch)
+
+    def body(_, mb):
+        return None, forward(mb)
+
+    _, outs = jax.lax.scan(body, None, split_microbatches(batch, k, mesh))
+    return jax.tree.map(join_rows, outs)
+
+
+def accumulate_grads(
+    outputs: Callable[[Any, dict[str, jax.Array]], Any],
+    trainable: Any,
+    batch: dict[str, jax.Array],
+    cotangent: Any,
+    k: int,
+    mesh: Mesh,
+) -> Any:
+    """Pass 2 of the chain rule: the sum over microbatches of d outputs / d trainable, transposed.
+
+    Args:
+      outputs: ``outputs(trainable, microbatch)``, the per-token outputs the loss reads.
+      trainable: the parameters the gradient is taken with respect to.
+      batch: the whole batch ([B, ...] arrays), split as :func:`split_microbatches` does.
+      cotangent: d loss / d outputs on the whole batch ([B, ...] leaves).
+      k: the number of microbatches.
+      mesh: the mesh the rows are split over.
+    """
+    microbatches = split_microbatches(batch, k, mesh)
+    cts = jax.tree.map(lambda x: split_rows(x, k), cotangent)
+
+    def body(acc, xs):
+        mb, ct = xs
+        _, vjp = jax.vjp(lambda t: outputs(t, mb), trainable)
+        (g,) = vjp(ct)
+        return jax.tree.map(jnp.add, acc, g), None
+
+    zeros = jax.tree.map(jnp.zeros_like, trainable)
+    grads, _ = jax.lax.scan(body, zeros, (microbatches, cts))
+    return grads
