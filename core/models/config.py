@@ -152,13 +152,6 @@ class TransformerConfig:
             rope_scaling=RopeScaling("llama3", 32.0, 1.0, 4.0, 8192),
         )  # fmt: skip
 
-    @classmethod
-    def from_hf(cls, config: Any) -> TransformerConfig:
-        """From an HF ``config.json`` (a path, a model directory or the parsed dict)."""
-        from rlax.core.models.hf_config import config_from_hf
-
-        return config_from_hf(config)
-
     # -- plain-dict round trip --------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:

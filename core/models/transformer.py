@@ -9,8 +9,9 @@ forward pass serves training (no cache), prefill (fills the cache) and decode
 (one token at a time against the cache); callers pass positions and a key
 mask explicitly, so left-padded prompts work everywhere.
 
-Shape legend: B batch, T query length, S cache length (key slots), N query
-heads, K key/value heads, H head dim, D embed dim, F mlp dim, V vocabulary.
+Shapes: the legend of :mod:`rlax.core.types` (B batch, T query length, S cache
+length, N query heads, K key/value heads, H head dim, D embed dim, F MLP dim, V
+vocabulary).
 
 One file per concern: :mod:`~rlax.core.models.config` (the architecture and
 its presets), :mod:`~rlax.core.models.rope` (rotary embeddings),
