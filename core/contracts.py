@@ -111,13 +111,12 @@ class RolloutSource(Protocol):
     a checkpoint records of it and resumes from it itself. With several
     trainer processes only process 0 calls ``next_batch``, ``done`` and
     ``position``; every process calls the others.
-
-    Attributes:
-      curation: the trainer's own curation filters, run on every batch; their
-        state is checkpointed through ``curation_state``.
     """
 
-    curation: Sequence[Any]
+    @property
+    def curation(self) -> Sequence[Any]:
+        """The trainer's own curation filters, run on every batch (state: ``curation_state``)."""
+        ...
 
     def next_batch(self, version: int) -> tuple[list[Group | np.ndarray], dict[str, float]]:
         """The next batch, for the policy of weight ``version``, and the source's metrics.

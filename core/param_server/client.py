@@ -204,7 +204,8 @@ class ParamServerClient:
                 buf = self._buffer(header.nbytes)
                 continue
             _, offset, data, digest = decoded
-            if header is None or offset != received or offset + len(data) > header.nbytes:
+            if (header is None or buf is None or offset != received
+                    or offset + len(data) > header.nbytes):  # fmt: skip
                 raise ValueError(f"pull: chunk at {offset}, expected {received}")
             if checksum(data) != digest:
                 raise ValueError(f"pull of version {header.version}: checksum mismatch at {offset}")

@@ -210,10 +210,10 @@ class TrainingRun:
         step, and all keep process 0's metrics (its timings and the queue's
         figures). A process that learns of another's notice records it as its own.
         """
-        notice = self.preemption.reason if self.preemption.requested else None
+        mine = self.preemption.reason if self.preemption.requested else None
         if not self.lead:
             metrics = None  # process 0's are the ones kept
-        everyone = distributed.allgather_objects((lost, notice, metrics))
+        everyone = distributed.allgather_objects((lost, mine, metrics))
         lost = next((f"trainer process {i}: {x}" if i else x
                      for i, (x, _, _) in enumerate(everyone) if x is not None), None)  # fmt: skip
         notice = next(((i, x) for i, (_, x, _) in enumerate(everyone) if x is not None), None)

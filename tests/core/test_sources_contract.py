@@ -71,7 +71,7 @@ def inline(informative, curation):
 
 def protocol_members(protocol) -> set[str]:
     names = {n for n in vars(protocol) if not n.startswith("_")}
-    return names | set(protocol.__annotations__)
+    return names | set(getattr(protocol, "__annotations__", {}))
 
 
 @pytest.mark.parametrize("source", [InlineRollouts, RemoteRollouts])
