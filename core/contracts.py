@@ -283,3 +283,71 @@ class Stateful(Protocol):
 # -------------------------------------------------------------------------
 # Rollout sources (the trainer's; not a plugin kind)
 # -------------------------------------------------------------------------
+
+
+class RolloutSource(Protocol):
+    """Where the trainer's batches come from and where its weights go.
+
+    The training loop (``core/trainer/loop.py``) holds one and never asks
+    which: ``InlineRollouts`` (a sampler in the trainer's process) and
+    ``RemoteRollouts`` (the parameter server's rollout queue), both in
+    ``core/trainer/sources.py``. A source owns its data position: it says what
+    a checkpoint records of it and resumes from it itself. With several
+    trainer processes only process 0 calls ``next_batch``, ``done`` and
+    ``position``; every process calls the others.
+    """
+
+    @property
+    def curation(self) -> Sequence[Any]:
+        """The trainer's own curation filters, run on every batch (state: ``curation_state``)."""
+        ...
+
+    def next_batch(self, version: int) -> tuple[list[Group | np.ndarray], dict[str, float]]:
+        """The next batch, for the policy of weight ``version``, and the source's metrics.
+
+        One entry per prompt: the scored :class:`Group` when curation kept it,
+        or just its rewards (float32 ``[G]``) when a filter dropped it, so the
+        reward metrics still see every sample.
+        """
+        ...
+
+    def publish(self, params: Any, version: int) -> dict[str, float]:
+        """Makes ``params`` the weights rollouts are generated with, as ``version``; its metrics."""
+        ...
+
+    def done(self) -> None:
+        """The last batch is trained on and its weights published: acknowledge it."""
+        ...
+
+    def close(self) -> None:
+        """Releases the source's connections (the run is over or stopping)."""
+        ...
+
+    def position(self) -> dict[str, Any]:
+        """The data position a checkpoint records (JSON): what ``restore`` continues from."""
+        ...
+
+    def restore(self, position: dict[str, Any]) -> None:
+        """Continues from a checkpoint's ``position``; called only when one was restored.
+
+        Raises:
+          SourceMismatch: another kind of source recorded ``position``.
+        """
+        ...
+
+    def resume(self, params: Any, version: int) -> int:
+        """Publishes the restored (or initial) ``params`` of ``version`` and serves from there.
+
+        Returns:
+          The version they were published as: ``version``, or a later one when
+          versions already served must not be reused (they only grow).
+        """
+        ...
+
+    def curation_state(self) -> list[dict[str, Any] | None]:
+        """Each curation filter's state (None for a stateless one), for the checkpoint."""
+        ...
+
+    def load_curation_state(self, states: Sequence[dict[str, Any] | None]) -> None:
+        """Puts back the filters' ``curation_state`` from a checkpoint."""
+        ...

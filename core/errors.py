@@ -13,10 +13,12 @@ __all__ = [
     "BadSetting",
     "ConfigError",
     "DuplicatePluginError",
+    "LostStep",
     "PluginError",
     "PluginLoadError",
     "Preempted",
     "RunFinished",
+    "SourceMismatch",
     "UnknownPluginError",
 ]
 
@@ -35,6 +37,23 @@ class BadSetting(ConfigError, ValueError):
     def __init__(self, parameter: str, message: str):
         super().__init__(message)
         self.parameter = parameter
+
+
+class SourceMismatch(ConfigError):
+    """A checkpoint's data position was recorded by another kind of rollout source.
+
+    An inline run's position is the prompts it drew; a run fed by a parameter
+    server keeps its position in the server's queue: neither can continue the
+    other. The trainer loop adds the run directory and step to the message.
+
+    Attributes:
+      made_with: how the checkpoint's run was started (e.g. ``"--role inline
+        (an in-process sampler)"``).
+    """
+
+    def __init__(self, made_with: str):
+        super().__init__(f"the checkpoint was trained with {made_with}; resume it the same way")
+        self.made_with = made_with
 
 
 class PluginError(Exception):
@@ -72,3 +91,7 @@ class Preempted(Exception):
 
 class RunFinished(Preempted):
     """The run is over (the local supervisor's trainer finished): stop as at a notice, status 0."""
+
+
+class LostStep(Preempted):
+    """After a notice the server went away mid-step: stop without saving; the step is redone."""

@@ -101,7 +101,7 @@ def register_core_configurables() -> None:
     """Registers optax optimisers/schedules (``optax.*``), ``rlax.train``/``rlax.evaluate``
     and ``rlax.clipped_optimizer``.
 
-    Idempotent. Imports optax and the experiment module only when called.
+    Idempotent. Imports optax and the role modules only when called.
     """
     import optax
 

@@ -1,17 +1,18 @@
 """Client of the parameter server: weights in and out, leases, submits, takes, acks.
 
-Unary calls retry with bounded exponential backoff while the server is
-unreachable (a restarting server is normal), and say so in the log; every
-mutating call is idempotent on the server, so a retry after a lost reply is
-safe. Weight bytes go over the bulk lane (a plain TCP transfer beside gRPC,
-see transfer.py) unless TLS is configured or the server has it off; then over
-gRPC streams of hand-encoded chunks.
+Unary calls follow the one retry policy (:mod:`rlax.core.param_server.retry`):
+bounded exponential backoff while the server is unreachable (a restarting
+server is normal), a line in the log per retry; every mutating call is
+idempotent on the server, so a retry after a lost reply is safe. Weight
+bytes go over the bulk lane (a plain TCP transfer beside gRPC, see
+transfer.py) unless TLS is configured or the server has it off; then over gRPC
+streams of hand-encoded chunks (those are not retried here: the trainer
+repeats a whole push, :mod:`rlax.core.trainer.client`).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -21,14 +22,13 @@ import numpy as np
 from rlax.core.parallel.host_memory import keep_message_buffers
 from rlax.core.param_server import codec, transfer
 from rlax.core.param_server import rlax_pb2 as pb
+from rlax.core.param_server.retry import RetryPolicy
 from rlax.core.param_server.settings import MB, ServerSettings
 from rlax.core.param_server.transfer import checksum, decode_chunk, encode_chunk
 from rlax.core.param_server.wire import WirePlan, chunks, stream
 from rlax.core.types import Group, Prompt
 
 log = logging.getLogger("rlax.client")
-
-_RETRY = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 class ParamServerClient:
@@ -45,8 +45,7 @@ class ParamServerClient:
         when it returns True a failing call stops retrying at once (a worker's
         run has finished, so the server it waits for is gone for good)."""
         self.settings = settings.resolved()
-        self.retry_s = retry_s
-        self._give_up = give_up or (lambda: False)
+        self.retry = RetryPolicy(deadline_s=retry_s, give_up=give_up or (lambda: False))
         keep_message_buffers()
         self._channel = self.settings.channel()
         self._auth = (("authorization", f"Bearer {self.settings.token}"),)
@@ -85,17 +84,21 @@ class ParamServerClient:
         self._channel.close()
 
     def _call(self, name: str, request, timeout: float | None = None):
-        delay, deadline = 0.1, time.monotonic() + self.retry_s
-        while True:
-            try:
-                return self._calls[name](request, metadata=self._auth, timeout=timeout)
-            except grpc.RpcError as err:
-                if (err.code() not in _RETRY or time.monotonic() + delay > deadline
-                        or self._give_up()):  # fmt: skip
-                    raise
-                log.warning("%s: %s; retrying in %.1fs", name, err.code().name, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        call = self._calls[name]
+        return self.retry.call(name, lambda: call(request, metadata=self._auth, timeout=timeout))
+
+    def unary(self, method: str, request: bytes, *, timeout: float = 30.0,
+              retry: RetryPolicy | None = None) -> bytes:  # fmt: skip
+        """A raw call (bytes both ways) to ``method`` of a service served beside the protocol's.
+
+        Used by :mod:`rlax.core.param_server.recovery`; sent with this client's
+        connection and token, retried by ``retry`` (None: this client's policy).
+        """
+        call = self._channel.unary_unary(
+            method, request_serializer=None, response_deserializer=None
+        )
+        policy = retry or self.retry
+        return policy.call(method, lambda: call(request, metadata=self._auth, timeout=timeout))
 
     # -- weights ------------------------------------------------------------
 
@@ -201,7 +204,8 @@ class ParamServerClient:
                 buf = self._buffer(header.nbytes)
                 continue
             _, offset, data, digest = decoded
-            if header is None or offset != received or offset + len(data) > header.nbytes:
+            if (header is None or buf is None or offset != received
+                    or offset + len(data) > header.nbytes):  # fmt: skip
                 raise ValueError(f"pull: chunk at {offset}, expected {received}")
             if checksum(data) != digest:
                 raise ValueError(f"pull of version {header.version}: checksum mismatch at {offset}")

@@ -9,22 +9,21 @@
 
 Each call is a JSON object both ways, served beside the protocol's services
 by a generic handler, and needs the shared token like every mutating call.
-Both are idempotent, so the client retries them with bounded backoff while
-the server is unreachable.
+Both are idempotent, so they are retried by the one retry policy
+(:mod:`rlax.core.param_server.retry`) while the server is unreachable, for
+``retry_s`` whatever the client's own policy.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import time
+from typing import Any, Protocol
 
 import grpc
 
 from rlax.core.param_server.queue import RolloutQueue
 from rlax.core.param_server.queue_state import QueueError
-
-log = logging.getLogger("rlax.recovery")
+from rlax.core.param_server.retry import RetryPolicy
 
 SERVICE = "rlax.v1.Recovery"
 RESUME_METHOD = f"/{SERVICE}/ResumeTrainer"
@@ -53,6 +52,7 @@ def handlers(queue: RolloutQueue) -> grpc.GenericRpcHandler:
                 context.abort(err.code, str(err))
             except (ValueError, KeyError, TypeError) as err:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: bad request: {err}")
+            raise AssertionError("unreachable: context.abort raises")
 
         return grpc.unary_unary_rpc_method_handler(
             call, request_deserializer=None, response_serializer=None
@@ -64,31 +64,28 @@ def handlers(queue: RolloutQueue) -> grpc.GenericRpcHandler:
     )  # fmt: skip
 
 
-def _call(client, method: str, payload: dict, retry_s: float) -> dict:
-    call = client._channel.unary_unary(  # the client's connection and token
-        method, request_serializer=None, response_deserializer=None
+class RawCaller(Protocol):
+    """What these calls need of a client (``ParamServerClient.unary``)."""
+
+    def unary(self, method: str, request: bytes, *, timeout: float = 30.0,
+              retry: RetryPolicy | None = None) -> bytes: ...  # fmt: skip
+
+
+def _call(client: RawCaller, method: str, payload: dict, retry_s: float) -> Any:
+    reply = client.unary(
+        method, json.dumps(payload).encode(), retry=RetryPolicy(deadline_s=retry_s)
     )
-    delay, deadline = 0.2, time.monotonic() + retry_s
-    while True:
-        try:
-            reply = call(json.dumps(payload).encode(), metadata=client._auth, timeout=30)
-            return json.loads(reply)
-        except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
-                raise
-            log.warning("%s: parameter server unreachable; retrying in %.1fs", method, delay)
-            time.sleep(delay)
-            delay = min(2 * delay, 5.0)
+    return json.loads(reply)
 
 
 def resume_trainer(
-    client, *, restored_version: int, new_version: int, retry_s: float = 120.0
+    client: RawCaller, *, restored_version: int, new_version: int, retry_s: float = 120.0
 ) -> dict[str, int]:
     """Tells the server's queue that the trainer resumed; returns what came back to the pool."""
     payload = {"restored_version": restored_version, "new_version": new_version}
     return _call(client, RESUME_METHOD, payload, retry_s)
 
 
-def release_takes(client, *, keep: list[str], retry_s: float = 120.0) -> int:
+def release_takes(client: RawCaller, *, keep: list[str], retry_s: float = 120.0) -> int:
     """Returns every open take but ``keep`` to the queue; how many groups went back."""
     return _call(client, RELEASE_METHOD, {"keep": list(keep)}, retry_s)["released"]

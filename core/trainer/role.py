@@ -1,8 +1,14 @@
-"""The experiment loop behind ``rlax run`` and ``rlax eval``.
+"""The trainer role behind ``rlax run``: :func:`train`, which returns the exit code.
 
 ``train`` wires the plugins chosen in gin into the loop of DESIGN.md §2 —
 task → sampler → reward → curation → algorithm → optax update → new weights
-to the sampler — and writes a run directory::
+to the sampler — for ``steps`` steps from ``init_checkpoint``. With
+``inline`` (``--role inline``) rollouts are sampled in this process;
+otherwise weights go to and groups come from the parameter server
+(``settings``). ``task``, ``reward`` and ``sampler`` also serve the held-out
+evaluation (``eval_samples`` samples per problem, pass@k for ``eval_ks``)
+before and after training. It writes a run directory (``run_dir``, or a new
+one under ``run_root`` named after ``run_name``)::
 
     RUN/operative_config.gin           the whole gin config, every role: `rlax run --gin` it
     RUN/trainer_operative_config.gin   every value the trainer used, defaults included
@@ -16,21 +22,29 @@ A trainer started on a run directory that holds a checkpoint resumes from the
 newest good one (DESIGN.md §5): parameters, optimiser state, step, weight
 version, the data position (the rollout queue rolls back whatever the lost
 trainer consumed after that checkpoint) and the metrics log, truncated to the
-steps the checkpoint covers. On a preemption notice
-(:mod:`rlax.core.launch.preemption`) the trainer finishes its step, checkpoints and
-exits with status 75. With ``deterministic`` (needs ``max_staleness = 0``;
-workers set it too) every batch is put in a fixed order, so a run stopped and
-resumed ends with the same parameters as one that never stopped.
+steps the checkpoint covers. The whole trainer state is checkpointed every
+``checkpoint_every`` steps (0: only on a preemption notice and at the end),
+keeping the newest ``keep_checkpoints``. On a preemption notice (from
+``preemption_notices``; None: SIGTERM and SIGINT,
+:mod:`rlax.core.launch.preemption`) the trainer finishes its step,
+checkpoints and exits with status 75 (``Preempted``). With ``deterministic``
+(needs ``max_staleness = 0``; workers set it too) every batch is put in a
+fixed order, so a run stopped and resumed ends with the same parameters as one
+that never stopped.
 
-The trainer role may run as several processes, one per host, over one device
-mesh (``rlax.train.distributed``, docs/mesh.md). Process 0 leads: it makes
-the run directory, takes each batch from the parameter server and hands it to
-every process (each feeds its own rows to the step), evaluates, writes the
-files and exports the final policy from the gathered parameters; every
-process pushes its shards of each new version and checkpoints its part.
+``mesh``, ``trainer_settings`` and ``distributed`` lay the trainer out on
+devices and hosts (docs/mesh.md; None: one device). The trainer role may run
+as several processes, one per host, over one device mesh
+(``rlax.train.distributed``): every one runs ``train`` with the same
+configuration and the same ``run_dir`` (on storage they share; without one,
+process 0 makes it). Process 0 leads: it makes the run directory, takes each
+batch from the parameter server and hands it to every process (each feeds its
+own rows to the step), evaluates, writes the files and exports the final
+policy from the gathered parameters; every process pushes its shards of each
+new version and checkpoints its part.
 
-The loop never branches on which algorithm, reward or sampler it runs; their
-contracts are the Protocols in ``core/contracts.py``.
+The loop never branches on which algorithm, reward, sampler or rollout source
+it runs; their contracts are the Protocols in ``core/contracts.py``.
 """
 
 from __future__ import annotations
@@ -39,16 +53,14 @@ import functools
 import json
 import pathlib
 import shutil
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 import optax
 from flax import nnx
 
-from rlax.core.contracts import Algorithm, OnlineFilter, Reward, Sampler, Task
+from rlax.core.contracts import Algorithm, OnlineFilter, Reward, RolloutSource, Sampler, Task
 from rlax.core.errors import ConfigError, Preempted
 from rlax.core.evaluation.evaluate import (
     check_eval_settings,
@@ -70,13 +82,13 @@ from rlax.core.parallel.multihost import initialize as initialize_distributed
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.param_server.wire import WirePlan
-from rlax.core.trainer.batches import make_batch
-from rlax.core.trainer.checkpoint import Checkpointer
+from rlax.core.trainer.checkpoint import Checkpointer, Restored
+from rlax.core.trainer.client import TrainerClient
 from rlax.core.trainer.loop import TrainingRun, apply_restored, state_tree
 from rlax.core.trainer.sources import InlineRollouts, RemoteRollouts
-from rlax.core.trainer.step import Trainer, TrainerSettings, batch_arrays
-from rlax.core.types import ConfigPath, Group
-from rlax.core.worker.rollout import generated_tokens, task_prompts
+from rlax.core.trainer.step import Trainer, TrainerSettings
+from rlax.core.types import ConfigPath
+from rlax.core.worker.rollout import task_prompts
 
 
 class _NoHooks:
@@ -125,77 +137,40 @@ def _save_config(run_dir: pathlib.Path) -> None:
     (run_dir / "trainer_operative_config.gin").write_text(config.operative_config_text())
 
 
-def _entry_order(entry) -> tuple:
-    """A fixed order for a batch's entries whatever order the workers delivered them in."""
-    if isinstance(entry, Group):
-        return (0, entry.prompt.id, "")
-    return (1, "", np.asarray(entry, np.float32).tobytes().hex())
+def _check_settings(*, inline: bool, deterministic: bool, max_staleness: int,
+                    eval_samples: int, eval_ks: Sequence[int]) -> None:  # fmt: skip
+    """ConfigError for settings that cannot work together, before any work."""
+    if deterministic and max_staleness != 0:
+        raise ConfigError(f"rlax.train.deterministic needs max_staleness = 0, got {max_staleness}")
+    if inline and jax.process_count() > 1:
+        raise ConfigError("--role inline runs in one process; several hosts run --role trainer")
+    checked(check_eval_settings, "rlax.train", eval_samples=eval_samples, eval_ks=eval_ks)
 
 
-def _take_batch(source, trainer: Trainer, version: int, *, group_size: int, completion_len: int,
-                deterministic: bool):  # fmt: skip
-    """Process 0's part of a step: (metrics so far, the TrainBatch or None, generated tokens)."""
-    entries, info = source.next_batch(version)
-    if deterministic:
-        entries = sorted(entries, key=_entry_order)
-    rewards = np.concatenate([e.rewards if isinstance(e, Group) else e for e in entries])
-    kept = [e for e in entries if isinstance(e, Group)]
-    metrics: dict[str, float] = {
-        "reward": float(rewards.mean()),
-        "pass_rate": float((rewards >= 1.0).mean()),
-        "groups_kept": len(kept),
-        **info,
-    }
-    batch = None
-    if kept:
-        advantages = trainer.algorithm.advantages(np.stack([g.rewards for g in kept]))
-        batch = make_batch(
-            kept, advantages, row_multiple=8 * group_size, completion_len=completion_len
-        )
-    return metrics, batch, generated_tokens(kept)
+def _finished(run_dir: pathlib.Path | None, steps: int) -> bool:
+    """True (and says so) if ``run_dir`` holds a run finished at ``steps``: nothing to redo."""
+    finished = runs.finished_message(pathlib.Path(run_dir), steps) if run_dir else None
+    if finished and multihost.is_lead():
+        print(finished, flush=True)
+    return bool(finished)
 
 
-def _own_rows(trainer: Trainer, batch):
-    """The rows of the global ``batch`` this process feeds (all of them with one process)."""
-    if jax.process_count() == 1:
-        return batch
-    arrays = batch_arrays(batch)
-    rows = multihost.process_rows(trainer.mesh, len(arrays["tokens"]))
-    return {name: x[rows] for name, x in arrays.items()}
+def _restore(trainer: Trainer, run_dir: pathlib.Path, hook, *, every: int,
+             keep: int) -> tuple[Checkpointer, Restored | None]:  # fmt: skip
+    """The run's checkpointer and the newest good checkpoint (applied to ``trainer``), if any."""
+    on_saved = lambda step, path: hook.rlax_on_checkpoint(step=step, path=path)
+    ckpt = Checkpointer(run_dir / "train_state", every=every, keep=keep,
+                        on_saved=on_saved if multihost.is_lead() else None)  # fmt: skip
+    restored = ckpt.restore_latest(state_tree(trainer.state))
+    if restored is not None:
+        apply_restored(trainer, restored)
+    return ckpt, restored
 
 
-def _train_step(step: int, source, trainer: Trainer, *, group_size: int, completion_len: int,
-                version_offset: int = 0, deterministic: bool = False):  # fmt: skip
-    """Takes one batch, updates, publishes the new weights; returns the step's metrics.
-
-    The weight version is the trainer's step plus ``version_offset`` (nonzero
-    after a resume that had to skip versions a lost trainer had published).
-    With several processes, process 0 takes the batch and every process gets
-    it (a notice that stopped process 0 waiting for rollouts stops them all
-    here); each trains on its own rows and pushes its part of the weights.
-    """
-    start = time.perf_counter()
-    metrics, batch, tokens = multihost.run_on_lead(
-        functools.partial(
-            _take_batch, source, trainer, trainer.state.step + version_offset,
-            group_size=group_size, completion_len=completion_len, deterministic=deterministic,
-        )
-    )  # fmt: skip
-    metrics = {"step": step, **metrics}
-    if batch is not None:
-        metrics.update(trainer.step(_own_rows(trainer, batch)))
-        metrics.update(source.publish(trainer.state.params, trainer.state.step + version_offset))
-    if multihost.is_lead():
-        source.done()
-    metrics["version"] = trainer.state.step + version_offset
-    elapsed = time.perf_counter() - start
-    metrics["tokens_per_s"] = tokens / elapsed
-    metrics["step_s"] = elapsed
-    return metrics
-
-
-def _rollout_source(inline, *, task, tokenizer, sampler, reward, curation, settings, plan,
-                    prompts_per_step, group_size, max_staleness, seed):  # fmt: skip
+def _rollout_source(inline: bool, preemption: Preemption, trainer: Trainer, *, task, tokenizer,
+                    sampler, reward, curation, settings, prompts_per_step, group_size,
+                    max_staleness, seed) -> RolloutSource:  # fmt: skip
+    """The inline source, or the parameter server's through the trainer's restart-proof client."""
     if inline:
         prompts = task.prompts("train", tokenizer=tokenizer, seed=seed)
         return InlineRollouts(
@@ -204,11 +179,71 @@ def _rollout_source(inline, *, task, tokenizer, sampler, reward, curation, setti
         )  # fmt: skip
     if settings is None:
         raise ConfigError("rlax.train.settings: the trainer role needs parameter server settings")
-    client = ParamServerClient(settings, retry_s=0.0)  # the trainer's wrapper retries
+    client = TrainerClient(ParamServerClient(settings, retry_s=0.0), preemption)  # it retries
+    plan = WirePlan.for_tree(trainer.state.params, settings.wire_dtype)
     return RemoteRollouts(
         client, plan, prompts_per_step=prompts_per_step, max_staleness=max_staleness,
         curation=curation,
     )  # fmt: skip
+
+
+class _HeldOut:
+    """The held-out evaluation before and after training: pass@k on the task's eval split."""
+
+    def __init__(self, task, sampler, reward, tokenizer, *, seed: int, samples: int,
+                 ks: Sequence[int], progress: bool):  # fmt: skip
+        prompts = list(task_prompts(task, "eval", tokenizer=tokenizer, seed=seed,
+                                    setting="rlax.train.task"))  # fmt: skip
+        self.sampler, self.what = sampler, f"{len(prompts)} problems x {samples} samples"
+        self._evaluate = functools.partial(evaluate_pass_at_k, sampler, reward, prompts,
+                                           samples=samples, ks=ks, seed=seed + 1,
+                                           progress=progress)  # fmt: skip
+
+    def now(self) -> dict[str, float]:
+        """The current policy's results (process 0; the others wait for them)."""
+        return multihost.run_on_lead(self._evaluate)
+
+    def after(self, params, version: int) -> dict[str, float]:
+        """The results of ``params`` (whole arrays), loaded into the sampler as ``version``."""
+
+        def evaluate() -> dict[str, float]:
+            self.sampler.load_weights(params, version)
+            return self._evaluate()
+
+        return multihost.run_on_lead(evaluate)
+
+
+def _make_trainer(bundle: ModelBundle, sampler, algorithm, optimizer, mesh: MeshConfig | None,
+                  settings: TrainerSettings | None) -> Trainer:  # fmt: skip
+    """Sets the sampler up on the policy and builds the trainer (on ``mesh``'s devices)."""
+    sampler.setup(bundle.model, bundle.tokenizer)
+    return Trainer(bundle.model, algorithm, optimizer, temperature=sampler.temperature,
+                   mesh=make_mesh(mesh) if mesh else None, settings=settings)  # fmt: skip
+
+
+def _run(run: TrainingRun, held_out: _HeldOut, hook, *, steps: int, progress: bool,
+         **step_args) -> dict[str, float]:  # fmt: skip
+    """Resumes, evaluates the base policy (once per run), trains; the "before" results.
+
+    Closes the run's preemption watch, source and checkpointer whatever happens.
+    """
+    try:
+        with run.preemption:
+            run.resume()
+            if run.lead:
+                _save_config(run.run_dir)
+            run.eval_before = run.eval_before or held_out.now()
+            if run.lead:
+                print(f"held-out pass@k of the base policy ({held_out.what})\n"
+                      f"{format_eval_table({'before': run.eval_before})}", flush=True)  # fmt: skip
+            run.loop(steps, hook, progress, **step_args)
+    except Preempted as err:
+        err.run_dir = run.run_dir  # for the CLI's resume command
+        raise
+    finally:
+        run.source.close()
+        run.ckpt.close()
+    return run.eval_before
 
 
 def train(
@@ -242,98 +277,33 @@ def train(
     trainer_settings: TrainerSettings | None = None,
     distributed: DistributedSettings | None = None,
 ) -> int:
-    """The trainer role: RL from ``init_checkpoint`` for ``steps`` steps; returns the exit code.
-
-    With ``inline`` (``--role inline``) rollouts are sampled in this process;
-    otherwise weights go to and groups come from the parameter server.
-    ``task``, ``reward`` and ``sampler`` also serve the held-out evaluation
-    before and after training. The whole trainer state is checkpointed every
-    ``checkpoint_every`` steps (0: only on a preemption notice and at the end),
-    keeping the newest ``keep_checkpoints``; ``preemption_notices`` are the
-    notice sources (None: SIGTERM and SIGINT). ``mesh``, ``trainer_settings``
-    and ``distributed`` lay the trainer out on devices and hosts
-    (docs/mesh.md; None: one device). With several processes, every one runs
-    this function with the same configuration and the same ``run_dir`` (on
-    storage they share; without one, process 0 makes it).
+    """The trainer role: RL from ``init_checkpoint`` for ``steps`` steps (see the module doc).
 
     Raises:
       Preempted: a notice came; the state was checkpointed (exit status 75).
     """
     hook = hook or _NoHooks()
     initialize_distributed(distributed)  # before anything touches a device (the CLI did it first)
-    if deterministic and max_staleness != 0:
-        raise ConfigError(f"rlax.train.deterministic needs max_staleness = 0, got {max_staleness}")
-    if inline and jax.process_count() > 1:
-        raise ConfigError("--role inline runs in one process; several hosts run --role trainer")
-    checked(check_eval_settings, "rlax.train", eval_samples=eval_samples, eval_ks=eval_ks)
-    lead = multihost.is_lead()
-    finished = runs.finished_message(pathlib.Path(run_dir), steps) if run_dir else None
-    if finished:  # re-running a finished run redoes nothing and overwrites nothing
-        if lead:
-            print(finished, flush=True)
+    _check_settings(inline=inline, deterministic=deterministic, max_staleness=max_staleness,
+                    eval_samples=eval_samples, eval_ks=eval_ks)  # fmt: skip
+    if _finished(run_dir, steps):  # re-running a finished run redoes nothing and overwrites nothing
         return 0
     bundle = load_policy(init_checkpoint, "rlax.train.init_checkpoint")
-    eval_prompts = list(task_prompts(task, "eval", tokenizer=bundle.tokenizer, seed=seed,
-                                     setting="rlax.train.task"))  # fmt: skip
+    held_out = _HeldOut(task, sampler, reward, bundle.tokenizer, seed=seed, samples=eval_samples,
+                        ks=eval_ks, progress=progress)  # fmt: skip
     run_dir = _open_run_dir(run_dir, run_root, run_name)
-    sampler.setup(bundle.model, bundle.tokenizer)
-    trainer = Trainer(
-        bundle.model, algorithm, optimizer, temperature=sampler.temperature,
-        mesh=make_mesh(mesh) if mesh else None, settings=trainer_settings,
-    )  # fmt: skip
-    plan = WirePlan.for_tree(trainer.state.params, settings.wire_dtype if settings else "float32")
-    ckpt = Checkpointer(
-        run_dir / "train_state", every=checkpoint_every, keep=keep_checkpoints,
-        on_saved=(lambda step, path: hook.rlax_on_checkpoint(step=step, path=path)) if lead else None,
-    )  # fmt: skip
-    restored = ckpt.restore_latest(state_tree(trainer.state))
-    if restored is not None:
-        apply_restored(trainer, restored)
+    trainer = _make_trainer(bundle, sampler, algorithm, optimizer, mesh, trainer_settings)
+    ckpt, restored = _restore(trainer, run_dir, hook, every=checkpoint_every, keep=keep_checkpoints)
+    preemption = Preemption(preemption_notices, role="trainer", hook=hook)
     source = _rollout_source(
-        inline, task=task, tokenizer=bundle.tokenizer, sampler=sampler, reward=reward,
-        curation=curation, settings=settings, plan=plan, prompts_per_step=prompts_per_step,
+        inline, preemption, trainer, task=task, tokenizer=bundle.tokenizer, sampler=sampler,
+        reward=reward, curation=curation, settings=settings, prompts_per_step=prompts_per_step,
         group_size=group_size, max_staleness=max_staleness, seed=seed,
     )  # fmt: skip
-    preemption = Preemption(preemption_notices, role="trainer", hook=hook).start()
-    try:
-        run = TrainingRun(
-            run_dir, trainer, source, ckpt, preemption, restored, deterministic, seed,
-            train_step=_train_step,
-        )  # fmt: skip
-        run.resume()
-        if lead:
-            _save_config(run_dir)
-        evaluate_now = functools.partial(
-            evaluate_pass_at_k, sampler, reward, eval_prompts,
-            samples=eval_samples, ks=eval_ks, seed=seed + 1, progress=progress,
-        )  # fmt: skip
-        results = {"before": run.eval_before or multihost.run_on_lead(evaluate_now)}
-        run.eval_before = results["before"]
-        if lead:
-            print(
-                f"held-out pass@k of the base policy ({len(eval_prompts)} problems x "
-                f"{eval_samples} samples)\n{format_eval_table(results)}",
-                flush=True,
-            )
-        run.loop(
-            steps, hook, progress, group_size=group_size, completion_len=sampler.max_new_tokens
-        )
-    except Preempted as err:
-        err.run_dir = run_dir  # for the CLI's resume command
-        raise
-    finally:
-        preemption.close()
-        source.close()
-        ckpt.close()
-    params = multihost.gather_tree(trainer.state.params)  # whole arrays, for one host's use
-
-    def evaluate_after() -> dict[str, float]:
-        sampler.load_weights(params, trainer.state.step)
-        return evaluate_now()
-
-    results["after"] = multihost.run_on_lead(evaluate_after)  # the others wait for it
-    model = nnx.merge(trainer.graphdef, params)
-    _finish(run_dir, hook, run.step, model, bundle, run.log, results)
+    run = TrainingRun(run_dir, trainer, source, ckpt, preemption, restored, deterministic, seed)
+    before = _run(run, held_out, hook, steps=steps, progress=progress, group_size=group_size,
+                  completion_len=sampler.max_new_tokens)  # fmt: skip
+    _finish(run, hook, bundle, held_out, before)
     return 0
 
 
@@ -349,8 +319,13 @@ def _export(path: pathlib.Path, bundle: ModelBundle) -> None:
         save_model(path, bundle, checksums=lead)  # process 0 writes checksums.json, once
 
 
-def _finish(run_dir, hook, step, model, bundle, log, results) -> None:
-    """Exports the final policy and writes the results (process 0; the others help export)."""
+def _finish(run: TrainingRun, hook, bundle: ModelBundle, held_out: _HeldOut,
+            before: dict[str, float]) -> None:  # fmt: skip
+    """Evaluates and exports the final policy, writes the results (process 0; the others help)."""
+    params = multihost.gather_tree(run.trainer.state.params)  # whole arrays, for one host's use
+    results = {"before": before, "after": held_out.after(params, run.trainer.state.step)}
+    model = nnx.merge(run.trainer.graphdef, params)
+    run_dir, step, log = run.run_dir, run.step, run.log
     lead = multihost.is_lead()
     # Written beside, then swapped in: a resumed run replaces the final policy of an earlier one.
     final, new, old = (run_dir / n for n in ("checkpoint", "checkpoint.new", "checkpoint.old"))

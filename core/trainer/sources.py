@@ -1,18 +1,26 @@
-"""Where the trainer's batches come from and where its weights go.
+"""Where the trainer's batches come from and where its weights go: the rollout sources.
 
-:class:`RemoteRollouts` is the parameter-server system (docs/param_server.md): weights go to
-the parameter server, groups are taken from its rollout queue under the
-staleness rule and acknowledged once trained on. :class:`InlineRollouts`
-does the same in one process (a sampler beside the trainer): for debugging
-and for tests that need the loop without processes. The trainer loop is the
-same for both.
+Both implement :class:`rlax.core.contracts.RolloutSource`, and the trainer
+loop is the same for both. :class:`RemoteRollouts` is the parameter-server
+system (docs/param_server.md): weights go to the parameter server, groups are
+taken from its rollout queue under the staleness rule and acknowledged once
+trained on. :class:`InlineRollouts` does the same in one process (a sampler
+beside the trainer): for debugging and for tests that need the loop without
+processes.
+
+Each source owns its data position. The inline one records the prompts it
+drew and its sampling-seed counter, and on resume skips those prompts and
+continues the seeds; the remote one's position is the server's queue (its
+consumed count is recorded for the record), and on resume it rolls the queue
+back to the checkpoint (:mod:`rlax.core.param_server.recovery`). A position
+recorded by one kind is refused by the other (:func:`check_same_source`).
 
 ``next_batch`` returns one entry per prompt: a scored :class:`Group`, or just
 the rewards (a float array) of a group an online curation filter dropped.
 
 With several trainer processes (docs/mesh.md) only process 0 calls
-``next_batch`` and ``done``; every process calls ``publish``, and each pushes
-the shards it holds as its part of one multi-part version.
+``next_batch``, ``done`` and ``position``; every process calls ``publish``,
+and each pushes the shards it holds as its part of one multi-part version.
 """
 
 from __future__ import annotations
@@ -21,35 +29,88 @@ import collections
 import functools
 import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import jax
 
+from rlax.core.contracts import Curriculum, Stateful
+from rlax.core.errors import LostStep, Preempted, SourceMismatch
 from rlax.core.parallel import multihost as distributed
-from rlax.core.param_server import shards
+from rlax.core.param_server import recovery, shards
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.wire import WirePlan
+from rlax.core.trainer.client import TrainerClient
 from rlax.core.trainer.filling import Entry, extra_rounds, fill_batch
 from rlax.core.types import Group, Prompt
 from rlax.core.worker.rollout import kept_by_filters, rollout
 
+# The key under which each kind of source records its position, and how a run of
+# that kind is started (for the error when a run is resumed the other way).
+MADE_WITH = {
+    "drawn": "--role inline (an in-process sampler)",
+    "consumed": "a parameter server and workers (--role all, or trainer)",
+}
 
-class InlineRollouts:
+
+def check_same_source(position: dict[str, Any], key: str) -> None:
+    """Raises SourceMismatch if ``position`` was recorded by a source other than ``key``'s."""
+    for other, made_with in MADE_WITH.items():
+        if other != key and other in position:
+            raise SourceMismatch(made_with)
+
+
+class Counted:
+    """An iterator that counts what was drawn from it (the inline source's data position)."""
+
+    def __init__(self, items: Iterable[Any], drawn: int = 0):
+        self._items, self.drawn = iter(items), drawn
+
+    def __iter__(self) -> Counted:
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self._items)
+        self.drawn += 1
+        return item
+
+    def skip(self, n: int) -> None:
+        """Skips the next ``n`` items (lazily: they are drawn when the next item is)."""
+        self._items = itertools.islice(self._items, n, None)
+        self.drawn += n
+
+
+class _Curated:
+    """The trainer's curation filters of a source, and their checkpointed state."""
+
+    curation: list[Any]
+
+    def curation_state(self) -> list[dict[str, Any] | None]:
+        return [f.state_dict() if isinstance(f, Stateful) else None for f in self.curation]
+
+    def load_curation_state(self, states: Sequence[dict[str, Any] | None]) -> None:
+        for f, state in zip(self.curation, states):
+            if state is not None and isinstance(f, Stateful):
+                f.load_state_dict(state)
+
+
+class InlineRollouts(_Curated):
     """Samples in the trainer's process; every group is on-policy.
 
     A batch is one round of sampling, or more when a curation filter asks for
-    ``extra_rounds`` (DAPO's dynamic sampling): see :func:`fill_batch`.
+    ``extra_rounds`` (DAPO's dynamic sampling): see :func:`fill_batch`. Its
+    position is the prompts drawn from ``prompts`` and the number of rounds
+    sampled (each round's sampler seed is ``seed * 1_000_003 + round``).
     """
 
     def __init__(self, prompts: Iterator[Prompt], sampler, reward, curation: Sequence[Any], *,
                  group_size: int, prompts_per_step: int, seed: int):  # fmt: skip
-        self.prompts, self.sampler, self.reward = prompts, sampler, reward
+        self.prompts, self.sampler, self.reward = Counted(prompts), sampler, reward
         self.curation = list(curation)
-        self._curricula = [f for f in self.curation if hasattr(f, "admit")]
+        self._curricula = [f for f in self.curation if isinstance(f, Curriculum)]
         self.extra_rounds = extra_rounds(self.curation)
         self.group_size, self.prompts_per_step, self.seed = group_size, prompts_per_step, seed
-        self._step = 0
+        self._round = 0  # rounds sampled so far: the sampler seeds' counter
 
     def publish(self, params, version: int) -> dict[str, float]:
         self.sampler.load_weights(params, version)
@@ -61,13 +122,13 @@ class InlineRollouts:
         )
 
     def _sample_round(self, n: int) -> list[Entry]:
-        # A curriculum among the filters (one with ``admit``) keeps retired prompts out.
+        # A curriculum among the filters keeps retired prompts out.
         admitted = (p for p in self.prompts if all(f.admit([p]) for f in self._curricula))
         batch = list(itertools.islice(admitted, n))
         groups = rollout(
-            batch, self.sampler, self.reward, self.group_size, self.seed * 1_000_003 + self._step
+            batch, self.sampler, self.reward, self.group_size, self.seed * 1_000_003 + self._round
         )
-        self._step += 1  # one sampler seed per round
+        self._round += 1  # one sampler seed per round
         kept = kept_by_filters(groups, self.curation)
         return [g if keep else g.rewards for g, keep in zip(groups, kept)]
 
@@ -77,8 +138,21 @@ class InlineRollouts:
     def close(self) -> None:
         pass
 
+    def position(self) -> dict[str, Any]:
+        return {"drawn": self.prompts.drawn, "sampler_step": self._round}
 
-class RemoteRollouts:
+    def restore(self, position: dict[str, Any]) -> None:
+        """Skips the prompts the restored steps drew and continues their sampler seeds."""
+        check_same_source(position, "drawn")
+        self.prompts.skip(int(position["drawn"]) - self.prompts.drawn)
+        self._round = int(position["sampler_step"])
+
+    def resume(self, params, version: int) -> int:
+        self.publish(params, version)
+        return version
+
+
+class RemoteRollouts(_Curated):
     """Pushes weights to and takes groups from the parameter server.
 
     Workers run the online curation filters before they submit; the trainer
@@ -87,16 +161,20 @@ class RemoteRollouts:
     (DAPO's dynamic sampling) the batch is filled by :func:`fill_batch`: a
     round is ``prompts_per_step`` more entries from the queue, ending early
     once the batch is full (the queue is a stream, so no surplus is taken).
+    ``client`` is the trainer's restart-proof one (:class:`TrainerClient`), or
+    a plain client where no retries are wanted (tests).
     """
 
-    def __init__(self, client: ParamServerClient, plan: WirePlan, *, prompts_per_step: int,
-                 max_staleness: int, curation: Sequence[Any] = ()):  # fmt: skip
+    def __init__(self, client: TrainerClient | ParamServerClient, plan: WirePlan, *,
+                 prompts_per_step: int, max_staleness: int,
+                 curation: Sequence[Any] = ()):  # fmt: skip
         self.client, self.plan = client, plan
         self.prompts_per_step, self.max_staleness = prompts_per_step, max_staleness
         self.curation = list(curation)
         self.extra_rounds = extra_rounds(self.curation)
         self._takes: list[str] = []
         self._kept = self._stale = 0
+        self._restored = False
 
     def publish(self, params, version: int) -> dict[str, float]:
         """Pushes ``params`` as ``version``; every trainer process calls it.
@@ -118,9 +196,6 @@ class RemoteRollouts:
 
     def _push_part(self, params, version: int) -> None:
         """This process's part of ``version``; raises on every process if any part failed."""
-        from rlax.core.errors import Preempted
-        from rlax.core.trainer.loop import LostStep  # (it imports this module)
-
         error: Exception | None = None
         try:
             reply = shards.push_local_shards(
@@ -206,3 +281,42 @@ class RemoteRollouts:
 
     def close(self) -> None:
         self.client.close()
+
+    def position(self) -> dict[str, Any]:
+        """The queue's consumed count: for the record (the queue keeps the position itself)."""
+        try:
+            return {"consumed": self.client.stat().queue.consumed}
+        except Preempted:  # the server is gone after a notice
+            return {"consumed": None}
+
+    def restore(self, position: dict[str, Any]) -> None:
+        check_same_source(position, "consumed")
+        self._restored = True
+
+    def resume(self, params, version: int) -> int:
+        """Rolls the server's queue back to the checkpoint and publishes the weights.
+
+        Versions only grow: if a lost trainer published past our checkpoint,
+        the restored weights are published as the next version after the
+        served one. Process 0 talks to the queue; every process publishes.
+        """
+        served, new_version, back = distributed.run_on_lead(lambda: self._roll_back_queue(version))
+        if served != new_version:
+            self.publish(params, new_version)
+        if self._restored:
+            print(
+                f"weight version {new_version} published (server had {served}); "
+                f"{back['unconsumed']} consumed and {back['untaken']} taken prompts returned "
+                "to the queue",
+                flush=True,
+            )
+        return new_version
+
+    def _roll_back_queue(self, restored_version: int) -> tuple[int, int, dict]:
+        """(served version, the version to publish, what went back to the queue); process 0."""
+        served = self.client.stat().version
+        new_version = restored_version if served <= restored_version else served + 1
+        back = recovery.resume_trainer(
+            self.client, restored_version=restored_version, new_version=new_version
+        )
+        return served, new_version, back

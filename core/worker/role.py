@@ -8,8 +8,9 @@ fulfils. A worker that dies simply lets its leases expire.
 
 A preemption notice (:mod:`rlax.core.launch.preemption`) lets the worker submit the
 batch it is generating, then it exits with status 75. While the parameter
-server is unreachable (restarting) the worker waits with bounded backoff and
-says so in the log. With ``deterministic`` each prompt is sampled with its own
+server is unreachable (restarting) the worker waits, with no deadline, under
+the one retry policy (:mod:`rlax.core.param_server.retry`), and says so in
+the log. With ``deterministic`` each prompt is sampled with its own
 seed, derived from the run's seed, the prompt and the weight version, so the
 groups do not depend on which worker leased which prompt.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import time
 import zlib
@@ -30,6 +32,7 @@ from rlax.core.contracts import OnlineFilter, Reward, Sampler
 from rlax.core.launch.preemption import Preemption
 from rlax.core.models.bundle import load_model
 from rlax.core.param_server.client import ParamServerClient
+from rlax.core.param_server.retry import RETRYABLE, RetryPolicy
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.param_server.wire import WirePlan
 from rlax.core.types import ConfigPath
@@ -39,14 +42,6 @@ from rlax.core.worker.rollout import kept_by_filters, rollout
 log = logging.getLogger("rlax.worker")
 
 WORKER_ID_ENV = "RLAX_WORKER_ID"
-
-
-# CANCELLED: a server shutting down cancels the calls in flight (all safe to repeat).
-_RECONNECT = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.CANCELLED,
-}
 
 
 class Worker:
@@ -197,20 +192,22 @@ def worker(
 
 
 def _serve(w: Worker, plan: WirePlan, stop: Preemption, max_backoff_s: float = 5.0) -> None:
-    """Runs rounds until a notice; waits out an unreachable server with bounded backoff."""
-    delay = 0.2
+    """Runs rounds until a notice; waits out an unreachable server with bounded backoff.
+
+    A round that fails with a retryable status is retried for as long as it
+    takes (the client's own calls gave up after their deadline); a notice ends
+    the wait at once, and the worker stops without another round.
+    """
+    retry = RetryPolicy(deadline_s=math.inf, max_s=max_backoff_s,
+                        give_up=lambda: stop.requested, sleep=stop.wait)  # fmt: skip
+
+    def one_round() -> int:
+        return 0 if stop.requested else w.run_once(plan)  # a notice came during the wait
+
     while not stop.requested:
         try:
-            w.run_once(plan)
-            delay = 0.2
+            retry.call(w.worker_id, one_round)
         except grpc.RpcError as err:
-            if err.code() not in _RECONNECT:
-                raise
-            if stop.requested:  # a notice, or the run is over: not worth reconnecting for
-                return
-            log.warning(
-                "%s: parameter server unreachable (%s); reconnecting in %.1fs",
-                w.worker_id, err.code().name, delay,
-            )  # fmt: skip
-            stop.wait(delay)
-            delay = min(2 * delay, max_backoff_s)
+            if err.code() in RETRYABLE and stop.requested:
+                return  # a notice, or the run is over: not worth reconnecting for
+            raise

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import grpc
 import numpy as np
 import pytest
 from flax import nnx
 
+from rlax.core.launch.preemption import Preemption
 from rlax.core.models.bundle import load_model
 from rlax.core.param_server.wire import WirePlan
-from rlax.core.worker.role import Worker
+from rlax.core.worker.role import Worker, _serve
 from rlax.plugins.curation.zero_variance import ZeroVarianceFilter
 from rlax.plugins.rewards.arithmetic import ArithmeticReward
 from rlax.plugins.samplers.jax_sampler import JaxSampler
@@ -107,3 +109,55 @@ def test_a_failing_verifier_scores_zero_and_is_reported_to_the_trainer(ps, bundl
     assert all(r == 0.0 for r, bad in zip(rewards, crashed) if bad)
     worker.run_once(plan)  # the next lease reports the worker's counts
     assert ps.client.stat().queue.reward_errors >= sum(crashed)
+
+
+# -- waiting out an unreachable server (the one retry policy, no deadline) ------------------
+
+
+class Unreachable(grpc.RpcError):
+    def __init__(self, code=grpc.StatusCode.UNAVAILABLE):
+        self._code = code
+
+    def code(self):
+        return self._code
+
+
+class RoundsThatFail:
+    """A worker whose rounds fail with ``code``; records each round."""
+
+    worker_id = "w0"
+
+    def __init__(self, code=grpc.StatusCode.UNAVAILABLE):
+        self.rounds, self.code = 0, code
+
+    def run_once(self, plan):
+        self.rounds += 1
+        raise Unreachable(self.code)
+
+
+class NoticeAfterWaits(Preemption):
+    """A preemption watch whose notice comes during its ``n``-th wait; records the waits."""
+
+    def __init__(self, n: int):
+        super().__init__([], role="worker")
+        self.n, self.waits = n, []
+
+    def wait(self, timeout=None):
+        self.waits.append(timeout)
+        if len(self.waits) == self.n:
+            self.notify("test notice")
+        return self.requested
+
+
+def test_a_worker_waits_out_an_unreachable_server_until_a_notice_without_another_round():
+    w, stop = RoundsThatFail(), NoticeAfterWaits(3)
+    _serve(w, None, stop)  # returns: a notice, not an error
+    assert stop.waits == pytest.approx([0.2, 0.4, 0.8])  # the policy's backoff
+    assert w.rounds == 3  # the notice came during the third wait: no fourth round
+
+
+def test_a_worker_raises_a_status_that_is_not_an_outage():
+    w, stop = RoundsThatFail(grpc.StatusCode.PERMISSION_DENIED), NoticeAfterWaits(3)
+    with pytest.raises(grpc.RpcError):
+        _serve(w, None, stop)
+    assert (w.rounds, stop.waits) == (1, [])

@@ -41,7 +41,7 @@ def test_a_worker_retrying_an_unreachable_server_stops_within_seconds_of_a_notic
             proc.kill()
     text = log.read_text()
     assert status == 75, text[-3000:]  # preempted, to be restarted
-    # A failing call retries for 60 s (ParamServerClient.retry_s); after the
+    # A failing call retries for 60 s (ParamServerClient retry_s); after the
     # notice it gives up at once, and the worker exits at its safe point.
     assert took < 10, text[-3000:]
     assert "preemption notice (SIGTERM)" in text

@@ -1,0 +1,93 @@
+"""One iteration of the RL loop (a "step"): take a batch, update, publish the new weights.
+
+:func:`train_step` is what :class:`rlax.core.trainer.loop.TrainingRun` runs for
+each step, whatever its rollout source (:class:`rlax.core.contracts.RolloutSource`).
+With several trainer processes (docs/mesh.md) process 0 takes the batch and
+every process gets it; each trains on its own rows and pushes its part of the
+weights.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import numpy as np
+
+from rlax.core.contracts import RolloutSource
+from rlax.core.parallel import multihost
+from rlax.core.trainer.batches import make_batch
+from rlax.core.trainer.filling import Entry
+from rlax.core.trainer.step import Trainer, batch_arrays
+from rlax.core.types import Group
+from rlax.core.worker.rollout import generated_tokens
+
+
+def entry_order(entry: Entry) -> tuple:
+    """A fixed order for a batch's entries whatever order the workers delivered them in."""
+    if isinstance(entry, Group):
+        return (0, entry.prompt.id, "")
+    return (1, "", np.asarray(entry, np.float32).tobytes().hex())
+
+
+def take_batch(source: RolloutSource, trainer: Trainer, version: int, *, group_size: int,
+               completion_len: int, deterministic: bool):  # fmt: skip
+    """Process 0's part of a step: (metrics so far, the TrainBatch or None, generated tokens)."""
+    entries, info = source.next_batch(version)
+    if deterministic:
+        entries = sorted(entries, key=entry_order)
+    rewards = np.concatenate([e.rewards if isinstance(e, Group) else e for e in entries])
+    kept = [e for e in entries if isinstance(e, Group)]
+    metrics: dict[str, float] = {
+        "reward": float(rewards.mean()),
+        "pass_rate": float((rewards >= 1.0).mean()),
+        "groups_kept": len(kept),
+        **info,
+    }
+    batch = None
+    if kept:
+        advantages = trainer.algorithm.advantages(np.stack([g.rewards for g in kept]))
+        batch = make_batch(
+            kept, advantages, row_multiple=8 * group_size, completion_len=completion_len
+        )
+    return metrics, batch, generated_tokens(kept)
+
+
+def own_rows(trainer: Trainer, batch):
+    """The rows of the global ``batch`` this process feeds (all of them with one process)."""
+    if jax.process_count() == 1:
+        return batch
+    arrays = batch_arrays(batch)
+    rows = multihost.process_rows(trainer.mesh, len(arrays["tokens"]))
+    return {name: x[rows] for name, x in arrays.items()}
+
+
+def train_step(step: int, source: RolloutSource, trainer: Trainer, *, group_size: int,
+               completion_len: int, version_offset: int = 0,
+               deterministic: bool = False) -> dict:  # fmt: skip
+    """Takes one batch, updates, publishes the new weights; returns the step's metrics.
+
+    The weight version is the trainer's step plus ``version_offset`` (nonzero
+    after a resume that had to skip versions a lost trainer had published).
+    A notice that stopped process 0 waiting for rollouts stops every process
+    here (the batch's broadcast carries the exception).
+    """
+    start = time.perf_counter()
+    metrics, batch, tokens = multihost.run_on_lead(
+        functools.partial(
+            take_batch, source, trainer, trainer.state.step + version_offset,
+            group_size=group_size, completion_len=completion_len, deterministic=deterministic,
+        )
+    )  # fmt: skip
+    metrics = {"step": step, **metrics}
+    if batch is not None:
+        metrics.update(trainer.step(own_rows(trainer, batch)))
+        metrics.update(source.publish(trainer.state.params, trainer.state.step + version_offset))
+    if multihost.is_lead():
+        source.done()
+    metrics["version"] = trainer.state.step + version_offset
+    elapsed = time.perf_counter() - start
+    metrics["tokens_per_s"] = tokens / elapsed
+    metrics["step_s"] = elapsed
+    return metrics
