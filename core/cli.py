@@ -37,7 +37,7 @@ import sys
 import traceback
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import gin
 
@@ -315,8 +315,8 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> int:
         train = config.configured("rlax", "train")
         extra = {"inline": True} if role == "inline" else {}
         return _status(train(hook=pm.hook, run_dir=run_dir, **extra))
-    extra = {"run_dir": run_dir} if role == "param_server" and run_dir else {}
-    return _status(config.configured("rlax", role)(hook=pm.hook, **extra))
+    where = {"run_dir": run_dir} if role == "param_server" and run_dir else {}
+    return _status(config.configured("rlax", role)(hook=pm.hook, **where))
 
 
 def _remove_fresh(run_dir: pathlib.Path, made_root: pathlib.Path | None) -> None:
@@ -344,7 +344,7 @@ def _train_setting(name: str) -> Any:
         return inspect.signature(experiment.train).parameters[name].default
 
 
-def _resumed_run_dir(resume: pathlib.Path | bool) -> pathlib.Path:
+def _resumed_run_dir(resume: pathlib.Path | Literal[True]) -> pathlib.Path:
     """``--resume DIR``: DIR, checked; bare ``--resume``: the newest run of that name."""
     if resume is not True:
         return runs.resumable(resume)

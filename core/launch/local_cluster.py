@@ -30,7 +30,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlax.core.errors import ConfigError
@@ -51,6 +51,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_PRCTL: Callable[..., int] | None
 try:  # resolved here, in the parent: the child between fork and exec only calls it
     _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
 except (OSError, AttributeError):

@@ -46,7 +46,7 @@ class Attention(nnx.Module):
         rope: tuple[jax.Array, jax.Array],  # rope_tables of the positions
         attn_mask: jax.Array,  # [B, T, S] bool
         cache: dict[str, jax.Array] | None,
-        cache_index: jax.Array | None,
+        cache_index: jax.Array | int | None,  # the first slot written; given with a cache
     ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
         cfg = self.cfg
         b, t, d = x.shape
@@ -72,6 +72,7 @@ class Attention(nnx.Module):
         else:
             # The cache is kept in the layout the products read, so a decode step
             # never transposes it: keys [B,K,H,S], values [B,K,S,H].
+            assert cache_index is not None, "a cache is written at a cache_index"
             k_t = k.transpose(0, 2, 3, 1).astype(cache["k"].dtype)
             v = v.transpose(0, 2, 1, 3).astype(cache["v"].dtype)
             cache = {

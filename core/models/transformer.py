@@ -57,7 +57,7 @@ class Transformer(nnx.Module):
         positions: jax.Array,  # [B, T]
         attn_mask: jax.Array,  # [B, T, S] bool
         cache: KVCache | None = None,
-        cache_index: jax.Array | None = None,
+        cache_index: jax.Array | int | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         x, new_cache = self.hidden_states(tokens, positions, attn_mask, cache, cache_index)
         return self.logits(x), new_cache
@@ -68,7 +68,7 @@ class Transformer(nnx.Module):
         positions: jax.Array,  # [B, T]
         attn_mask: jax.Array,  # [B, T, S] bool
         cache: KVCache | None = None,
-        cache_index: jax.Array | None = None,
+        cache_index: jax.Array | int | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """The final-normed hidden states [B, T, D] (and the cache): ``__call__`` without the head.
 

@@ -159,8 +159,8 @@ class QueueState:
                 )
         self._pool.extend(prompt_from_bytes(b) for b in db.pool())
         expires = time.monotonic() + self.lease_ttl_s
-        for lease_id, worker, prompt in db.leases():
-            self._leases[lease_id] = Lease(prompt_from_bytes(prompt), worker, expires)
+        for lease_id, worker, prompt_bytes in db.leases():
+            self._leases[lease_id] = Lease(prompt_from_bytes(prompt_bytes), worker, expires)
         self._queue.extend(pb.GroupMsg.FromString(g) for g in db.queued())
         for take_id, (version, groups) in db.takes().items():
             self._taken[take_id] = [pb.GroupMsg.FromString(g) for g in groups]

@@ -213,6 +213,7 @@ class WeightStore:
                         done.append(part)
                         part = None
                     continue
+                assert decoded is not None  # no header message: decode_chunk read a data chunk
                 index, offset, data, digest = decoded
                 if part is None:
                     raise PushRejected(BAD, "data chunk before any header")

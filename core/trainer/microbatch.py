@@ -21,7 +21,7 @@ microbatches.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +29,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from rlax.core.parallel import mesh as meshlib
+
+ModuleT = TypeVar("ModuleT", bound=nnx.Module)
 
 REMAT_POLICIES = {
     "none": None,
@@ -84,7 +86,7 @@ def join_rows(x: jax.Array) -> jax.Array:
     return jnp.swapaxes(x, 0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
-def wrap_blocks(module: nnx.Module, remat: str, mesh: Mesh) -> nnx.Module:
+def wrap_blocks(module: ModuleT, remat: str, mesh: Mesh) -> ModuleT:
     """Remat and activation layout around each decoder block of ``module`` (a live copy).
 
     ``module`` is a Transformer or a separate critic (whose decoder is ``trunk``);

@@ -50,6 +50,7 @@ from rlax.core.parallel import multihost as distributed
 from rlax.core.trainer.critic import build_critic, forward_with_values
 from rlax.core.trainer.microbatch import (
     REMAT_POLICIES,
+    ModuleT,
     accumulate_grads,
     cast_floats,
     scan_forward,
@@ -259,6 +260,7 @@ class Trainer:
                 model, batch["tokens"], batch["attention_mask"], self.temperature
             )
             return logp, entropy, None
+        assert self.critic_graphdef is not None  # split in __init__ with the critic's params
         critic_model = self._wrap_blocks(
             nnx.merge(self.critic_graphdef, cast_floats(critic, dtype))
         )
@@ -266,7 +268,7 @@ class Trainer:
             model, critic_model, batch["tokens"], batch["attention_mask"], self.temperature
         )
 
-    def _wrap_blocks(self, module: nnx.Module) -> nnx.Module:
+    def _wrap_blocks(self, module: ModuleT) -> ModuleT:
         return wrap_blocks(module, self.settings.remat, self.mesh)
 
     def _scan_forward(self, params, critic, batch):
@@ -307,8 +309,9 @@ class Trainer:
         logp, entropy, values = jax.lax.stop_gradient(self._scan_forward(params, critic, batch))
         logp = logp.astype(jnp.float32)
         values = None if values is None else values.astype(jnp.float32)
+        # out = (logp, values), indexed: mypy miscounts ``*out`` followed by an argument.
         (loss, metrics), cotangent = jax.value_and_grad(
-            lambda out: self._loss(*out, batch), has_aux=True
+            lambda out: self._loss(out[0], out[1], batch), has_aux=True
         )((logp, values))
         # Pass 2: back-propagate each microbatch's slice of that cotangent, summing gradients.
         k = self.settings.microbatches

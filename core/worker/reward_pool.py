@@ -111,6 +111,7 @@ class _Worker:
 
     def __init__(self, ctx: Any, reward_bytes: bytes, timeout_s: float) -> None:
         self.timeout_s = timeout_s
+        self.conn: multiprocessing.connection.Connection
         self.conn, child = ctx.Pipe(duplex=True)
         self.process = ctx.Process(
             target=_worker_main, args=(child, reward_bytes, list(sys.path)), daemon=True
@@ -223,7 +224,7 @@ class RewardPool:
             for conn in multiprocessing.connection.wait([w.conn for w in waiting], timeout=left):
                 worker = next(w for w in waiting if w.conn is conn)
                 try:
-                    kind, detail = conn.recv()
+                    kind, detail = worker.conn.recv()
                 except EOFError:
                     kind, detail = "init_error", f"exit code {worker.process.exitcode}"
                 if kind != "ready":
@@ -279,9 +280,9 @@ class RewardPool:
         wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 0.05
         for conn in multiprocessing.connection.wait([w.conn for w in live], timeout=wait_s):
             worker = next(w for w in live if w.conn is conn)
-            while worker in self._workers and conn.poll():
+            while worker in self._workers and worker.conn.poll():
                 try:
-                    message = conn.recv()
+                    message = worker.conn.recv()
                 except (EOFError, OSError):
                     if worker.busy:
                         worker.process.join(timeout=1)

@@ -63,10 +63,12 @@ def _prefill(
     prefill_mask = (jnp.arange(s)[None, :] <= jnp.arange(p)[:, None])[None] & key_valid[:, None, :]
     cache = init_cache(model.cfg, b, s)
     if last_logits_only:
-        hidden, cache = model.hidden_states(tokens, positions, prefill_mask, cache, 0)
-        return model.logits(hidden[:, -1]), cache
-    logits, cache = model(tokens, positions, prefill_mask, cache, 0)
-    return logits[:, -1], cache
+        hidden, written = model.hidden_states(tokens, positions, prefill_mask, cache, 0)
+        assert written is not None  # a call given a cache returns the written one
+        return model.logits(hidden[:, -1]), written
+    logits, written = model(tokens, positions, prefill_mask, cache, 0)
+    assert written is not None
+    return logits[:, -1], written
 
 
 def _generate(
@@ -177,8 +179,8 @@ class JaxSampler:
         self.stop_tokens = tuple(int(t) for t in stop_tokens)
         self.stop_at_eos = stop_at_eos
         self.method = method
-        self._fn = None
-        self._state = None
+        self._fn: jax.stages.Wrapped | None = None  # jit of _generate, bound by setup
+        self._state: nnx.State | None = None
         self.version = -1
 
     def setup(self, model: Transformer, tokenizer) -> None:
@@ -209,7 +211,8 @@ class JaxSampler:
     @property
     def compiles(self) -> int:
         """How many programs were compiled (one per row bucket x prompt bucket seen)."""
-        return 0 if self._fn is None else self._fn._cache_size()
+        # jax's stubs type jit's result as stages.Wrapped, which omits the runtime _cache_size.
+        return 0 if self._fn is None else self._fn._cache_size()  # type: ignore[attr-defined]
 
     def load_weights(self, state: nnx.State, version: int) -> None:
         self._state = state
