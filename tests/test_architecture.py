@@ -158,22 +158,15 @@ def test_no_module_over_400_lines_and_no_function_over_60(path):
 def test_every_path_in_the_where_is_table_exists():
     doc = (ROOT / "docs" / "architecture.md").read_text()
     table = doc.split("## Where is X", 1)[1].split("\n## ", 1)[0]
-    paths = re.findall(r"`((?:core|plugins)/[\w/]+\.py)(?:::[\w.]+)?`", table)
-    assert len(paths) >= 10
-    assert [p for p in paths if not (ROOT / p).is_file()] == []
-    named = re.findall(r"`(?:core|plugins)/[\w/]+\.py::([\w.]+)`", table)
-    for ref in re.findall(r"`((?:core|plugins)/[\w/]+\.py)::([\w.]+)`", table):
-        source = (ROOT / ref[0]).read_text()
-        top = ref[1].split(".")[0]
-        assert re.search(rf"^(class|def) {top}\b", source, re.MULTILINE), ref
-    assert named  # the table names the functions and classes, not just files
-
-
-def test_one_shape_legend():
-    """Shape letters are defined once, in core/types.py; other modules point to it."""
-    defining = sorted(
-        str(path.relative_to(ROOT))
-        for path in _sources()
-        if re.search(r"^Shape legend", path.read_text(), re.MULTILINE)
-    )
-    assert defining == ["core/types.py"]
+    refs = re.findall(r"`((?:core|plugins)/[\w/]+\.py)::([\w.]+)`", table)
+    assert len(refs) >= 10  # the table names the class or function, not just a file
+    for path, name in refs:
+        assert (ROOT / path).is_file(), path
+        source = (ROOT / path).read_text()
+        top, _, member = name.partition(".")
+        assert re.search(rf"^(class {top}\b|def {top}\b|{top}\b.*=)", source, re.MULTILINE), (
+            path,
+            top,
+        )
+        if member:
+            assert re.search(rf"^    def {member}\b", source, re.MULTILINE), (path, name)

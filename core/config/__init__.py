@@ -156,7 +156,10 @@ def configured(module: str, name: str) -> Callable[..., Any]:
 
 
 def operative_config_text() -> str:
-    """The values actually used so far (gin's operative config), as gin text."""
+    """The values actually used so far (gin's operative config), as gin text.
+
+    (``run_files.save_run_config`` writes this and :func:`config_text` into a run directory.)
+    """
     return gin.operative_config_str()
 
 

@@ -50,12 +50,12 @@ class ParamServerClient:
         self._channel = self.settings.channel()
         self._auth = (("authorization", f"Bearer {self.settings.token}"),)
         ch = self._channel
-        self._push = ch.stream_unary(
+        self._push: grpc.StreamUnaryMultiCallable[bytes, pb.PushReply] = ch.stream_unary(
             "/rlax.v1.WeightStore/Push",
             request_serializer=None,
             response_deserializer=pb.PushReply.FromString,
         )
-        self._pull = ch.unary_stream(
+        self._pull: grpc.UnaryStreamMultiCallable[pb.PullRequest, bytes] = ch.unary_stream(
             "/rlax.v1.WeightStore/Pull", request_serializer=pb.PullRequest.SerializeToString,
             response_deserializer=None,
         )  # fmt: skip
@@ -94,7 +94,7 @@ class ParamServerClient:
         Used by :mod:`rlax.core.param_server.recovery`; sent with this client's
         connection and token, retried by ``retry`` (None: this client's policy).
         """
-        call = self._channel.unary_unary(
+        call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = self._channel.unary_unary(
             method, request_serializer=None, response_deserializer=None
         )
         policy = retry or self.retry

@@ -90,6 +90,20 @@ class EmptyStepWatch:
             )  # fmt: skip
 
 
+def saved_position(meta: dict[str, Any]) -> dict[str, Any]:
+    """The source's position in a checkpoint's metadata.
+
+    Checkpoints written before the sources kept their own position held the
+    inline source's sampler-seed counter under ``rng`` rather than ``data``;
+    it is read from there, so those runs resume as they would have.
+    """
+    position = dict(meta.get("data") or {})
+    legacy = (meta.get("rng") or {}).get("sampler_step")
+    if "drawn" in position and "sampler_step" not in position and legacy is not None:
+        position["sampler_step"] = legacy
+    return position
+
+
 class TrainingRun:
     """The trainer loop's state between steps: what a checkpoint saves and a resume restores."""
 
@@ -132,7 +146,7 @@ class TrainingRun:
         """
         assert self.restored is not None
         try:
-            self.source.restore(self.restored.meta.get("data") or {})
+            self.source.restore(saved_position(self.restored.meta))
         except SourceMismatch as err:
             raise ConfigError(
                 f"{self.run_dir}: its checkpoint at step {self.step} was trained with "

@@ -60,6 +60,7 @@ import jax
 import optax
 from flax import nnx
 
+from rlax.core.config.run_files import save_run_config
 from rlax.core.contracts import Algorithm, OnlineFilter, Reward, RolloutSource, Sampler, Task
 from rlax.core.errors import ConfigError, Preempted
 from rlax.core.evaluation.evaluate import (
@@ -111,30 +112,6 @@ def _open_run_dir(run_dir: pathlib.Path | None, run_root: str, run_name: str) ->
     if multihost.is_lead():
         print(f"run directory: {run_dir}", flush=True)  # at start: a preempted run resumes there
     return run_dir
-
-
-_CONFIG_HEADER = """\
-# The whole configuration of this run: every role's bindings (trainer, workers,
-# parameter server, local cluster) from the gin files and --gin bindings, as
-# parsed. Run it again with
-#
-#   rlax run --gin {run_dir}/operative_config.gin
-#
-# (plugins loaded with -p need -p again). trainer_operative_config.gin lists
-# every value the trainer used, its defaults included.
-
-"""
-
-
-def _save_config(run_dir: pathlib.Path) -> None:
-    """Writes the config that reproduces the run, and the trainer's operative values."""
-    from rlax.core import config  # the CLI's gin front; library code below never reads gin
-
-    # The operative config alone holds only what this process called (the trainer's
-    # bindings): it could not start the other roles.
-    header = _CONFIG_HEADER.format(run_dir=run_dir)
-    (run_dir / "operative_config.gin").write_text(header + config.config_text())
-    (run_dir / "trainer_operative_config.gin").write_text(config.operative_config_text())
 
 
 def _check_settings(*, inline: bool, deterministic: bool, max_staleness: int,
@@ -231,7 +208,7 @@ def _run(run: TrainingRun, held_out: _HeldOut, hook, *, steps: int, progress: bo
         with run.preemption:
             run.resume()
             if run.lead:
-                _save_config(run.run_dir)
+                save_run_config(run.run_dir)
             run.eval_before = run.eval_before or held_out.now()
             if run.lead:
                 print(f"held-out pass@k of the base policy ({held_out.what})\n"

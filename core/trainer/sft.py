@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.trainer.batches import make_batch
-from rlax.core.trainer.step import _masked_mean, batch_arrays
+from rlax.core.trainer.step import batch_arrays, masked_mean
 from rlax.core.types import Completion, Group, Prompt
 
 
@@ -47,7 +47,7 @@ def supervised_finetune(
             logp, _ = sequence_logprobs(
                 nnx.merge(graphdef, p), batch["tokens"], batch["attention_mask"]
             )
-            return -_masked_mean(logp, batch["loss_mask"])
+            return -masked_mean(logp, batch["loss_mask"])
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)

@@ -110,7 +110,7 @@ class TrainerSettings:
                 )
 
 
-def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
@@ -147,8 +147,8 @@ def _mismatch_metrics(train_logp: jax.Array, batch: dict[str, jax.Array]) -> dic
     mask = batch["loss_mask"]
     d = train_logp - batch["old_logprobs"]
     return {
-        "mismatch_abs_logp": _masked_mean(jnp.abs(d), mask),
-        "mismatch_kl": _masked_mean(jnp.exp(d) - 1.0 - d, mask),
+        "mismatch_abs_logp": masked_mean(jnp.abs(d), mask),
+        "mismatch_kl": masked_mean(jnp.exp(d) - 1.0 - d, mask),
     }
 
 
@@ -334,7 +334,7 @@ class Trainer:
             metrics,
             **_mismatch_metrics(logp, batch),
             loss=loss,
-            entropy=_masked_mean(entropy.astype(jnp.float32), mask),
+            entropy=masked_mean(entropy.astype(jnp.float32), mask),
             grad_norm=optax.tree.norm(grads),
         )
         if self.settings.post_update_kl:
@@ -342,7 +342,7 @@ class Trainer:
             # k3 estimator of KL(old || new) on tokens sampled from the old policy:
             # E_old[r - 1 - log r] with r = new / old (Schulman 2020, "Approximating KL").
             d = new_logp.astype(jnp.float32) - logp
-            metrics["kl_old"] = _masked_mean(jnp.exp(d) - d - 1.0, mask)
+            metrics["kl_old"] = masked_mean(jnp.exp(d) - d - 1.0, mask)
         return params, critic, opt_state, metrics
 
     # -- the API ----------------------------------------------------------------

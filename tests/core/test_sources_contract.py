@@ -106,6 +106,18 @@ def test_an_inline_source_restored_from_its_position_continues_as_if_it_never_st
     assert resumed.position() == whole.position()
 
 
+def test_a_checkpoint_of_the_earlier_layout_gives_the_same_position():
+    # Before the sources kept their own position, the seed counter was under "rng".
+    from rlax.core.trainer.loop import saved_position
+
+    earlier = {"data": {"drawn": 12}, "rng": {"seed": 0, "sampler_step": 3}}
+    now = {"data": {"drawn": 12, "sampler_step": 3}, "rng": {"seed": 0}}
+    assert saved_position(earlier) == saved_position(now) == {"drawn": 12, "sampler_step": 3}
+    assert saved_position({"data": {"consumed": 7}, "rng": {"sampler_step": None}}) == {
+        "consumed": 7
+    }
+
+
 def test_an_inline_resume_publishes_the_weights_as_the_same_version():
     source, sampler = inline({0}, [])
     assert source.resume(TREE, 7) == 7
