@@ -14,7 +14,7 @@ Start-up, in this order: let host memory be reused from step to step
 plugin manager and load the plugins
 (registering their components with gin), register the core configurables,
 parse the gin files and bindings; then call the configured ``rlax.train`` or
-``rlax.evaluate``. Exit statuses are the ``EXIT_*`` constants below.
+``rlax.evaluate``. Exit statuses are the ``EXIT_*`` constants of :mod:`rlax.core.errors`.
 
 A trainer of several processes (``rlax.train.distributed``, or the
 ``RLAX_*`` variables of docs/mesh.md) joins the others before gin builds
@@ -30,7 +30,6 @@ import copy
 import importlib.metadata
 import inspect
 import json
-import logging
 import pathlib
 import shutil
 import sys
@@ -43,8 +42,17 @@ import gin
 
 from rlax.core import config
 from rlax.core.config.bindings import closest_names
-from rlax.core.errors import ConfigError, PluginError, Preempted, RunFinished
-from rlax.core.launch import runs
+from rlax.core.errors import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EXIT_USAGE,
+    ConfigError,
+    PluginError,
+    Preempted,
+    RunFinished,
+)
+from rlax.core.launch import runs, terminal
 from rlax.core.parallel import host_memory
 from rlax.core.plugins import (
     BUILTIN_DISTRIBUTION,
@@ -56,10 +64,6 @@ from rlax.core.plugins import (
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE", "main"]
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2  # bad arguments, gin configuration or plugins
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped at a safe point; restart to resume
 
 ROLES = ("all", "inline", "param_server", "trainer", "worker")
 _BINDING_PREFIX = "--gin."
@@ -73,8 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       argv: the arguments after the program name; ``sys.argv[1:]`` if None.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    warnings.showwarning = _show_warning
-    _log_as_rlax()
+    warnings.showwarning = terminal.show_warning
+    terminal.log_as_rlax()
     try:
         host_memory.reuse_freed_memory()
     except ValueError as exc:  # a bad RLAX_HOST_MALLOC
@@ -103,46 +107,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception:  # noqa: BLE001 -- report, then fail with a status rather than a crash
         traceback.print_exc()
         return EXIT_FAILURE
-
-
-_python_showwarning = warnings.showwarning
-
-
-class _Lines(logging.Formatter):
-    """rlax's log records as ``rlax: warning: MESSAGE``; other libraries' as Python's default."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.BASIC_FORMAT)
-
-    def format(self, record: logging.LogRecord) -> str:
-        if record.name == "rlax" or record.name.startswith("rlax."):
-            return f"rlax: {record.levelname.lower()}: {record.getMessage()}"
-        return super().format(record)
-
-
-def _log_as_rlax() -> None:
-    """Log lines in rlax's format on stderr.
-
-    Importing orbax makes absl call ``logging.basicConfig()``, which gives the
-    root logger a plain stderr handler in Python's ``WARNING:name:msg`` format;
-    that handler (or a new one) gets :class:`_Lines`. Handlers someone else
-    installed (a test's capture, an application's) are left alone.
-    """
-    plain = [h for h in logging.root.handlers if type(h) is logging.StreamHandler]
-    if not logging.root.handlers:
-        plain = [logging.StreamHandler(sys.stderr)]
-        logging.root.addHandler(plain[0])
-    for handler in plain:
-        if handler.stream in (sys.stderr, sys.__stderr__):
-            handler.setFormatter(_Lines())
-
-
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """rlax's own warnings as one ``rlax: warning: ...`` line; others as Python shows them."""
-    if category.__module__.startswith("rlax."):
-        print(f"rlax: warning: {message}", file=file or sys.stderr, flush=True)
-        return
-    _python_showwarning(message, category, filename, lineno, file, line)
 
 
 def _shared_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:

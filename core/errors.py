@@ -10,6 +10,10 @@ from __future__ import annotations
 import pathlib
 
 __all__ = [
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_PREEMPTED",
+    "EXIT_USAGE",
     "BadSetting",
     "ConfigError",
     "DuplicatePluginError",
@@ -21,6 +25,13 @@ __all__ = [
     "SourceMismatch",
     "UnknownPluginError",
 ]
+
+
+# The exit statuses of every rlax process (the CLI and each role it starts).
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2  # bad arguments, gin configuration or plugins
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped at a safe point; restart to resume
 
 
 class ConfigError(Exception):

@@ -33,16 +33,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlax.core.errors import ConfigError
+from rlax.core.errors import EXIT_PREEMPTED, EXIT_USAGE, ConfigError
 from rlax.core.launch.preemption import FINISH_SIGNAL, Preemption
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ADDRESS_ENV, TOKEN_ENV, ServerSettings
 from rlax.core.worker.role import WORKER_ID_ENV
-
-PREEMPTED_STATUS = 75  # rlax.core.cli.EXIT_PREEMPTED (the CLI imports this module)
-
-
-USAGE_STATUS = 2  # rlax.core.cli.EXIT_USAGE
 
 
 def _free_port() -> int:
@@ -95,7 +90,7 @@ class _Child:
 
 def describe_status(code: int) -> str:
     """'preempted (status 75)', 'killed by SIGKILL', 'status 1'."""
-    if code == PREEMPTED_STATUS:
+    if code == EXIT_PREEMPTED:
         return f"preempted (status {code})"
     if code < 0:
         try:
@@ -198,8 +193,8 @@ def _cluster_env() -> dict[str, str]:
 
 def _start_failure(exited: int) -> int:
     """The run's status when the server exited at start with ``exited``."""
-    if exited == USAGE_STATUS:  # it printed the configuration error
-        return USAGE_STATUS
+    if exited == EXIT_USAGE:  # it printed the configuration error
+        return EXIT_USAGE
     print(f"rlax: parameter server exited at start with {describe_status(exited)}",
           file=sys.stderr, flush=True)  # fmt: skip
     return 1
@@ -211,7 +206,7 @@ def _end_children(children: list[_Child], status: int) -> None:
     A finished run, or one a child refused for its settings, ends the others
     quietly (FINISH_SIGNAL); anything else is a notice (SIGTERM).
     """
-    sig = FINISH_SIGNAL if status in (0, USAGE_STATUS) else signal.SIGTERM
+    sig = FINISH_SIGNAL if status in (0, EXIT_USAGE) else signal.SIGTERM
     for child in children:
         child.signal(sig)
     for child in reversed(children):
@@ -228,8 +223,8 @@ def _supervise(trainer: _Child, children: list[_Child], max_restarts: int, stop:
                 continue
             if child is trainer and code == 0:
                 return 0
-            if code == USAGE_STATUS:  # a configuration error, printed: restarting cannot fix it
-                return USAGE_STATUS
+            if code == EXIT_USAGE:  # a configuration error, printed: restarting cannot fix it
+                return EXIT_USAGE
             what = f"rlax: {child.name} (pid {child.proc.pid}) died with {describe_status(code)}"
             if child.restarts >= max_restarts:
                 print(f"{what}; restarted {child.restarts} times already (max_restarts); "
@@ -256,4 +251,4 @@ def _stop_all(trainer: _Child, children: list[_Child], timeout_s: float = 120.0)
         return 1
     print(f"rlax: stopped on a preemption notice; trainer {describe_status(code)}",
           file=sys.stderr, flush=True)  # fmt: skip
-    return PREEMPTED_STATUS if code in (0, PREEMPTED_STATUS) else code
+    return EXIT_PREEMPTED if code in (0, EXIT_PREEMPTED) else code

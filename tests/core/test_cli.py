@@ -12,6 +12,7 @@ import pytest
 from rlax.core import cli, config
 from rlax.core.errors import Preempted
 from rlax.core.evaluation import evaluate as evaluation
+from rlax.core.launch import terminal
 from rlax.core.trainer import role as experiment
 
 RECORDER = """
@@ -288,11 +289,11 @@ def test_an_rlax_warning_is_shown_once_as_one_line(capsys):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always")
-            warnings.showwarning = cli._show_warning
+            warnings.showwarning = terminal.show_warning
             warnings.warn("checkpoint runs/x/2 cannot be restored (ValueError: bad); moved",
                           CorruptCheckpointWarning, stacklevel=1)  # fmt: skip
     finally:
-        warnings.showwarning = cli._python_showwarning
+        warnings.showwarning = terminal.PYTHON_SHOWWARNING
 
     assert capsys.readouterr().err == (
         "rlax: warning: checkpoint runs/x/2 cannot be restored (ValueError: bad); moved\n"
