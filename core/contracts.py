@@ -38,6 +38,7 @@ __all__ = [
     "OnlineFilter",
     "Refilling",
     "Reward",
+    "RolloutSource",
     "Sampler",
     "Stateful",
     "Task",

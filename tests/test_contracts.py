@@ -130,6 +130,22 @@ def test_docs_list_exactly_the_members_of_each_kind_s_protocols(kind):
         assert names == members(protocols()[name]), f"docs/plugin_hooks.md, {name}"
 
 
+@pytest.mark.parametrize("name", sorted(NOT_PLUGIN_KINDS))
+def test_architecture_md_lists_exactly_the_members_of_the_core_s_own_protocols(name):
+    """The Protocols that are no plugin kind are listed in docs/architecture.md instead."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    lists = dict(
+        re.findall(
+            r"^Members of `rlax\.core\.contracts\.(\w+)`[^\n]*(?:\n(?!\n)[^\n]*)*\n\n"
+            r"((?:- [^\n]*\n)+)",
+            text,
+            flags=re.MULTILINE,
+        )
+    )
+    assert sorted(lists) == sorted(NOT_PLUGIN_KINDS)
+    assert re.findall(r"^- `(\w+)", lists[name], re.MULTILINE) == members(protocols()[name])
+
+
 def test_no_other_section_lists_members():
     assert sorted(documented_members()) == sorted(KINDS[kind] for kind in KIND_PROTOCOLS)
 
