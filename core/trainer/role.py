@@ -89,7 +89,7 @@ from rlax.core.trainer.loop import TrainingRun, apply_restored, state_tree
 from rlax.core.trainer.sources import InlineRollouts, RemoteRollouts
 from rlax.core.trainer.step import Trainer, TrainerSettings
 from rlax.core.types import ConfigPath
-from rlax.core.worker.rollout import task_prompts
+from rlax.core.worker.rollout import check_online_filters, task_prompts
 
 
 class _NoHooks:
@@ -115,8 +115,10 @@ def _open_run_dir(run_dir: pathlib.Path | None, run_root: str, run_name: str) ->
 
 
 def _check_settings(*, inline: bool, deterministic: bool, max_staleness: int,
-                    eval_samples: int, eval_ks: Sequence[int]) -> None:  # fmt: skip
+                    eval_samples: int, eval_ks: Sequence[int],
+                    curation: Sequence[object]) -> None:  # fmt: skip
     """ConfigError for settings that cannot work together, before any work."""
+    check_online_filters(curation, "rlax.train.curation")
     if deterministic and max_staleness != 0:
         raise ConfigError(f"rlax.train.deterministic needs max_staleness = 0, got {max_staleness}")
     if inline and jax.process_count() > 1:
@@ -262,7 +264,7 @@ def train(
     hook = hook or _NoHooks()
     initialize_distributed(distributed)  # before anything touches a device (the CLI did it first)
     _check_settings(inline=inline, deterministic=deterministic, max_staleness=max_staleness,
-                    eval_samples=eval_samples, eval_ks=eval_ks)  # fmt: skip
+                    eval_samples=eval_samples, eval_ks=eval_ks, curation=curation)  # fmt: skip
     if _finished(run_dir, steps):  # re-running a finished run redoes nothing and overwrites nothing
         return 0
     bundle = load_policy(init_checkpoint, "rlax.train.init_checkpoint")

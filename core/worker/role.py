@@ -37,7 +37,7 @@ from rlax.core.param_server.settings import ServerSettings
 from rlax.core.param_server.wire import WirePlan
 from rlax.core.types import ConfigPath
 from rlax.core.worker.reward_pool import RewardPool
-from rlax.core.worker.rollout import kept_by_filters, rollout
+from rlax.core.worker.rollout import check_online_filters, kept_by_filters, rollout
 
 log = logging.getLogger("rlax.worker")
 
@@ -162,6 +162,7 @@ def worker(
     Raises:
       Preempted: after a notice, once the batch in hand is submitted (exit status 75).
     """
+    check_online_filters(curation, "rlax.worker.curation")
     stop = Preemption(preemption_notices, role="worker", hook=hook).start()
     bundle = load_model(init_checkpoint)  # the architecture and tokenizer; weights come by pull
     sampler.setup(bundle.model, bundle.tokenizer)

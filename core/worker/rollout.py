@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from rlax.core.contracts import Encoder, OnlineFilter, Reward, Sampler, Task
+from rlax.core.contracts import Encoder, OfflineFilter, OnlineFilter, Reward, Sampler, Task
 from rlax.core.errors import ConfigError
 from rlax.core.types import Group, Prompt
 from rlax.core.worker.reward_pool import RewardPool, score_one
@@ -68,6 +68,24 @@ def rollout(
     return [
         Group(p, cs, np.asarray(s, np.float32)) for p, cs, s in zip(prompts, completions, scores)
     ]
+
+
+def check_online_filters(filters: Sequence[object], setting: str) -> None:
+    """ConfigError unless every filter can run on groups (has ``online``), before any work.
+
+    An offline filter (``offline(prompts)``: dedup, decontaminate, ...) belongs
+    to ``rlax curate``, which runs before training; given to a role's
+    ``curation`` it would fail at the first batch.
+    """
+    for i, f in enumerate(filters):
+        if not isinstance(f, OnlineFilter):
+            offline = (
+                " (an offline filter: run it with `rlax curate`)" if isinstance(f, OfflineFilter) else ""
+            )
+            raise ConfigError(
+                f"{setting}[{i}]: {type(f).__name__} has no online(groups){offline}; "
+                "curation here takes online filters"
+            )
 
 
 def kept_by_filters(groups: Sequence[Group], filters: Sequence[OnlineFilter]) -> list[bool]:
