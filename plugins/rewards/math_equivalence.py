@@ -7,32 +7,40 @@ Three stages, cheapest first:
    ``1{,}000``, ``1 000``), e-notation (``1.5e3``, ``1.5\\times10^{3}``),
    fractions (``3/4``, ``\\frac{3}{4}``, ``\\dfrac34``), mixed numbers
    (``2\\frac{1}{4}``), percentages (``12.5\\%`` equals both ``12.5`` and
-   ``0.125``), currency signs and trailing unit words (``18 dollars``).
+   ``0.125``), powers (``10^{308}`` equals ``1e308``), currency signs and
+   trailing unit words (``18 dollars``), but not words that change the value
+   (``5 thousand``, ``3 million``, ``5 pi``).
 2. **Words**: an answer containing a word (two or more letters that are not a
    LaTeX command or a function name) is compared as text, case-insensitively.
    It never reaches sympy, which would read ``grown`` as the product
    ``g*r*o*w*n`` and call it equal to ``wrong``.
 3. **Symbolic**: everything else (``\\sqrt{2}/2``, ``\\pi``, intervals,
-   tuples, expressions) goes to math-verify, under a deadline and only after
-   refusing inputs whose integer arithmetic could run away in C (power
-   towers, huge exponents or factorials), which no Python-level alarm can stop.
+   tuples, expressions) goes to math-verify; power towers, huge exponents and
+   factorials are refused before it (the deadline would stop them, but only
+   after the whole timeout).
 
-The deadline is a ``SIGALRM`` timer when called on the main thread (as in a
-:class:`rlax.core.worker.reward_pool.RewardPool` worker); the hard guarantee is the
-pool's, which kills a worker that overruns.
+The whole comparison runs under :func:`rlax.plugins.rewards.math_deadline.deadline`,
+whose timeout is a ``BaseException`` that math-verify's ``except Exception``
+cannot swallow; off the main thread the symbolic stage runs in a child
+process killed at the deadline. The reward pool's kill is a second line, no
+longer the only one.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import functools
 import logging
+import math
 import re
-import signal
-import threading
-from collections.abc import Iterator
 from fractions import Fraction
 
+from rlax.plugins.rewards.math_deadline import (
+    VerifierTimeout,
+    deadline,
+    on_main_thread,
+    run_in_child,
+)
 from rlax.plugins.rewards.math_extraction import unify_characters
 
 __all__ = [
@@ -41,16 +49,13 @@ __all__ = [
     "VerifierTimeout",
     "deadline",
     "equivalent",
+    "load_math_verify",
     "normalize",
     "parse_number",
 ]
 
 MAX_CHARS = 400  # longer answers are refused, not parsed
 MAX_EXPONENT = 400  # 10**400 is cheap; 10**(10**8) is not
-
-
-class VerifierTimeout(Exception):
-    """The symbolic comparison ran past its deadline."""
 
 
 class Refused(ValueError):
@@ -103,7 +108,20 @@ _FRAC = re.compile(
     rf"(?:\{{\s*(?P<a>{_DECIMAL})\s*\}}|(?P<a1>\d))\s*(?:\{{\s*(?P<b>{_DECIMAL})\s*\}}|(?P<b1>\d))"
 )
 _SLASH = re.compile(rf"(?P<sign>[-+])?\s*(?P<a>{_DECIMAL})\s*/\s*(?P<b>{_DECIMAL})")
-_UNIT = re.compile(r"[A-Za-z .]*")
+_UNIT = re.compile(r"(?:[A-Za-z]+\.?(?:\^\{?[23]\}?)?(?:/[A-Za-z]+)?\s*)+")
+_POWER = re.compile(
+    r"(?P<sign>[-+])?\s*(?P<base>\d+)\s*\^\s*(?:\{\s*(?P<e>[-+]?\d+)\s*\}|(?P<e1>\d))"
+)
+# Words after a number that change its value or join another answer: never a unit.
+_NOT_UNITS = {
+    "hundred", "hundreds", "thousand", "thousands", "million", "millions", "billion",
+    "billions", "trillion", "trillions", "dozen", "dozens", "score", "gross", "half",
+    "halves", "third", "thirds", "quarter", "quarters", "fourth", "fourths", "fifth",
+    "fifths", "tenth", "tenths", "hundredth", "hundredths", "thousandth", "thousandths",
+    "bn", "mn", "pi", "squared", "cubed", "times", "over", "plus", "minus", "and", "or",
+    "to", "by", "sqrt", "root", "roots", "power", "factorial", "percent", "per", "cent",
+    "of", "not", "no", "degrees", "radians",
+}  # fmt: skip
 _WORDS = {
     word: i
     for i, word in enumerate(
@@ -141,23 +159,25 @@ def _decimal(text: str) -> Fraction:
 def parse_number(answer: str) -> tuple[Fraction, bool] | None:
     """``(value, is_percentage)`` if a normalized answer is one number, else None.
 
-    A trailing word (a unit) is allowed after the number.
+    Trailing words are allowed when they are a unit or name what is counted
+    (``18 dollars``, ``5 cm^2``, ``15 apples``), never when they change the
+    value or join another answer (``5 thousand``, ``3 million``, ``5 pi``,
+    ``2 or 3``, see ``_NOT_UNITS``) or are one letter (``5 x`` is a product).
 
     Raises:
       Refused: an exponent past ``MAX_EXPONENT``.
     """
     s = answer.strip()
+    if s.lower().endswith(" percent"):
+        s = s[: -len("percent")].strip() + "%"
     percent = s.endswith("%")
     s = s.rstrip("%").strip()
     if s.lower() in _WORDS:
         return Fraction(_WORDS[s.lower()]), percent
-    for pattern in (_FRAC, _SLASH, _PLAIN):
+    for pattern in (_FRAC, _SLASH, _POWER, _PLAIN):
         match = pattern.match(s)
-        if match is None or not _UNIT.fullmatch(s[match.end() :]):
+        if match is None or not _is_unit(s[match.end() :], percent):
             continue
-        rest = s[match.end() :].strip()
-        if rest and (percent or not re.search(r"[A-Za-z]{2}", rest)):
-            continue  # "5 x" is an expression, "5 apples" a number with a unit
         value = _value(pattern, match)
         if value is None:
             continue
@@ -165,7 +185,29 @@ def parse_number(answer: str) -> tuple[Fraction, bool] | None:
     return None
 
 
+def _is_unit(rest: str, percent: bool) -> bool:
+    """Whether ``rest``, the text after a number, leaves its value as it is."""
+    rest = rest.strip()
+    if not rest:
+        return True
+    if percent or not _UNIT.fullmatch(rest):
+        return False
+    words = re.findall(r"[A-Za-z]+", rest.lower())
+    return not any(len(w) == 1 or w in _NOT_UNITS for w in words)
+
+
+def _power(match: re.Match[str]) -> Fraction | None:
+    base, exponent = int(match["base"]), int(match["e"] or match["e1"])
+    if base == 0 and exponent < 0:
+        return None  # 0^-1 is no number
+    if base > 1 and abs(exponent) * math.log10(base) > MAX_EXPONENT:
+        raise Refused(f"refused: {base}^{exponent} beyond 10^+-{MAX_EXPONENT}")
+    return Fraction(base) ** exponent
+
+
 def _value(pattern: re.Pattern[str], match: re.Match[str]) -> Fraction | None:
+    if pattern is _POWER:
+        return _power(match)
     if pattern is _PLAIN:
         exponent = match.group(3) or match.group(4)
         if exponent is not None and abs(int(exponent)) > MAX_EXPONENT:
@@ -201,8 +243,8 @@ _FUNCTIONS = {
 
 def has_words(answer: str) -> bool:
     """True if ``answer`` holds a word that is not LaTeX or a function name."""
-    # Three letters or more: "xy" is more often a product than a word.
-    words = re.findall(r"(?<![\\A-Za-z])[A-Za-z]{3,}", answer)
+    # Two letters or more: "no" and "on" are words, not the product n*o.
+    words = re.findall(r"(?<![\\A-Za-z])[A-Za-z]{2,}", answer)
     return any(w.lower() not in _FUNCTIONS for w in words)
 
 
@@ -215,46 +257,52 @@ def _text_key(answer: str) -> str:
 # Stage 3: symbolic
 # ---------------------------------------------------------------------------
 
-_TOWER = re.compile(r"\^\s*\{[^{}]*\^|\^\s*\{?\s*\d{4,}|\d{4,}\s*!|\\binom\s*\{\s*\d{4,}")
+# Refused at once (the deadline would stop them, after the whole timeout), on
+# the text with its braces removed: "{9}^{{9}^{9}}" is "9^9^9".
+_TOWER = re.compile(
+    r"\d\s*\^\s*\(?\s*[-+]?\d+\s*\)?\s*\^"  # 9^9^9, 10^(10)^10
+    r"|\^\s*\(?\s*[-+]?\d{4,}"  # 10^1000
+    r"|\^\s*\(?\s*\d+\s*(?:\\cdot|\\times|\*)"  # 10^(999*999*999)
+    r"|(?:\d{4,}|\^\s*\(?\s*\d+)\s*\)?\s*!"  # 99999!, (10^10)!
+    r"|\\binom[^!]*(?:\d{4,}|\^)"  # \binom{10^9}{...}
+)
 
 
-@contextlib.contextmanager
-def deadline(seconds: float) -> Iterator[None]:
-    """Raises :class:`VerifierTimeout` in the block after ``seconds`` (main thread only).
+@functools.cache
+def load_math_verify() -> tuple[object, object, list[object]]:
+    """math-verify's ``parse``, ``verify`` and configs, imported and warmed once.
 
-    Off the main thread, or while another ``SIGALRM`` timer is running, the
-    block runs unbounded; the caller's process pool is then the limit.
+    Imported outside any deadline: an import interrupted half-way would leave
+    a broken module behind for every later call.
     """
-    usable = (
-        threading.current_thread() is threading.main_thread()
-        and signal.getitimer(signal.ITIMER_REAL)[0] == 0
-    )
-    if not usable:
-        yield
-        return
-
-    def expire(signum: int, frame: object) -> None:
-        raise VerifierTimeout(f"symbolic comparison took longer than {seconds:g}s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def _symbolic(pred: str, gold: str) -> bool:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled": ours is on
-    configs = [LatexExtractionConfig(), ExprExtractionConfig()]
-    gold_parsed = parse(f"${gold}$", extraction_config=configs, parsing_timeout=None)
-    pred_parsed = parse(f"${pred}$", extraction_config=configs, parsing_timeout=None)
+    configs: list[object] = [LatexExtractionConfig(), ExprExtractionConfig()]
+    warm = [parse(t, extraction_config=configs, parsing_timeout=None) for t in ("$1$", "$x+1$")]
+    verify(*warm, timeout_seconds=None)  # the lazily built sympy and ANTLR parts
+    return parse, verify, configs
+
+
+def _symbolic(pred: str, gold: str) -> bool:
+    parse, verify, configs = load_math_verify()
+    gold_parsed = parse(f"${gold}$", extraction_config=configs, parsing_timeout=None)  # type: ignore[operator]
+    pred_parsed = parse(f"${pred}$", extraction_config=configs, parsing_timeout=None)  # type: ignore[operator]
     if not gold_parsed or not pred_parsed:
         return False
-    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))  # type: ignore[operator]
+
+
+def _symbolic_stage(p: str, g: str, timeout_s: float) -> Verdict:
+    """math-verify under the deadline: an alarm here, a killed child off the main thread."""
+    if _TOWER.search(p.replace("{", "").replace("}", "")):
+        return Verdict(False, "refused: exponent tower or huge power/factorial")
+    if on_main_thread():
+        return Verdict(_symbolic(p, g), "symbolic")
+    try:
+        return Verdict(bool(run_in_child(_symbolic, (p, g), timeout_s)), "symbolic (child)")
+    except RuntimeError as exc:
+        return Verdict(False, f"symbolic stage failed: {exc}")
 
 
 # ---------------------------------------------------------------------------
@@ -263,12 +311,13 @@ def _symbolic(pred: str, gold: str) -> bool:
 
 
 def equivalent(pred: str, gold: str, *, timeout_s: float = 5.0, symbolic: bool = True) -> Verdict:
-    """Whether answer ``pred`` means the same as ``gold``.
+    """Whether answer ``pred`` means the same as ``gold``, decided within ``timeout_s``.
 
     Args:
       pred: the extracted prediction (LaTeX or plain).
       gold: the reference answer.
-      timeout_s: deadline of the symbolic stage (see :func:`deadline`).
+      timeout_s: deadline of the whole comparison (see :func:`deadline`); past
+        it the verdict is "not equal", with a reason starting "timeout".
       symbolic: use math-verify for answers that are neither numbers nor words.
 
     Returns:
@@ -276,6 +325,16 @@ def equivalent(pred: str, gold: str, *, timeout_s: float = 5.0, symbolic: bool =
     """
     if len(pred) > MAX_CHARS:
         return Verdict(False, f"refused: prediction longer than {MAX_CHARS} characters")
+    if symbolic and on_main_thread():
+        load_math_verify()
+    try:
+        with deadline(timeout_s):
+            return _decide(pred, gold, timeout_s=timeout_s, symbolic=symbolic)
+    except VerifierTimeout as exc:
+        return Verdict(False, f"timeout: comparison {exc}")
+
+
+def _decide(pred: str, gold: str, *, timeout_s: float, symbolic: bool) -> Verdict:
     p, g = normalize(pred), normalize(gold)
     if not p:
         return Verdict(False, "empty prediction")
@@ -291,10 +350,4 @@ def equivalent(pred: str, gold: str, *, timeout_s: float = 5.0, symbolic: bool =
         return Verdict(_text_key(p) == _text_key(g), "text")
     if not symbolic:
         return Verdict(False, "not equal as numbers or text (symbolic stage off)")
-    if _TOWER.search(p):
-        return Verdict(False, "refused: exponent tower or huge power/factorial")
-    try:
-        with deadline(timeout_s):
-            return Verdict(_symbolic(p, g), "symbolic")
-    except VerifierTimeout as exc:
-        return Verdict(False, f"timeout: {exc}")
+    return _symbolic_stage(p, g, timeout_s)

@@ -3,9 +3,15 @@
 In order of precedence, the answer is: the argument of the *last* ``\\boxed{...}``
 or ``\\fbox{...}`` (braces may nest), else what follows the last GSM8K marker
 ``#### ``, else what follows the last "the answer is" / "final answer:", else
-(when allowed) the last number in the text. Earlier candidates are ignored on
-purpose: a solution that boxes several values is judged by the last, the one
-it settled on, rather than by the set of all of them.
+(when allowed, and only when the text has none of these markers) the last
+number in the text, or its last formula (``$...$``) if that comes later.
+Earlier candidates are ignored on purpose: a solution that boxes several
+values is judged by the last, the one it settled on, rather than by the set
+of all of them.
+
+Every step is linear in the length of the text (one pass over its braces,
+one over its ``$`` delimiters), so a 100 k-character completion made of
+unclosed ``\\boxed{`` costs milliseconds, not seconds.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ _CHARACTERS.update(
 )
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*(\{|[^\s{])")
+_BRACE = re.compile(r"(?<!\\)[{}]")
 _GSM8K = re.compile(r"####\s*([^\n]*)")
 _ANSWER_IS = re.compile(
     r"(?:final\s+answer|the\s+answer)\s*(?:is|:|=)\s*:?\s*([^\n]*)", re.IGNORECASE
@@ -40,7 +47,11 @@ NUMBER = (
     r"[-+]?(?:(?:\d{1,3}(?:(?:,|\\,)\d{3})+|\d+)(?:\.\d+)?|\.\d+)"
     r"(?:[eE][-+]?\d+)?(?:/\d+)?(?:\\?%)?"
 )
-_LAST_NUMBER = re.compile(rf"(?<![\w.]){NUMBER}")
+_LAST_NUMBER = re.compile(
+    rf"(?<![\w.])(?:[-+]?\\[dt]?frac\s*\{{\s*\d+\s*\}}\s*\{{\s*\d+\s*\}}|{NUMBER})"
+)
+_DELIMITER = re.compile(r"\$\$|\$|\\\(|\\\)|\\\[|\\\]")
+_CLOSER = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +60,8 @@ class Extraction:
 
     Attributes:
       answer: the answer as written (LaTeX or plain), stripped.
-      method: ``"boxed"``, ``"gsm8k"``, ``"answer_is"`` or ``"last_number"``.
+      method: ``"boxed"``, ``"gsm8k"``, ``"answer_is"``, ``"last_number"`` or
+        ``"last_formula"``.
     """
 
     answer: str
@@ -61,58 +73,114 @@ def unify_characters(text: str) -> str:
     return text.translate(_CHARACTERS)
 
 
-def _braced(text: str, start: int) -> tuple[str, int] | None:
-    """The content of the brace group opening at ``text[start] == "{"`` and its end."""
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] == "{" and (i == 0 or text[i - 1] != "\\"):
-            depth += 1
-        elif text[i] == "}" and text[i - 1] != "\\":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : i], i + 1
-    return None  # unbalanced: a truncated completion
+def _closing_braces(text: str) -> dict[int, int]:
+    """``{index of an unescaped "{": index of its matching "}"}``, in one pass.
+
+    One stack over the whole text, so finding every box costs O(n) however
+    many ``\\boxed{`` it holds (scanning forward from each of them is
+    quadratic when they do not close).
+    """
+    closing: dict[int, int] = {}
+    opened: list[int] = []
+    for match in _BRACE.finditer(text):
+        if match.group() == "{":
+            opened.append(match.start())
+        elif opened:
+            closing[opened.pop()] = match.start()
+    return closing
+
+
+def _boxes(text: str) -> tuple[list[str], bool]:
+    """The complete ``\\boxed`` / ``\\fbox`` arguments in order, and whether any box opens."""
+    closing: dict[int, int] | None = None
+    found, opened = [], False
+    for match in _BOXED.finditer(text):
+        opened = True
+        if match.group(1) != "{":  # \boxed 5: a single token
+            found.append(match.group(1))
+            continue
+        if closing is None:
+            closing = _closing_braces(text)
+        end = closing.get(match.start(1))
+        if end is not None:  # else unbalanced: a truncated completion
+            found.append(text[match.start(1) + 1 : end])
+    return found, opened
 
 
 def find_boxed(text: str) -> list[str]:
     """Every complete ``\\boxed{...}`` / ``\\fbox{...}`` argument, in order (nesting kept)."""
-    found = []
-    for match in _BOXED.finditer(text):
-        if match.group(1) == "{":
-            group = _braced(text, match.start(1))
-            if group is not None:
-                found.append(group[0])
-        else:  # \boxed 5: a single token
-            found.append(match.group(1))
-    return found
+    return _boxes(text)[0]
 
 
 def _clean(answer: str) -> str:
     answer = answer.strip()
-    answer = re.sub(r"^\$+|\$+$", "", answer).strip() if answer.count("$") >= 2 else answer
+    if answer.count("$") >= 2:  # str.strip, not a regex: a run of "$" costs O(n)
+        answer = answer.strip("$").strip()
     return answer.rstrip(" .。").strip()
+
+
+def _last_math_span(text: str) -> tuple[str, int] | None:
+    """The content of the last closed ``$..$``, ``$$..$$``, ``\\(..\\)`` or ``\\[..\\]``, and its end.
+
+    One pass over the delimiters (a lazy ``\\$(.+?)\\$`` regex rescans the
+    rest of the text from every unclosed ``$``).
+    """
+    last, open_at, closer = None, -1, ""
+    for match in _DELIMITER.finditer(text):
+        token = match.group()
+        if open_at < 0 and token in _CLOSER:
+            open_at, closer = match.end(), _CLOSER[token]
+        elif open_at >= 0 and token == closer:
+            last, open_at = (text[open_at : match.start()], match.end()), -1
+    return last
+
+
+def _fallback(text: str) -> Extraction | None:
+    """The last number, or the last displayed formula if it comes after it.
+
+    ``So $x=\\frac{1}{2}$.`` answers ``\\frac{1}{2}``, not 2: a number inside
+    a formula is judged as part of it (the right side of its last ``=``).
+    """
+    numbers = list(_LAST_NUMBER.finditer(text))
+    span = _last_math_span(text)
+    if span is not None and (not numbers or numbers[-1].start() < span[1]):
+        formula = span[0].rsplit("=", 1)[-1].strip()
+        if formula:
+            return Extraction(formula, "last_formula")
+    if numbers:
+        return Extraction(numbers[-1].group().strip(), "last_number")
+    return None
 
 
 def extract_answer(text: str, *, fallback_last_number: bool = True) -> Extraction | None:
     """The final answer of a solution, or None if it states none.
 
+    An explicit answer (a box, ``####``, "the answer is") that is empty or
+    never closes (``\\boxed{\\frac{1}{}``, a truncated completion) is no
+    answer: the last-number fallback is only for texts with no marker at all,
+    never a second chance for one whose stated answer is missing.
+
     Args:
       text: the model's completion (or a reference solution).
-      fallback_last_number: when no marker is found, take the last number.
+      fallback_last_number: when no marker is found, take the last number
+        (or the last formula, if it comes after the last number).
 
     Returns:
       The answer and the method that found it.
     """
     text = unify_characters(text)
-    boxed = find_boxed(text)
+    boxed, box_opened = _boxes(text)
     if boxed:
         return Extraction(boxed[-1].strip(), "boxed")
+    marked = box_opened
     for method, pattern in (("gsm8k", _GSM8K), ("answer_is", _ANSWER_IS)):
-        matches = [m.group(1) for m in pattern.finditer(text)]
-        if matches and _clean(matches[-1]):
-            return Extraction(_clean(matches[-1]), method)
-    if fallback_last_number:
-        numbers = _LAST_NUMBER.findall(text)
-        if numbers:
-            return Extraction(numbers[-1].strip(), "last_number")
+        last = None
+        for last in pattern.finditer(text):
+            pass
+        if last is not None:
+            marked = True
+            if _clean(last.group(1)):
+                return Extraction(_clean(last.group(1)), method)
+    if fallback_last_number and not marked:
+        return _fallback(text)
     return None

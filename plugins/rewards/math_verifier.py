@@ -15,10 +15,13 @@ from typing import Any
 
 from rlax.core import hookimpl
 from rlax.core.types import Prompt, RewardResult
-from rlax.plugins.rewards.math_equivalence import equivalent
+from rlax.plugins.rewards.math_deadline import VerifierTimeout, deadline, on_main_thread
+from rlax.plugins.rewards.math_equivalence import equivalent, load_math_verify
 from rlax.plugins.rewards.math_extraction import extract_answer
 
 __all__ = ["MathReward", "reference_answer"]
+
+RESERVE_S = 0.05  # the alarm fires this much (at most a tenth) before timeout_s
 
 
 def reference_answer(answer: Any) -> str:
@@ -35,8 +38,11 @@ class MathReward:
     """``correct_score`` if the completion's final answer equals ``prompt.answer``.
 
     Args:
-      timeout_s: deadline of one symbolic comparison (see
-        :func:`rlax.plugins.rewards.math_equivalence.deadline`).
+      timeout_s: deadline of one whole call, extraction included (see
+        :func:`rlax.plugins.rewards.math_deadline.deadline`): past it the
+        completion scores ``wrong_score`` with a reason starting "timeout".
+        The alarm is set ``RESERVE`` earlier, so that the call, unwinding
+        included, returns within ``timeout_s``.
       fallback_last_number: with no ``\\boxed`` / ``####`` / "the answer is",
         judge the last number in the completion (off: such a completion scores
         ``wrong_score`` with reason "no answer found").
@@ -63,11 +69,21 @@ class MathReward:
         self.wrong_score = wrong_score
 
     def score(self, prompt: Prompt, completion_text: str) -> RewardResult:
+        budget = self.timeout_s - min(RESERVE_S, self.timeout_s / 10)
+        if self.symbolic and on_main_thread():
+            load_math_verify()  # once per process, outside the deadline
+        try:
+            with deadline(budget):
+                return self._score(prompt, completion_text, budget)
+        except VerifierTimeout as exc:
+            return RewardResult(self.wrong_score, f"timeout: scoring {exc}")
+
+    def _score(self, prompt: Prompt, completion_text: str, budget: float) -> RewardResult:
         found = extract_answer(completion_text, fallback_last_number=self.fallback_last_number)
         if found is None:
             return RewardResult(self.wrong_score, "no answer found")
         gold = reference_answer(prompt.answer)
-        verdict = equivalent(found.answer, gold, timeout_s=self.timeout_s, symbolic=self.symbolic)
+        verdict = equivalent(found.answer, gold, timeout_s=budget, symbolic=self.symbolic)
         shown = f"{found.answer[:40]!r} ({found.method})"
         if verdict.equal:
             return RewardResult(self.correct_score, f"correct: {shown} [{verdict.reason}]")
