@@ -18,6 +18,7 @@ the deadline: slower (the child imports sympy) but bounded. See
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing
 import signal
 import threading
@@ -25,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["VerifierTimeout", "deadline", "on_main_thread", "run_in_child"]
+__all__ = ["VerifierTimeout", "deadline", "on_main_thread", "run_in_child", "within"]
 
 
 class VerifierTimeout(BaseException):
@@ -34,7 +35,33 @@ class VerifierTimeout(BaseException):
     A ``BaseException`` on purpose: libraries that catch ``Exception`` around
     their own work (math-verify does, at every stage) must not be able to
     catch it and carry on without a deadline.
+
+    Attributes:
+      owner: the :func:`deadline` that expired (None for a killed child), so
+        that a caller catches its own deadline and lets an outer one through.
     """
+
+    def __init__(self, message: str, owner: object = None) -> None:
+        super().__init__(message)
+        self.owner = owner
+
+
+@dataclasses.dataclass(eq=False)
+class _Deadline:
+    seconds: float
+    end: float  # time.monotonic()
+
+
+@dataclasses.dataclass
+class _Timers:
+    """The main thread's active deadlines, innermost last, and a foreign timer."""
+
+    active: list[_Deadline] = dataclasses.field(default_factory=list)
+    previous: Any = None  # the SIGALRM handler before the outermost deadline
+    foreign_end: float = 0.0  # when a timer set by someone else fires (0: none)
+
+
+_TIMERS = _Timers()
 
 
 def on_main_thread() -> bool:
@@ -42,37 +69,80 @@ def on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def _arm() -> None:
+    ends = [d.end for d in _TIMERS.active] + ([_TIMERS.foreign_end] if _TIMERS.foreign_end else [])
+    signal.setitimer(signal.ITIMER_REAL, max(min(ends) - time.monotonic(), 1e-6))
+
+
+def _expire(signum: int, frame: Any) -> None:
+    first = min(_TIMERS.active, key=lambda d: d.end)
+    if _TIMERS.foreign_end and _TIMERS.foreign_end < first.end:
+        _TIMERS.foreign_end = 0.0  # the foreign timer's turn: its own handler decides
+        _arm()
+        if callable(_TIMERS.previous):
+            _TIMERS.previous(signum, frame)
+        elif _TIMERS.previous == signal.SIG_DFL:
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGALRM)
+        return
+    raise VerifierTimeout(f"took longer than {first.seconds:g}s", first)
+
+
 @contextlib.contextmanager
-def deadline(seconds: float) -> Iterator[None]:
+def deadline(seconds: float) -> Iterator[object]:
     """Raises :class:`VerifierTimeout` in the block after ``seconds`` (main thread).
 
-    Deadlines nest: inside another timer (an outer ``deadline`` or anyone's
-    ``ITIMER_REAL``), the block gets ``min(seconds, outer remaining)`` and the
-    outer timer is re-armed with what is left of it on exit, so it still
-    fires (at once, if it expired meanwhile). Off the main thread the block
-    runs without a timer: use :func:`run_in_child` there for work that can hang.
+    Yields the deadline's handle (the ``owner`` of its timeout; None off the
+    main thread). Deadlines nest: the earliest one fires, as its owner, and an
+    outer one is re-armed when an inner one exits; a timer someone else set
+    (``ITIMER_REAL``) still fires on time, through its own handler. Off the
+    main thread the block runs without a timer: use :func:`run_in_child`
+    there for work that can hang.
+
+    Raises:
+      ValueError: ``seconds`` is not > 0.
     """
-    if not on_main_thread():
-        yield
-        return
     if seconds <= 0:
-        raise VerifierTimeout("deadline already passed")
-    outer = signal.getitimer(signal.ITIMER_REAL)[0]
-    start = time.monotonic()
-
-    def expire(signum: int, frame: object) -> None:
-        raise VerifierTimeout(f"took longer than {seconds:g}s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, min(seconds, outer) if outer else seconds)
+        raise ValueError(f"deadline: seconds must be > 0, got {seconds}")
+    if not on_main_thread():
+        yield None
+        return
+    mine = _Deadline(seconds, time.monotonic() + seconds)
+    if not _TIMERS.active:
+        foreign = signal.getitimer(signal.ITIMER_REAL)[0]
+        _TIMERS.foreign_end = time.monotonic() + foreign if foreign else 0.0
+        _TIMERS.previous = signal.signal(signal.SIGALRM, _expire)
+    _TIMERS.active.append(mine)
+    _arm()
     try:
-        yield
+        yield mine
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
-        if outer:
-            left = outer - (time.monotonic() - start)
-            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-6))
+        _TIMERS.active.remove(mine)
+        if _TIMERS.active:
+            _arm()
+        else:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            previous = _TIMERS.previous
+            signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+            if _TIMERS.foreign_end:
+                left = _TIMERS.foreign_end - time.monotonic()
+                signal.setitimer(signal.ITIMER_REAL, max(left, 1e-6))
+
+
+def within(seconds: float, function: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+    """``(True, function(*args))``, or ``(False, why)`` if its deadline passed.
+
+    Only this call's own deadline is caught; an outer one propagates to its
+    owner.
+    """
+    handle = None
+    try:
+        with deadline(seconds) as handle:
+            return True, function(*args)
+    except VerifierTimeout as exc:
+        if handle is None or exc.owner is not handle:
+            raise
+        return False, str(exc)
 
 
 def _child_main(sender: Any, function: Callable[..., Any], args: tuple[Any, ...]) -> None:

@@ -40,6 +40,7 @@ from rlax.plugins.rewards.math_deadline import (
     deadline,
     on_main_thread,
     run_in_child,
+    within,
 )
 from rlax.plugins.rewards.math_extraction import unify_characters
 
@@ -78,6 +79,8 @@ _REMOVE = re.compile(
     r"\\left|\\right|\\displaystyle|\\!|\\;|\\:|\\quad|\\qquad|\^\s*\{?\\circ\}?|°|\\\$|\$"
 )
 _TEXT = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
+# A one-letter unit is a unit only in text mode right after a number: 12\text{ m}.
+_TEXT_UNIT = re.compile(r"(\d)\s*(?:\\,|\\ |~)?\s*\\(?:text|mathrm|mbox)\s*\{\s*([A-Za-z])\s*\}")
 _ASSIGNMENT = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?\s*=\s*(?=\S)")
 
 
@@ -85,6 +88,7 @@ def normalize(answer: str) -> str:
     """Canonical spelling of an answer: one LaTeX dialect, no decoration."""
     s = unify_characters(answer).strip()
     s = re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", s).strip()
+    s = _TEXT_UNIT.sub(r"\1 \\unit{\2}", s)
     for _ in range(3):  # nested \text{\textbf{...}}
         s = _TEXT.sub(r" \1 ", s)
     s = re.sub(r"\\[dt]frac", r"\\frac", s)
@@ -108,7 +112,7 @@ _FRAC = re.compile(
     rf"(?:\{{\s*(?P<a>{_DECIMAL})\s*\}}|(?P<a1>\d))\s*(?:\{{\s*(?P<b>{_DECIMAL})\s*\}}|(?P<b1>\d))"
 )
 _SLASH = re.compile(rf"(?P<sign>[-+])?\s*(?P<a>{_DECIMAL})\s*/\s*(?P<b>{_DECIMAL})")
-_UNIT = re.compile(r"(?:[A-Za-z]+\.?(?:\^\{?[23]\}?)?(?:/[A-Za-z]+)?\s*)+")
+_UNIT = re.compile(r"(?:[A-Za-z]+\.?(?:\s*\^\s*\{?[23]\}?)?(?:/[A-Za-z]+)?\s*)+")
 _POWER = re.compile(
     r"(?P<sign>[-+])?\s*(?P<base>\d+)\s*\^\s*(?:\{\s*(?P<e>[-+]?\d+)\s*\}|(?P<e1>\d))"
 )
@@ -187,13 +191,14 @@ def parse_number(answer: str) -> tuple[Fraction, bool] | None:
 
 def _is_unit(rest: str, percent: bool) -> bool:
     """Whether ``rest``, the text after a number, leaves its value as it is."""
-    rest = rest.strip()
+    rest = re.sub(r"\\unit\{[A-Za-z]\}", "unit", rest.strip())
     if not rest:
         return True
     if percent or not _UNIT.fullmatch(rest):
         return False
-    words = re.findall(r"[A-Za-z]+", rest.lower())
-    return not any(len(w) == 1 or w in _NOT_UNITS for w in words)
+    words = re.findall(r"(/?)([A-Za-z]+)", rest.lower())
+    # One letter is a variable ("5 x"), except as a denominator ("km/h").
+    return not any((len(w) == 1 and not per) or w in _NOT_UNITS for per, w in words)
 
 
 def _power(match: re.Match[str]) -> Fraction | None:
@@ -301,6 +306,8 @@ def _symbolic_stage(p: str, g: str, timeout_s: float) -> Verdict:
         return Verdict(_symbolic(p, g), "symbolic")
     try:
         return Verdict(bool(run_in_child(_symbolic, (p, g), timeout_s)), "symbolic (child)")
+    except VerifierTimeout as exc:
+        return Verdict(False, f"timeout: comparison {exc}")
     except RuntimeError as exc:
         return Verdict(False, f"symbolic stage failed: {exc}")
 
@@ -327,14 +334,11 @@ def equivalent(pred: str, gold: str, *, timeout_s: float = 5.0, symbolic: bool =
         return Verdict(False, f"refused: prediction longer than {MAX_CHARS} characters")
     if symbolic and on_main_thread():
         load_math_verify()
-    try:
-        with deadline(timeout_s):
-            return _decide(pred, gold, timeout_s=timeout_s, symbolic=symbolic)
-    except VerifierTimeout as exc:
-        return Verdict(False, f"timeout: comparison {exc}")
+    done, verdict = within(timeout_s, _decide, pred, gold, timeout_s, symbolic)
+    return verdict if done else Verdict(False, f"timeout: comparison {verdict}")
 
 
-def _decide(pred: str, gold: str, *, timeout_s: float, symbolic: bool) -> Verdict:
+def _decide(pred: str, gold: str, timeout_s: float, symbolic: bool) -> Verdict:
     p, g = normalize(pred), normalize(gold)
     if not p:
         return Verdict(False, "empty prediction")

@@ -39,10 +39,10 @@ _CHARACTERS.update(
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*(\{|[^\s{])")
 _BRACE = re.compile(r"(?<!\\)[{}]")
-_GSM8K = re.compile(r"####\s*([^\n]*)")
-_ANSWER_IS = re.compile(
-    r"(?:final\s+answer|the\s+answer)\s*(?:is|:|=)\s*:?\s*([^\n]*)", re.IGNORECASE
-)
+_GSM8K = re.compile(r"####\s*")
+_ANSWER_IS = re.compile(r"(?:final\s+answer|the\s+answer)\s*(?:is|:|=)\s*:?\s*", re.IGNORECASE)
+_LINE = re.compile(r"[^\n]*")
+_SENTENCE_END = re.compile(r"\.\s")
 NUMBER = (
     r"[-+]?(?:(?:\d{1,3}(?:(?:,|\\,)\d{3})+|\d+)(?:\.\d+)?|\.\d+)"
     r"(?:[eE][-+]?\d+)?(?:/\d+)?(?:\\?%)?"
@@ -119,6 +119,23 @@ def _clean(answer: str) -> str:
     return answer.rstrip(" .。").strip()
 
 
+def _after_last(marker: re.Pattern[str], text: str) -> str | None:
+    """What follows the last ``marker`` to the end of its line (or sentence), or None.
+
+    Markers are found on their own, not with the answer: "the answer is 4. No,
+    the answer is 9." holds two markers, and the answer follows the second.
+    """
+    last = None
+    for last in marker.finditer(text):
+        pass
+    if last is None:
+        return None
+    line = _LINE.match(text, last.end())
+    answer = line.group() if line is not None else ""
+    end = _SENTENCE_END.search(answer)
+    return _clean(answer[: end.start()] if end is not None else answer)
+
+
 def _last_math_span(text: str) -> tuple[str, int] | None:
     """The content of the last closed ``$..$``, ``$$..$$``, ``\\(..\\)`` or ``\\[..\\]``, and its end.
 
@@ -174,13 +191,11 @@ def extract_answer(text: str, *, fallback_last_number: bool = True) -> Extractio
         return Extraction(boxed[-1].strip(), "boxed")
     marked = box_opened
     for method, pattern in (("gsm8k", _GSM8K), ("answer_is", _ANSWER_IS)):
-        last = None
-        for last in pattern.finditer(text):
-            pass
-        if last is not None:
+        answer = _after_last(pattern, text)
+        if answer is not None:
             marked = True
-            if _clean(last.group(1)):
-                return Extraction(_clean(last.group(1)), method)
+            if answer:
+                return Extraction(answer, method)
     if fallback_last_number and not marked:
         return _fallback(text)
     return None

@@ -15,13 +15,13 @@ from typing import Any
 
 from rlax.core import hookimpl
 from rlax.core.types import Prompt, RewardResult
-from rlax.plugins.rewards.math_deadline import VerifierTimeout, deadline, on_main_thread
+from rlax.plugins.rewards.math_deadline import on_main_thread, within
 from rlax.plugins.rewards.math_equivalence import equivalent, load_math_verify
 from rlax.plugins.rewards.math_extraction import extract_answer
 
 __all__ = ["MathReward", "reference_answer"]
 
-RESERVE_S = 0.05  # the alarm fires this much (at most a tenth) before timeout_s
+RESERVE_S = 0.1  # the alarm fires this much (at most a tenth) before timeout_s
 
 
 def reference_answer(answer: Any) -> str:
@@ -72,11 +72,8 @@ class MathReward:
         budget = self.timeout_s - min(RESERVE_S, self.timeout_s / 10)
         if self.symbolic and on_main_thread():
             load_math_verify()  # once per process, outside the deadline
-        try:
-            with deadline(budget):
-                return self._score(prompt, completion_text, budget)
-        except VerifierTimeout as exc:
-            return RewardResult(self.wrong_score, f"timeout: scoring {exc}")
+        done, result = within(budget, self._score, prompt, completion_text, budget)
+        return result if done else RewardResult(self.wrong_score, f"timeout: scoring {result}")
 
     def _score(self, prompt: Prompt, completion_text: str, budget: float) -> RewardResult:
         found = extract_answer(completion_text, fallback_last_number=self.fallback_last_number)
