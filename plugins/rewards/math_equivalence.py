@@ -246,10 +246,14 @@ _FUNCTIONS = {
 }  # fmt: skip
 
 
+_WORD = re.compile(r"(?<![\\A-Za-z0-9^_+\-*/=(\[{])[A-Za-z]{2,}(?![A-Za-z0-9^_+\-*/=)\]}])")
+
+
 def has_words(answer: str) -> bool:
     """True if ``answer`` holds a word that is not LaTeX or a function name."""
-    # Two letters or more: "no" and "on" are words, not the product n*o.
-    words = re.findall(r"(?<![\\A-Za-z])[A-Za-z]{2,}", answer)
+    # Two letters or more: "no" and "on" are words, not the product n*o. Letters
+    # touching a digit, an operator or a bracket are variables: 2ab, xy+1, \sqrt{ab}.
+    words = _WORD.findall(answer)
     return any(w.lower() not in _FUNCTIONS for w in words)
 
 

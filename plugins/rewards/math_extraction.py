@@ -50,7 +50,7 @@ NUMBER = (
 _LAST_NUMBER = re.compile(
     rf"(?<![\w.])(?:[-+]?\\[dt]?frac\s*\{{\s*\d+\s*\}}\s*\{{\s*\d+\s*\}}|{NUMBER})"
 )
-_DELIMITER = re.compile(r"\$\$|\$|\\\(|\\\)|\\\[|\\\]")
+_DELIMITER = re.compile(r"(?<!\\)(?:\$\$|\$)|\\\(|\\\)|\\\[|\\\]")  # not \$: a dollar sign
 _CLOSER = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
 
 

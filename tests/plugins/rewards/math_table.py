@@ -187,6 +187,8 @@ TABLE: list[tuple[str, str, bool]] = [
     (r"\[ y = 0.25 \]", "1/4", True),
     (r"\[ y = 0.25 \]", "1/3", False),
     (r"It costs $5 and then $10.", "10", True),
+    (r"The total is $\$18$.", "18", True),  # \$ is a dollar sign, not a delimiter
+    (r"The total is $\$18$.", "1", False),
     # --- exact fractions vs decimals
     (r"\boxed{0.5}", r"\frac12", True),
     (r"\boxed{0.125}", r"\frac{1}{8}", True),
@@ -271,6 +273,10 @@ TABLE: list[tuple[str, str, bool]] = [
     (r"\boxed{\text{Alice}}", "Alice", True),
     (r"\boxed{\text{Bob}}", "Alice", False),
     (r"\boxed{\text{(C)}}", "C", True),
+    (r"\boxed{2ab}", "2ba", True),  # letters touching a digit are variables
+    (r"\boxed{xy+1}", "yx+1", True),
+    (r"\boxed{\sqrt{ab}}", r"\sqrt{ba}", True),
+    (r"\boxed{no, 5}", "on, 5", False),
     (r"\boxed{(D)}", "C", False),
     (r"\boxed{A}", "A", True),
     (r"\boxed{A}", "B", False),
