@@ -75,17 +75,22 @@ def _arm() -> None:
 
 
 def _expire(signum: int, frame: Any) -> None:
-    first = min(_TIMERS.active, key=lambda d: d.end)
-    if _TIMERS.foreign_end and _TIMERS.foreign_end < first.end:
+    now = time.monotonic() + 1e-4  # the timer's clock and monotonic differ by a hair
+    due = [d for d in _TIMERS.active if d.end <= now]
+    if due:
+        first = min(due, key=lambda d: d.end)
+        raise VerifierTimeout(f"took longer than {first.seconds:g}s", first)
+    if _TIMERS.foreign_end and _TIMERS.foreign_end <= now:
         _TIMERS.foreign_end = 0.0  # the foreign timer's turn: its own handler decides
-        _arm()
+        if _TIMERS.active:
+            _arm()
         if callable(_TIMERS.previous):
             _TIMERS.previous(signum, frame)
         elif _TIMERS.previous == signal.SIG_DFL:
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
             signal.raise_signal(signal.SIGALRM)
-        return
-    raise VerifierTimeout(f"took longer than {first.seconds:g}s", first)
+    elif _TIMERS.active:
+        _arm()  # early: wait for the next one that is due
 
 
 @contextlib.contextmanager
@@ -117,11 +122,14 @@ def deadline(seconds: float) -> Iterator[object]:
     try:
         yield mine
     finally:
-        _TIMERS.active.remove(mine)
+        signal.setitimer(signal.ITIMER_REAL, 0)  # first: no alarm while the stack changes
+        # Mine and any inner one left behind (an outer timeout can interrupt an
+        # inner deadline's own clean-up): the stack never keeps a stale entry.
+        if mine in _TIMERS.active:
+            del _TIMERS.active[_TIMERS.active.index(mine) :]
         if _TIMERS.active:
             _arm()
         else:
-            signal.setitimer(signal.ITIMER_REAL, 0)
             previous = _TIMERS.previous
             signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
             if _TIMERS.foreign_end:
@@ -132,15 +140,15 @@ def deadline(seconds: float) -> Iterator[object]:
 def within(seconds: float, function: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
     """``(True, function(*args))``, or ``(False, why)`` if its deadline passed.
 
-    Only this call's own deadline is caught; an outer one propagates to its
-    owner.
+    Only this call's own deadline is caught (or one of its inner ones, or a
+    killed child's): the timeout of an enclosing deadline, still active,
+    propagates to its owner.
     """
-    handle = None
     try:
-        with deadline(seconds) as handle:
+        with deadline(seconds):
             return True, function(*args)
     except VerifierTimeout as exc:
-        if handle is None or exc.owner is not handle:
+        if exc.owner is not None and exc.owner in _TIMERS.active:
             raise
         return False, str(exc)
 

@@ -39,7 +39,7 @@ _CHARACTERS.update(
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*(\{|[^\s{])")
 _BRACE = re.compile(r"(?<!\\)[{}]")
-_GSM8K = re.compile(r"####\s*")
+_GSM8K = re.compile(r"####[ \t]*")  # the answer is on its line
 _ANSWER_IS = re.compile(r"(?:final\s+answer|the\s+answer)\s*(?:is|:|=)\s*:?\s*", re.IGNORECASE)
 _LINE = re.compile(r"[^\n]*")
 _SENTENCE_END = re.compile(r"\.\s")

@@ -84,6 +84,7 @@ def test_the_timeout_is_no_exception_and_passes_except_exception():
 
 
 def test_an_inner_deadline_ends_first_and_the_outer_still_fires():
+    handler = signal.getsignal(signal.SIGALRM)
     start = time.perf_counter()
 
     def inner_then_sleep() -> None:
@@ -94,6 +95,7 @@ def test_an_inner_deadline_ends_first_and_the_outer_still_fires():
     assert within(0.5, inner_then_sleep) == (False, "took longer than 0.5s")
     assert 0.45 < time.perf_counter() - start < 1.0
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) is handler  # restored
 
 
 def test_an_outer_deadline_shorter_than_the_inner_one_wins():
