@@ -81,6 +81,8 @@ _REMOVE = re.compile(
 _TEXT = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 # A one-letter unit is a unit only in text mode right after a number: 12\text{ m}.
 _TEXT_UNIT = re.compile(r"(\d)\s*(?:\\,|\\ |~)?\s*\\(?:text|mathrm|mbox)\s*\{\s*([A-Za-z])\s*\}")
+# "2 or 3", "x=2 and x=3" list answers, like "2, 3" (the symbolic stage compares sets).
+_CONJUNCTION = re.compile(r"(?<=[\w})\]])\s*,?\s+(?:or|and)\s+(?=[-\w\\({\[])", re.IGNORECASE)
 _ASSIGNMENT = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?\s*=\s*(?=\S)")
 
 
@@ -95,6 +97,7 @@ def normalize(answer: str) -> str:
     s = s.replace("{,}", ",").replace("\\%", "%")
     s = _REMOVE.sub("", s)
     s = re.sub(r"\s+", " ", s).strip().rstrip(".").strip()
+    s = _CONJUNCTION.sub(", ", s)
     s = _ASSIGNMENT.sub("", s)
     return s
 
@@ -124,7 +127,7 @@ _NOT_UNITS = {
     "fifths", "tenth", "tenths", "hundredth", "hundredths", "thousandth", "thousandths",
     "bn", "mn", "pi", "squared", "cubed", "times", "over", "plus", "minus", "and", "or",
     "to", "by", "sqrt", "root", "roots", "power", "factorial", "percent", "per", "cent",
-    "of", "not", "no", "degrees", "radians",
+    "not", "no", "degrees", "radians",
 }  # fmt: skip
 _WORDS = {
     word: i
@@ -191,7 +194,8 @@ def parse_number(answer: str) -> tuple[Fraction, bool] | None:
 
 def _is_unit(rest: str, percent: bool) -> bool:
     """Whether ``rest``, the text after a number, leaves its value as it is."""
-    rest = re.sub(r"\\unit\{[A-Za-z]\}", "unit", rest.strip())
+    rest = re.sub(r"\\unit\{[A-Za-z]\}", "unit", rest)
+    rest = re.sub(r"\\[ ,;]|~", " ", rest).strip()  # LaTeX spaces before a unit
     if not rest:
         return True
     if percent or not _UNIT.fullmatch(rest):

@@ -254,6 +254,12 @@ TABLE: list[tuple[str, str, bool]] = [
     (r"\boxed{25 percent}", "25", True),
     (r"\boxed{25 percent}", "0.25", True),
     (r"\boxed{25 percent}", "0.5", False),
+    (r"\boxed{12\ \text{cm}}", "12", True),
+    (r"\boxed{\dfrac{1}{4}\text{ of the pie}}", "1/4", True),
+    (r"\boxed{x=2 \text{ or } x=3}", "2, 3", True),  # "or" lists answers
+    (r"\boxed{x=2 \text{ or } x=4}", "2, 3", False),
+    (r"\boxed{2 \text{ and } 3}", "3, 2", True),
+    (r"\boxed{4 \text{ or } 5}", "4", False),
     (r"\boxed{30^\circ}", "30", True),
     (r"\boxed{30^{\circ}}", "60", False),
     # --- words of any length are text
