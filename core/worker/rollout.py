@@ -80,7 +80,9 @@ def check_online_filters(filters: Sequence[object], setting: str) -> None:
     for i, f in enumerate(filters):
         if not isinstance(f, OnlineFilter):
             offline = (
-                " (an offline filter: run it with `rlax curate`)" if isinstance(f, OfflineFilter) else ""
+                " (an offline filter: run it with `rlax curate`)"
+                if isinstance(f, OfflineFilter)
+                else ""
             )
             raise ConfigError(
                 f"{setting}[{i}]: {type(f).__name__} has no online(groups){offline}; "
