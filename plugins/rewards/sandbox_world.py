@@ -113,8 +113,21 @@ def enter_world(world: dict, scratch_mb: int) -> str:
     """
     mount(None, "/", None, MS_REC | MS_PRIVATE, None)
     mount("tmpfs", NEW_ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    try:
+        _furnish(world, scratch_mb)
+    except OSError:
+        _libc.umount2(NEW_ROOT.encode(), MNT_DETACH)  # give the weak mode its /tmp back
+        raise
+    _pivot(NEW_ROOT)
+    mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+    return "/tmp"
+
+
+def _furnish(world: dict, scratch_mb: int) -> None:
     bound: set[str] = set()
     for path in sorted(world["binds"]):
+        if not os.path.lexists(path):
+            raise OSError(f"sandbox world: {path} does not exist on the host")
         _place(NEW_ROOT, path, bound)
     for path in world.get("hide", ()):
         if os.path.isdir(NEW_ROOT + path):
@@ -127,6 +140,3 @@ def enter_world(world: dict, scratch_mb: int) -> str:
     mount(
         "tmpfs", NEW_ROOT + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={scratch_mb}m,mode=1777"
     )
-    _pivot(NEW_ROOT)
-    mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
-    return "/tmp"

@@ -1,4 +1,4 @@
-'''The red-team table: one hostile program per class of attack, and honest programs.
+"""The red-team table: one hostile program per class of attack, and honest programs.
 
 Every hostile program is written so that it scores 1 only if its attack
 works: it answers ``add`` correctly only when it escaped (read a host file,
@@ -13,7 +13,7 @@ environment).
 ``kind`` is ``"contain"`` (the sandbox's walls) or ``"forge"`` (the verdict);
 forging defences do not depend on namespaces, so those also run in the weak
 mode.
-'''
+"""
 
 from __future__ import annotations
 
@@ -77,104 +77,127 @@ HOSTILE: dict[str, tuple[str, str, str]] = {
     # ---- containment: the sandbox's walls ---------------------------------------------
     "busy loop": ("contain", "add", "def add(a, b):\n    return a + b\nwhile True:\n    pass\n"),
     "sleeps forever": (
-        "contain", "add", "def add(a, b):\n    return a + b\nimport time\ntime.sleep(3600)\n"
+        "contain",
+        "add",
+        "def add(a, b):\n    return a + b\nimport time\ntime.sleep(3600)\n",
     ),
     "fork bomb": (
-        "contain", "add",
+        "contain",
+        "add",
         "import os\nwon = False\nwhile True:\n    try:\n        os.fork()\n"
         "    except OSError:\n        pass\n" + WIN,
     ),
     "allocates 50 GB": (
-        "contain", "add",
+        "contain",
+        "add",
         "try:\n    hog = bytearray(50 * 2**30)\n    won = True\nexcept MemoryError:\n"
         "    won = False\n" + WIN,
     ),
     "writes a 10 GB file": (
-        "contain", "add",
+        "contain",
+        "add",
         "won = False\ntry:\n    with open('big', 'wb') as f:\n        for _ in range(10 * 1024):\n"
         "            f.write(b'0' * 2**20)\n    won = True\nexcept OSError:\n    pass\n" + WIN,
     ),
     "floods stdout with 10 GB": (
-        "contain", "add",
+        "contain",
+        "add",
         "import os\nchunk = b'x' * 2**20\nfor _ in range(10 * 1024):\n    os.write(1, chunk)\n"
         + WRONG,
     ),
     "connects outside": (
-        "contain", "add",
+        "contain",
+        "add",
         "import socket\nwon = False\nfor host in ('1.1.1.1', '8.8.8.8'):\n    try:\n"
         "        socket.create_connection((host, 53), timeout=0.5).close()\n        won = True\n"
         "    except OSError:\n        pass\n" + WIN,
     ),
     "connects to a host loopback port": (
-        "contain", "add",
+        "contain",
+        "add",
         "import socket\ntry:\n    s = socket.create_connection(('127.0.0.1', PORT), timeout=0.5)\n"
         "    s.sendall(b'leak')\n    won = True\nexcept OSError:\n    won = False\n" + WIN,
     ),
     "reads environment secrets": (
-        "contain", "add", "import os\nwon = SECRET in str(dict(os.environ))\n" + WIN
+        "contain",
+        "add",
+        "import os\nwon = SECRET in str(dict(os.environ))\n" + WIN,
     ),
     "reads /proc/*/environ": (
-        "contain", "add",
+        "contain",
+        "add",
         "import glob\nwon = False\nfor path in glob.glob('/proc/*/environ'):\n    try:\n"
         "        won = won or SECRET.encode() in open(path, 'rb').read()\n"
         "    except OSError:\n        pass\n" + WIN,
     ),
     "kills its parent and init": (
-        "contain", "add",
+        "contain",
+        "add",
         "import os, signal\nwon = False\nfor pid in {os.getppid(), 1}:\n    try:\n"
         "        os.kill(pid, signal.SIGKILL)\n        won = True\n    except OSError:\n"
         "        pass\n" + WIN,
     ),
     "leaves a double-forked daemon": (
-        "contain", "add",
+        "contain",
+        "add",
         "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
         "        time.sleep(3600)\n    os._exit(0)\n" + WRONG,
     ),
     "writes outside the work dir": (
-        "contain", "add",
+        "contain",
+        "add",
         "won = False\nfor path in ('HOSTDIR/escaped', '../rlax-hostile-escaped',\n"
         "             '/usr/lib/rlax-hostile', '/rlax-hostile'):\n    try:\n"
         "        open(path, 'w').write('x')\n        won = won or not path.startswith('..')\n"
         "    except OSError:\n        pass\n" + WIN,
     ),
     "deletes a host file": (
-        "contain", "add",
+        "contain",
+        "add",
         "import os\ntry:\n    os.remove('CANARY')\n    won = True\nexcept OSError:\n"
         "    won = False\n" + WIN,
     ),
     "reads host files and project sources": (
-        "contain", "add",
+        "contain",
+        "add",
         "import os\nwon = any(os.path.exists(p) for p in ('/etc/passwd', '/etc/hostname',\n"
         "    'PROJECT/pyproject.toml', 'CANARY', '/root', '/home', '/work'))\n" + WIN,
     ),
     "lists the root for host paths": (
-        "contain", "add",
+        "contain",
+        "add",
         "import os\nwon = bool({'etc', 'home', 'work', 'root', 'var'} & set(os.listdir('/')))\n"
         + WIN,
     ),
     "finds a host path in /proc": (
-        "contain", "add",
+        "contain",
+        "add",
         "won = False\nfor path in ('/proc/1/cmdline', '/proc/self/mountinfo', '/proc/1/environ'):\n"
         "    try:\n        text = open(path, 'rb').read()\n    except OSError:\n        continue\n"
         "    won = won or any(h in text for h in (b'PROJECT', b'/root', b'.venv', b'site-packages'))\n"
         + WIN,
     ),
     "rewrites the standard library": (
-        "contain", "add",
+        "contain",
+        "add",
         "import json\ntry:\n    open(json.__file__, 'a').write('\\n')\n    won = True\n"
         "except OSError:\n    won = False\n" + WIN,
     ),
     "becomes root": (
-        "contain", "add",
-        "import os\ntry:\n    os.setuid(0)\n    won = True\nexcept OSError:\n    won = False\n" + WIN,
+        "contain",
+        "add",
+        "import os\ntry:\n    os.setuid(0)\n    won = True\nexcept OSError:\n    won = False\n"
+        + WIN,
     ),
     "reads the supervisor's memory": (
-        "contain", "add",
+        "contain",
+        "add",
         "won = False\ntry:\n    with open('/proc/1/mem', 'rb') as f:\n        won = True\n"
         "except OSError:\n    pass\n" + WIN,
     ),
     "plants symlinks for the cleanup": (
-        "contain", "add",
+        "contain",
+        "add",
         "import os\nfor i, target in enumerate(('/etc', 'CANARY', 'HOSTDIR', '/')):\n"
         "    for place in ('.', '/tmp'):\n        try:\n"
         "            os.symlink(target, f'{place}/rlax-hostile-link{i}')\n"
@@ -183,111 +206,142 @@ HOSTILE: dict[str, tuple[str, str, str]] = {
     # ---- forging: the verdict ---------------------------------------------------------
     "exits 0 before the tests": ("forge", "add", WRONG + "import os\nos._exit(0)\n"),
     "sys.exit inside the function": (
-        "forge", "add", "import sys\ndef add(a, b):\n    sys.exit(0)\n"
+        "forge",
+        "add",
+        "import sys\ndef add(a, b):\n    sys.exit(0)\n",
     ),
     "prints a fake pass": (
-        "forge", "add",
+        "forge",
+        "add",
         WRONG + "print('passed 3/3')\nprint('All tests passed. OK')\nimport os\nos._exit(0)\n",
     ),
     "writes a fake verdict to the channel": (
-        "forge", "add",
-        WRONG + "import os\nfor line in ('{\"passed\": 3, \"total\": 3, \"failure\": \"\"}',\n"
-        "             '{\"nonce\": \"\", \"passed\": 3, \"total\": 3}', '{\"verdict\": \"passed\"}'):\n"
+        "forge",
+        "add",
+        WRONG + 'import os\nfor line in (\'{"passed": 3, "total": 3, "failure": ""}\',\n'
+        '             \'{"nonce": "", "passed": 3, "total": 3}\', \'{"verdict": "passed"}\'):\n'
         "    os.write(3, line.encode() + b'\\n')\nos._exit(0)\n",
     ),
     "claims more tests than exist": (
-        "forge", "add",
+        "forge",
+        "add",
         "import os\nfor i in range(-5, 50):\n"
-        "    os.write(3, ('{\"i\": %d, \"value\": %d}\\n' % (i, i)).encode())\n" + WRONG,
+        '    os.write(3, (\'{"i": %d, "value": %d}\\n\' % (i, i)).encode())\n' + WRONG,
     ),
     "int subclass equal to everything": (
-        "forge", "add",
-        "class Any(int):\n    def __eq__(self, other):\n        return True\n"
-        "    __hash__ = int.__hash__\ndef add(a, b):\n    return Any(0)\n",
+        "forge",
+        "add",
+        (
+            "class Any(int):\n    def __eq__(self, other):\n        return True\n"
+            "    __hash__ = int.__hash__\ndef add(a, b):\n    return Any(0)\n"
+        ),
     ),
     "object equal to everything": (
-        "forge", "add",
-        "class Any:\n    def __eq__(self, other):\n        return True\n"
-        "    def __ne__(self, other):\n        return False\n    def __hash__(self):\n"
-        "        return 0\ndef add(a, b):\n    return Any()\n",
+        "forge",
+        "add",
+        (
+            "class Any:\n    def __eq__(self, other):\n        return True\n"
+            "    def __ne__(self, other):\n        return False\n    def __hash__(self):\n"
+            "        return 0\ndef add(a, b):\n    return Any()\n"
+        ),
     ),
     "str and dict subclasses with forged equality": (
-        "forge", "word_count",
-        "class D(dict):\n    __eq__ = lambda self, other: True\n    __hash__ = None\n"
-        "def word_count(s):\n    return D()\n",
+        "forge",
+        "word_count",
+        (
+            "class D(dict):\n    __eq__ = lambda self, other: True\n    __hash__ = None\n"
+            "def word_count(s):\n    return D()\n"
+        ),
     ),
     "patches json.dumps": (
-        "forge", "add",
+        "forge",
+        "add",
         "import json\n_real = json.dumps\n"
         "def dumps(obj, *a, **k):\n"
         "    return '{\"passed\": 3, \"total\": 3}\\n' + _real({'i': obj.get('i'), 'value': True})\n"
         "json.dumps = dumps\n" + WRONG,
     ),
     "patches builtins type and isinstance": (
-        "forge", "add",
-        "import builtins\nclass Any(int):\n    __eq__ = lambda self, other: True\n"
-        "    __hash__ = int.__hash__\n"
-        "_type = builtins.type\nbuiltins.type = lambda *a: int if len(a) == 1 and "
-        "_type(a[0]) is Any else _type(*a)\nbuiltins.isinstance = lambda o, t: True\n"
-        "def add(a, b):\n    return Any(7)\n",
+        "forge",
+        "add",
+        (
+            "import builtins\nclass Any(int):\n    __eq__ = lambda self, other: True\n"
+            "    __hash__ = int.__hash__\n"
+            "_type = builtins.type\nbuiltins.type = lambda *a: int if len(a) == 1 and "
+            "_type(a[0]) is Any else _type(*a)\nbuiltins.isinstance = lambda o, t: True\n"
+            "def add(a, b):\n    return Any(7)\n"
+        ),
     ),
     "patches sys and os.write": (
-        "forge", "add",
+        "forge",
+        "add",
         "import os, sys\n_write = os.write\n"
         "os.write = lambda fd, data: _write(fd, data.replace(b'\"value\": 0', b'\"value\": 3'))\n"
-        "sys.exit = lambda *a: None\nsys.modules['json'].loads = lambda s: {'passed': 3}\n"
-        + WRONG,
+        "sys.exit = lambda *a: None\nsys.modules['json'].loads = lambda s: {'passed': 3}\n" + WRONG,
     ),
     "replaces the harness's functions": (
-        "forge", "add",
+        "forge",
+        "add",
         "import __main__, sys\nh = sys.modules['__main__']\n"
         "h._encode = lambda value, depth=0: 3\n"
         "h._first_line = lambda exc: 'passed'\n"
         "h.matches = h.judge = lambda *a, **k: True\n" + WRONG,
     ),
     "digs through the harness's frames": (
-        "forge", "add",
-        "import sys\ndef add(a, b):\n    f = sys._getframe()\n    while f:\n"
-        "        for key in ('expected', 'outputs', 'nonce', 'tests', 'job'):\n"
-        "            found = f.f_locals.get(key)\n"
-        "            if isinstance(found, dict) and 'expected' in str(found):\n"
-        "                return found\n        f = f.f_back\n    return None\n",
+        "forge",
+        "add",
+        (
+            "import sys\ndef add(a, b):\n    f = sys._getframe()\n    while f:\n"
+            "        for key in ('expected', 'outputs', 'nonce', 'tests', 'job'):\n"
+            "            found = f.f_locals.get(key)\n"
+            "            if isinstance(found, dict) and 'expected' in str(found):\n"
+            "                return found\n        f = f.f_back\n    return None\n"
+        ),
     ),
     "searches gc objects for expected values": (
-        "forge", "add",
-        "import gc\nBIG = 100000000000000000001\ndef add(a, b):\n"
-        "    for obj in gc.get_objects():\n"
-        "        if isinstance(obj, dict) and 'expected' in obj:\n"
-        "            return obj['expected']\n"
-        "        if isinstance(obj, (list, tuple)) and BIG in obj:\n"
-        "            return BIG\n    return None\n",
+        "forge",
+        "add",
+        (
+            "import gc\nBIG = 100000000000000000001\ndef add(a, b):\n"
+            "    for obj in gc.get_objects():\n"
+            "        if isinstance(obj, dict) and 'expected' in obj:\n"
+            "            return obj['expected']\n"
+            "        if isinstance(obj, (list, tuple)) and BIG in obj:\n"
+            "            return BIG\n    return None\n"
+        ),
     ),
     "forges from atexit": (
-        "forge", "add",
+        "forge",
+        "add",
         "import atexit, os\ndef forge():\n    for i in range(3):\n"
-        "        os.write(3, ('{\"i\": %d, \"value\": true}\\n' % i).encode())\n"
-        "    os.write(3, b'{\"passed\": 3, \"total\": 3}\\n')\n"
+        '        os.write(3, (\'{"i": %d, "value": true}\\n\' % i).encode())\n'
+        '    os.write(3, b\'{"passed": 3, "total": 3}\\n\')\n'
         "atexit.register(forge)\n" + WRONG,
     ),
     "forges from __del__": (
-        "forge", "add",
+        "forge",
+        "add",
         "import os\nclass Ghost:\n    def __del__(self):\n"
-        "        os.write(3, b'{\"passed\": 3, \"total\": 3, \"failure\": \"\"}\\n')\n"
+        '        os.write(3, b\'{"passed": 3, "total": 3, "failure": ""}\\n\')\n'
         "keep = Ghost()\nimport builtins\nbuiltins.ghost = Ghost()\n" + WRONG,
     ),
     "reads expected outputs from anywhere": (
-        "forge", "add",
-        "import os\nfound = b''\nfor base, dirs, files in os.walk('/'):\n"
-        "    dirs[:] = [d for d in dirs if d not in ('proc', 'sys', 'dev', 'usr', 'lib')]\n"
-        "    for name in files:\n        try:\n"
-        "            found += open(os.path.join(base, name), 'rb').read(100000)\n"
-        "        except OSError:\n            pass\nfor fd in (0, 4, 5):\n    try:\n"
-        "        found += os.read(fd, 100000)\n    except OSError:\n        pass\n"
-        "def add(a, b):\n"
-        "    return 100000000000000000001 if b'100000000000000000001' in found else None\n",
+        "forge",
+        "add",
+        (
+            "import os\nfound = b''\nfor base, dirs, files in os.walk('/'):\n"
+            "    dirs[:] = [d for d in dirs if d not in ('proc', 'sys', 'dev', 'usr', 'lib')]\n"
+            "    for name in files:\n        try:\n"
+            "            found += open(os.path.join(base, name), 'rb').read(100000)\n"
+            "        except OSError:\n            pass\nfor fd in (0, 4, 5):\n    try:\n"
+            "        found += os.read(fd, 100000)\n    except OSError:\n        pass\n"
+            "def add(a, b):\n"
+            "    return 100000000000000000001 if b'100000000000000000001' in found else None\n"
+        ),
     ),
     "monkeypatches the test framework": (
-        "forge", "add",
+        "forge",
+        "add",
         "import builtins, operator, sys, unittest\n"
         "unittest.TestCase.assertEqual = lambda *a, **k: None\n"
         "operator.eq = lambda a, b: True\nbuiltins.AssertionError = type('Never', (Exception,), {})\n"
@@ -296,25 +350,32 @@ HOSTILE: dict[str, tuple[str, str, str]] = {
         "        frame.f_locals['value'] = 3\n    return tracer\nsys.settrace(tracer)\n" + WRONG,
     ),
     "returns an output bomb": (
-        "forge", "add",
+        "forge",
+        "add",
         "def add(a, b):\n    x = []\n    for _ in range(10**6):\n        x = [x]\n    return x\n",
     ),
     "floods the channel": (
-        "forge", "add",
+        "forge",
+        "add",
         "import os\nfor _ in range(64):\n    os.write(3, b'[' * 2**20)\n" + WRONG,
     ),
     "returns NaN and bools": (
-        "forge", "add",
+        "forge",
+        "add",
         "def add(a, b):\n    return float('nan') if a > 0 else False\n",
     ),
     "stdio: prints the expected format, exits early": (
-        "forge", "sum_stdin",
+        "forge",
+        "sum_stdin",
         "import os\nprint('6')\nos._exit(0)\n",
     ),
     "stdio: patches stdout and sys.exit": (
-        "forge", "sum_stdin",
-        "import sys, os\nclass Out:\n    def write(self, s):\n"
-        "        os.write(3, b'{\"passed\": 2, \"total\": 2}\\n')\n    def flush(self):\n"
-        "        pass\nsys.stdout = Out()\nprint('passed')\nsys.stdout.close = None\n",
+        "forge",
+        "sum_stdin",
+        (
+            "import sys, os\nclass Out:\n    def write(self, s):\n"
+            '        os.write(3, b\'{"passed": 2, "total": 2}\\n\')\n    def flush(self):\n'
+            "        pass\nsys.stdout = Out()\nprint('passed')\nsys.stdout.close = None\n"
+        ),
     ),
 }
