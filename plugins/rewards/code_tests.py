@@ -4,7 +4,8 @@ A task's ``answer`` holds its tests in one of these shapes (:func:`read_tests`):
 
 - call-style: ``{"calls": [{"function": "f", "args": [..], "kwargs": {..},
   "expected": v}, ..]}``, or APPS' ``{"fn_name": "f", "inputs": [[args], ..],
-  "outputs": [v, ..]}``;
+  "outputs": [v, ..]}`` (``outputs[i]`` is the return value itself: a
+  one-element list is not unwrapped, unlike APPS' own lenient checker);
 - stdin/stdout: ``{"stdio": [[stdin, stdout], ..]}`` or ``{"inputs": [..],
   "outputs": [..]}``;
 - assert statements (MBPP / HumanEval style): a list of them, one script, or

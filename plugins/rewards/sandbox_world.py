@@ -18,7 +18,7 @@ then makes it the root (``pivot_root``), detaches the host's root and makes
 the skeleton read-only. No host path is left to open, read or list: the
 project's sources, ``/etc``, ``/home`` and the host's ``/tmp`` do not exist in
 that world. The paths chosen come from the caller
-(:func:`rlax.plugins.rewards.code_sandbox.interpreter_world`).
+(:func:`rlax.plugins.rewards.sandbox_interpreter.interpreter_world`).
 """
 
 from __future__ import annotations

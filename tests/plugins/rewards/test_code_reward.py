@@ -335,3 +335,19 @@ def test_a_broken_world_is_an_error_unless_weak_isolation_is_allowed(monkeypatch
     assert "WITHOUT namespaces" in str(weak_warnings[0].message)
     assert first.status == second.status == "passed"
     assert first.isolation["filesystem"] == "host temporary directory"
+
+
+def test_the_weak_mode_removes_what_the_uid_left_in_the_host_temp_dir():
+    import tempfile
+
+    name = f"rlax-weak-left-{os.getpid()}"
+    source = (
+        f"import os\nopen('/tmp/{name}', 'w').write('x')\nos.mkdir('/tmp/{name}.d')\n"
+        f"open('/tmp/{name}.d/f', 'w').write('x')\nwon = os.path.exists('/tmp/{name}.d/f')\n"
+        "def add(a, b):\n    return a + b if won else None\n"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = CodeReward(**LIMITS, namespaces=False).run(prompt(TESTS), source)
+    assert result.status == "passed", result  # so it did write there, as the host's /tmp
+    assert not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(name)]
