@@ -13,7 +13,10 @@ import pytest
 
 from rlax.core.types import Prompt
 from rlax.plugins.rewards.code_sandbox import Limits, run_python_tests
+from rlax.plugins.rewards.code_tests import CallTest, plan_tests
 from rlax.plugins.rewards.code_verifier import CodeReward, extract_code, read_tests
+from rlax.plugins.rewards.sandbox_values import WireError, decode, encode, matches
+from rlax.plugins.rewards.sandbox_verdict import judge
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="the sandbox needs Linux")
 
@@ -351,3 +354,83 @@ def test_the_weak_mode_removes_what_the_uid_left_in_the_host_temp_dir():
         result = CodeReward(**LIMITS, namespaces=False).run(prompt(TESTS), source)
     assert result.status == "passed", result  # so it did write there, as the host's /tmp
     assert not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(name)]
+
+
+# ---- the pieces, without a sandbox ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("statement", "converted"),
+    [
+        ("assert f(1, 'a') == [2]", CallTest("f", (1, "a"), {}, [2])),
+        ("assert (3, 4) == f(x=-1)", CallTest("f", (), {"x": -1}, (3, 4))),
+        ("assert f({1: 2}) is None", CallTest("f", ({1: 2},), {}, None, "is")),
+        ("assert f(0)", CallTest("f", (0,), {}, True, "truthy")),
+        ("assert not f(0)", CallTest("f", (0,), {}, False, "falsy")),
+        (
+            "assert math.isclose(f(1), 0.5, abs_tol=0.01)",
+            CallTest("f", (1,), {}, 0.5, "isclose", (1e-9, 0.01)),
+        ),
+        ("assert f(g(1)) == 2", None),  # a nested call: the program's value as an argument
+        ("assert f(1) < 2", None),
+        ("assert f(1) == x", None),
+        ("assert obj.f(1) == 2", None),
+        ("assert f(*args) == 2", None),
+        ("x = 1\nassert f(x) == 2", None),
+        ("assert f(1) is 2", None),
+    ],
+)
+def test_assert_conversion(statement, converted):
+    plan = plan_tests({"asserts": [statement]})
+    if converted is None:
+        assert plan.weak and plan.asserts == (statement,)
+    else:
+        assert plan.mode == "call" and plan.tests == (converted,)
+
+
+def test_one_unconvertible_assert_makes_the_whole_set_weak():
+    assert plan_tests({"asserts": ["assert f(1) == 2", "assert f(1) < 2"]}).weak
+
+
+def test_wire_format_round_trips_and_rejects_what_it_does_not_define():
+    value = [None, True, -3, 2.5, "s", (1, [2]), {"k": {3}}, frozenset({4}), b"\x01", 1j]
+    assert decode(encode(value)) == value
+    assert type(decode(encode((1,)))) is tuple and type(decode(encode([1]))) is list
+    for bad in ({"object": 1}, {"tuple": 1}, {"a": 1, "b": 2}, {"set": [[1]]}, {"bytes": "zz"}):
+        with pytest.raises(WireError):
+            decode(bad)
+    deep: list = []
+    for _ in range(100):
+        deep = [deep]
+    with pytest.raises(WireError, match="deeper"):
+        decode(deep)
+
+    class Sneaky(int):
+        pass
+
+    with pytest.raises(WireError, match="Sneaky"):
+        encode(Sneaky(1))
+
+
+def test_matches_compares_builtin_values_only():
+    assert matches((1, 2), (1, 2)) and not matches([1, 2], (1, 2))
+    assert matches(None, None, "is") and not matches(0, None, "is") and not matches(1, True, "is")
+    assert matches(0.50001, 0.5, "isclose", (1e-3, 0.0)) and not matches("0.5", 0.5, "isclose")
+    assert matches([0], None, "truthy") and matches("", None, "falsy")
+    assert not matches(float("nan"), float("nan"))
+
+
+def test_judge_counts_the_first_answer_per_test_and_ignores_the_rest():
+    plan = plan_tests({"calls": [{"function": "f", "args": [], "expected": 1}] * 2})
+    lines = [
+        '{"passed": 2, "total": 2}',
+        '{"i": 0, "value": 1}',
+        '{"i": 0, "value": 2}',  # a second answer to test 0: ignored
+        '{"i": 7, "value": 1}',  # no such test
+        '{"i": true, "value": 1}',  # true is no index
+        "[[[[",
+        '{"i": 1, "value": {"object": 1}}',
+    ]
+    verdict = judge(plan, "\n".join(lines))
+    assert (verdict.passed, verdict.total, verdict.answered) == (1, 2, 2)
+    assert verdict.failure.startswith("test 1: malformed value")
