@@ -298,6 +298,16 @@ HOSTILE: dict[str, tuple[str, str, str]] = {
             "                return found\n        f = f.f_back\n    return None\n"
         ),
     ),
+    "reports a pass with the nonce from the harness's frame": (
+        "forge",
+        "add",
+        (
+            "import json, os, sys\nf, job = sys._getframe(), {}\nwhile f:\n"
+            "    job = job or f.f_locals.get('job') or {}\n    f = f.f_back\n"
+            "line = {'nonce': job.get('nonce', ''), 'passed': 3, 'total': 3, 'failure': ''}\n"
+            "os.write(3, json.dumps(line).encode() + b'\\n')\nos._exit(0)\n"
+        ),
+    ),
     "searches gc objects for expected values": (
         "forge",
         "add",
