@@ -434,3 +434,12 @@ def test_judge_counts_the_first_answer_per_test_and_ignores_the_rest():
     verdict = judge(plan, "\n".join(lines))
     assert (verdict.passed, verdict.total, verdict.answered) == (1, 2, 2)
     assert verdict.failure.startswith("test 1: malformed value")
+
+
+def test_inputs_larger_than_a_pipe_buffer_arrive_whole():
+    big = " ".join(["7"] * 300_000)  # 600 kB on stdin, ten times a pipe's buffer
+    program = "import sys\nprint(sum(map(int, sys.stdin.read().split())))\n"
+    tests = {"stdio": [[big, "2100000"], ["1 1", "2"]]}
+    assert CodeReward(**LIMITS).score(prompt(tests), program).score == 1.0
+    call = {"calls": [{"function": "f", "args": [big], "expected": 600_000 - 1}]}
+    assert CodeReward(**LIMITS).score(prompt(call), "def f(s):\n    return len(s)\n").score == 1.0
