@@ -16,10 +16,20 @@ training loop without a pool would. Scores/s is items over wall seconds,
 math and code together; pool start-up (worker processes importing the
 verifiers) is timed separately and not included.
 
-    python benchmarks/rewards.py [--math N] [--code N] [--hostile N] [--workers W] [--timeout S]
+Then the red-team table: every program of
+``tests/plugins/rewards/hostile/cases.py`` run once through the code reward
+(the minimal world), each counted as *contained* (score 0, no process of the
+sandbox uid left, no trace in the host's temp dir, the target dir, canary and
+loopback listener untouched), *forged* (a forging program scored above 0),
+*escaped* (a containment program scored above 0 or left a process) and *host
+touched* (a file or connection on the host side).
 
-Prints a table, then one JSON line:
-``{"serial_scores_s", "pool_scores_s", "speedup", "timeouts_contained"}``.
+    python benchmarks/rewards.py [--math N] [--code N] [--hostile N] [--workers W] [--timeout S]
+                                 [--no-red-team]
+
+Prints the tables, then one JSON line: ``{"serial_scores_s", "pool_scores_s",
+"speedup", "timeouts_contained", "red_team", "contained", "forged", "escaped",
+"host_touched"}``.
 """
 
 from __future__ import annotations
@@ -27,8 +37,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import random
+import runpy
+import socket
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -98,6 +112,80 @@ def pooled(reward, prompts, texts, workers, timeout) -> tuple[float, float, obje
         pool.close()
 
 
+CASES = pathlib.Path(__file__).resolve().parents[1] / "tests/plugins/rewards/hostile/cases.py"
+
+
+def _uid_traces(uid: int) -> list[str]:
+    """Live processes of ``uid`` and entries it owns in the host's temp dir."""
+    found = []
+    for status in pathlib.Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
+        except (OSError, ValueError):
+            continue
+        if int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith("Z"):
+            found.append(f"process {status.parent.name}")
+    for entry in os.scandir(tempfile.gettempdir()):
+        try:
+            if entry.stat(follow_symlinks=False).st_uid == uid or "rlax-hostile" in entry.name:
+                found.append(f"file {entry.name}")
+        except OSError:
+            continue
+    return found
+
+
+def red_team() -> tuple[list[tuple], dict[str, int]]:
+    """Every hostile program of the suite, once, through the code reward."""
+    cases = runpy.run_path(str(CASES))
+    reward = CodeReward(cpu_s=1, wall_s=1.5, memory_mb=256, file_mb=4, processes=8)
+    rows, counts = [], {"contained": 0, "forged": 0, "escaped": 0, "host_touched": 0}
+    with tempfile.TemporaryDirectory(prefix="rlax-red-team-") as hostdir:
+        canary = pathlib.Path(hostdir) / "canary.txt"
+        canary.write_text("do not touch")
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.setblocking(False)
+        fills = {"PORT": str(server.getsockname()[1]), "HOSTDIR": hostdir,
+                 "CANARY": str(canary), "PROJECT": str(CASES.parents[4]),
+                 "SECRET": repr("red-team-secret")}  # fmt: skip
+        for name, (kind, problem, source) in cases["HOSTILE"].items():
+            for key, value in fills.items():
+                source = source.replace(key, value)
+            task = prompt(cases["TESTS"][problem], 0)
+            start = time.perf_counter()
+            result = reward.run(task, source)
+            score, elapsed = reward.judge(result).score, time.perf_counter() - start
+            touched = _uid_traces(result.uid)
+            try:
+                server.accept()[0].close()
+                touched.append("loopback connection")
+            except BlockingIOError:
+                pass
+            if canary.read_text() != "do not touch" or len(os.listdir(hostdir)) != 1:
+                touched.append("target dir")
+            wrong = score > 0 or any(t.startswith("process") for t in touched)
+            forged, escaped = wrong and kind == "forge", wrong and kind == "contain"
+            counts["forged"] += forged
+            counts["escaped"] += escaped
+            counts["host_touched"] += bool(touched)
+            counts["contained"] += not (forged or escaped or touched)
+            rows.append((name, kind, score, result.status, elapsed, ", ".join(touched)))
+        server.close()
+    return rows, counts
+
+
+def print_red_team(rows: list[tuple], counts: dict[str, int]) -> None:
+    print(f"\nred team: {len(rows)} hostile programs in the minimal world\n")
+    print(f"{'program':<48}{'kind':>8}{'score':>7}{'status':>12}{'s':>7}  host touched")
+    for name, kind, score, status, elapsed, touched in rows:
+        print(f"{name[:47]:<48}{kind:>8}{score:>7.1f}{status:>12}{elapsed:>7.2f}  {touched or '-'}")
+    print(
+        f"contained {counts['contained']}/{len(rows)}, forged {counts['forged']}, "
+        f"escaped {counts['escaped']}, host touched {counts['host_touched']}"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--math", type=int, default=300, help="math items")
@@ -105,6 +193,7 @@ def main() -> int:
     parser.add_argument("--hostile", type=int, default=2, help="code items that hang")
     parser.add_argument("--workers", type=int, default=max(2, os.cpu_count() or 2))
     parser.add_argument("--timeout", type=float, default=2.0, help="pool per-call timeout, s")
+    parser.add_argument("--no-red-team", action="store_true", help="skip the red-team table")
     args = parser.parse_args()
 
     rng = random.Random(0)
@@ -140,6 +229,10 @@ def main() -> int:
         "speedup": round(totals["serial_s"] / totals["pool_s"], 2),
         "timeouts_contained": totals["timeouts"],
     }
+    if not args.no_red_team:
+        red_rows, counts = red_team()
+        print_red_team(red_rows, counts)
+        figures |= {"red_team": len(red_rows), **counts}
     print(json.dumps(figures))
     return 0
 

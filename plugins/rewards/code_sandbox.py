@@ -1,17 +1,25 @@
 """Running untrusted Python against tests in a sandboxed subprocess.
 
-:func:`run_sandboxed` starts ``sandbox_supervisor.py`` (see its docstring for
-the process tree) and returns a :class:`SandboxResult`. What contains a
-hostile program, and what it defends against:
+:func:`run_tests` runs a solution against a :class:`~rlax.plugins.rewards.
+code_tests.TestPlan`: only the tests' inputs go into the sandbox (on the
+program's stdin, never in a file), the harness (``sandbox_harness.py``) sends
+back the outputs, and :mod:`rlax.plugins.rewards.sandbox_verdict` compares
+them here, in the calling process, with the expected outputs, which never
+leave it. :func:`run_sandboxed` starts ``sandbox_supervisor.py`` (see its
+docstring for the process tree). What contains a hostile program:
 
 =====================  =====================================================
-fresh temporary dir    a private tmpfs (its own mount namespace) or a new
-                       ``mkdtemp`` directory, removed afterwards
+minimal world          a tmpfs root holding, read-only, only the interpreter,
+                       its shared libraries and its standard library
+                       (:func:`interpreter_world`; ``sandbox_world.py``);
+                       ``site-packages`` hidden; no host path exists there
+private scratch        ``/tmp``, a size-capped tmpfs, the only writable place;
+                       the work dir is ``/tmp/work``
 scrubbed environment   ``PATH``, ``HOME``, ``LANG``, ``TMPDIR`` only: no
                        tokens or secrets of the caller
 CPU time               ``RLIMIT_CPU`` per process (SIGKILL one second later)
 memory                 ``RLIMIT_AS``
-file size              ``RLIMIT_FSIZE`` (and a size-capped tmpfs)
+file size              ``RLIMIT_FSIZE`` (and the size-capped tmpfs)
 process count          ``RLIMIT_NPROC`` under a uid of its own: a fork bomb
                        hits the limit, never the machine (root is exempt from
                        this limit, hence the unprivileged uid)
@@ -19,45 +27,62 @@ wall time              the sandbox's init kills everything at ``wall_s``; the
                        caller kills the whole process group as a backstop
 no survivors           a pid namespace whose init sweeps it; without one, the
                        process group and (as root) every process of the uid
-network                a new network namespace with no interface up; where
-                       the OS refuses, ``network_isolated`` is False and the
-                       reward says so in its reason
+network                a new network namespace with no interface up
 privileges             dropped to the sandbox uid, no supplementary groups,
                        ``no_new_privs`` (setuid binaries cannot elevate)
 =====================  =====================================================
 
-The verdict comes from the harness through its own channel (see
-``sandbox_harness.py``), never from what the program prints. The harness runs
-the tests in the program's interpreter, so a program written to dig the
-per-run nonce out of the harness's memory could forge a verdict; treat the
-verdict as proof against accidents and ordinary reward hacking (early exit,
-fake output, killing the parent), not against an adversary that targets this
-harness by name.
+The weak mode, without namespaces (no private world, no network or pid
+isolation; the host's files readable as any unprivileged user can), runs only
+when asked for: ``namespaces=False``, or ``allow_weak_isolation=True`` where
+the kernel refuses namespaces. It warns once per process
+(:class:`WeakIsolationWarning`) and the result's ``isolation`` says so.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import json
 import os
 import pathlib
 import shutil
 import signal
-import stat
 import subprocess
-import sys
 import tempfile
 import threading
+import warnings
 from typing import Any
 
-__all__ = ["Limits", "SandboxResult", "python_for_sandbox", "run_python_tests", "run_sandboxed"]
+from rlax.plugins.rewards.code_tests import CallTest, StdioTest, TestPlan, plan_tests
+from rlax.plugins.rewards.sandbox_interpreter import interpreter_world, python_for_sandbox
+from rlax.plugins.rewards.sandbox_values import encode
+from rlax.plugins.rewards.sandbox_verdict import judge, judge_weak
+
+__all__ = [
+    "Limits",
+    "SandboxResult",
+    "WeakIsolationWarning",
+    "python_for_sandbox",
+    "run_python_tests",
+    "run_sandboxed",
+    "run_tests",
+]
 
 _HERE = pathlib.Path(__file__).resolve().parent
 SUPERVISOR = _HERE / "sandbox_supervisor.py"
 HARNESS = _HERE / "sandbox_harness.py"
 UID_BASE = 1_000_000  # far above any real account
+# The supervisor runs from -c, so that its command line (readable in the sandbox's
+# /proc) names no host path; the module's directory travels in the job on stdin.
+_BOOTSTRAP = (
+    "import json, sys; job = json.loads(sys.stdin.read()); sys.path.insert(0, job['modules']);"
+    " import sandbox_supervisor; sandbox_supervisor.main(job)"
+)
+
+
+class WeakIsolationWarning(UserWarning):
+    """A sandboxed run without namespaces: no private world, network or pid isolation."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +116,12 @@ class SandboxResult:
     """What happened in one sandboxed run.
 
     Attributes:
-      status: ``"passed"`` (every test), ``"failed"`` (the harness ran the
-        tests, not all passed), ``"no_verdict"`` (the program ended without the
-        harness reporting: an early exit, a crash, a kill), ``"timeout"``, or
-        ``"error"`` (the sandbox itself failed).
-      passed: tests passed, per the harness (0 without a verdict).
-      total: tests run, per the harness (0 without a verdict).
+      status: ``"passed"`` (every test), ``"failed"`` (not all passed),
+        ``"no_verdict"`` (no output for any test: an early exit, a crash, a
+        kill), ``"timeout"``, ``"error"`` (the sandbox itself failed), or
+        ``"finished"`` (:func:`run_sandboxed` alone: the program ended).
+      passed: tests whose output matched, counted by the trusted side.
+      total: the plan's number of tests (never the program's claim).
       detail: the first failure, or why there is no verdict.
       network_isolated: whether the program ran without network access.
       isolation: what the supervisor applied (namespaces, filesystem, cleanup).
@@ -106,6 +131,9 @@ class SandboxResult:
       stderr: the start of its error output.
       uid: the uid the program ran as.
       wall_s: seconds the program ran.
+      channel: what the program wrote to its outputs channel (fd 3).
+      verdict_by: ``"supervisor"`` (outputs compared here) or ``"program"``
+        (the weak asserts mode: the harness's own word).
     """
 
     status: str
@@ -120,10 +148,13 @@ class SandboxResult:
     stderr: str = ""
     uid: int = -1
     wall_s: float = 0.0
+    channel: str = ""
+    verdict_by: str = "supervisor"
 
 
 _uid_lock = threading.Lock()
 _uid_counter = itertools.count()
+_warned = threading.Event()
 
 
 def _sandbox_uid() -> int:
@@ -133,53 +164,43 @@ def _sandbox_uid() -> int:
     return UID_BASE + (os.getpid() % 4_000_000) * 16 + slot
 
 
-def _world_executable(path: pathlib.Path) -> bool:
-    """True if an unprivileged user can execute ``path`` (every parent traversable)."""
-    try:
-        if not path.stat().st_mode & stat.S_IXOTH:
-            return False
-        return all(p.stat().st_mode & stat.S_IXOTH for p in path.parents)
-    except OSError:
-        return False
-
-
-@functools.cache
-def python_for_sandbox() -> str:
-    """A Python interpreter that the unprivileged sandbox uid can run."""
-    candidates = [
-        pathlib.Path(sys.executable).resolve(),
-        *(pathlib.Path(p).resolve() for p in ("/usr/bin/python3", "/usr/local/bin/python3")),
-    ]
-    if os.geteuid() != 0:
-        return str(candidates[0])
-    for candidate in candidates:
-        if candidate.is_file() and _world_executable(candidate):
-            return str(candidate)
-    raise RuntimeError(
-        "no Python interpreter is executable by an unprivileged user "
-        f"(tried {', '.join(map(str, candidates))})"
-    )
+def _warn_weak(why: str) -> None:
+    if not _warned.is_set():
+        _warned.set()
+        warnings.warn(
+            f"code sandbox: running WITHOUT namespaces ({why}): no private world, no network "
+            "or pid isolation; the program can read the host's files (warned once per process)",
+            WeakIsolationWarning,
+            stacklevel=3,
+        )
 
 
 def run_sandboxed(
     files: dict[str, str],
     argv: list[str],
     *,
+    stdin: str = "",
     limits: Limits = Limits(),
     namespaces: bool = True,
+    allow_weak_isolation: bool = False,
 ) -> SandboxResult:
     """Runs ``argv`` in a sandbox whose work dir holds ``files``.
 
     Args:
       files: file name -> text, written into the fresh work dir.
-      argv: the program and its arguments (``argv[0]`` an absolute path).
+      argv: the program and its arguments (``argv[0]`` the interpreter).
+      stdin: the program's standard input.
       limits: resource limits.
-      namespaces: use Linux namespaces where the OS allows (off: test the
-        fallback, or run where namespaces are known to misbehave).
+      namespaces: isolate with namespaces and the minimal world; False asks for
+        the weak mode (warned once per process).
+      allow_weak_isolation: where the kernel refuses namespaces, run in the weak
+        mode anyway (warned) instead of returning an ``"error"`` result.
 
     Returns:
-      The result; the verdict fields come from the harness's channel.
+      ``"finished"``, ``"timeout"`` or ``"error"``, with the outputs channel.
     """
+    if not namespaces:
+        _warn_weak("namespaces=False")
     fallback = tempfile.mkdtemp(prefix="rlax-sandbox-")
     uid = _sandbox_uid()
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
@@ -188,16 +209,19 @@ def run_sandboxed(
     job = {
         "files": files,
         "argv": argv,
+        "stdin": stdin,
         "limits": dataclasses.asdict(limits),
         "namespaces": namespaces,
+        "allow_weak": allow_weak_isolation or not namespaces,
+        "world": interpreter_world(argv[0]) if namespaces else {},
         "uid": uid,
         "caller_pid": os.getpid(),
         "fallback_dir": fallback,
         "env": env,
+        "modules": str(_HERE),
     }
-    proc = subprocess.Popen(
-        [python_for_sandbox() if os.geteuid() != 0 else sys.executable, "-I", "-S",
-         str(SUPERVISOR)],
+    proc = subprocess.Popen(  # the interpreter the program sees: its path is no news there
+        [python_for_sandbox(), "-I", "-S", "-c", _BOOTSTRAP],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, start_new_session=True,
     )  # fmt: skip
@@ -220,39 +244,90 @@ def _result(out: bytes, err: bytes, uid: int) -> SandboxResult:
         return SandboxResult("error", detail=detail, uid=uid)
     if "supervisor_error" in report:
         return SandboxResult("error", detail=report["supervisor_error"], uid=uid)
-    verdict = report["verdict"]
+    isolation = report["isolation"]
+    if isolation.get("filesystem") == "host temporary directory":
+        _warn_weak(isolation.get("network_reason") or isolation.get("filesystem_reason", "?"))
     fields = {
-        "network_isolated": bool(report["isolation"].get("network")),
-        "isolation": report["isolation"],
+        "network_isolated": bool(isolation.get("network")),
+        "isolation": isolation,
         "returncode": report["returncode"],
         "signal": report["signal"],
         "stdout": report["stdout"],
         "stderr": report["stderr"],
         "uid": report["uid"],
         "wall_s": report["wall_s"],
+        "channel": report["channel"],
     }
     if report["timed_out"]:
         return SandboxResult("timeout", detail="wall-clock limit reached", **fields)
-    if verdict is None:
-        how = (
-            f"killed by signal {report['signal']}"
-            if report["signal"]
-            else f"exit status {report['returncode']}"
-        )
-        return SandboxResult("no_verdict", detail=f"no verdict from the harness ({how})", **fields)
-    passed, total = int(verdict["passed"]), int(verdict["total"])
-    status = "passed" if total > 0 and passed == total else "failed"
-    return SandboxResult(status, passed, total, verdict.get("failure", ""), **fields)
+    return SandboxResult("finished", **fields)
+
+
+def _job(plan: TestPlan, nonce: str) -> dict[str, Any]:
+    """What the harness gets: inputs only, never an expected output."""
+    if plan.mode == "stdio":
+        return {
+            "mode": "stdio",
+            "inputs": [t.stdin for t in plan.tests if isinstance(t, StdioTest)],
+        }
+    if plan.mode == "call":
+        calls = [
+            [t.function, encode(list(t.args)), encode(t.kwargs)]
+            for t in plan.tests
+            if isinstance(t, CallTest)
+        ]
+        return {"mode": "call", "calls": calls, "setup": plan.setup}
+    return {"mode": "asserts", "asserts": list(plan.asserts), "setup": plan.setup, "nonce": nonce}
+
+
+def run_tests(
+    solution: str,
+    plan: TestPlan,
+    *,
+    limits: Limits = Limits(),
+    namespaces: bool = True,
+    allow_weak_isolation: bool = False,
+) -> SandboxResult:
+    """Runs ``solution`` on ``plan``'s inputs in the sandbox; judges its outputs here."""
+    nonce = os.urandom(16).hex()
+    run = run_sandboxed(
+        {"harness.py": HARNESS.read_text(), "solution.py": solution},
+        [python_for_sandbox(), "-I", "-S", "-B", "harness.py"],
+        stdin=json.dumps(_job(plan, nonce)) + "\n",
+        limits=limits,
+        namespaces=namespaces,
+        allow_weak_isolation=allow_weak_isolation,
+    )
+    if run.status != "finished":
+        return run
+    if plan.weak:
+        verdict = judge_weak(plan, run.channel, nonce)
+        answered = verdict is not None
+    else:
+        verdict = judge(plan, run.channel)
+        answered = verdict.answered > 0
+    by = "program" if plan.weak else "supervisor"
+    if verdict is None or not answered:
+        how = f"killed by signal {run.signal}" if run.signal else f"exit status {run.returncode}"
+        detail = f"no output for any test ({how})"
+        return dataclasses.replace(run, status="no_verdict", detail=detail, verdict_by=by)
+    status = "passed" if verdict.total > 0 and verdict.passed == verdict.total else "failed"
+    return dataclasses.replace(
+        run, status=status, passed=verdict.passed, total=verdict.total,
+        detail=verdict.failure, verdict_by=by,
+    )  # fmt: skip
 
 
 def run_python_tests(
-    solution: str, tests: dict[str, Any], *, limits: Limits = Limits(), namespaces: bool = True
+    solution: str,
+    tests: dict[str, Any],
+    *,
+    limits: Limits = Limits(),
+    namespaces: bool = True,
+    allow_weak_isolation: bool = False,
 ) -> SandboxResult:
-    """Runs ``solution`` against ``tests`` (see ``sandbox_harness.py``) in the sandbox."""
-    files = {
-        "harness.py": HARNESS.read_text(),
-        "solution.py": solution,
-        "tests.json": json.dumps(tests),
-    }
-    argv = [python_for_sandbox(), "-I", "-S", "-B", "harness.py"]
-    return run_sandboxed(files, argv, limits=limits, namespaces=namespaces)
+    """Runs ``solution`` against a ``read_tests`` spec (weak asserts run as asked)."""
+    return run_tests(
+        solution, plan_tests(tests), limits=limits, namespaces=namespaces,
+        allow_weak_isolation=allow_weak_isolation,
+    )  # fmt: skip

@@ -1,26 +1,31 @@
 """The ``code`` reward: run the completion's program against the task's tests.
 
 The program is the last fenced code block of the completion (the whole text
-if it has none). The tests are the prompt's ``answer``:
+if it has none). The tests are the prompt's ``answer``, in any shape that
+:func:`~rlax.plugins.rewards.code_tests.read_tests` reads: call-style
+(function, arguments, expected value), stdin/stdout pairs, or assert
+statements (MBPP / HumanEval style).
 
-- a list of assert statements (MBPP / HumanEval style), or one test script;
-- ``{"asserts": [...], "setup": "..."}``;
-- ``{"stdio": [[stdin, expected stdout], ...]}`` or
-  ``{"inputs": [...], "outputs": [...]}`` (competitive-programming style).
-
-Every run is sandboxed (:mod:`rlax.plugins.rewards.code_sandbox`); the verdict
-is the harness's, never the program's output. The reason says when the
-network could not be cut off.
+Every run is sandboxed (:mod:`rlax.plugins.rewards.code_sandbox`): only the
+tests' inputs enter the sandbox, the program's outputs come back in a typed
+format, and the comparison and the count happen outside it, so a program can
+pass only by computing the right outputs. Assert statements are converted to
+call tests where they compare a call with a literal
+(:func:`~rlax.plugins.rewards.code_tests.plan_tests`); a test set with any
+other assert can only be judged inside the program's interpreter, where the
+program can forge the verdict, so it is refused (a ``ValueError`` naming the
+setting) unless ``allow_weak_tests=True``, and its reason then says
+``[weak: ...]``. The reason also says when the network was not cut off.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from rlax.core import hookimpl
 from rlax.core.types import Prompt, RewardResult
-from rlax.plugins.rewards.code_sandbox import Limits, SandboxResult, run_python_tests
+from rlax.plugins.rewards.code_sandbox import Limits, SandboxResult, run_tests
+from rlax.plugins.rewards.code_tests import plan_tests, read_tests
 
 __all__ = ["CodeReward", "extract_code", "read_tests"]
 
@@ -36,32 +41,6 @@ def extract_code(text: str) -> str:
     return text
 
 
-def read_tests(answer: Any) -> dict[str, Any]:
-    """The harness's test spec from a task's ``answer`` field.
-
-    Raises:
-      ValueError: the answer is not one of the documented shapes.
-    """
-    if isinstance(answer, str):
-        return {"asserts": [answer]}
-    if isinstance(answer, list | tuple) and all(isinstance(t, str) for t in answer):
-        return {"asserts": list(answer)}
-    if isinstance(answer, dict):
-        if "stdio" in answer:
-            return {"stdio": [[str(i), str(o)] for i, o in answer["stdio"]]}
-        if "inputs" in answer and "outputs" in answer:
-            return {
-                "stdio": [[str(i), str(o)] for i, o in zip(answer["inputs"], answer["outputs"])]
-            }
-        tests = answer.get("asserts", answer.get("tests"))
-        if tests is not None:
-            spec = read_tests(tests)
-            return spec | ({"setup": str(answer["setup"])} if answer.get("setup") else {})
-    raise ValueError(
-        f"code reward: cannot read tests from an answer of type {type(answer).__name__}"
-    )
-
-
 class CodeReward:
     """1.0 when the program passes every test (or the passed fraction with ``partial_credit``).
 
@@ -72,7 +51,12 @@ class CodeReward:
       file_mb: largest file the program may write.
       processes: processes the program may have at once.
       partial_credit: score passed / total instead of all-or-nothing.
-      namespaces: isolate with Linux namespaces where the OS allows.
+      namespaces: isolate with namespaces and the minimal world (False: the
+        weak mode, warned once per process).
+      allow_weak_isolation: where the kernel refuses namespaces, run in the
+        weak mode (warned) instead of scoring 0 with an ``error`` reason.
+      allow_weak_tests: accept assert tests that cannot be converted to call
+        tests, judged inside the program (forgeable) instead of refusing them.
     """
 
     def __init__(
@@ -85,27 +69,44 @@ class CodeReward:
         processes: int = 16,
         partial_credit: bool = False,
         namespaces: bool = True,
+        allow_weak_isolation: bool = False,
+        allow_weak_tests: bool = False,
     ) -> None:
         self.limits = Limits(
             cpu_s=cpu_s, wall_s=wall_s, memory_mb=memory_mb, file_mb=file_mb, processes=processes
         )
         self.partial_credit = partial_credit
         self.namespaces = namespaces
+        self.allow_weak_isolation = allow_weak_isolation
+        self.allow_weak_tests = allow_weak_tests
 
     def run(self, prompt: Prompt, completion_text: str) -> SandboxResult:
-        """The sandboxed run behind :meth:`score`."""
-        return run_python_tests(
+        """The sandboxed run behind :meth:`score`.
+
+        Raises:
+          ValueError: the tests cannot be read, or need the weak asserts mode
+            and ``allow_weak_tests`` is off.
+        """
+        plan = plan_tests(read_tests(prompt.answer))
+        if plan.weak and not self.allow_weak_tests:
+            raise ValueError(
+                f"code reward: prompt {prompt.id!r} has assert tests that do not compare a call "
+                "with a literal; they can only run inside the program, which can forge them. "
+                "Rewrite them as call tests ({'calls': [...]}) or set allow_weak_tests=True"
+            )
+        return run_tests(
             extract_code(completion_text),
-            read_tests(prompt.answer),
+            plan,
             limits=self.limits,
             namespaces=self.namespaces,
+            allow_weak_isolation=self.allow_weak_isolation,
         )
 
     def score(self, prompt: Prompt, completion_text: str) -> RewardResult:
         return self.judge(self.run(prompt, completion_text))
 
     def judge(self, result: SandboxResult) -> RewardResult:
-        """The reward of a sandboxed run: from the harness's verdict only."""
+        """The reward of a sandboxed run: from the trusted side's count only."""
         if result.status in ("passed", "failed"):
             value = 1.0 if result.status == "passed" else 0.0
             if self.partial_credit and result.total:
@@ -114,6 +115,8 @@ class CodeReward:
             reason += f": {result.detail}" if result.detail else ""
         else:
             value, reason = 0.0, f"{result.status}: {result.detail}"
+        if result.verdict_by == "program":
+            reason += " [weak: assert tests judged inside the program]"
         if not result.network_isolated:
             why = result.isolation.get("network_reason", "unknown")
             reason += f" [network NOT isolated: {why}]"

@@ -1,22 +1,26 @@
 """The sandbox's trusted side: namespaces, limits, privilege drop, capture, cleanup.
 
-Run as ``python -I -S sandbox_supervisor.py`` (standard library only) by
-:func:`rlax.plugins.rewards.code_sandbox.run_sandboxed`, with a JSON job on
-stdin; it prints one JSON report on stdout. The process tree::
+Started by :func:`rlax.plugins.rewards.code_sandbox.run_sandboxed` as
+``python -I -S -c BOOTSTRAP`` (standard library only; the bootstrap reads the
+JSON job from stdin and calls :func:`main`, so no host path shows in any
+command line the program could read); it prints one JSON report on stdout.
+The process tree::
 
     caller ── supervisor (root; new network, mount, IPC, UTS namespaces)
-                └── init (pid 1 of a new pid namespace; root; tmpfs /tmp, fresh /proc)
+                └── init (pid 1 of a new pid namespace; root; the minimal world)
                       └── program (own session; unprivileged uid; rlimits; no new privileges)
 
 Each link dies with its parent (``PR_SET_PDEATHSIG``), and when ``init`` exits
 the kernel kills every process left in its pid namespace, so no daemon, fork
 or orphan outlives the call. Without namespaces (not root, or the kernel
-refuses) the report says so; the program then still runs under its own uid
-(when root), limits and session, and is swept by uid and process group.
+refuses) the program runs only when the job allows the weak mode; it then
+still runs under its own uid (when root), limits and session, is swept by uid
+and process group, and the files of its uid left in the host's temporary
+directories are removed.
 
-The program's verdict channel is fd 3; only lines carrying the per-run nonce,
-which the program's harness reads from stdin before any untrusted code runs,
-count. Printing to stdout decides nothing.
+The program gets the job's ``stdin`` text (test inputs only) and writes its
+outputs to fd 3; the supervisor relays that channel verbatim (up to
+``CHANNEL_LIMIT``) and judges nothing: the caller decodes and compares.
 """
 
 from __future__ import annotations
@@ -30,11 +34,14 @@ import signal
 import sys
 import time
 
+import sandbox_world  # type: ignore[import-not-found]  # beside this file, on sys.path
+
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWNET, CLONE_NEWPID = 0x40000000, 0x20000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
-CAPTURE_LIMIT = 64 * 1024
+CAPTURE_LIMIT = 64 * 1024  # stdout / stderr: for logs only
+CHANNEL_LIMIT = 4 * 1024 * 1024  # the outputs channel; more is cut (and fails to decode)
+TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -50,16 +57,6 @@ def _die_with_parent(parent: int) -> None:
     # A pid namespace's init sees its parent (outside the namespace) as pid 0.
     if os.getppid() not in (parent, 0 if os.getpid() == 1 else parent):
         os._exit(1)  # the parent died before the line above
-
-
-def _mount(source: str, target: str, fstype: str, flags: int, data: str | None) -> None:
-    _check(
-        _libc.mount(
-            source.encode(), target.encode(), fstype.encode(), flags,
-            data.encode() if data else None,
-        ),
-        f"mount {target}",
-    )  # fmt: skip
 
 
 def _unshare(isolation: dict) -> None:
@@ -79,23 +76,22 @@ def _unshare(isolation: dict) -> None:
 
 
 def _private_filesystem(job: dict, isolation: dict) -> str:
-    """A fresh tmpfs work dir (and /proc of the new pid ns) when mounts are ours."""
-    if isolation.get("mounts"):
+    """The minimal world (see ``sandbox_world.py``) when mounts are ours, else the host's."""
+    if isolation.get("mounts") and os.getpid() == 1:
         try:
-            _mount("none", "/", "", MS_REC | MS_PRIVATE, None)
-            size = f"size={4 * job['limits']['file_mb']}m,mode=1777"
-            for target in ("/tmp", "/var/tmp", "/dev/shm"):
-                if os.path.isdir(target):
-                    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, size)
-            if os.getpid() == 1:
-                _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-            workdir = "/tmp/sandbox"
-            os.mkdir(workdir, 0o700)
+            workdir = sandbox_world.enter_world(job["world"], 4 * job["limits"]["file_mb"])
             isolation["filesystem"] = "private tmpfs"
+            isolation["root"] = "minimal read-only world"
             return workdir
         except OSError as exc:
             isolation["filesystem_reason"] = str(exc)
     isolation["filesystem"] = "host temporary directory"
+    if not job["allow_weak"]:
+        why = isolation.get("filesystem_reason") or isolation.get("network_reason", "")
+        raise OSError(
+            f"the sandbox cannot isolate this program ({why}); the weak no-namespaces mode "
+            "runs only with allow_weak_isolation=True (or namespaces=False)"
+        )
     return job["fallback_dir"]
 
 
@@ -118,7 +114,7 @@ def _program(job: dict, workdir: str, fds: dict) -> None:
         os.setsid()
         for target, fd in ((0, fds["stdin"]), (1, fds["stdout"]), (2, fds["stderr"])):
             os.dup2(fd, target)
-        os.dup2(fds["verdict"], 3)
+        os.dup2(fds["channel"], 3)
         os.closerange(4, 65536)
         os.chdir(workdir)
         os.umask(0o077)
@@ -135,33 +131,106 @@ def _program(job: dict, workdir: str, fds: dict) -> None:
     os._exit(127)
 
 
-def _capture(fds: dict[str, int], child: int, deadline: float) -> dict:
-    """Reads stdout, stderr and the verdict channel until the child exits or time runs out."""
+def _feed(fd: int, pending: bytearray) -> bool:
+    """Writes what the pipe takes of ``pending``; False once done (or the reader left)."""
+    try:
+        written = os.write(fd, pending[:65536])
+    except (BlockingIOError, InterruptedError):
+        return True
+    except OSError:  # the program closed its stdin: the rest is not wanted
+        pending.clear()
+        written = 0
+    del pending[:written]
+    if pending:
+        return True
+    os.close(fd)
+    return False
+
+
+def _capture(fds: dict[str, int], stdin: tuple[int, bytes], child: int, deadline: float) -> dict:
+    """Feeds stdin and reads stdout, stderr, the outputs channel until exit or time runs out."""
     buffers = {name: bytearray() for name in fds}
-    open_fds = dict(fds)
+    limits = {name: CHANNEL_LIMIT if name == "channel" else CAPTURE_LIMIT for name in fds}
+    open_fds, (stdin_fd, pending) = dict(fds), (stdin[0], bytearray(stdin[1]))
+    os.set_blocking(stdin_fd, False)
+    feeding = _feed(stdin_fd, pending)
     status, exited_at = None, None
     while open_fds:
         now = time.monotonic()
         if now >= deadline or (exited_at is not None and now - exited_at > 0.2):
             break  # after exit, a daemon may hold the pipes open: stop shortly after
-        ready, _, _ = select.select(list(open_fds.values()), [], [], 0.05)
+        writable = [stdin_fd] if feeding else []
+        ready, can_write, _ = select.select(list(open_fds.values()), writable, [], 0.05)
+        if can_write:
+            feeding = _feed(stdin_fd, pending)
         for name, fd in list(open_fds.items()):
             if fd in ready:
                 data = os.read(fd, 65536)
                 if not data:
                     del open_fds[name]
-                elif len(buffers[name]) < CAPTURE_LIMIT:
-                    buffers[name] += data[: CAPTURE_LIMIT - len(buffers[name])]
+                elif len(buffers[name]) < limits[name]:
+                    buffers[name] += data[: limits[name] - len(buffers[name])]
         if status is None:
             pid, status_now = os.waitpid(child, os.WNOHANG)
             if pid == child:
                 status, exited_at = status_now, time.monotonic()
+    if feeding:
+        os.close(stdin_fd)
     while status is None and time.monotonic() < deadline:  # pipes closed, exit pending
         pid, status_now = os.waitpid(child, os.WNOHANG)
         status = status_now if pid == child else None
         if status is None:
             time.sleep(0.005)
     return {"buffers": buffers, "status": status, "timed_out": status is None}
+
+
+def _kill_uid(uid: int) -> None:
+    """As ``uid`` itself, kills every process of that uid, until none is left.
+
+    One ``kill(-1)`` can miss a child forked while the kernel walks the
+    process list (a fork bomb does that), hence the loop.
+    """
+    sweeper = os.fork()
+    if sweeper == 0:
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            for _ in range(1000):
+                os.kill(-1, signal.SIGKILL)  # ESRCH (nothing left) ends the loop
+                time.sleep(0.001)
+        finally:
+            os._exit(0)
+    os.waitpid(sweeper, 0)
+
+
+def _remove_files_of(uid: int) -> None:
+    """Removes what ``uid`` left at the top of the host's temporary dirs (weak mode)."""
+    for top in TEMP_DIRS:
+        try:
+            names = os.listdir(top)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(top, name)
+            try:
+                if os.lstat(path).st_uid != uid:
+                    continue
+                if os.path.isdir(path) and not os.path.islink(path):
+                    _remove_tree(path)
+                else:
+                    os.unlink(path)
+            except OSError:
+                pass
+
+
+def _remove_tree(path: str) -> None:
+    for base, dirs, files in os.walk(path, topdown=False):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(base, d))]:
+            os.unlink(os.path.join(base, name))
+        for name in dirs:
+            if not os.path.islink(os.path.join(base, name)):
+                os.rmdir(os.path.join(base, name))
+    os.rmdir(path)
 
 
 def _sweep(child: int, uid: int) -> str:
@@ -179,15 +248,8 @@ def _sweep(child: int, uid: int) -> str:
             pass
         how = "process group"
         if os.geteuid() == 0 and uid > 0:
-            sweeper = os.fork()
-            if sweeper == 0:  # as the sandbox's own uid, -1 means that uid's processes only
-                os.setgid(uid)
-                os.setuid(uid)
-                try:
-                    os.kill(-1, signal.SIGKILL)
-                finally:
-                    os._exit(0)  # ESRCH included: nothing of that uid was left
-            os.waitpid(sweeper, 0)
+            _kill_uid(uid)
+            _remove_files_of(uid)
             how = "process group and uid"
     try:
         while os.waitpid(-1, os.WNOHANG)[0] > 0:
@@ -197,43 +259,46 @@ def _sweep(child: int, uid: int) -> str:
     return how
 
 
-def _init(job: dict, isolation: dict, parent: int) -> None:
-    """Pid 1 of the sandbox (when namespaces work): set up, run, capture, sweep, report."""
-    _die_with_parent(parent)
-    workdir = _private_filesystem(job, isolation)
-    nonce = os.urandom(16).hex()
+def _start(job: dict, workdir: str) -> tuple[int, dict[str, int], int]:
+    """Writes the files, forks the program; returns its pid, our pipe ends, stdin's end."""
     for name, text in job["files"].items():
         path = os.path.join(workdir, name)
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
         os.chown(path, job["uid"], job["uid"])
     os.chown(workdir, job["uid"], job["uid"])
-    pipes = {name: os.pipe() for name in ("stdin", "stdout", "stderr", "verdict")}
+    pipes = {name: os.pipe() for name in ("stdin", "stdout", "stderr", "channel")}
     child_ends = {"stdin": pipes["stdin"][0]} | {
-        n: pipes[n][1] for n in ("stdout", "stderr", "verdict")
+        n: pipes[n][1] for n in ("stdout", "stderr", "channel")
     }
-    start = time.monotonic()
     child = os.fork()
     if child == 0:
         _program(job, workdir, child_ends)
     for fd in child_ends.values():
         os.close(fd)
-    try:
-        os.write(pipes["stdin"][1], (nonce + "\n").encode())
-    except OSError:
-        pass
-    os.close(pipes["stdin"][1])
-    reads = {n: pipes[n][0] for n in ("stdout", "stderr", "verdict")}
-    captured = _capture(reads, child, start + job["limits"]["wall_s"])
+    reads = {n: pipes[n][0] for n in ("stdout", "stderr", "channel")}
+    return child, reads, pipes["stdin"][1]
+
+
+def _init(job: dict, isolation: dict, parent: int) -> None:
+    """Pid 1 of the sandbox (when namespaces work): set up, run, capture, sweep, report."""
+    _die_with_parent(parent)
+    workdir = _private_filesystem(job, isolation)
+    if isolation["filesystem"] == "private tmpfs":
+        workdir = os.path.join(workdir, "work")
+        os.mkdir(workdir, 0o700)
+    start = time.monotonic()
+    child, reads, stdin_fd = _start(job, workdir)
+    stdin = (stdin_fd, job["stdin"].encode())
+    captured = _capture(reads, stdin, child, start + job["limits"]["wall_s"])
     isolation["cleanup"] = _sweep(child, job["uid"])
     status = captured["status"]
+    text = {n: bytes(b).decode("utf-8", "replace") for n, b in captured["buffers"].items()}
     report = {
         "timed_out": captured["timed_out"],
         "returncode": os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None,
         "signal": os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None,
-        "stdout": captured["buffers"]["stdout"].decode("utf-8", "replace"),
-        "stderr": captured["buffers"]["stderr"].decode("utf-8", "replace"),
-        "verdict": _verdict(captured["buffers"]["verdict"], nonce),
+        "stdout": text["stdout"], "stderr": text["stderr"], "channel": text["channel"],
         "wall_s": time.monotonic() - start,
         "isolation": isolation,
         "uid": job["uid"],
@@ -242,21 +307,8 @@ def _init(job: dict, isolation: dict, parent: int) -> None:
     os._exit(0)
 
 
-def _verdict(channel: bytes, nonce: str) -> dict | None:
-    """The last verdict line carrying the nonce, or None."""
-    found = None
-    for line in channel.decode("utf-8", "replace").splitlines():
-        try:
-            message = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(message, dict) and message.get("nonce") == nonce:
-            found = {k: v for k, v in message.items() if k != "nonce"}
-    return found
-
-
-def main() -> None:
-    job = json.loads(sys.stdin.read())
+def main(job: dict) -> None:
+    """Runs ``job`` (see ``code_sandbox.run_sandboxed``); exits with init's status."""
     _die_with_parent(job["caller_pid"])
     isolation: dict = {}
     if job["namespaces"]:
@@ -270,11 +322,7 @@ def main() -> None:
         try:
             _init(job, isolation, me)
         except BaseException as exc:  # noqa: BLE001 -- a report is the only way out
-            os.write(1, (json.dumps({"supervisor_error": repr(exc)}) + "\n").encode())
+            os.write(1, (json.dumps({"supervisor_error": str(exc)}) + "\n").encode())
             os._exit(1)
     _, status = os.waitpid(init, 0)
     sys.exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
-
-
-if __name__ == "__main__":
-    main()

@@ -6,13 +6,17 @@ import os
 import pathlib
 import subprocess
 import time
+import warnings
 
 import numpy as np
 import pytest
 
 from rlax.core.types import Prompt
 from rlax.plugins.rewards.code_sandbox import Limits, run_python_tests
+from rlax.plugins.rewards.code_tests import CallTest, plan_tests
 from rlax.plugins.rewards.code_verifier import CodeReward, extract_code, read_tests
+from rlax.plugins.rewards.sandbox_values import WireError, decode, encode, matches
+from rlax.plugins.rewards.sandbox_verdict import judge
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="the sandbox needs Linux")
 
@@ -208,3 +212,234 @@ def test_extract_code_and_read_tests():
     }
     with pytest.raises(ValueError, match="cannot read tests"):
         read_tests(42)
+
+
+# ---- the trusted verdict --------------------------------------------------------------
+
+EXPECTED_MARKER = "zq-expected-9b1c7"
+INPUT_MARKER = "zq-input-4e2a1"
+
+MEMORY_DUMP = """
+import gc, os, sys
+seen = []
+for obj in gc.get_objects():
+    try:
+        seen.append(repr(obj)[:2000])
+    except Exception:
+        pass
+f = sys._getframe()
+while f:
+    seen.append(repr(f.f_locals)[:5000])
+    f = f.f_back
+for base, dirs, files in os.walk('/'):
+    dirs[:] = [d for d in dirs if d not in ('proc', 'sys', 'dev', 'usr', 'lib', 'lib64')]
+    for name in files:
+        try:
+            seen.append(open(os.path.join(base, name), errors='replace').read(100000))
+        except OSError:
+            pass
+for path in ('/proc/1/cmdline', '/proc/1/environ', '/proc/self/environ'):
+    try:
+        seen.append(open(path, 'rb').read().decode(errors='replace'))
+    except OSError:
+        pass
+dump = '\\n'.join(seen)
+print(dump[-60000:] if INPUT in dump else 'no input seen')
+def echo(x):
+    return {"input_seen": INPUT in dump, "expected_seen": EXPECTED in dump}
+"""
+
+
+def test_expected_outputs_never_enter_the_sandbox():
+    """A program that reads all it can reach sees the input, never the expected output."""
+    # Built at run time: a constant would be folded into the program's own code.
+    source = MEMORY_DUMP.replace("INPUT", f"''.join([{INPUT_MARKER[:-1]!r}, '1'])")
+    source = source.replace("EXPECTED", f"''.join([{EXPECTED_MARKER[:-1]!r}, '7'])")
+    tests = {"calls": [{"function": "echo", "args": [INPUT_MARKER], "expected": EXPECTED_MARKER}]}
+    result = CodeReward(**LIMITS).run(prompt(tests), source)
+    assert result.status == "failed", result
+    assert '["input_seen", true]' in result.channel  # the program did read its input
+    assert result.channel.count("true") == 1 and "expected_seen" in result.channel
+    assert '["expected_seen", false]' in result.channel, result.channel
+    assert EXPECTED_MARKER not in result.stdout + result.stderr + result.channel
+
+
+def test_the_count_is_the_plans_own_not_the_programs():
+    # The program answers test 0 right, claims 50 tests and a verdict; two of three exist.
+    source = (
+        "import os\n"
+        'os.write(3, b\'{"passed": 3, "total": 3}\\n\')\n'
+        "for i in range(50):\n"
+        '    os.write(3, (\'{"i": %d, "value": 3}\\n\' % i).encode())\n'
+        "def add(a, b):\n    return a + b\n"
+    )
+    result = CodeReward(**LIMITS).run(prompt([*TESTS, "assert add(5, 5) == 10"]), source)
+    assert (result.status, result.passed, result.total) == ("failed", 1, 3)  # 1+2=3 only
+
+
+def test_call_values_keep_their_types_across_the_boundary():
+    program = "def f(x):\n    return x\n"
+    values = [(1, "a"), {1: [2.5, None]}, {frozenset({1}), 2}, b"\x00\xff", 1 + 2j, [True]]
+    tests = {"calls": [{"function": "f", "args": [v], "expected": v} for v in values]}
+    result = CodeReward(**LIMITS).run(prompt(tests), program)
+    assert (result.status, result.passed) == ("passed", len(values)), result
+    as_list = {"calls": [{"function": "f", "args": [[1, "a"]], "expected": (1, "a")}]}
+    assert CodeReward(**LIMITS).run(prompt(as_list), program).status == "failed"  # list != tuple
+
+
+def test_assert_tests_that_cannot_be_converted_are_refused_unless_allowed():
+    weak = prompt(["x = add(1, 2)\nassert x == 3"])
+    with pytest.raises(ValueError, match="allow_weak_tests=True"):
+        CodeReward(**LIMITS).run(weak, GOOD)
+    allowed = CodeReward(**LIMITS, allow_weak_tests=True)
+    score = allowed.score(weak, GOOD)
+    assert score.score == 1.0 and "[weak: assert tests judged inside the program]" in score.reason
+    forged = "class A(int):\n    __eq__ = lambda s, o: True\n    __hash__ = int.__hash__\n"
+    forged += "def add(a, b):\n    return A(0)\n"
+    assert allowed.score(weak, forged).score == 1.0  # what "weak" means: forgeable
+    assert CodeReward(**LIMITS).score(prompt(TESTS), forged).score == 0.0  # converted: not
+
+
+def test_stdio_programs_may_exit_and_read_stdin_buffer():
+    program = "import sys\ndata = sys.stdin.buffer.read().split()\nprint(len(data))\nsys.exit(3)\n"
+    tests = {"stdio": [["a b c\n", "3"], ["", "0"]]}
+    assert CodeReward(**LIMITS).score(prompt(tests), program).score == 1.0
+
+
+def test_the_world_holds_only_the_interpreter_read_only():
+    probe = (
+        "import os, sys\n"
+        "def look():\n"
+        "    try:\n        open('/usr/rlax-probe', 'w')\n        ro = False\n"
+        "    except OSError:\n        ro = True\n"
+        "    open('/tmp/scratch', 'w').write('ok')\n"
+        "    return sorted(os.listdir('/')), ro, open('/tmp/scratch').read(), os.getcwd()\n"
+    )
+    tests = {"calls": [{"function": "look", "args": [], "expected": None}]}
+    result = CodeReward(**LIMITS).run(prompt(tests), probe)
+    value = result.channel.split('"value": ', 1)[1]
+    listing = '[["dev", "lib", "lib64", "proc", "tmp", "usr"], true, "ok", "/tmp/work"]'
+    assert value.startswith('{"tuple": ' + listing), value
+
+
+def test_a_broken_world_is_an_error_unless_weak_isolation_is_allowed(monkeypatch):
+    from rlax.plugins.rewards import code_sandbox
+
+    monkeypatch.setattr(code_sandbox, "interpreter_world", lambda python: {"binds": ["/no/such"]})
+    monkeypatch.setattr(code_sandbox, "_warned", code_sandbox.threading.Event())
+    strict = CodeReward(**LIMITS).run(prompt(TESTS), GOOD)
+    assert strict.status == "error" and "allow_weak_isolation=True" in strict.detail, strict
+    weak = CodeReward(**LIMITS, allow_weak_isolation=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first, second = weak.run(prompt(TESTS), GOOD), weak.run(prompt(TESTS), GOOD)
+    weak_warnings = [w for w in caught if w.category is code_sandbox.WeakIsolationWarning]
+    assert len(weak_warnings) == 1  # once per process, not once per run
+    assert "WITHOUT namespaces" in str(weak_warnings[0].message)
+    assert first.status == second.status == "passed"
+    assert first.isolation["filesystem"] == "host temporary directory"
+
+
+def test_the_weak_mode_removes_what_the_uid_left_in_the_host_temp_dir():
+    import tempfile
+
+    name = f"rlax-weak-left-{os.getpid()}"
+    source = (
+        f"import os\nopen('/tmp/{name}', 'w').write('x')\nos.mkdir('/tmp/{name}.d')\n"
+        f"open('/tmp/{name}.d/f', 'w').write('x')\nwon = os.path.exists('/tmp/{name}.d/f')\n"
+        "def add(a, b):\n    return a + b if won else None\n"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = CodeReward(**LIMITS, namespaces=False).run(prompt(TESTS), source)
+    assert result.status == "passed", result  # so it did write there, as the host's /tmp
+    assert not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(name)]
+
+
+# ---- the pieces, without a sandbox ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("statement", "converted"),
+    [
+        ("assert f(1, 'a') == [2]", CallTest("f", (1, "a"), {}, [2])),
+        ("assert (3, 4) == f(x=-1)", CallTest("f", (), {"x": -1}, (3, 4))),
+        ("assert f({1: 2}) is None", CallTest("f", ({1: 2},), {}, None, "is")),
+        ("assert f(0)", CallTest("f", (0,), {}, True, "truthy")),
+        ("assert not f(0)", CallTest("f", (0,), {}, False, "falsy")),
+        (
+            "assert math.isclose(f(1), 0.5, abs_tol=0.01)",
+            CallTest("f", (1,), {}, 0.5, "isclose", (1e-9, 0.01)),
+        ),
+        ("assert f(g(1)) == 2", None),  # a nested call: the program's value as an argument
+        ("assert f(1) < 2", None),
+        ("assert f(1) == x", None),
+        ("assert obj.f(1) == 2", None),
+        ("assert f(*args) == 2", None),
+        ("x = 1\nassert f(x) == 2", None),
+        ("assert f(1) is 2", None),
+    ],
+)
+def test_assert_conversion(statement, converted):
+    plan = plan_tests({"asserts": [statement]})
+    if converted is None:
+        assert plan.weak and plan.asserts == (statement,)
+    else:
+        assert plan.mode == "call" and plan.tests == (converted,)
+
+
+def test_one_unconvertible_assert_makes_the_whole_set_weak():
+    assert plan_tests({"asserts": ["assert f(1) == 2", "assert f(1) < 2"]}).weak
+
+
+def test_wire_format_round_trips_and_rejects_what_it_does_not_define():
+    value = [None, True, -3, 2.5, "s", (1, [2]), {"k": {3}}, frozenset({4}), b"\x01", 1j]
+    assert decode(encode(value)) == value
+    assert type(decode(encode((1,)))) is tuple and type(decode(encode([1]))) is list
+    for bad in ({"object": 1}, {"tuple": 1}, {"a": 1, "b": 2}, {"set": [[1]]}, {"bytes": "zz"}):
+        with pytest.raises(WireError):
+            decode(bad)
+    deep: list = []
+    for _ in range(100):
+        deep = [deep]
+    with pytest.raises(WireError, match="deeper"):
+        decode(deep)
+
+    class Sneaky(int):
+        pass
+
+    with pytest.raises(WireError, match="Sneaky"):
+        encode(Sneaky(1))
+
+
+def test_matches_compares_builtin_values_only():
+    assert matches((1, 2), (1, 2)) and not matches([1, 2], (1, 2))
+    assert matches(None, None, "is") and not matches(0, None, "is") and not matches(1, True, "is")
+    assert matches(0.50001, 0.5, "isclose", (1e-3, 0.0)) and not matches("0.5", 0.5, "isclose")
+    assert matches([0], None, "truthy") and matches("", None, "falsy")
+    assert not matches(float("nan"), float("nan"))
+
+
+def test_judge_counts_the_first_answer_per_test_and_ignores_the_rest():
+    plan = plan_tests({"calls": [{"function": "f", "args": [], "expected": 1}] * 2})
+    lines = [
+        '{"passed": 2, "total": 2}',
+        '{"i": 0, "value": 1}',
+        '{"i": 0, "value": 2}',  # a second answer to test 0: ignored
+        '{"i": 7, "value": 1}',  # no such test
+        '{"i": true, "value": 1}',  # true is no index
+        "[[[[",
+        '{"i": 1, "value": {"object": 1}}',
+    ]
+    verdict = judge(plan, "\n".join(lines))
+    assert (verdict.passed, verdict.total, verdict.answered) == (1, 2, 2)
+    assert verdict.failure.startswith("test 1: malformed value")
+
+
+def test_inputs_larger_than_a_pipe_buffer_arrive_whole():
+    big = " ".join(["7"] * 300_000)  # 600 kB on stdin, ten times a pipe's buffer
+    program = "import sys\nprint(sum(map(int, sys.stdin.read().split())))\n"
+    tests = {"stdio": [[big, "2100000"], ["1 1", "2"]]}
+    assert CodeReward(**LIMITS).score(prompt(tests), program).score == 1.0
+    call = {"calls": [{"function": "f", "args": [big], "expected": 600_000 - 1}]}
+    assert CodeReward(**LIMITS).score(prompt(call), "def f(s):\n    return len(s)\n").score == 1.0

@@ -1,0 +1,391 @@
+"""The red-team table: one hostile program per class of attack, and honest programs.
+
+Every hostile program is written so that it scores 1 only if its attack
+works: it answers ``add`` correctly only when it escaped (read a host file,
+reached the network, found a secret...), and a forger answers wrongly and
+tries to make the verdict say "passed" anyway. The tests (``TESTS["add"]``)
+are not visible to the programs. Placeholders filled in by the test:
+``PORT`` (a loopback listener on the host), ``HOSTDIR`` (a host directory the
+program must not reach), ``CANARY`` (a host file it must not touch),
+``PROJECT`` (this repository's root), ``SECRET`` (a secret in the caller's
+environment).
+
+``kind`` is ``"contain"`` (the sandbox's walls) or ``"forge"`` (the verdict);
+forging defences do not depend on namespaces, so those also run in the weak
+mode.
+"""
+
+from __future__ import annotations
+
+ADD = [
+    "assert add(1, 2) == 3",
+    "assert add(-1, 1) == 0",
+    "assert add(100000000000000000000, 1) == 100000000000000000001",
+]
+TESTS = {
+    "add": ADD,
+    "is_prime": {
+        "calls": [
+            {"function": "is_prime", "args": [7], "expected": True},
+            {"function": "is_prime", "args": [9], "expected": False},
+            {"function": "is_prime", "args": [2], "expected": True},
+        ]
+    },
+    "sort_pairs": ["assert sort_pairs([(2, 'b'), (1, 'a')]) == [(1, 'a'), (2, 'b')]"],
+    "word_count": ["assert word_count('a b a') == {'a': 2, 'b': 1}", "assert word_count('') == {}"],
+    "mean": {"fn_name": "mean", "inputs": [[[1, 2, 3]], [[4]]], "outputs": [2.0, 4.0]},
+    "close": ["assert math.isclose(third(1), 0.3333333333, rel_tol=1e-6)"],
+    "sum_stdin": {"stdio": [["1 2 3\n", "6\n"], ["10 -3\n", "7"]]},
+    "echo_upper": {"inputs": ["ab\ncd\n"], "outputs": ["AB\nCD"]},
+}
+
+# problem -> (right solution, wrong solution)
+HONEST = {
+    "add": ("def add(a, b):\n    return a + b\n", "def add(a, b):\n    return a - b\n"),
+    "is_prime": (
+        "def is_prime(n):\n    return n > 1 and all(n % d for d in range(2, int(n**0.5) + 1))\n",
+        "def is_prime(n):\n    return n % 2 == 1\n",
+    ),
+    "sort_pairs": (
+        "def sort_pairs(p):\n    return sorted(p)\n",
+        "def sort_pairs(p):\n    return sorted(list(x) for x in p)\n",  # lists, not tuples
+    ),
+    "word_count": (
+        "import collections\ndef word_count(s):\n    return dict(collections.Counter(s.split()))\n",
+        "import collections\ndef word_count(s):\n    return collections.Counter(s.split())\n",
+    ),
+    "mean": (
+        "def mean(xs):\n    return sum(xs) / len(xs)\n",
+        "def mean(xs):\n    return sum(xs) // len(xs) + 0.5\n",
+    ),
+    "close": ("def third(x):\n    return x / 3\n", "def third(x):\n    return round(x / 3, 2)\n"),
+    "sum_stdin": (
+        "import sys\nprint(sum(map(int, sys.stdin.read().split())))\nsys.exit(0)\n",
+        "print(max(map(int, input().split())))\n",
+    ),
+    "echo_upper": (
+        "import sys\nfor line in sys.stdin.buffer:\n    print(line.decode().strip().upper())\n",
+        "import sys\nprint(sys.stdin.read().upper().replace('\\n', ' '))\n",
+    ),
+}
+
+WIN = "def add(a, b):\n    return a + b if won else None\n"
+WRONG = "def add(a, b):\n    return 0\n"
+
+# name -> (kind, problem, source)
+HOSTILE: dict[str, tuple[str, str, str]] = {
+    # ---- containment: the sandbox's walls ---------------------------------------------
+    "busy loop": ("contain", "add", "def add(a, b):\n    return a + b\nwhile True:\n    pass\n"),
+    "sleeps forever": (
+        "contain",
+        "add",
+        "def add(a, b):\n    return a + b\nimport time\ntime.sleep(3600)\n",
+    ),
+    "fork bomb": (
+        "contain",
+        "add",
+        "import os\nwon = False\nwhile True:\n    try:\n        os.fork()\n"
+        "    except OSError:\n        pass\n" + WIN,
+    ),
+    "allocates 50 GB": (
+        "contain",
+        "add",
+        "try:\n    hog = bytearray(50 * 2**30)\n    won = True\nexcept MemoryError:\n"
+        "    won = False\n" + WIN,
+    ),
+    "writes a 10 GB file": (
+        "contain",
+        "add",
+        "won = False\ntry:\n    with open('big', 'wb') as f:\n        for _ in range(10 * 1024):\n"
+        "            f.write(b'0' * 2**20)\n    won = True\nexcept OSError:\n    pass\n" + WIN,
+    ),
+    "floods stdout with 10 GB": (
+        "contain",
+        "add",
+        "import os\nchunk = b'x' * 2**20\nfor _ in range(10 * 1024):\n    os.write(1, chunk)\n"
+        + WRONG,
+    ),
+    "connects outside": (
+        "contain",
+        "add",
+        "import socket\nwon = False\nfor host in ('1.1.1.1', '8.8.8.8'):\n    try:\n"
+        "        socket.create_connection((host, 53), timeout=0.5).close()\n        won = True\n"
+        "    except OSError:\n        pass\n" + WIN,
+    ),
+    "connects to a host loopback port": (
+        "contain",
+        "add",
+        "import socket\ntry:\n    s = socket.create_connection(('127.0.0.1', PORT), timeout=0.5)\n"
+        "    s.sendall(b'leak')\n    won = True\nexcept OSError:\n    won = False\n" + WIN,
+    ),
+    "reads environment secrets": (
+        "contain",
+        "add",
+        "import os\nwon = SECRET in str(dict(os.environ))\n" + WIN,
+    ),
+    "reads /proc/*/environ": (
+        "contain",
+        "add",
+        "import glob\nwon = False\nfor path in glob.glob('/proc/*/environ'):\n    try:\n"
+        "        won = won or SECRET.encode() in open(path, 'rb').read()\n"
+        "    except OSError:\n        pass\n" + WIN,
+    ),
+    "kills its parent and init": (
+        "contain",
+        "add",
+        "import os, signal\nwon = False\nfor pid in {os.getppid(), 1}:\n    try:\n"
+        "        os.kill(pid, signal.SIGKILL)\n        won = True\n    except OSError:\n"
+        "        pass\n" + WIN,
+    ),
+    "leaves a double-forked daemon": (
+        "contain",
+        "add",
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        time.sleep(3600)\n    os._exit(0)\n" + WRONG,
+    ),
+    "writes outside the work dir": (
+        "contain",
+        "add",
+        "won = False\nfor path in ('HOSTDIR/escaped', '../rlax-hostile-escaped',\n"
+        "             '/usr/lib/rlax-hostile', '/rlax-hostile'):\n    try:\n"
+        "        open(path, 'w').write('x')\n        won = won or not path.startswith('..')\n"
+        "    except OSError:\n        pass\n" + WIN,
+    ),
+    "deletes a host file": (
+        "contain",
+        "add",
+        "import os\ntry:\n    os.remove('CANARY')\n    won = True\nexcept OSError:\n"
+        "    won = False\n" + WIN,
+    ),
+    "reads host files and project sources": (
+        "contain",
+        "add",
+        "import os\nwon = any(os.path.exists(p) for p in ('/etc/passwd', '/etc/hostname',\n"
+        "    'PROJECT/pyproject.toml', 'CANARY', '/root', '/home', '/work'))\n" + WIN,
+    ),
+    "lists the root for host paths": (
+        "contain",
+        "add",
+        "import os\nwon = bool({'etc', 'home', 'work', 'root', 'var'} & set(os.listdir('/')))\n"
+        + WIN,
+    ),
+    "finds a host path in /proc": (
+        "contain",
+        "add",
+        "won = False\nfor path in ('/proc/1/cmdline', '/proc/self/mountinfo', '/proc/1/environ'):\n"
+        "    try:\n        text = open(path, 'rb').read()\n    except OSError:\n        continue\n"
+        "    won = won or any(h in text for h in (b'PROJECT', b'/root', b'.venv', b'site-packages'))\n"
+        + WIN,
+    ),
+    "rewrites the standard library": (
+        "contain",
+        "add",
+        "import json\ntry:\n    open(json.__file__, 'a').write('\\n')\n    won = True\n"
+        "except OSError:\n    won = False\n" + WIN,
+    ),
+    "becomes root": (
+        "contain",
+        "add",
+        "import os\ntry:\n    os.setuid(0)\n    won = True\nexcept OSError:\n    won = False\n"
+        + WIN,
+    ),
+    "reads the supervisor's memory": (
+        "contain",
+        "add",
+        "won = False\ntry:\n    with open('/proc/1/mem', 'rb') as f:\n        won = True\n"
+        "except OSError:\n    pass\n" + WIN,
+    ),
+    "plants symlinks for the cleanup": (
+        "contain",
+        "add",
+        "import os\nfor i, target in enumerate(('/etc', 'CANARY', 'HOSTDIR', '/')):\n"
+        "    for place in ('.', '/tmp'):\n        try:\n"
+        "            os.symlink(target, f'{place}/rlax-hostile-link{i}')\n"
+        "        except OSError:\n            pass\n" + WRONG,
+    ),
+    # ---- forging: the verdict ---------------------------------------------------------
+    "exits 0 before the tests": ("forge", "add", WRONG + "import os\nos._exit(0)\n"),
+    "sys.exit inside the function": (
+        "forge",
+        "add",
+        "import sys\ndef add(a, b):\n    sys.exit(0)\n",
+    ),
+    "prints a fake pass": (
+        "forge",
+        "add",
+        WRONG + "print('passed 3/3')\nprint('All tests passed. OK')\nimport os\nos._exit(0)\n",
+    ),
+    "writes a fake verdict to the channel": (
+        "forge",
+        "add",
+        WRONG + 'import os\nfor line in (\'{"passed": 3, "total": 3, "failure": ""}\',\n'
+        '             \'{"nonce": "", "passed": 3, "total": 3}\', \'{"verdict": "passed"}\'):\n'
+        "    os.write(3, line.encode() + b'\\n')\nos._exit(0)\n",
+    ),
+    "claims more tests than exist": (
+        "forge",
+        "add",
+        "import os\nfor i in range(-5, 50):\n"
+        '    os.write(3, (\'{"i": %d, "value": %d}\\n\' % (i, i)).encode())\n' + WRONG,
+    ),
+    "int subclass equal to everything": (
+        "forge",
+        "add",
+        (
+            "class Any(int):\n    def __eq__(self, other):\n        return True\n"
+            "    __hash__ = int.__hash__\ndef add(a, b):\n    return Any(0)\n"
+        ),
+    ),
+    "object equal to everything": (
+        "forge",
+        "add",
+        (
+            "class Any:\n    def __eq__(self, other):\n        return True\n"
+            "    def __ne__(self, other):\n        return False\n    def __hash__(self):\n"
+            "        return 0\ndef add(a, b):\n    return Any()\n"
+        ),
+    ),
+    "str and dict subclasses with forged equality": (
+        "forge",
+        "word_count",
+        (
+            "class D(dict):\n    __eq__ = lambda self, other: True\n    __hash__ = None\n"
+            "def word_count(s):\n    return D()\n"
+        ),
+    ),
+    "patches json.dumps": (
+        "forge",
+        "add",
+        "import json\n_real = json.dumps\n"
+        "def dumps(obj, *a, **k):\n"
+        "    return '{\"passed\": 3, \"total\": 3}\\n' + _real({'i': obj.get('i'), 'value': True})\n"
+        "json.dumps = dumps\n" + WRONG,
+    ),
+    "patches builtins type and isinstance": (
+        "forge",
+        "add",
+        (
+            "import builtins\nclass Any(int):\n    __eq__ = lambda self, other: True\n"
+            "    __hash__ = int.__hash__\n"
+            "_type = builtins.type\nbuiltins.type = lambda *a: int if len(a) == 1 and "
+            "_type(a[0]) is Any else _type(*a)\nbuiltins.isinstance = lambda o, t: True\n"
+            "def add(a, b):\n    return Any(7)\n"
+        ),
+    ),
+    "patches sys and os.write": (
+        "forge",
+        "add",
+        "import os, sys\n_write = os.write\n"
+        "os.write = lambda fd, data: _write(fd, data.replace(b'\"value\": 0', b'\"value\": 3'))\n"
+        "sys.exit = lambda *a: None\nsys.modules['json'].loads = lambda s: {'passed': 3}\n" + WRONG,
+    ),
+    "replaces the harness's functions": (
+        "forge",
+        "add",
+        "import __main__, sys\nh = sys.modules['__main__']\n"
+        "h._encode = lambda value, depth=0: 3\n"
+        "h._first_line = lambda exc: 'passed'\n"
+        "h.matches = h.judge = lambda *a, **k: True\n" + WRONG,
+    ),
+    "digs through the harness's frames": (
+        "forge",
+        "add",
+        (
+            "import sys\ndef add(a, b):\n    f = sys._getframe()\n    while f:\n"
+            "        for key in ('expected', 'outputs', 'nonce', 'tests', 'job'):\n"
+            "            found = f.f_locals.get(key)\n"
+            "            if isinstance(found, dict) and 'expected' in str(found):\n"
+            "                return found\n        f = f.f_back\n    return None\n"
+        ),
+    ),
+    "reports a pass with the nonce from the harness's frame": (
+        "forge",
+        "add",
+        (
+            "import json, os, sys\nf, job = sys._getframe(), {}\nwhile f:\n"
+            "    job = job or f.f_locals.get('job') or {}\n    f = f.f_back\n"
+            "line = {'nonce': job.get('nonce', ''), 'passed': 3, 'total': 3, 'failure': ''}\n"
+            "os.write(3, json.dumps(line).encode() + b'\\n')\nos._exit(0)\n"
+        ),
+    ),
+    "searches gc objects for expected values": (
+        "forge",
+        "add",
+        (
+            "import gc\nBIG = 100000000000000000001\ndef add(a, b):\n"
+            "    for obj in gc.get_objects():\n"
+            "        if isinstance(obj, dict) and 'expected' in obj:\n"
+            "            return obj['expected']\n"
+            "        if isinstance(obj, (list, tuple)) and BIG in obj:\n"
+            "            return BIG\n    return None\n"
+        ),
+    ),
+    "forges from atexit": (
+        "forge",
+        "add",
+        "import atexit, os\ndef forge():\n    for i in range(3):\n"
+        '        os.write(3, (\'{"i": %d, "value": true}\\n\' % i).encode())\n'
+        '    os.write(3, b\'{"passed": 3, "total": 3}\\n\')\n'
+        "atexit.register(forge)\n" + WRONG,
+    ),
+    "forges from __del__": (
+        "forge",
+        "add",
+        "import os\nclass Ghost:\n    def __del__(self):\n"
+        '        os.write(3, b\'{"passed": 3, "total": 3, "failure": ""}\\n\')\n'
+        "keep = Ghost()\nimport builtins\nbuiltins.ghost = Ghost()\n" + WRONG,
+    ),
+    "reads expected outputs from anywhere": (
+        "forge",
+        "add",
+        (
+            "import os\nfound = b''\nfor base, dirs, files in os.walk('/'):\n"
+            "    dirs[:] = [d for d in dirs if d not in ('proc', 'sys', 'dev', 'usr', 'lib')]\n"
+            "    for name in files:\n        try:\n"
+            "            found += open(os.path.join(base, name), 'rb').read(100000)\n"
+            "        except OSError:\n            pass\nfor fd in (0, 4, 5):\n    try:\n"
+            "        found += os.read(fd, 100000)\n    except OSError:\n        pass\n"
+            "def add(a, b):\n"
+            "    return 100000000000000000001 if b'100000000000000000001' in found else None\n"
+        ),
+    ),
+    "monkeypatches the test framework": (
+        "forge",
+        "add",
+        "import builtins, operator, sys, unittest\n"
+        "unittest.TestCase.assertEqual = lambda *a, **k: None\n"
+        "operator.eq = lambda a, b: True\nbuiltins.AssertionError = type('Never', (Exception,), {})\n"
+        "def tracer(frame, event, arg):\n"
+        "    if event == 'return' and 'value' in frame.f_locals:\n"
+        "        frame.f_locals['value'] = 3\n    return tracer\nsys.settrace(tracer)\n" + WRONG,
+    ),
+    "returns an output bomb": (
+        "forge",
+        "add",
+        "def add(a, b):\n    x = []\n    for _ in range(10**6):\n        x = [x]\n    return x\n",
+    ),
+    "floods the channel": (
+        "forge",
+        "add",
+        "import os\nfor _ in range(64):\n    os.write(3, b'[' * 2**20)\n" + WRONG,
+    ),
+    "returns NaN and bools": (
+        "forge",
+        "add",
+        "def add(a, b):\n    return float('nan') if a > 0 else False\n",
+    ),
+    "stdio: prints the expected format, exits early": (
+        "forge",
+        "sum_stdin",
+        "import os\nprint('6')\nos._exit(0)\n",
+    ),
+    "stdio: patches stdout and sys.exit": (
+        "forge",
+        "sum_stdin",
+        (
+            "import sys, os\nclass Out:\n    def write(self, s):\n"
+            '        os.write(3, b\'{"passed": 2, "total": 2}\\n\')\n    def flush(self):\n'
+            "        pass\nsys.stdout = Out()\nprint('passed')\nsys.stdout.close = None\n"
+        ),
+    ),
+}
