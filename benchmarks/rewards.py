@@ -25,11 +25,16 @@ loopback listener untouched), *forged* (a forging program scored above 0),
 touched* (a file or connection on the host side).
 
     python benchmarks/rewards.py [--math N] [--code N] [--hostile N] [--workers W] [--timeout S]
-                                 [--no-red-team]
+                                 [--no-red-team] [--math-timeout S]
 
 Prints the tables, then one JSON line: ``{"serial_scores_s", "pool_scores_s",
 "speedup", "timeouts_contained", "red_team", "contained", "forged", "escaped",
-"host_touched"}``.
+"host_touched", "math_adversarial", "math_adversarial_within_timeout",
+"slowest_math_input", "slowest_math_s", "slowest_math_of_timeout"}``.
+
+Last, the adversarial math inputs of ``tests/plugins/rewards/math_adversarial.py``
+(power towers, huge factorials, 100 k characters of boxes...) scored in this
+process under ``--math-timeout``: the slowest and how many returned within it.
 """
 
 from __future__ import annotations
@@ -113,6 +118,9 @@ def pooled(reward, prompts, texts, workers, timeout) -> tuple[float, float, obje
 
 
 CASES = pathlib.Path(__file__).resolve().parents[1] / "tests/plugins/rewards/hostile/cases.py"
+ADVERSARIAL = (
+    pathlib.Path(__file__).resolve().parents[1] / "tests/plugins/rewards/math_adversarial.py"
+)
 
 
 def _uid_traces(uid: int) -> list[str]:
@@ -186,6 +194,27 @@ def print_red_team(rows: list[tuple], counts: dict[str, int]) -> None:
     )
 
 
+def adversarial_math(timeout_s: float) -> dict[str, object]:
+    """Every adversarial math input of the tests, scored in this process under ``timeout_s``.
+
+    The baseline is the deadline itself: an input that ran past it would mean
+    a deadline some library swallowed (the pool's process kill is not used).
+    """
+    rows = runpy.run_path(str(ADVERSARIAL))["score_adversarial"](timeout_s)
+    print(f"\nadversarial math inputs, in-process, timeout {timeout_s:g}s\n")
+    print(f"{'input':<40}{'chars':>9}{'score':>7}{'s':>7}")
+    lengths = {name: len(text) for name, text, _ in runpy.run_path(str(ADVERSARIAL))["ADVERSARIAL"]}
+    for name, score, seconds, _ in rows:
+        print(f"{name[:39]:<40}{lengths[name]:>9}{score:>7.1f}{seconds:>7.2f}")
+    name, _, seconds, _ = max(rows, key=lambda row: row[2])
+    within = sum(s <= timeout_s for _, _, s, _ in rows)
+    print(f"slowest: {name} {seconds:.2f}s = {seconds / timeout_s:.2f} of the timeout; "
+          f"{within}/{len(rows)} within it")  # fmt: skip
+    return {"math_adversarial": len(rows), "math_adversarial_within_timeout": within,
+            "slowest_math_input": name, "slowest_math_s": round(seconds, 3),
+            "slowest_math_of_timeout": round(seconds / timeout_s, 3)}  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--math", type=int, default=300, help="math items")
@@ -194,6 +223,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=max(2, os.cpu_count() or 2))
     parser.add_argument("--timeout", type=float, default=2.0, help="pool per-call timeout, s")
     parser.add_argument("--no-red-team", action="store_true", help="skip the red-team table")
+    parser.add_argument("--math-timeout", type=float, default=2.0,
+                        help="in-process timeout of the adversarial math inputs, s")  # fmt: skip
     args = parser.parse_args()
 
     rng = random.Random(0)
@@ -233,6 +264,7 @@ def main() -> int:
         red_rows, counts = red_team()
         print_red_team(red_rows, counts)
         figures |= {"red_team": len(red_rows), **counts}
+    figures |= adversarial_math(args.math_timeout)
     print(json.dumps(figures))
     return 0
 
