@@ -34,7 +34,10 @@ import signal
 import sys
 import time
 
-import sandbox_world  # type: ignore[import-not-found]  # beside this file, on sys.path
+if __package__:  # imported as part of rlax (its tests, an installed wheel's import check)
+    from rlax.plugins.rewards import sandbox_world
+else:  # the sandbox's bootstrap: this folder alone on sys.path, no rlax (python -I -S)
+    import sandbox_world  # type: ignore[import-not-found, no-redef]
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWNET, CLONE_NEWPID = 0x40000000, 0x20000000
