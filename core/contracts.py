@@ -16,13 +16,13 @@ never with ``hasattr``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import jax
 import numpy as np
 
-from rlax.core.types import Completion, Curated, Group, Prompt, RewardResult
+from rlax.core.types import Completion, Curated, Group, PartialGroup, Prompt, RewardResult
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -161,6 +161,43 @@ class Sampler(Protocol):
     @property
     def max_new_tokens(self) -> int:
         """No completion is longer, in tokens (the trainer pads to it)."""
+
+
+@runtime_checkable
+class Resumable(Protocol):
+    """A sampler whose generation can be cut off, continued and re-weighted mid-way.
+
+    The slot engine (``plugins/samplers/engine.py``) has it; the static
+    sampler does not. A worker asks with ``isinstance``: with it, a
+    preemption notice costs at most one decode chunk per unfinished row (the
+    rows go to the parameter server as partial work) and new weights can be
+    loaded between decode steps (``rlax.worker.reload_in_flight``).
+    """
+
+    def generate_groups(
+        self,
+        prompts: Sequence[Prompt],
+        n: int,
+        *,
+        seed: int,
+        partials: Sequence[PartialGroup | None] | None = None,
+        interrupt: Callable[[], bool] | None = None,
+        refresh: Callable[[], tuple[nnx.State, int] | None] | None = None,
+    ) -> list[tuple[Completion, ...] | PartialGroup]:
+        """``generate``, one entry per prompt, with three additions.
+
+        ``partials[i]`` (when given and not None) is prompt i's work so far:
+        its finished rows come back unchanged and its unfinished rows continue
+        from their tokens, so with greedy decoding the result equals an
+        uninterrupted run. ``interrupt()`` is polled between decode chunks;
+        once it is True the call returns at once, a tuple for every group
+        whose rows all finished and a :class:`~rlax.core.types.PartialGroup`
+        for every other. ``refresh()`` is polled between decode chunks too;
+        a ``(params, version)`` it returns is loaded for the tokens that
+        follow, rows in flight keep going, and each completion's
+        ``versions`` records which version produced each token
+        (``policy_version`` is the oldest).
+        """
 
 
 # -------------------------------------------------------------------------

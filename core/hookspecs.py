@@ -75,6 +75,9 @@ def rlax_register_samplers() -> dict[str, Callable[..., object]]:
     tokenizer)``, ``load_weights(params, version)``, ``generate(prompts, n, *,
     seed) -> list[tuple[Completion, ...]]`` (per-token logprobs in each
     ``Completion``) and the attributes ``temperature`` and ``max_new_tokens``.
+    A sampler may also be a ``rlax.core.contracts.Resumable``
+    (``generate_groups``: cut off by a preemption, continued from partial
+    work, new weights between decode steps).
 
     Called once per plugin when the plugin manager loads; not firstresult, not
     historic.

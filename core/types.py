@@ -61,8 +61,14 @@ class Completion:
         included when one was produced).
       logprobs: the sampler's log-probability of each generated token, float32 [C'].
       text: the decoded text, stop token excluded.
-      finish_reason: "stop" (a stop token) or "length" (ran out of tokens).
-      policy_version: the weight version that produced it.
+      finish_reason: "stop" (a stop token) or "length" (ran out of tokens);
+        inside a :class:`PartialGroup`, "partial" for a row cut off mid-way.
+      policy_version: the weight version that produced it; with weights
+        loaded between decode steps, the *oldest* version among its tokens,
+        which is the one the trainer's staleness rule judges it by.
+      versions: the weight version of each token, int32 [C'], when they may
+        differ (in-flight weight updates); None means every token is
+        ``policy_version``'s.
     """
 
     tokens: np.ndarray
@@ -70,6 +76,14 @@ class Completion:
     text: str
     finish_reason: str
     policy_version: int
+    versions: np.ndarray | None = None
+
+    @property
+    def newest_version(self) -> int:
+        """The newest weight version among its tokens."""
+        if self.versions is None or not len(self.versions):
+            return self.policy_version
+        return int(np.max(self.versions))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +108,35 @@ class Group:
     def policy_version(self) -> int:
         """The oldest weight version among the completions."""
         return min(c.policy_version for c in self.completions)
+
+
+#: ``finish_reason`` of a row that was cut off before it finished (a preemption).
+PARTIAL = "partial"
+
+
+@dataclasses.dataclass(frozen=True)
+class PartialGroup:
+    """A group's samples as they stood when generation was cut off (a preemption notice).
+
+    A worker hands it in on its lease; whoever leases the prompt next
+    continues each unfinished row from its tokens (prefill prompt + prefix,
+    keep decoding) instead of starting over. ``rows`` has one
+    :class:`Completion` per sample of the group, in order: a finished row
+    keeps its ``finish_reason``; an unfinished one has ``finish_reason ==
+    PARTIAL`` and the tokens, logprobs and versions generated so far (none
+    for a row never started).
+    """
+
+    rows: tuple[Completion, ...]
+
+    @property
+    def unfinished(self) -> int:
+        return sum(r.finish_reason == PARTIAL for r in self.rows)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens generated so far, over every row."""
+        return sum(len(r.tokens) for r in self.rows)
 
 
 @dataclasses.dataclass(frozen=True)

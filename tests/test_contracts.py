@@ -31,7 +31,7 @@ DOC = ROOT / "docs" / "plugin_hooks.md"
 KIND_PROTOCOLS: dict[str, tuple[str, ...]] = {
     "algorithms": ("Algorithm",),
     "rewards": ("Reward",),
-    "samplers": ("Sampler",),
+    "samplers": ("Sampler", "Resumable"),
     "tasks": ("Task", "Dataset"),
     "curation": ("OnlineFilter", "OfflineFilter", "Curriculum", "Refilling", "Stateful"),
 }
