@@ -40,14 +40,13 @@ class Attention(nnx.Module):
             self.q_norm = nnx.RMSNorm(h, epsilon=cfg.norm_eps, rngs=rngs)
             self.k_norm = nnx.RMSNorm(h, epsilon=cfg.norm_eps, rngs=rngs)
 
-    def __call__(
+    def project(
         self,
-        x: jax.Array,  # [B, T, D]
-        rope: tuple[jax.Array, jax.Array],  # rope_tables of the positions
-        attn_mask: jax.Array,  # [B, T, S] bool
-        cache: dict[str, jax.Array] | None,
-        cache_index: jax.Array | int | None,  # the first slot written; given with a cache
-    ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
+        x: jax.Array,
+        rope: tuple[jax.Array, jax.Array],  # x [B, T, D]
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Rotated, scaled queries [B, T, K, G, H] (the G query heads of each KV
+        head together) and rotated keys and values [B, T, K, H]."""
         cfg = self.cfg
         b, t, d = x.shape
         # Projections on [B*T, D]: one plain matmul each (XLA:CPU runs a rank-3
@@ -61,7 +60,21 @@ class Attention(nnx.Module):
         q, k = rotate(q, rope), rotate(k, rope)
         groups = cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim) / math.sqrt(cfg.head_dim)
-        kv, groups_t = cfg.num_kv_heads, groups * t
+        return q, k, v
+
+    def __call__(
+        self,
+        x: jax.Array,  # [B, T, D]
+        rope: tuple[jax.Array, jax.Array],  # rope_tables of the positions
+        attn_mask: jax.Array,  # [B, T, S] bool
+        cache: dict[str, jax.Array] | None,
+        cache_index: jax.Array | int | None,  # the first slot written; given with a cache
+    ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
+        cfg = self.cfg
+        b, t, d = x.shape
+        q, k, v = self.project(x, rope)
+        kv, groups = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
+        groups_t = groups * t
         if cache is None:
             # The G query heads that share a KV head stacked as rows: one plain
             # [G*T, H] x [H, S] product per (sequence, KV head). XLA:CPU runs it
@@ -79,23 +92,36 @@ class Attention(nnx.Module):
                 "k": jax.lax.dynamic_update_slice(cache["k"], k_t, (0, 0, 0, cache_index)),
                 "v": jax.lax.dynamic_update_slice(cache["v"], v, (0, 0, cache_index, 0)),
             }
-            if t == 1:  # decode: a broadcast product and sum that reads each cached key once
-                q1 = q[:, 0, :, :, :, None]  # [B,K,G,H,1]
-                scores = jnp.sum(q1 * cache["k"][:, :, None], axis=3)[:, :, :, None]
-            else:
-                scores = jnp.einsum("btkgh,bkhs->bkgts", q, cache["k"])
+            if t == 1:
+                out = decode_attention(q[:, 0], cache["k"], cache["v"], attn_mask[:, 0])
+                return self.o(out.reshape(b, -1)).reshape(b, t, d), cache
+            scores = jnp.einsum("btkgh,bkhs->bkgts", q, cache["k"])
         scores = jnp.where(attn_mask[:, None, None, :, :], scores, _MASKED)
         probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
         if cache is None:
             out = jnp.einsum("bkqs,bksh->bkqh", probs.reshape(b, kv, groups_t, -1), v)
             out = out.reshape(b, kv, groups, t, cfg.head_dim).transpose(0, 3, 1, 2, 4)
-        elif t == 1:
-            p1 = probs[:, :, :, 0, :, None]  # [B,K,G,S,1]
-            out = jnp.sum(p1 * cache["v"][:, :, None], axis=3)[:, None]  # [B,1,K,G,H]
         else:
             out = jnp.einsum("bkgts,bksh->btkgh", probs, cache["v"])
         out = out.reshape(b * t, -1)
         return self.o(out).reshape(b, t, d), cache
+
+
+def decode_attention(
+    q: jax.Array,  # [B, K, G, H], scaled
+    keys: jax.Array,  # [B, K, H, S]
+    values: jax.Array,  # [B, K, S, H]
+    key_mask: jax.Array,  # [B, S] bool
+) -> jax.Array:
+    """One query per row against its cached keys and values: [B, K, G, H].
+
+    A broadcast product and sum that reads each cached key and value once,
+    instead of batches of tiny matmuls.
+    """
+    scores = jnp.sum(q[..., None] * keys[:, :, None], axis=3)  # [B, K, G, S]
+    scores = jnp.where(key_mask[:, None, None, :], scores, _MASKED)
+    probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(values.dtype)
+    return jnp.sum(probs[..., None] * values[:, :, None], axis=3)
 
 
 class MLP(nnx.Module):
