@@ -187,23 +187,24 @@ class Worker:
     def _generate(self, prompts, partials, plan) -> list[Group | PartialGroup]:
         """Groups for ``prompts``; with a Resumable sampler, partial work for those cut off."""
         self.batches += 1
+        refresh = self.refresher(plan)  # one per round: its interval spans the per-prompt calls
         if not self.deterministic:
             seed = zlib.crc32(f"{self.seed}/{self.worker_id}/{self.batches - 1}".encode())
-            return self._rollout(prompts, partials, seed, plan)
+            return self._rollout(prompts, partials, seed, refresh)
         out: list[Group | PartialGroup] = []
         for p, partial in zip(prompts, partials):  # a row's samples never depend on its batch
             seed = zlib.crc32(f"{self.seed}/{p.id}/{self.version}".encode())
-            out += self._rollout([p], [partial], seed, plan)
+            out += self._rollout([p], [partial], seed, refresh)
         return out
 
-    def _rollout(self, prompts, partials, seed, plan) -> list[Group | PartialGroup]:
+    def _rollout(self, prompts, partials, seed, refresh) -> list[Group | PartialGroup]:
         if not isinstance(self.sampler, Resumable):
             return list(
                 rollout(prompts, self.sampler, self.reward, self.group_size, seed, self.counts)
             )
         return rollout_resumable(
             prompts, self.sampler, self.reward, self.group_size, seed, self.counts,
-            partials=partials, interrupt=self.interrupt, refresh=self.refresher(plan),
+            partials=partials, interrupt=self.interrupt, refresh=refresh,
         )  # fmt: skip
 
 
