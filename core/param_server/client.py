@@ -26,7 +26,7 @@ from rlax.core.param_server.retry import RetryPolicy
 from rlax.core.param_server.settings import MB, ServerSettings
 from rlax.core.param_server.transfer import checksum, decode_chunk, encode_chunk
 from rlax.core.param_server.wire import WirePlan, chunks, stream
-from rlax.core.types import Group, Prompt
+from rlax.core.types import Group, PartialGroup, Prompt
 
 log = logging.getLogger("rlax.client")
 
@@ -72,6 +72,7 @@ class ParamServerClient:
                 ("WeightStore", "Stat", pb.StatRequest, pb.StatReply),
                 ("RolloutQueue", "Lease", pb.LeaseRequest, pb.LeaseReply),
                 ("RolloutQueue", "Submit", pb.SubmitRequest, pb.SubmitReply),
+                ("RolloutQueue", "SubmitPartial", pb.SubmitPartialRequest, pb.SubmitReply),
                 ("RolloutQueue", "Take", pb.TakeRequest, pb.TakeReply),
                 ("RolloutQueue", "Ack", pb.AckRequest, pb.AckReply),
             )
@@ -230,22 +231,38 @@ class ParamServerClient:
 
     def lease(self, worker: str, max_prompts: int, *, wait_s: float = 5.0, idle_s: float = 0.0,
               busy_s: float = 0.0, reward_errors: int = 0, reward_timeouts: int = 0,
-              ) -> list[tuple[str, Prompt]]:  # fmt: skip
+              ) -> Leases:  # fmt: skip
         """Up to ``max_prompts`` (lease id, prompt) pairs; [] if no room came within ``wait_s``.
 
-        The worker's cumulative idle/busy seconds and verifier failures ride along for Stat.
+        The reply's ``partials`` maps a lease id to the partial work its prompt
+        carries (a preempted worker's rows, to be continued). The worker's
+        cumulative idle/busy seconds and verifier failures ride along for Stat.
         """
         req = pb.LeaseRequest(
             worker=worker, max_prompts=max_prompts, wait_s=wait_s, idle_s=idle_s, busy_s=busy_s,
             reward_errors=reward_errors, reward_timeouts=reward_timeouts,
         )  # fmt: skip
         reply = self._call("Lease", req, timeout=wait_s + 30)
-        return [(x.lease_id, codec.msg_to_prompt(x.prompt)) for x in reply.leases]
+        leases = Leases((x.lease_id, codec.msg_to_prompt(x.prompt)) for x in reply.leases)
+        for x in reply.leases:
+            partial = codec.msgs_to_partial(x.partial)
+            if partial is not None:
+                leases.partials[x.lease_id] = partial
+        return leases
 
     def submit(self, group: Group, lease_id: str, *, filtered: bool = False) -> bool:
         """Submits a scored group for its lease; returns True if it was a duplicate."""
         req = pb.SubmitRequest(group=codec.group_to_msg(group, lease_id, filtered))
         return self._call("Submit", req, timeout=60).duplicate
+
+    def submit_partial(self, lease_id: str, prompt: Prompt, partial: PartialGroup) -> bool:
+        """Hands in a group cut off by a preemption, ending its lease; True if a duplicate.
+
+        The prompt goes back to the front of the pool with ``partial``
+        attached: whoever leases it next continues its unfinished rows.
+        """
+        req = codec.partial_to_msg(partial, lease_id, prompt.id)
+        return self._call("SubmitPartial", req, timeout=60).duplicate
 
     def take(self, max_groups: int, *, current_version: int, max_staleness: int,
              wait_s: float = 5.0) -> tuple[str, list[Group | np.ndarray], int]:  # fmt: skip
@@ -265,6 +282,15 @@ class ParamServerClient:
 
     def ack(self, take_id: str) -> int:
         return self._call("Ack", pb.AckRequest(take_id=take_id), timeout=60).consumed
+
+
+class Leases(list[tuple[str, Prompt]]):
+    """What ``lease`` returns: (lease id, prompt) pairs, plus ``partials`` (lease id ->
+    the partial work that prompt carries, for the leases that carry some)."""
+
+    def __init__(self, pairs=()):
+        super().__init__(pairs)
+        self.partials: dict[str, PartialGroup] = {}
 
 
 def _tensor_list(header: pb.PartHeader) -> list[dict]:

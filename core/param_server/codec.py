@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import numpy as np
 
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.types import Completion, Group, Prompt
+from rlax.core.types import PARTIAL, Completion, Group, PartialGroup, Prompt
 
 
 class WireError(ValueError):
@@ -38,22 +39,87 @@ def msg_to_prompt(m: pb.PromptMsg) -> Prompt:
     return Prompt(m.id, m.text, _ints(m.tokens, f"prompt {m.id!r} tokens"), answer, metadata)
 
 
+def completion_to_msg(c: Completion) -> pb.CompletionMsg:
+    msg = pb.CompletionMsg(
+        tokens=np.asarray(c.tokens, "<i4").tobytes(),
+        logprobs=np.asarray(c.logprobs, "<f4").tobytes(),
+        text=c.text,
+        finish_reason=c.finish_reason,
+        policy_version=c.policy_version,
+    )
+    if c.versions is not None:
+        msg.versions = np.asarray(c.versions, "<i4").tobytes()
+    return msg
+
+
+def msg_to_completion(c: pb.CompletionMsg) -> Completion:
+    return Completion(
+        tokens=_ints(c.tokens, "completion tokens"),
+        logprobs=np.frombuffer(c.logprobs, "<f4").astype(np.float32),
+        text=c.text,
+        finish_reason=c.finish_reason,
+        policy_version=int(c.policy_version),
+        versions=_ints(c.versions, "completion versions") if c.versions else None,
+    )
+
+
 def group_to_msg(g: Group, lease_id: str, filtered: bool = False) -> pb.GroupMsg:
     msg = pb.GroupMsg(prompt=prompt_to_msg(g.prompt), lease_id=lease_id, filtered=filtered)
     msg.rewards.extend(float(r) for r in g.rewards)
     if filtered:  # a dropped group still reports its rewards (for the run's reward curve)
         return msg
-    for c in g.completions:
-        msg.completions.append(
-            pb.CompletionMsg(
-                tokens=np.asarray(c.tokens, "<i4").tobytes(),
-                logprobs=np.asarray(c.logprobs, "<f4").tobytes(),
-                text=c.text,
-                finish_reason=c.finish_reason,
-                policy_version=c.policy_version,
-            )
-        )
+    msg.completions.extend(completion_to_msg(c) for c in g.completions)
     return msg
+
+
+def partial_to_msg(p: PartialGroup, lease_id: str, prompt_id: str) -> pb.SubmitPartialRequest:
+    msg = pb.SubmitPartialRequest(lease_id=lease_id, prompt_id=prompt_id)
+    msg.rows.extend(completion_to_msg(c) for c in p.rows)
+    return msg
+
+
+def msgs_to_partial(rows: Sequence[pb.CompletionMsg]) -> PartialGroup | None:
+    """The partial work a Lease carries (None when it carries none)."""
+    return PartialGroup(tuple(msg_to_completion(c) for c in rows)) if rows else None
+
+
+def version_range(c: pb.CompletionMsg) -> tuple[int, int]:
+    """(oldest, newest) weight version among a completion's tokens."""
+    if not c.versions or len(c.versions) % 4:
+        return int(c.policy_version), int(c.policy_version)
+    versions = np.frombuffer(c.versions, "<i4")
+    return int(versions.min()), int(versions.max())
+
+
+def check_completion(
+    c: pb.CompletionMsg, where: str, *, max_tokens: int, newest_version: int, partial: bool = False
+) -> None:
+    """Raises WireError unless ``c`` is well formed.
+
+    ``partial``: ``c`` is an unfinished row of partial work (finish reason
+    "partial", possibly no token yet); otherwise it must not claim to be one.
+    """
+    n_tok, n_lp, n_ver = len(c.tokens), len(c.logprobs), len(c.versions)
+    low = 0 if partial else 1
+    if n_tok % 4 or n_lp != n_tok or not low <= n_tok // 4 <= max_tokens:
+        raise WireError(f"{where} has {n_tok} token bytes and {n_lp} logprob bytes")
+    if (c.finish_reason == PARTIAL) != partial:
+        raise WireError(f"{where}: finish reason {c.finish_reason!r} here")
+    if not 0 <= c.policy_version <= newest_version:
+        raise WireError(
+            f"{where} claims policy version {c.policy_version}, newest is {newest_version}"
+        )
+    if n_ver:
+        if n_ver != n_tok:
+            raise WireError(f"{where} has {n_ver // 4} versions for {n_tok // 4} tokens")
+        oldest, newest = version_range(c)
+        if newest > newest_version or oldest != c.policy_version:
+            raise WireError(
+                f"{where}: token versions {oldest}..{newest} with policy version "
+                f"{c.policy_version} (must be the oldest), newest is {newest_version}"
+            )
+    if not np.all(np.isfinite(np.frombuffer(c.logprobs, "<f4"))):
+        raise WireError(f"{where} has non-finite logprobs")
 
 
 def check_group(
@@ -74,29 +140,31 @@ def check_group(
     if not np.all(np.isfinite(np.asarray(m.rewards, np.float64))):
         raise WireError(f"{where}: non-finite reward")
     for i, c in enumerate(m.completions):
-        n_tok, n_lp = len(c.tokens), len(c.logprobs)
-        if n_tok % 4 or n_lp != n_tok or not 0 < n_tok // 4 <= max_tokens:
-            raise WireError(
-                f"{where}: completion {i} has {n_tok} token bytes and {n_lp} logprob bytes"
-            )
-        if not 0 <= c.policy_version <= newest_version:
-            raise WireError(
-                f"{where}: completion {i} claims policy version {c.policy_version}, "
-                f"newest is {newest_version}"
-            )
-        if not np.all(np.isfinite(np.frombuffer(c.logprobs, "<f4"))):
-            raise WireError(f"{where}: completion {i} has non-finite logprobs")
+        check_completion(
+            c, f"{where}: completion {i}", max_tokens=max_tokens, newest_version=newest_version
+        )
+
+
+def check_partial(
+    m: pb.SubmitPartialRequest, *, rows: int | None, max_completions: int, max_tokens: int,
+    newest_version: int,
+) -> None:  # fmt: skip
+    """Raises WireError unless ``m`` is well-formed partial work (``rows``: the row count of
+    the partial work it continues, None if none)."""
+    where = f"partial work for prompt {m.prompt_id!r}"
+    if not 0 < len(m.rows) <= max_completions:
+        raise WireError(f"{where}: {len(m.rows)} rows (allowed 1..{max_completions})")
+    if rows is not None and len(m.rows) != rows:
+        raise WireError(f"{where}: {len(m.rows)} rows, the group it continues has {rows}")
+    if all(c.finish_reason != PARTIAL for c in m.rows):
+        raise WireError(f"{where}: every row finished (submit it as a group)")
+    for i, c in enumerate(m.rows):
+        check_completion(
+            c, f"{where}: row {i}", max_tokens=max_tokens, newest_version=newest_version,
+            partial=c.finish_reason == PARTIAL,
+        )  # fmt: skip
 
 
 def msg_to_group(m: pb.GroupMsg) -> Group:
-    completions = tuple(
-        Completion(
-            tokens=_ints(c.tokens, "completion tokens"),
-            logprobs=np.frombuffer(c.logprobs, "<f4").astype(np.float32),
-            text=c.text,
-            finish_reason=c.finish_reason,
-            policy_version=int(c.policy_version),
-        )
-        for c in m.completions
-    )
+    completions = tuple(msg_to_completion(c) for c in m.completions)
     return Group(msg_to_prompt(m.prompt), completions, np.asarray(m.rewards, np.float32))

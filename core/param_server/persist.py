@@ -21,6 +21,11 @@ Schema (version 1)::
     queued(seq, grp)                          submitted groups, oldest first
     taken(take_id, idx, version, grp)         groups the trainer took, not yet acknowledged
     consumed(seq, prompt_id, take_id, version, lease_id, prompt)   the consumed log
+    partials(prompt_id, msg)                  partial work attached to a prompt (pool or lease)
+
+``partials`` holds ``SubmitPartialRequest`` messages; a database written
+before it existed gains the (empty) table when opened, so the schema version
+did not change.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ CREATE TABLE IF NOT EXISTS taken (
 CREATE TABLE IF NOT EXISTS consumed (
   seq INTEGER PRIMARY KEY AUTOINCREMENT, prompt_id TEXT NOT NULL, take_id TEXT NOT NULL,
   version INTEGER NOT NULL, lease_id TEXT NOT NULL, prompt BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS partials (prompt_id TEXT PRIMARY KEY, msg BLOB NOT NULL);
 """
 
 
@@ -176,6 +182,17 @@ class QueueDB:
 
     def queued(self) -> list[bytes]:
         return [r[0] for r in self._x("SELECT grp FROM queued ORDER BY seq")]
+
+    # -- partial work (one entry per prompt, the last handed in) -------------------
+
+    def partial_put(self, prompt_id: str, msg: bytes) -> None:
+        self._x("INSERT OR REPLACE INTO partials VALUES (?, ?)", (prompt_id, msg))
+
+    def partial_del(self, prompt_id: str) -> None:
+        self._x("DELETE FROM partials WHERE prompt_id = ?", (prompt_id,))
+
+    def partials(self) -> list[bytes]:
+        return [r[0] for r in self._x("SELECT msg FROM partials ORDER BY rowid")]
 
     # -- takes and the consumed log -------------------------------------------------
 

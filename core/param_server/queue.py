@@ -9,9 +9,17 @@ dropped, counted, and its prompt returns to the pool too. With capacity = one
 batch and ``max_staleness = 0`` this is synchronous on-policy RL; larger
 capacity lets workers run ahead.
 
+A preempted worker hands its unfinished rows in with ``SubmitPartial``: that
+ends the lease, the prompt goes back to the front of the pool with the rows
+attached, and the next Lease of it carries them, to be continued instead of
+generated again. Partial work never becomes a group by itself, and its rows
+keep the versions of their tokens: the trainer's staleness rule judges the
+finished group by its oldest token.
+
 A restarted trainer calls :meth:`RolloutQueue.resume_trainer`: prompts
 consumed after its checkpoint and prompts it had taken are served again, and
-groups from weight versions older than its new one are dropped.
+groups (and partial work) from weight versions older than its new one are
+dropped.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ log = logging.getLogger("rlax.queue")
 class RolloutQueue(QueueState):
     """State and logic of the RolloutQueue service (the gRPC glue is in server.py)."""
 
-    # -- the four calls -----------------------------------------------------
+    # -- the calls ------------------------------------------------------------
 
     def lease(self, req: pb.LeaseRequest) -> pb.LeaseReply:
         if not 0 < req.max_prompts <= 65536:
@@ -67,8 +75,11 @@ class RolloutQueue(QueueState):
                     if self._db is not None:
                         self._db.lease_add(lease_id, req.worker, msg.SerializeToString())
                     reply.leases.append(
-                        pb.Lease(lease_id=lease_id, prompt=msg, ttl_s=self.lease_ttl_s)
-                    )
+                        pb.Lease(
+                            lease_id=lease_id, prompt=msg, ttl_s=self.lease_ttl_s,
+                            partial=self._resume_rows(prompt),
+                        )
+                    )  # fmt: skip
                 self._save_counts()
             return reply
 
@@ -77,18 +88,7 @@ class RolloutQueue(QueueState):
         with self._cv:
             if group.lease_id in self._submitted:
                 return pb.SubmitReply(duplicate=True)
-            self._expire()
-            lease = self._leases.get(group.lease_id)
-            if lease is None:
-                raise QueueError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"lease {group.lease_id[:12]!r} is unknown or expired (its prompt was handed out again)",
-                )
-            if lease.prompt.id != group.prompt.id:
-                raise QueueError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"lease {group.lease_id[:12]!r} is for prompt {lease.prompt.id!r}, not {group.prompt.id!r}",
-                )
+            self._live_lease(group.lease_id, group.prompt.id)
             try:
                 codec.check_group(
                     group, max_completions=self.max_completions, max_tokens=self.max_tokens,
@@ -101,6 +101,7 @@ class RolloutQueue(QueueState):
                 for c in self._curricula:
                     c.observe(group.prompt.id, np.asarray(group.rewards, np.float32))
                 self._submitted.add(group.lease_id)
+                self._detach(group.prompt.id)  # the group supersedes any partial work
                 self._queue.append(group)
                 self.counts["filtered" if group.filtered else "submitted"] += 1
                 if self._db is not None:
@@ -110,6 +111,58 @@ class RolloutQueue(QueueState):
                     self._save_curricula()
             self._cv.notify_all()
             return pb.SubmitReply()
+
+    def submit_partial(self, req: pb.SubmitPartialRequest) -> pb.SubmitReply:
+        """Ends a lease with its partial work: the prompt is the next one leased, with it."""
+        with self._cv:
+            if req.lease_id in self._ended:
+                return pb.SubmitReply(duplicate=True)
+            lease = self._live_lease(req.lease_id, req.prompt_id)
+            earlier = self._partials.get(req.prompt_id)
+            try:
+                codec.check_partial(
+                    req, rows=len(earlier.rows) if earlier else None,
+                    max_completions=self.max_completions, max_tokens=self.max_tokens,
+                    newest_version=self._version(),
+                )  # fmt: skip
+            except codec.WireError as err:
+                raise QueueError(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
+            tokens = sum(len(c.tokens) // 4 for c in req.rows)
+            with self._tx():
+                del self._leases[req.lease_id]
+                if self._db is not None:
+                    self._db.lease_del(req.lease_id)
+                self._return(lease.prompt)
+                if tokens:
+                    self._attach(req)
+                else:  # nothing new: the earlier partial work, if any, stays attached
+                    self._end(req.lease_id)
+                self.counts["partial_submitted"] += 1
+                self.counts["partial_tokens"] += tokens
+                self._save_counts()
+            self._cv.notify_all()
+            return pb.SubmitReply()
+
+    def _live_lease(self, lease_id: str, prompt_id: str) -> Lease:
+        """The unexpired lease ``lease_id`` of ``prompt_id``, or the QueueError to answer."""
+        self._expire()
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            ended = (
+                "ended with its partial work" if lease_id in self._ended
+                else "already fulfilled" if lease_id in self._submitted
+                else "unknown or expired"
+            )  # fmt: skip
+            raise QueueError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"lease {lease_id[:12]!r} is {ended} (its prompt was handed out again)",
+            )
+        if lease.prompt.id != prompt_id:
+            raise QueueError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"lease {lease_id[:12]!r} is for prompt {lease.prompt.id!r}, not {prompt_id!r}",
+            )
+        return lease
 
     def take(self, req: pb.TakeRequest) -> pb.TakeReply:
         if not 0 < req.max_groups <= 65536 or req.max_staleness < 0:
@@ -146,12 +199,18 @@ class RolloutQueue(QueueState):
             return reply
 
     def _usable(self, group: pb.GroupMsg, req: pb.TakeRequest) -> bool:
-        """The staleness rule, plus: no weights older than the floor, none from the future."""
-        versions = [c.policy_version for c in group.completions] or [req.current_version]
+        """The staleness rule, plus: no weights older than the floor, none from the future.
+
+        A completion is as old as its oldest token (weights loaded between
+        decode steps give its tokens several versions) and as new as its newest.
+        """
+        ranges = [codec.version_range(c) for c in group.completions]
+        oldest = min((lo for lo, _ in ranges), default=req.current_version)
+        newest = max((hi for _, hi in ranges), default=req.current_version)
         return (
-            req.current_version - min(versions) <= req.max_staleness
-            and min(versions) >= self.version_floor
-            and max(versions) <= req.current_version
+            req.current_version - oldest <= req.max_staleness
+            and oldest >= self.version_floor
+            and newest <= req.current_version
         )
 
     def ack(self, req: pb.AckRequest) -> pb.AckReply:
@@ -189,8 +248,10 @@ class RolloutQueue(QueueState):
         prompt is lost or trained on twice: prompts consumed by takes at
         ``restored_version`` or later return to the pool (front, in their
         order) and leave the consumed log; takes never acknowledged return
-        their prompts too; and groups from weights older than ``new_version``
-        are dropped when taken (the version floor). Idempotent.
+        their prompts too; groups from weights older than ``new_version``
+        are dropped when taken (the version floor); and partial work with a
+        token older than ``new_version`` is dropped now (its prompt stays
+        where it is, to be generated afresh). Idempotent.
 
         Returns:
           How many prompts came back from the consumed log and from open takes.
@@ -220,11 +281,13 @@ class RolloutQueue(QueueState):
             self.counts["consumed"] -= len(unconsumed)
             self.counts["trainer_resumes"] += 1
             self.version_floor = max(self.version_floor, new_version)
+            dropped = self._drop_partials_below(self.version_floor)
             self._save_counts()
             self._cv.notify_all()
         log.info(
             "trainer resumed at version %d (publishing %d): %d consumed and %d taken prompts "
-            "returned", restored_version, new_version, len(unconsumed), len(opened),
+            "returned, %d partial work dropped", restored_version, new_version, len(unconsumed),
+            len(opened), dropped,
         )  # fmt: skip
         return {"unconsumed": len(unconsumed), "untaken": len(opened)}
 
@@ -268,6 +331,11 @@ class RolloutQueue(QueueState):
                 "consumed": self._db.consumed_ids() if self._db is not None else [],
             }
 
+    def partial_ids(self) -> list[str]:
+        """Ids of the prompts with partial work attached (wherever the prompt is)."""
+        with self._cv:
+            return list(self._partials)
+
     def stats(self) -> pb.QueueStats:
         with self._cv:
             self._expire()
@@ -285,6 +353,9 @@ class RolloutQueue(QueueState):
                 dropped_stale=self.counts["dropped_stale"],
                 filtered=self.counts["filtered"],
                 retired_skipped=self.counts["retired_skipped"],
+                partial_submitted=self.counts["partial_submitted"],
+                partial_resumed=self.counts["partial_resumed"],
+                partial_tokens=self.counts["partial_tokens"],
                 worker_idle_s=idle,
                 worker_busy_s=busy,
                 reward_errors=int(reward_errors),

@@ -12,7 +12,14 @@ that changes state is one SQLite transaction (:meth:`QueueState._tx`), and a
 queue built on an existing database resumes where the last one stopped: the
 data cursor (the task's prompts are drawn again up to it and checked), the
 returned prompts, the leases (with a fresh time to live), the submitted
-groups, the takes and the consumed log, and the curricula's state.
+groups, the takes and the consumed log, the partial work, and the curricula's state.
+
+Partial work (a preempted worker's unfinished rows, ``SubmitPartial``) is
+not a place but an attachment: it belongs to a prompt id, whichever place
+that prompt is in (the pool, then a lease that continues it), until a group
+for that prompt is submitted. The last partial work handed in for a prompt
+replaces the one before (it continued from it), and one with no token at all
+leaves the earlier one attached.
 
 The calls that change it are :class:`rlax.core.param_server.queue.RolloutQueue`'s.
 """
@@ -105,6 +112,10 @@ class QueueState:
         self._acked: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._workers: dict[str, tuple[float, float, int, int]] = {}
         self._take_versions: dict[str, int] = {}
+        # Partial work by prompt id, and the lease ids a SubmitPartial ended (recent ones,
+        # bounded: a retried SubmitPartial is a no-op, a Submit on them is refused).
+        self._partials: dict[str, pb.SubmitPartialRequest] = {}
+        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.version_floor: int = 0  # groups from older weights are dropped (set by resume_trainer)
         self.counts: collections.Counter[str] = collections.Counter()
         self._db = db
@@ -168,6 +179,10 @@ class QueueState:
         self._submitted.update(g.lease_id for g in self._queue)
         self._submitted.update(g.lease_id for t in self._taken.values() for g in t)
         self._acked.update((t, None) for t in db.recent_take_ids(4096))
+        for blob in db.partials():
+            partial = pb.SubmitPartialRequest.FromString(blob)
+            self._partials[partial.prompt_id] = partial
+            self._ended[partial.lease_id] = None
         if self.counts["cursor"]:
             log.info(
                 "rollout queue restored from %s: cursor %d, %d returned, %d leased, %d queued, "
@@ -188,6 +203,46 @@ class QueueState:
         self._pool.appendleft(prompt)
         if self._db is not None:
             self._db.pool_push_front(prompt_bytes(prompt))
+
+    def _attach(self, partial: pb.SubmitPartialRequest) -> None:
+        """Attaches partial work to its prompt (replacing any earlier), recording its lease."""
+        self._partials[partial.prompt_id] = partial
+        self._end(partial.lease_id)
+        if self._db is not None:
+            self._db.partial_put(partial.prompt_id, partial.SerializeToString())
+
+    def _end(self, lease_id: str) -> None:
+        self._ended[lease_id] = None
+        while len(self._ended) > 4096:
+            self._ended.popitem(last=False)
+
+    def _detach(self, prompt_id: str) -> None:
+        if self._partials.pop(prompt_id, None) is not None and self._db is not None:
+            self._db.partial_del(prompt_id)
+
+    def _resume_rows(self, prompt: Prompt) -> list[pb.CompletionMsg]:
+        """The partial work to hand out with ``prompt`` (kept attached until a group comes).
+
+        Work with a token older than the version floor is dropped: its group
+        could never be used (the prompt is generated afresh).
+        """
+        partial = self._partials.get(prompt.id)
+        if partial is None:
+            return []
+        if _oldest(partial) < self.version_floor:
+            self._detach(prompt.id)
+            self.counts["partial_dropped"] += 1
+            return []
+        self.counts["partial_resumed"] += 1
+        return list(partial.rows)
+
+    def _drop_partials_below(self, floor: int) -> int:
+        """Drops the partial work with a token older than ``floor``; returns how many."""
+        old = [k for k, m in self._partials.items() if _oldest(m) < floor]
+        for prompt_id in old:
+            self._detach(prompt_id)
+        self.counts["partial_dropped"] += len(old)
+        return len(old)
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -229,6 +284,11 @@ class QueueState:
             self._cv.wait(min(remaining, 0.5))  # wake up to expire leases
             self._expire()
         return True
+
+
+def _oldest(partial: pb.SubmitPartialRequest) -> int:
+    """The oldest weight version among partial work's tokens (rows not yet started have none)."""
+    return min((codec.version_range(c)[0] for c in partial.rows if c.tokens), default=1 << 62)
 
 
 def prompt_bytes(prompt: Prompt) -> bytes:

@@ -287,6 +287,9 @@ class QueueStats(_message.Message):
     REWARD_ERRORS_FIELD_NUMBER: _builtins.int
     REWARD_TIMEOUTS_FIELD_NUMBER: _builtins.int
     RETIRED_SKIPPED_FIELD_NUMBER: _builtins.int
+    PARTIAL_SUBMITTED_FIELD_NUMBER: _builtins.int
+    PARTIAL_RESUMED_FIELD_NUMBER: _builtins.int
+    PARTIAL_TOKENS_FIELD_NUMBER: _builtins.int
     pool: _builtins.int
     """prompts waiting to be leased (returned ones included)"""
     leased: _builtins.int
@@ -309,6 +312,12 @@ class QueueStats(_message.Message):
     reward_timeouts: _builtins.int
     retired_skipped: _builtins.int
     """prompts a curriculum retired, passed over when drawn"""
+    partial_submitted: _builtins.int
+    """SubmitPartial calls accepted (a preempted worker's rows)"""
+    partial_resumed: _builtins.int
+    """leases that handed partial work out again"""
+    partial_tokens: _builtins.int
+    """tokens handed in by SubmitPartial, over every row"""
     def __init__(
         self,
         *,
@@ -327,10 +336,13 @@ class QueueStats(_message.Message):
         reward_errors: _builtins.int = ...,
         reward_timeouts: _builtins.int = ...,
         retired_skipped: _builtins.int = ...,
+        partial_submitted: _builtins.int = ...,
+        partial_resumed: _builtins.int = ...,
+        partial_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "consumed", b"consumed", "cursor", b"cursor", "dropped_stale", b"dropped_stale", "expired_leases", b"expired_leases", "filtered", b"filtered", "leased", b"leased", "pool", b"pool", "queued", b"queued", "retired_skipped", b"retired_skipped", "reward_errors", b"reward_errors", "reward_timeouts", b"reward_timeouts", "taken", b"taken", "worker_busy_s", b"worker_busy_s", "worker_idle_s", b"worker_idle_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "consumed", b"consumed", "cursor", b"cursor", "dropped_stale", b"dropped_stale", "expired_leases", b"expired_leases", "filtered", b"filtered", "leased", b"leased", "partial_resumed", b"partial_resumed", "partial_submitted", b"partial_submitted", "partial_tokens", b"partial_tokens", "pool", b"pool", "queued", b"queued", "retired_skipped", b"retired_skipped", "reward_errors", b"reward_errors", "reward_timeouts", b"reward_timeouts", "taken", b"taken", "worker_busy_s", b"worker_busy_s", "worker_idle_s", b"worker_idle_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -504,6 +516,7 @@ class CompletionMsg(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    VERSIONS_FIELD_NUMBER: _builtins.int
     tokens: _builtins.bytes
     """int32 little-endian"""
     logprobs: _builtins.bytes
@@ -511,6 +524,9 @@ class CompletionMsg(_message.Message):
     text: _builtins.str
     finish_reason: _builtins.str
     policy_version: _builtins.int
+    """the oldest version among its tokens"""
+    versions: _builtins.bytes
+    """int32 little-endian, one per token; empty: all policy_version"""
     def __init__(
         self,
         *,
@@ -519,10 +535,11 @@ class CompletionMsg(_message.Message):
         text: _builtins.str = ...,
         finish_reason: _builtins.str = ...,
         policy_version: _builtins.int = ...,
+        versions: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "policy_version", b"policy_version", "text", b"text", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "policy_version", b"policy_version", "text", b"text", "tokens", b"tokens", "versions", b"versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -610,20 +627,26 @@ class Lease(_message.Message):
     LEASE_ID_FIELD_NUMBER: _builtins.int
     PROMPT_FIELD_NUMBER: _builtins.int
     TTL_S_FIELD_NUMBER: _builtins.int
+    PARTIAL_FIELD_NUMBER: _builtins.int
     lease_id: _builtins.str
     ttl_s: _builtins.float
     @_builtins.property
     def prompt(self) -> Global___PromptMsg: ...
+    @_builtins.property
+    def partial(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompletionMsg]:
+        """the prompt's partial work (one row per sample); empty: none"""
+
     def __init__(
         self,
         *,
         lease_id: _builtins.str = ...,
         prompt: Global___PromptMsg | None = ...,
         ttl_s: _builtins.float = ...,
+        partial: _abc.Iterable[Global___CompletionMsg] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_id", b"lease_id", "prompt", b"prompt", "ttl_s", b"ttl_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_id", b"lease_id", "partial", b"partial", "prompt", b"prompt", "ttl_s", b"ttl_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -693,6 +716,37 @@ class SubmitReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubmitReply: _TypeAlias = SubmitReply  # noqa: Y015
+
+@_typing.final
+class SubmitPartialRequest(_message.Message):
+    """A preempted worker's unfinished group: it ends the lease, and the prompt goes
+    back to the front of the pool with these rows attached (finish_reason
+    "partial" for a row cut off mid-way), to be continued by the next lease.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_ID_FIELD_NUMBER: _builtins.int
+    PROMPT_ID_FIELD_NUMBER: _builtins.int
+    ROWS_FIELD_NUMBER: _builtins.int
+    lease_id: _builtins.str
+    prompt_id: _builtins.str
+    @_builtins.property
+    def rows(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompletionMsg]: ...
+    def __init__(
+        self,
+        *,
+        lease_id: _builtins.str = ...,
+        prompt_id: _builtins.str = ...,
+        rows: _abc.Iterable[Global___CompletionMsg] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_id", b"lease_id", "prompt_id", b"prompt_id", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitPartialRequest: _TypeAlias = SubmitPartialRequest  # noqa: Y015
 
 @_typing.final
 class TakeRequest(_message.Message):

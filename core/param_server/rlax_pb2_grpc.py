@@ -359,6 +359,12 @@ class RolloutQueueStub:
             response_deserializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.SubmitReply.FromString,
             _registered_method=True,
         )
+        self.SubmitPartial = channel.unary_unary(
+            "/rlax.v1.RolloutQueue/SubmitPartial",
+            request_serializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.SubmitPartialRequest.SerializeToString,
+            response_deserializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.SubmitReply.FromString,
+            _registered_method=True,
+        )
         self.Take = channel.unary_unary(
             "/rlax.v1.RolloutQueue/Take",
             request_serializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.TakeRequest.SerializeToString,
@@ -388,6 +394,12 @@ class RolloutQueueServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
+    def SubmitPartial(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
     def Take(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -411,6 +423,11 @@ def add_RolloutQueueServicer_to_server(servicer, server):
         "Submit": grpc.unary_unary_rpc_method_handler(
             servicer.Submit,
             request_deserializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.SubmitRequest.FromString,
+            response_serializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.SubmitReply.SerializeToString,
+        ),
+        "SubmitPartial": grpc.unary_unary_rpc_method_handler(
+            servicer.SubmitPartial,
+            request_deserializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.SubmitPartialRequest.FromString,
             response_serializer=rlax_dot_core_dot_param__server_dot_rlax__pb2.SubmitReply.SerializeToString,
         ),
         "Take": grpc.unary_unary_rpc_method_handler(
@@ -483,6 +500,36 @@ class RolloutQueue:
             target,
             "/rlax.v1.RolloutQueue/Submit",
             rlax_dot_core_dot_param__server_dot_rlax__pb2.SubmitRequest.SerializeToString,
+            rlax_dot_core_dot_param__server_dot_rlax__pb2.SubmitReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def SubmitPartial(
+        request,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            "/rlax.v1.RolloutQueue/SubmitPartial",
+            rlax_dot_core_dot_param__server_dot_rlax__pb2.SubmitPartialRequest.SerializeToString,
             rlax_dot_core_dot_param__server_dot_rlax__pb2.SubmitReply.FromString,
             options,
             channel_credentials,

@@ -110,6 +110,7 @@ class RolloutQueueStub:
     def __new__(cls, channel: _aio.Channel) -> RolloutQueueAsyncStub: ...
     Lease: _grpc.UnaryUnaryMultiCallable[_rlax_pb2.LeaseRequest, _rlax_pb2.LeaseReply]
     Submit: _grpc.UnaryUnaryMultiCallable[_rlax_pb2.SubmitRequest, _rlax_pb2.SubmitReply]
+    SubmitPartial: _grpc.UnaryUnaryMultiCallable[_rlax_pb2.SubmitPartialRequest, _rlax_pb2.SubmitReply]
     Take: _grpc.UnaryUnaryMultiCallable[_rlax_pb2.TakeRequest, _rlax_pb2.TakeReply]
     Ack: _grpc.UnaryUnaryMultiCallable[_rlax_pb2.AckRequest, _rlax_pb2.AckReply]
 
@@ -118,6 +119,7 @@ class RolloutQueueAsyncStub(RolloutQueueStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Lease: _aio.UnaryUnaryMultiCallable[_rlax_pb2.LeaseRequest, _rlax_pb2.LeaseReply]  # type: ignore[assignment]
     Submit: _aio.UnaryUnaryMultiCallable[_rlax_pb2.SubmitRequest, _rlax_pb2.SubmitReply]  # type: ignore[assignment]
+    SubmitPartial: _aio.UnaryUnaryMultiCallable[_rlax_pb2.SubmitPartialRequest, _rlax_pb2.SubmitReply]  # type: ignore[assignment]
     Take: _aio.UnaryUnaryMultiCallable[_rlax_pb2.TakeRequest, _rlax_pb2.TakeReply]  # type: ignore[assignment]
     Ack: _aio.UnaryUnaryMultiCallable[_rlax_pb2.AckRequest, _rlax_pb2.AckReply]  # type: ignore[assignment]
 
@@ -133,6 +135,13 @@ class RolloutQueueServicer(metaclass=_abc_1.ABCMeta):
     def Submit(
         self,
         request: _rlax_pb2.SubmitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rlax_pb2.SubmitReply, _abc.Awaitable[_rlax_pb2.SubmitReply]]: ...
+
+    @_abc_1.abstractmethod
+    def SubmitPartial(
+        self,
+        request: _rlax_pb2.SubmitPartialRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_rlax_pb2.SubmitReply, _abc.Awaitable[_rlax_pb2.SubmitReply]]: ...
 

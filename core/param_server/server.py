@@ -38,6 +38,7 @@ PROTECTED = {
     "/rlax.v1.WeightStore/Stage",
     "/rlax.v1.RolloutQueue/Lease",
     "/rlax.v1.RolloutQueue/Submit",
+    "/rlax.v1.RolloutQueue/SubmitPartial",
     "/rlax.v1.RolloutQueue/Take",
     "/rlax.v1.RolloutQueue/Ack",
 }
@@ -267,6 +268,9 @@ class ParamServer:
             {
                 "Lease": _unary(self._queue_call(q.lease), pb.LeaseRequest, pb.LeaseReply),
                 "Submit": _unary(self._queue_call(q.submit), pb.SubmitRequest, pb.SubmitReply),
+                "SubmitPartial": _unary(
+                    self._queue_call(q.submit_partial), pb.SubmitPartialRequest, pb.SubmitReply
+                ),
                 "Take": _unary(self._queue_call(q.take), pb.TakeRequest, pb.TakeReply),
                 "Ack": _unary(self._queue_call(q.ack), pb.AckRequest, pb.AckReply),
             },

@@ -7,7 +7,12 @@ completion is tagged with it), and every group it submits names the lease it
 fulfils. A worker that dies simply lets its leases expire.
 
 A preemption notice (:mod:`rlax.core.launch.preemption`) lets the worker submit the
-batch it is generating, then it exits with status 75. While the parameter
+batch it is generating, then it exits with status 75; with a
+:class:`~rlax.core.contracts.Resumable` sampler the notice cuts generation off
+between decode chunks, and the unfinished groups go to the parameter server
+as partial work, continued by whoever leases their prompts next. With
+``reload_in_flight`` such a sampler also loads newer weights between decode
+steps, and each completion records the version of each token. While the parameter
 server is unreachable (restarting) the worker waits, with no deadline, under
 the one retry policy (:mod:`rlax.core.param_server.retry`), and says so in
 the log. With ``deterministic`` each prompt is sampled with its own
@@ -23,21 +28,27 @@ import math
 import os
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
 
-from rlax.core.contracts import OnlineFilter, Reward, Sampler
+from rlax.core.contracts import OnlineFilter, Resumable, Reward, Sampler
+from rlax.core.errors import ConfigError
 from rlax.core.launch.preemption import Preemption
 from rlax.core.models.bundle import load_model
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.retry import RETRYABLE, RetryPolicy
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.param_server.wire import WirePlan
-from rlax.core.types import ConfigPath
+from rlax.core.types import ConfigPath, Group, PartialGroup
 from rlax.core.worker.reward_pool import RewardPool
-from rlax.core.worker.rollout import check_online_filters, kept_by_filters, rollout
+from rlax.core.worker.rollout import (
+    check_online_filters,
+    kept_by_filters,
+    rollout,
+    rollout_resumable,
+)
 
 log = logging.getLogger("rlax.worker")
 
@@ -46,7 +57,8 @@ WORKER_ID_ENV = "RLAX_WORKER_ID"
 
 class Worker:
     def __init__(self, client, sampler, reward, curation, *, group_size, prompts_per_lease,
-                 reload_staleness, worker_id, seed, deterministic=False):  # fmt: skip
+                 reload_staleness, worker_id, seed, deterministic=False, reload_in_flight=False,
+                 refresh_interval_s=0.5, interrupt=None):  # fmt: skip
         self.client, self.sampler, self.reward, self.curation = client, sampler, reward, curation
         self.group_size = group_size
         self.prompts_per_lease = prompts_per_lease
@@ -54,13 +66,19 @@ class Worker:
         self.worker_id = worker_id
         self.seed = seed
         self.deterministic = deterministic
+        self.reload_in_flight = reload_in_flight
+        self.refresh_interval_s = refresh_interval_s
+        # Polled by a Resumable sampler between decode chunks (the preemption notice).
+        self.interrupt: Callable[[], bool] = interrupt or (lambda: False)
         self.version = -1
         self.idle_s = self.busy_s = 0.0
         self.batches = 0
         self.lost_leases = 0
         self.counts: collections.Counter = collections.Counter()
 
-    def maybe_reload(self, plan: WirePlan, wait_s: float = 0.0) -> None:
+    def newer_weights(self, plan: WirePlan, wait_s: float = 0.0) -> tuple[Any, int] | None:
+        """(params, version) of the server's newest version if we are more than
+        ``reload_staleness`` behind (or have none yet), else None."""
         latest = (
             self.client.wait_for_version(self.version, wait_s)
             if wait_s
@@ -72,8 +90,38 @@ class Worker:
             if pulled is not None:
                 version, tensors, buffer = pulled
                 plan.check_layout(tensors)
-                self.sampler.load_weights(plan.unpack(buffer), version)
-                self.version = version
+                return plan.unpack(buffer), version
+        return None
+
+    def maybe_reload(self, plan: WirePlan, wait_s: float = 0.0) -> None:
+        newer = self.newer_weights(plan, wait_s)
+        if newer is not None:
+            self.sampler.load_weights(*newer)
+            self.version = newer[1]
+
+    def refresher(self, plan: WirePlan) -> Callable[[], tuple[Any, int] | None] | None:
+        """The ``refresh`` a Resumable sampler polls between decode chunks (None: weights
+        load between batches only). It asks the server at most every
+        ``refresh_interval_s``; the sampler loads what it returns."""
+        if not self.reload_in_flight:
+            return None
+        last = time.monotonic()
+
+        def refresh() -> tuple[Any, int] | None:
+            nonlocal last
+            if time.monotonic() - last < self.refresh_interval_s:
+                return None
+            last = time.monotonic()
+            try:
+                newer = self.newer_weights(plan)
+            except grpc.RpcError as err:  # the rows in flight keep their weights
+                log.warning("%s: in-flight reload skipped: %s", self.worker_id, err.code())
+                return None
+            if newer is not None:
+                self.version = newer[1]
+            return newer
+
+        return refresh
 
     def run_once(self, plan: WirePlan) -> int:
         """One lease -> generate -> submit round; returns how many groups were submitted."""
@@ -97,19 +145,32 @@ class Worker:
         if not leases:
             return 0
         self.maybe_reload(plan)
-        prompts = [p for _, p in leases]
-        groups = self._generate(prompts)
-        kept = kept_by_filters(groups, self.curation)
-        for (lease_id, _), group, keep in zip(leases, groups, kept):
-            try:
-                self.client.submit(group, lease_id, filtered=not keep)
-            except grpc.RpcError as err:
-                if not self._lost(err):
-                    raise
-                log.warning("%s: %s", self.worker_id, err.details())
-                self.lost_leases += 1
+        partials = getattr(leases, "partials", {})
+        results = self._generate([p for _, p in leases], [partials.get(k) for k, _ in leases], plan)
+        done = [(k, g) for (k, _), g in zip(leases, results) if isinstance(g, Group)]
+        kept = kept_by_filters([g for _, g in done], self.curation)
+        for (lease_id, group), keep in zip(done, kept):
+            self._send(self.client.submit, group, lease_id, filtered=not keep)
+        cut = [(k, p, g) for (k, p), g in zip(leases, results) if isinstance(g, PartialGroup)]
+        for lease_id, prompt, partial in cut:
+            self._send(self.client.submit_partial, lease_id, prompt, partial)
+        if cut:
+            log.info(
+                "%s: generation cut off: %d groups submitted, %d partial groups handed in "
+                "(%d tokens)", self.worker_id, len(done), len(cut), sum(g.tokens for *_, g in cut),
+            )  # fmt: skip
         self.busy_s += time.perf_counter() - waited
-        return len(groups)
+        return len(done)
+
+    def _send(self, call: Callable[..., object], *args, **kwargs) -> None:
+        """A submit (or a hand-in of partial work); a lost lease is counted, not fatal."""
+        try:
+            call(*args, **kwargs)
+        except grpc.RpcError as err:
+            if not self._lost(err):
+                raise
+            log.warning("%s: %s", self.worker_id, err.details())
+            self.lost_leases += 1
 
     def _lost(self, err: grpc.RpcError) -> bool:
         """A submit refused for a reason that loses only this group (its prompt is re-served)."""
@@ -123,17 +184,28 @@ class Worker:
             and self.client.stat().version < self.version
         )
 
-    def _generate(self, prompts):
-        if not self.deterministic:
-            seed = zlib.crc32(f"{self.seed}/{self.worker_id}/{self.batches}".encode())
-            self.batches += 1
-            return rollout(prompts, self.sampler, self.reward, self.group_size, seed, self.counts)
+    def _generate(self, prompts, partials, plan) -> list[Group | PartialGroup]:
+        """Groups for ``prompts``; with a Resumable sampler, partial work for those cut off."""
         self.batches += 1
-        groups = []
-        for p in prompts:  # one prompt per call: a row's samples never depend on its batch
+        refresh = self.refresher(plan)  # one per round: its interval spans the per-prompt calls
+        if not self.deterministic:
+            seed = zlib.crc32(f"{self.seed}/{self.worker_id}/{self.batches - 1}".encode())
+            return self._rollout(prompts, partials, seed, refresh)
+        out: list[Group | PartialGroup] = []
+        for p, partial in zip(prompts, partials):  # a row's samples never depend on its batch
             seed = zlib.crc32(f"{self.seed}/{p.id}/{self.version}".encode())
-            groups += rollout([p], self.sampler, self.reward, self.group_size, seed, self.counts)
-        return groups
+            out += self._rollout([p], [partial], seed, refresh)
+        return out
+
+    def _rollout(self, prompts, partials, seed, refresh) -> list[Group | PartialGroup]:
+        if not isinstance(self.sampler, Resumable):
+            return list(
+                rollout(prompts, self.sampler, self.reward, self.group_size, seed, self.counts)
+            )
+        return rollout_resumable(
+            prompts, self.sampler, self.reward, self.group_size, seed, self.counts,
+            partials=partials, interrupt=self.interrupt, refresh=refresh,
+        )  # fmt: skip
 
 
 def worker(
@@ -151,6 +223,8 @@ def worker(
     reward_timeout_s: float = 10.0,
     seed: int = 0,
     deterministic: bool = False,
+    reload_in_flight: bool = False,
+    refresh_interval_s: float = 0.5,
     preemption_notices: Sequence[Any] | None = None,
 ) -> int:
     """Runs the worker role until a preemption notice (SIGTERM/SIGINT by default).
@@ -159,37 +233,50 @@ def worker(
     hard ``reward_timeout_s`` per call: a verifier that hangs or crashes costs a
     zero score and a counted error, never the worker.
 
+    ``reload_in_flight`` (Resumable samplers only) loads newer weights between
+    decode steps, asking the server at most every ``refresh_interval_s``.
+
     Raises:
       Preempted: after a notice, once the batch in hand is submitted (exit status 75).
     """
     check_online_filters(curation, "rlax.worker.curation")
+    check_reload_in_flight(sampler, reload_in_flight)
     stop = Preemption(preemption_notices, role="worker", hook=hook).start()
     bundle = load_model(init_checkpoint)  # the architecture and tokenizer; weights come by pull
     sampler.setup(bundle.model, bundle.tokenizer)
     from flax import nnx
 
     plan = WirePlan.for_tree(nnx.state(bundle.model), settings.wire_dtype)
-    # After a notice (or the run's end) a call to an unreachable server stops
-    # retrying: the worker has seconds left, and its leases expire and are served
-    # again, so the batch in hand is not lost.
+    # After a notice (or the run's end) an unreachable server is not retried: the worker
+    # has seconds left, and its leases expire and are served again (nothing is lost).
     client = ParamServerClient(settings, give_up=lambda: stop.requested)
     pool = RewardPool(reward, workers=reward_workers, timeout_s=reward_timeout_s)
-    worker_id = os.environ.get(WORKER_ID_ENV) or f"worker-{os.getpid()}"
     w = Worker(
         client, sampler, pool, list(curation), group_size=group_size,
         prompts_per_lease=prompts_per_lease, reload_staleness=reload_staleness,
-        worker_id=worker_id, seed=seed, deterministic=deterministic,
+        worker_id=os.environ.get(WORKER_ID_ENV) or f"worker-{os.getpid()}", seed=seed,
+        deterministic=deterministic, reload_in_flight=reload_in_flight,
+        refresh_interval_s=refresh_interval_s, interrupt=lambda: stop.requested,
     )  # fmt: skip
-    log.info("%s: connected to %s", worker_id, client.settings.address)
+    log.info("%s: connected to %s", w.worker_id, client.settings.address)
     try:
         _serve(w, plan, stop)
     finally:
         stop.close()
         pool.close()
         client.close()
-        log.info("%s: stopped after %d batches", worker_id, w.batches)
+        log.info("%s: stopped after %d batches", w.worker_id, w.batches)
     stop.stop_now()
     return 0
+
+
+def check_reload_in_flight(sampler: object, reload_in_flight: bool) -> None:
+    """ConfigError if in-flight reloads are asked of a sampler that cannot do them."""
+    if reload_in_flight and not isinstance(sampler, Resumable):
+        raise ConfigError(
+            f"rlax.worker.reload_in_flight: {type(sampler).__name__} is not Resumable (no "
+            "generate_groups), so it loads weights between batches only; set it to False"
+        )
 
 
 def _serve(w: Worker, plan: WirePlan, stop: Preemption, max_backoff_s: float = 5.0) -> None:

@@ -1,16 +1,30 @@
-"""Prompts -> scored groups: what a worker does between two weight loads."""
+"""Prompts -> scored groups: what a worker does between two weight loads.
+
+With a :class:`~rlax.core.contracts.Resumable` sampler
+(:func:`rollout_resumable`) a prompt may instead come back as the partial
+work it stood at when a preemption notice cut generation off.
+"""
 
 from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
-from rlax.core.contracts import Encoder, OfflineFilter, OnlineFilter, Reward, Sampler, Task
+from rlax.core.contracts import (
+    Encoder,
+    OfflineFilter,
+    OnlineFilter,
+    Resumable,
+    Reward,
+    Sampler,
+    Task,
+)
 from rlax.core.errors import ConfigError
-from rlax.core.types import Group, Prompt
+from rlax.core.types import Completion, Group, PartialGroup, Prompt
 from rlax.core.worker.reward_pool import RewardPool, score_one
 
 
@@ -53,6 +67,53 @@ def rollout(
     (``reward_errors``, ``reward_timeouts``) instead of stopping the run.
     """
     completions = sampler.generate(prompts, group_size, seed=seed)
+    return score_groups(prompts, completions, reward, group_size, counts)
+
+
+def rollout_resumable(
+    prompts: Sequence[Prompt],
+    sampler: Resumable,
+    reward: Reward | RewardPool,
+    group_size: int,
+    seed: int,
+    counts: collections.Counter | None = None,
+    *,
+    partials: Sequence[PartialGroup | None] | None = None,
+    interrupt: Callable[[], bool] | None = None,
+    refresh: Callable[[], tuple[Any, int] | None] | None = None,
+) -> list[Group | PartialGroup]:
+    """:func:`rollout` through ``generate_groups``: continues ``partials``, stops when
+    ``interrupt()`` says so, loads what ``refresh()`` returns between decode steps.
+
+    Each entry is a scored :class:`Group` for a prompt whose samples all
+    finished, or the :class:`PartialGroup` it stood at when cut off (not
+    scored: it goes back to the queue as partial work).
+    """
+    results = sampler.generate_groups(
+        prompts, group_size, seed=seed, partials=partials, interrupt=interrupt, refresh=refresh
+    )
+    if len(results) != len(prompts):
+        raise ValueError(
+            f"{type(sampler).__name__}.generate_groups: {len(results)} results for "
+            f"{len(prompts)} prompts"
+        )
+    finished = [(p, r) for p, r in zip(prompts, results) if not isinstance(r, PartialGroup)]
+    scored = iter(
+        score_groups([p for p, _ in finished], [r for _, r in finished], reward, group_size, counts)
+    )
+    return [r if isinstance(r, PartialGroup) else next(scored) for r in results]
+
+
+def score_groups(
+    prompts: Sequence[Prompt],
+    completions: Sequence[tuple[Completion, ...]],
+    reward: Reward | RewardPool,
+    group_size: int,
+    counts: collections.Counter | None = None,
+) -> list[Group]:
+    """Scores each prompt's completions (by their text) into groups."""
+    if not prompts:
+        return []
     scores: np.ndarray | list[list[float]]  # [M, G]
     if isinstance(reward, RewardPool):
         flat = [(p, c.text) for p, cs in zip(prompts, completions) for c in cs]
