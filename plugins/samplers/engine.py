@@ -108,6 +108,7 @@ class SlotEngine(JaxSampler):
         self.ring = make_ring(slots, self.columns, tiers)
         self.step = 0  # the number of the next decode step (tier t writes column step % window)
         self.prefilled_tokens = 0  # prefix tokens prefilled, over every call (benchmarks)
+        self.decoded_tokens = 0  # tokens drawn by decode steps, over every call
 
     def setup(self, model: Transformer, tokenizer) -> None:
         graphdef, state = nnx.split(model)
@@ -305,6 +306,7 @@ class SlotEngine(JaxSampler):
         n = int(out.n)
         self.step += n
         tokens, logprobs, emitted = (np.asarray(a)[:, :n] for a in out[:3])
+        self.decoded_tokens += int(emitted.sum())
         self._active = np.asarray(self._slots.active)
         self._used = np.asarray(self._slots.used)
         for slot, row in table.running():
