@@ -8,6 +8,7 @@
     rlax eval --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...] --checkpoint DIR
               [--out FILE]
     rlax curate --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...] [--out DIR]
+    rlax show RUN [--traces N]
 
 Start-up, in this order: let host memory be reused from step to step
 (:mod:`rlax.core.parallel.host_memory`; it must come before JAX starts), build the
@@ -92,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.print_usage(sys.stderr)
         return _error(str(exc), EXIT_USAGE)
-    if bindings and args.command == "plugins":
+    if bindings and args.command in ("plugins", "show"):
         return _error("--gin.NAME=VALUE bindings apply to 'run' and 'eval' only", EXIT_USAGE)
     try:
         return args.handler(args, bindings)
@@ -175,6 +176,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     curate.add_argument("--out", type=pathlib.Path, default=None, metavar="DIR")
     curate.set_defaults(handler=_curate)
+
+    show = commands.add_parser("show", help="a run's state, evaluations and latest rollouts")
+    show.add_argument("run_dir", type=pathlib.Path, metavar="RUN", help="a run directory")
+    show.add_argument("--traces", type=int, default=2, metavar="N",
+                      help="how many of the latest traced groups to print (default 2)")  # fmt: skip
+    show.set_defaults(handler=_show)
     return parser
 
 
@@ -358,6 +365,16 @@ def _curate(args: argparse.Namespace, bindings: list[str]) -> int:
     run = config.configured("rlax", "curate")
     overrides = {"output_dir": str(args.out)} if args.out else {}
     return _status(run(hook=pm.hook, **overrides))
+
+
+def _show(args: argparse.Namespace, bindings: list[str]) -> int:
+    from rlax.core.evaluation.show import show_run
+
+    if not runs.holds_run(args.run_dir):
+        raise ConfigError(f"{args.run_dir}: not a run directory (no operative_config.gin or "
+                          "train_state/)")  # fmt: skip
+    print(show_run(args.run_dir, traces_shown=args.traces))
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ __all__ = [
     "Curriculum",
     "Dataset",
     "Encoder",
+    "Logger",
     "OfflineFilter",
     "OnlineFilter",
     "Refilling",
@@ -338,7 +339,6 @@ class RolloutSource(Protocol):
     @property
     def curation(self) -> Sequence[Any]:
         """The trainer's own curation filters, run on every batch (state: ``curation_state``)."""
-        ...
 
     def next_batch(self, version: int) -> tuple[list[Group | np.ndarray], dict[str, float]]:
         """The next batch, for the policy of weight ``version``, and the source's metrics.
@@ -347,23 +347,18 @@ class RolloutSource(Protocol):
         or just its rewards (float32 ``[G]``) when a filter dropped it, so the
         reward metrics still see every sample.
         """
-        ...
 
     def publish(self, params: Any, version: int) -> dict[str, float]:
         """Makes ``params`` the weights rollouts are generated with, as ``version``; its metrics."""
-        ...
 
     def done(self) -> None:
         """The last batch is trained on and its weights published: acknowledge it."""
-        ...
 
     def close(self) -> None:
         """Releases the source's connections (the run is over or stopping)."""
-        ...
 
     def position(self) -> dict[str, Any]:
         """The data position a checkpoint records (JSON): what ``restore`` continues from."""
-        ...
 
     def restore(self, position: dict[str, Any]) -> None:
         """Continues from a checkpoint's ``position``; called only when one was restored.
@@ -371,7 +366,6 @@ class RolloutSource(Protocol):
         Raises:
           SourceMismatch: another kind of source recorded ``position``.
         """
-        ...
 
     def resume(self, params: Any, version: int) -> int:
         """Publishes the restored (or initial) ``params`` of ``version`` and serves from there.
@@ -380,12 +374,26 @@ class RolloutSource(Protocol):
           The version they were published as: ``version``, or a later one when
           versions already served must not be reused (they only grow).
         """
-        ...
 
     def curation_state(self) -> list[dict[str, Any] | None]:
         """Each curation filter's state (None for a stateless one), for the checkpoint."""
-        ...
 
     def load_curation_state(self, states: Sequence[dict[str, Any] | None]) -> None:
         """Puts back the filters' ``curation_state`` from a checkpoint."""
-        ...
+
+
+# -- Loggers (rlax_register_loggers) ---------------------------------------
+class Logger(Protocol):
+    """Where process 0 of the trainer sends metrics and traces; a raise is only a warning."""
+
+    def open(self, run_dir: str, step: int) -> None:
+        """Once, first: the run directory and the last step done (0, or a resume's step)."""
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """Step ``step``'s row of ``metrics.jsonl``: numbers by name, ``time`` its wall clock."""
+
+    def log_traces(self, step: int, traces: list[dict[str, Any]]) -> None:
+        """The rows ``rollouts.jsonl`` got at step ``step``: one sampled group each."""
+
+    def close(self) -> None:
+        """Once, at the end of the run or at a preemption's safe point."""

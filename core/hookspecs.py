@@ -130,6 +130,26 @@ def rlax_register_tasks() -> dict[str, Callable[..., object]]:
     """
 
 
+@hookspec
+def rlax_register_loggers() -> dict[str, Callable[..., object]]:
+    """Register loggers: where a run's metrics and rollout traces are sent.
+
+    Each factory builds a ``rlax.core.contracts.Logger``: ``open(run_dir,
+    step)``, ``log_metrics(step, metrics)`` (each step's row of
+    ``metrics.jsonl``), ``log_traces(step, traces)`` (the rows of
+    ``rollouts.jsonl``) and ``close()``. gin selects several at once
+    (``rlax.train.loggers``); the trainer's process 0 calls them, and a call
+    that raises is a warning, never the end of the run.
+
+    Called once per plugin when the plugin manager loads; not firstresult, not
+    historic.
+
+    Returns:
+      A dict mapping each logger name to its factory. The gin configurable is
+      ``loggers.<name>``.
+    """
+
+
 # -------------------------------------------------------------------------
 # Lifecycle hooks: notifications from a running experiment.
 #

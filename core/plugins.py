@@ -61,6 +61,7 @@ KINDS: dict[str, str] = {
     "samplers": "rlax_register_samplers",
     "curation": "rlax_register_curation_filters",
     "tasks": "rlax_register_tasks",
+    "loggers": "rlax_register_loggers",
 }
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")

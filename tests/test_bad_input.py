@@ -146,6 +146,26 @@ CASES = {
         ["run", "--gin", "quickstart", "--resume", "."],
         "--resume .: not a run directory (no operative_config.gin or train_state/)",
     ),
+    "a negative evaluation period": (
+        ["run", "--gin", "quickstart", "--gin.rlax.train.eval_every=-1"],
+        ("--gin.rlax.train.eval_every=-1: rlax.train.eval_every: a number of steps, >= 0 "
+         "(0: never), got -1"),
+    ),
+    "no group to trace": (["run", "--gin", "quickstart", "--gin.rlax.train.trace_groups=0"],
+                          "rlax.train.trace_groups: must be >= 1, got 0"),
+    "a string for a trace period": (
+        ["run", "--gin", "quickstart", "--gin.rlax.train.trace_every='often'"],
+        "rlax.train.trace_every: expected int, got str",
+    ),
+    "a misspelt logger": (
+        ["run", "--gin", "quickstart", "--gin.rlax.train.loggers=[@loggers.tensorbord()]"],
+        "No loggers plugin is named 'tensorbord'; valid loggers: tensorboard, wandb",
+    ),
+    "a W&B mode that is none": (
+        ["run", "--gin", "quickstart", "--gin.rlax.train.loggers=[@loggers.wandb()]",
+         "--gin.loggers.wandb.mode='later'", *FAST],
+        "loggers.wandb.mode: one of online, offline, disabled, got 'later'",
+    ),
     "eval --out into a missing folder": (
         ["eval", "--gin", "quickstart", "--checkpoint", str(ROOT / "assets" / "quickstart-base"),
          "--out", "missing/eval.json"],

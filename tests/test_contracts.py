@@ -34,6 +34,7 @@ KIND_PROTOCOLS: dict[str, tuple[str, ...]] = {
     "samplers": ("Sampler", "Resumable"),
     "tasks": ("Task", "Dataset"),
     "curation": ("OnlineFilter", "OfflineFilter", "Curriculum", "Refilling", "Stateful"),
+    "loggers": ("Logger",),
 }
 # Protocols of what the core hands to components, or of its own parts: no plugin kind.
 NOT_PLUGIN_KINDS = {"Encoder", "Tokenizer", "RolloutSource"}

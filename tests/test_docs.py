@@ -394,6 +394,26 @@ def check_task(b: Block, tmp_path: pathlib.Path) -> None:
     assert [score_one(reward, evals[0], text)[0] for text in ("7", "8")] == [1.0, 0.0]
 
 
+def check_logger(b: Block, tmp_path: pathlib.Path) -> None:
+    from rlax.core.trainer.observe import Loggers
+
+    logger = manager(run(b)).get("loggers", "json_lines").factory()
+    # Called as the trainer calls its loggers.
+    loggers = Loggers([logger])
+    loggers.call("open", str(tmp_path), 0)
+    for step in (1, 2):
+        loggers.call("log_metrics", step, {"step": step, "reward": step / 4, "time": 1.0})
+    loggers.call("log_traces", 2, [])
+    loggers.close()
+
+    lines = (tmp_path / "rewards.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"step": 1, "reward": 0.25},
+        {"step": 2, "reward": 0.5},
+    ]
+    assert loggers.failures == {}
+
+
 def printed(capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().out
 
@@ -501,6 +521,7 @@ CHECKS: dict[str, Callable[..., None]] = {
     HOOKS + "rlax_register_samplers() -> dict[str, Callable[..., object]]": check_sampler,
     HOOKS + "rlax_register_curation_filters() -> dict[str, Callable[..., object]]": check_curation,
     HOOKS + "rlax_register_tasks() -> dict[str, Callable[..., object]]": check_task,
+    HOOKS + "rlax_register_loggers() -> dict[str, Callable[..., object]]": check_logger,
     HOOKS + "rlax_on_step_end(step: int, metrics: dict[str, float]) -> None": check_step_end,
     HOOKS + "rlax_on_weights_published(version: int) -> None": check_weights_published,
     HOOKS + "rlax_on_checkpoint(step: int, path: str) -> None": check_checkpoint,

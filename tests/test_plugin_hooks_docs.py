@@ -57,7 +57,7 @@ def example(name: str) -> str:
 
 
 def test_hooks_are_found():
-    assert len(HOOKS) == 9
+    assert len(HOOKS) == 10
 
 
 @pytest.mark.parametrize("name", HOOKS)

@@ -234,9 +234,14 @@ SHARED_SETTINGS: dict[str, tuple[str, ...]] = {
 def _validators() -> dict[str, Callable[..., None]]:
     """Checks of a configurable's settings taken together, run on the bound literals."""
     from rlax.core.evaluation.evaluate import check_eval_settings
+    from rlax.core.trainer.observe import check_observe_settings
+
+    def check_train_settings(**settings: Any) -> None:
+        check_eval_settings(**settings)
+        check_observe_settings(**settings)
 
     return {
-        "rlax.train": check_eval_settings,
+        "rlax.train": check_train_settings,
         "rlax.evaluate": check_eval_settings,
     }
 

@@ -19,6 +19,7 @@ from rlax.core.contracts import RolloutSource
 from rlax.core.parallel import multihost
 from rlax.core.trainer.batches import make_batch
 from rlax.core.trainer.filling import Entry
+from rlax.core.trainer.phases import PhaseClock
 from rlax.core.trainer.step import Trainer, batch_arrays
 from rlax.core.types import Group
 from rlax.core.worker.rollout import generated_tokens
@@ -32,13 +33,18 @@ def entry_order(entry: Entry) -> tuple:
 
 
 def take_batch(source: RolloutSource, trainer: Trainer, version: int, *, group_size: int,
-               completion_len: int, deterministic: bool):  # fmt: skip
-    """Process 0's part of a step: (metrics so far, the TrainBatch or None, generated tokens)."""
+               completion_len: int, deterministic: bool, groups: list[Group] | None = None):  # fmt: skip
+    """Process 0's part of a step: (metrics so far, the TrainBatch or None, generated tokens).
+
+    The batch's groups are appended to ``groups`` when given (for the rollout traces).
+    """
     entries, info = source.next_batch(version)
     if deterministic:
         entries = sorted(entries, key=entry_order)
     rewards = np.concatenate([e.rewards if isinstance(e, Group) else e for e in entries])
     kept = [e for e in entries if isinstance(e, Group)]
+    if groups is not None:
+        groups.extend(kept)
     metrics: dict[str, float] = {
         "reward": float(rewards.mean()),
         "pass_rate": float((rewards >= 1.0).mean()),
@@ -64,30 +70,38 @@ def own_rows(trainer: Trainer, batch):
 
 
 def train_step(step: int, source: RolloutSource, trainer: Trainer, *, group_size: int,
-               completion_len: int, version_offset: int = 0,
-               deterministic: bool = False) -> dict:  # fmt: skip
+               completion_len: int, version_offset: int = 0, deterministic: bool = False,
+               clock: PhaseClock | None = None, groups: list[Group] | None = None) -> dict:  # fmt: skip
     """Takes one batch, updates, publishes the new weights; returns the step's metrics.
 
     The weight version is the trainer's step plus ``version_offset`` (nonzero
     after a resume that had to skip versions a lost trainer had published).
     A notice that stopped process 0 waiting for rollouts stops every process
-    here (the batch's broadcast carries the exception).
+    here (the batch's broadcast carries the exception). ``clock`` times the
+    phases (waiting for rollouts, training, publishing); process 0 appends the
+    batch's groups to ``groups`` when given.
     """
+    clock = clock or PhaseClock()
     start = time.perf_counter()
-    metrics, batch, tokens = multihost.run_on_lead(
-        functools.partial(
-            take_batch, source, trainer, trainer.state.step + version_offset,
-            group_size=group_size, completion_len=completion_len, deterministic=deterministic,
-        )
-    )  # fmt: skip
+    with clock("wait_rollouts"):
+        metrics, batch, tokens = multihost.run_on_lead(
+            functools.partial(
+                take_batch, source, trainer, trainer.state.step + version_offset,
+                group_size=group_size, completion_len=completion_len,
+                deterministic=deterministic, groups=groups,
+            )
+        )  # fmt: skip
     metrics = {"step": step, **metrics}
     if batch is not None:
-        metrics.update(trainer.step(own_rows(trainer, batch)))
-        metrics.update(source.publish(trainer.state.params, trainer.state.step + version_offset))
+        with clock("train"):
+            metrics.update(trainer.step(own_rows(trainer, batch)))
+        with clock("publish"):
+            metrics.update(
+                source.publish(trainer.state.params, trainer.state.step + version_offset)
+            )
     if multihost.is_lead():
-        source.done()
+        with clock("publish"):
+            source.done()
     metrics["version"] = trainer.state.step + version_offset
-    elapsed = time.perf_counter() - start
-    metrics["tokens_per_s"] = tokens / elapsed
-    metrics["step_s"] = elapsed
+    metrics["tokens_per_s"] = tokens / (time.perf_counter() - start)
     return metrics

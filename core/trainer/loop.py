@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import pathlib
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,7 +37,10 @@ from rlax.core.launch.preemption import Preemption
 from rlax.core.parallel import multihost as distributed
 from rlax.core.trainer.checkpoint import Checkpointer, Restored
 from rlax.core.trainer.iteration import train_step
+from rlax.core.trainer.observe import Observer
+from rlax.core.trainer.phases import PhaseClock
 from rlax.core.trainer.step import Trainer, TrainState
+from rlax.core.types import Group
 
 _log = logging.getLogger("rlax.trainer")
 
@@ -109,8 +113,9 @@ class TrainingRun:
 
     def __init__(self, run_dir: pathlib.Path, trainer: Trainer, source: RolloutSource,
                  ckpt: Checkpointer, preemption: Preemption, restored: Restored | None,
-                 deterministic: bool, seed: int):  # fmt: skip
+                 deterministic: bool, seed: int, observer: Observer | None = None):  # fmt: skip
         self.run_dir, self.trainer, self.source = run_dir, trainer, source
+        self.observer = observer or Observer(run_dir, lead=distributed.is_lead())
         self.ckpt, self.preemption = ckpt, preemption
         self.deterministic, self.seed = deterministic, seed
         meta = restored.meta if restored is not None else {}
@@ -171,14 +176,20 @@ class TrainingRun:
         # == k. The hooks, metrics.jsonl, checkpoints and the bar all use that number.
         bar = tqdm(range(self.step + 1, steps + 1), desc="rl",
                    disable=not (progress and self.lead), initial=self.step, total=steps)  # fmt: skip
+        self.observer.open(self.step)
         if self._agree(None, None)[1]:
             self._stop()
+        mark = time.perf_counter()
         for step in bar:
-            lost = None
+            # The phase the trainer is in, on the progress line: a stalled fleet shows as
+            # "waiting for rollouts" (with the queue's depth) for as long as it stalls.
+            clock = PhaseClock(lambda phase: bar.set_description_str(f"rl [{phase}]"), mark)
+            clock.seconds["observe"] += time.perf_counter() - mark  # the last step's loggers
+            lost, groups = None, list[Group]()
             try:
                 metrics = train_step(
                     step, self.source, self.trainer, version_offset=self.version_offset,
-                    deterministic=self.deterministic, **step_args,
+                    deterministic=self.deterministic, clock=clock, groups=groups, **step_args,
                 )  # fmt: skip
             except LostStep as err:  # the state holds half a step: keep the last checkpoint
                 metrics, lost = None, str(err)
@@ -192,28 +203,44 @@ class TrainingRun:
                       flush=True)  # fmt: skip
                 self.ckpt.wait()
                 self.preemption.stop_now()
-            self._end_step(step, steps, metrics, hook, bar, stop)
+            mark = self._end_step(step, steps, metrics, hook, bar, stop, clock, groups)
 
-    def _end_step(self, step: int, steps: int, metrics: dict, hook, bar, stop: bool) -> None:
-        """Counts step ``step`` done: logs it, calls the hooks, checkpoints when due or stopping."""
+    def _end_step(self, step: int, steps: int, metrics: dict, hook, bar, stop: bool,
+                  clock: PhaseClock, groups: list[Group]) -> float:  # fmt: skip
+        """Counts step ``step`` done: evaluates and checkpoints when due, logs it, calls the hooks.
+
+        Returns the moment the step's row was complete: the next step's clock starts there.
+        """
         self.step = step
         # The save started a step ago must be complete before this step counts, so a
         # crash never redoes more than checkpoint_every steps (it rarely has to wait).
-        self.ckpt.wait()
+        with clock("checkpoint"):
+            self.ckpt.wait()
+        if self.observer.eval_due(step):
+            with clock("eval"):
+                metrics.update(self.observer.evaluate())
+        if self.ckpt.due(self.step) or self.step == steps or stop:
+            with clock("checkpoint"):
+                self.save(rows=len(self.log.rows) + 1)  # this step's row is written next
+        with clock("observe"):
+            self.observer.trace(step, groups)
+        metrics.update(clock.metrics())
+        mark = time.perf_counter()
         self.log.write(metrics)
         if self.lead:
+            queue = {"queue": int(metrics["queue_depth"])} if "queue_depth" in metrics else {}
             bar.set_postfix(
-                reward=f"{metrics['reward']:.2f}", kl=f"{metrics.get('kl_old', 0):.1e}",
+                reward=f"{metrics['reward']:.2f}", kl=f"{metrics.get('kl_old', 0):.1e}", **queue,
                 refresh=False,
             )  # fmt: skip
             hook.rlax_on_step_end(step=step, metrics=metrics)
             self.empty_steps.see(step, metrics)
             hook.rlax_on_weights_published(version=self.version)
-        if self.ckpt.due(self.step) or self.step == steps or stop:
-            self.save()
+        self.observer.step_end(step, metrics, self.log.rows)
         self.ckpt.poll()
         if stop:
             self._stop()
+        return mark
 
     def _agree(self, lost: str | None, metrics: dict | None) -> tuple[str | None, bool, Any]:
         """(why a step was lost, whether to stop, the step's metrics), the same on every process.
@@ -235,8 +262,11 @@ class TrainingRun:
             self.preemption.notify(f"trainer process {notice[0]}: {notice[1]}")
         return lost, notice is not None or lost is not None, everyone[0][2]
 
-    def save(self) -> float:
-        """Checkpoints the whole state (every process: orbax writes each one's shards)."""
+    def save(self, rows: int | None = None) -> float:
+        """Checkpoints the whole state (every process: orbax writes each one's shards).
+
+        ``rows``: the rows of ``metrics.jsonl`` the state covers (default: those written).
+        """
         meta = {
             "train_step": self.trainer.state.step,
             "version": self.version,
@@ -247,7 +277,7 @@ class TrainingRun:
             "curation": self.source.curation_state(),
             "rng": {"seed": self.seed},
             "eval_before": self.eval_before,
-            "metrics_rows": len(self.log.rows),
+            "metrics_rows": len(self.log.rows) if rows is None else rows,
             "deterministic": self.deterministic,
         }
         self._saved_step = self.step
@@ -258,4 +288,5 @@ class TrainingRun:
         if self._saved_step != self.step:
             self.save()
         self.ckpt.wait()
+        self.observer.stopped(self.log.rows, self.eval_before)
         self.preemption.stop_now()

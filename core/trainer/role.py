@@ -12,9 +12,10 @@ one under ``run_root`` named after ``run_name``)::
 
     RUN/operative_config.gin           the whole gin config, every role: `rlax run --gin` it
     RUN/trainer_operative_config.gin   every value the trainer used, defaults included
-    RUN/metrics.jsonl                  one line per step
-    RUN/curves.png                     learning curves
-    RUN/eval.json                      held-out pass@k before and after
+    RUN/metrics.jsonl                  one line per step, with its phase timings and wall clock
+    RUN/rollouts.jsonl                 sampled groups every ``trace_every`` steps
+    RUN/curves.png                     learning curves, redrawn every ``plot_every`` steps
+    RUN/eval.json                      held-out pass@k before, every ``eval_every`` steps, after
     RUN/checkpoint/                    the final policy (a model directory)
     RUN/train_state/                   resumable checkpoints of the whole trainer state (orbax)
 
@@ -43,6 +44,14 @@ own rows to the step), evaluates, writes the files and exports the final
 policy from the gathered parameters; every process pushes its shards of each
 new version and checkpoints its part.
 
+The run is watched while it runs (docs/observability.md): ``loggers`` get
+every step's metrics and the rollout traces; every ``eval_every`` steps (0:
+never) the held-out pass@k joins that step's metrics; every ``trace_every``
+steps ``trace_groups`` of the batch's groups are written to
+``rollouts.jsonl``; ``curves.png`` is redrawn every ``plot_every`` steps and
+at a preemption, when ``eval.json`` is written too
+(:mod:`rlax.core.trainer.observe`).
+
 The loop never branches on which algorithm, reward, sampler or rollout source
 it runs; their contracts are the Protocols in ``core/contracts.py``.
 """
@@ -61,7 +70,15 @@ import optax
 from flax import nnx
 
 from rlax.core.config.run_files import save_run_config
-from rlax.core.contracts import Algorithm, OnlineFilter, Reward, RolloutSource, Sampler, Task
+from rlax.core.contracts import (
+    Algorithm,
+    Logger,
+    OnlineFilter,
+    Reward,
+    RolloutSource,
+    Sampler,
+    Task,
+)
 from rlax.core.errors import ConfigError, Preempted
 from rlax.core.evaluation.evaluate import (
     check_eval_settings,
@@ -70,7 +87,6 @@ from rlax.core.evaluation.evaluate import (
     format_eval_table,
     load_policy,
 )
-from rlax.core.evaluation.plot import plot_curves
 from rlax.core.launch import runs
 from rlax.core.launch.preemption import Preemption
 from rlax.core.launch.runs import make_run_dir
@@ -86,6 +102,12 @@ from rlax.core.param_server.wire import WirePlan
 from rlax.core.trainer.checkpoint import Checkpointer, Restored
 from rlax.core.trainer.client import TrainerClient
 from rlax.core.trainer.loop import TrainingRun, apply_restored, state_tree
+from rlax.core.trainer.observe import (
+    Observer,
+    check_observe_settings,
+    eval_results,
+    heldout_metrics,
+)
 from rlax.core.trainer.sources import InlineRollouts, RemoteRollouts
 from rlax.core.trainer.step import Trainer, TrainerSettings
 from rlax.core.types import ConfigPath
@@ -115,8 +137,8 @@ def _open_run_dir(run_dir: pathlib.Path | None, run_root: str, run_name: str) ->
 
 
 def _check_settings(*, inline: bool, deterministic: bool, max_staleness: int,
-                    eval_samples: int, eval_ks: Sequence[int],
-                    curation: Sequence[object]) -> None:  # fmt: skip
+                    eval_samples: int, eval_ks: Sequence[int], curation: Sequence[object],
+                    **observe: int) -> None:  # fmt: skip
     """ConfigError for settings that cannot work together, before any work."""
     check_online_filters(curation, "rlax.train.curation")
     if deterministic and max_staleness != 0:
@@ -124,6 +146,7 @@ def _check_settings(*, inline: bool, deterministic: bool, max_staleness: int,
     if inline and jax.process_count() > 1:
         raise ConfigError("--role inline runs in one process; several hosts run --role trainer")
     checked(check_eval_settings, "rlax.train", eval_samples=eval_samples, eval_ks=eval_ks)
+    checked(check_observe_settings, "rlax.train", **observe)
 
 
 def _finished(run_dir: pathlib.Path | None, steps: int) -> bool:
@@ -225,37 +248,19 @@ def _run(run: TrainingRun, held_out: _HeldOut, hook, *, steps: int, progress: bo
     return run.eval_before
 
 
-def train(
-    *,
-    hook: Any = None,
-    run_dir: pathlib.Path | None = None,
-    inline: bool = False,
-    task: Task,
-    reward: Reward,
-    sampler: Sampler,
-    algorithm: Algorithm,
-    optimizer: optax.GradientTransformation,
-    init_checkpoint: ConfigPath,
-    settings: ServerSettings | None = None,
-    curation: Sequence[OnlineFilter] = (),
-    steps: int = 100,
-    prompts_per_step: int = 16,
-    group_size: int = 8,
-    max_staleness: int = 0,
-    seed: int = 0,
-    eval_samples: int = 8,
-    eval_ks: Sequence[int] = (1, 8),
-    run_root: str = "runs",
-    run_name: str = "run",
-    progress: bool = True,
-    checkpoint_every: int = 100,
-    keep_checkpoints: int = 3,
-    deterministic: bool = False,
-    preemption_notices: Sequence[Any] | None = None,
-    mesh: MeshConfig | None = None,
-    trainer_settings: TrainerSettings | None = None,
-    distributed: DistributedSettings | None = None,
-) -> int:
+def train(*, hook: Any = None, run_dir: pathlib.Path | None = None, inline: bool = False,
+          task: Task, reward: Reward, sampler: Sampler, algorithm: Algorithm,
+          optimizer: optax.GradientTransformation, init_checkpoint: ConfigPath,
+          settings: ServerSettings | None = None, curation: Sequence[OnlineFilter] = (),
+          steps: int = 100, prompts_per_step: int = 16, group_size: int = 8,
+          max_staleness: int = 0, seed: int = 0, eval_samples: int = 8,
+          eval_ks: Sequence[int] = (1, 8), run_root: str = "runs", run_name: str = "run",
+          progress: bool = True, checkpoint_every: int = 100, keep_checkpoints: int = 3,
+          deterministic: bool = False, preemption_notices: Sequence[Any] | None = None,
+          mesh: MeshConfig | None = None, trainer_settings: TrainerSettings | None = None,
+          distributed: DistributedSettings | None = None, loggers: Sequence[Logger] = (),
+          eval_every: int = 0, trace_every: int = 10, trace_groups: int = 2,
+          plot_every: int = 50) -> int:  # fmt: skip
     """The trainer role: RL from ``init_checkpoint`` for ``steps`` steps (see the module doc).
 
     Raises:
@@ -263,8 +268,11 @@ def train(
     """
     hook = hook or _NoHooks()
     initialize_distributed(distributed)  # before anything touches a device (the CLI did it first)
+    watch = {"eval_every": eval_every, "trace_every": trace_every, "trace_groups": trace_groups,
+             "plot_every": plot_every}  # fmt: skip
     _check_settings(inline=inline, deterministic=deterministic, max_staleness=max_staleness,
-                    eval_samples=eval_samples, eval_ks=eval_ks, curation=curation)  # fmt: skip
+                    eval_samples=eval_samples, eval_ks=eval_ks, curation=curation,
+                    **watch)  # fmt: skip
     if _finished(run_dir, steps):  # re-running a finished run redoes nothing and overwrites nothing
         return 0
     bundle = load_policy(init_checkpoint, "rlax.train.init_checkpoint")
@@ -280,10 +288,22 @@ def train(
         group_size=group_size, max_staleness=max_staleness, seed=seed,
     )  # fmt: skip
     run = TrainingRun(run_dir, trainer, source, ckpt, preemption, restored, deterministic, seed)
-    before = _run(run, held_out, hook, steps=steps, progress=progress, group_size=group_size,
-                  completion_len=sampler.max_new_tokens)  # fmt: skip
-    _finish(run, hook, bundle, held_out, before)
+    run.observer = _observer(run, held_out, loggers, reward, watch)
+    try:
+        before = _run(run, held_out, hook, steps=steps, progress=progress,
+                      group_size=group_size, completion_len=sampler.max_new_tokens)  # fmt: skip
+        _finish(run, hook, bundle, held_out, before)
+    finally:
+        run.observer.close()
     return 0
+
+
+def _observer(run: TrainingRun, held_out: _HeldOut, loggers: Sequence[Logger], reward: Reward,
+              watch: dict[str, int]) -> Observer:  # fmt: skip
+    """The run's observer: its loggers, traces, curves, and the held-out evaluation of now."""
+    params = lambda: multihost.gather_tree(run.trainer.state.params)  # whole arrays
+    return Observer(run.run_dir, loggers, reward=reward, lead=multihost.is_lead(),
+                    evaluate=lambda: held_out.after(params(), run.version), **watch)  # fmt: skip
 
 
 def _export(path: pathlib.Path, bundle: ModelBundle) -> None:
@@ -322,8 +342,10 @@ def _finish(run: TrainingRun, hook, bundle: ModelBundle, held_out: _HeldOut,
     shutil.rmtree(old, ignore_errors=True)
     ckpt = final
     hook.rlax_on_checkpoint(step=step, path=str(ckpt))
+    results = eval_results(results["before"], log.rows, results["after"])
     (run_dir / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
-    if log.rows:
-        plot_curves(log.rows, run_dir / "curves.png", title=run_dir.name)
-    print("\nheld-out pass@k (unbiased estimator)\n" + format_eval_table(results))
+    run.observer.loggers.call("log_metrics", step, heldout_metrics(results["after"]))
+    run.observer.plot(log.rows, results["before"], results["after"])
+    table = format_eval_table({k: results[k] for k in ("before", "after")})
+    print("\nheld-out pass@k (unbiased estimator)\n" + table)
     print(f"\nrun directory: {run_dir}", flush=True)

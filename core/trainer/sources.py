@@ -94,6 +94,20 @@ class _Curated:
                 f.load_state_dict(state)
 
 
+class _TimedReward:
+    """A reward whose ``score`` calls are timed (the inline source's scoring time)."""
+
+    def __init__(self, reward):
+        self.reward, self.seconds = reward, 0.0
+
+    def score(self, prompt, completion_text):
+        start = time.perf_counter()
+        try:
+            return self.reward.score(prompt, completion_text)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
 class InlineRollouts(_Curated):
     """Samples in the trainer's process; every group is on-policy.
 
@@ -111,22 +125,29 @@ class InlineRollouts(_Curated):
         self.extra_rounds = extra_rounds(self.curation)
         self.group_size, self.prompts_per_step, self.seed = group_size, prompts_per_step, seed
         self._round = 0  # rounds sampled so far: the sampler seeds' counter
+        self._timed = _TimedReward(reward)
 
     def publish(self, params, version: int) -> dict[str, float]:
         self.sampler.load_weights(params, version)
         return {}
 
     def next_batch(self, version: int) -> tuple[list[Entry], dict[str, float]]:
-        return fill_batch(
+        self._timed = _TimedReward(self.reward)
+        start = time.perf_counter()
+        entries, info = fill_batch(
             self._sample_round, target=self.prompts_per_step, extra_rounds=self.extra_rounds
         )
+        # Where the wait for rollouts went: sampling, and scoring (the reward's calls).
+        info["score_s"] = self._timed.seconds
+        info["generate_s"] = time.perf_counter() - start - self._timed.seconds
+        return entries, info
 
     def _sample_round(self, n: int) -> list[Entry]:
         # A curriculum among the filters keeps retired prompts out.
         admitted = (p for p in self.prompts if all(f.admit([p]) for f in self._curricula))
         batch = list(itertools.islice(admitted, n))
         groups = rollout(
-            batch, self.sampler, self.reward, self.group_size, self.seed * 1_000_003 + self._round
+            batch, self.sampler, self._timed, self.group_size, self.seed * 1_000_003 + self._round
         )
         self._round += 1  # one sampler seed per round
         kept = kept_by_filters(groups, self.curation)

@@ -55,6 +55,10 @@ def test_hook_rlax_register_tasks():
     assert_fills_only("tasks", "rlax_register_tasks")
 
 
+def test_hook_rlax_register_loggers():
+    assert_fills_only("loggers", "rlax_register_loggers")
+
+
 def recording_manager(**impls: tuple[str, ...]) -> tuple[PluginManager, list]:
     """Two plugins implementing the given hooks (with those parameters), recording calls."""
     calls: list = []

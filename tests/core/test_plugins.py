@@ -250,7 +250,9 @@ def test_unknown_name_lists_the_valid_names_sorted(site):
 def test_unknown_kind_lists_the_valid_kinds(site):
     pm = build_plugin_manager()
 
-    with pytest.raises(UnknownPluginError, match="valid kinds: algorithms, curation, rewards"):
+    with pytest.raises(
+        UnknownPluginError, match="valid kinds: algorithms, curation, loggers, rewards"
+    ):
         pm.get("reward", "x")
 
 

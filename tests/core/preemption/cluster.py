@@ -13,10 +13,12 @@ import time
 
 import numpy as np
 
+from rlax.core.trainer.phases import WALL_CLOCK
+
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 BASE = ROOT / "assets" / "quickstart-base"
-TIMING = {"take_wait_s", "step_s", "tokens_per_s", "weight_sync_s", "weight_sync_mb_s",
-          "worker_idle_fraction", "queue_depth"}  # fmt: skip
+TIMING = {"take_wait_s", "weight_sync_s", "weight_sync_mb_s", "worker_idle_fraction",
+          "queue_depth", *WALL_CLOCK}  # fmt: skip
 
 
 def small(steps: int, *extra: str) -> list[str]:
