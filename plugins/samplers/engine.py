@@ -48,8 +48,9 @@ from rlax.plugins.samplers import engine_steps
 from rlax.plugins.samplers.engine_host import Row, Table, make_ring
 from rlax.plugins.samplers.jax_sampler import JaxSampler, _bucket
 
-# Rows per prefill, place and move call: fixed, so refills never compile a new program
-# (a prompt bucket not seen before does, as in the static sampler).
+# Rows per place and move call (fixed) and at most per prefill call (a power of two, so
+# one shared prompt costs one row): refills compile nothing new once each prompt bucket
+# and prefill size has been seen, as the static sampler compiles per prompt bucket.
 PREFILL_ROWS, PLACE_ROWS, MOVE_ROWS = 8, 8, 4
 
 
@@ -105,7 +106,7 @@ class SlotEngine(JaxSampler):
         # Ring columns: the longest bucketed prefix plus the whole budget fits.
         self.columns = _bucket(max_prompt_tokens + self.max_new_tokens, self.prompt_bucket)
         self.columns += self.prompt_bucket
-        self.ring = make_ring(slots, self.columns, tiers)
+        self.ring = make_ring(slots, self.columns, tiers, longest_prompt=max_prompt_tokens)
         self.step = 0  # the number of the next decode step (tier t writes column step % window)
         self.prefilled_tokens = 0  # prefix tokens prefilled, over every call (benchmarks)
         self.decoded_tokens = 0  # tokens drawn by decode steps, over every call
@@ -273,7 +274,7 @@ class SlotEngine(JaxSampler):
             del prefixes[k]
 
     def _prefill(self, prefixes: list[np.ndarray], pb: int):
-        u = PREFILL_ROWS
+        u = 1 << (len(prefixes) - 1).bit_length()  # 1, 2, 4 or PREFILL_ROWS
         tokens = np.full((u, pb), PAD, np.int32)
         mask = np.zeros((u, pb), bool)
         for i, p in enumerate(prefixes):

@@ -46,11 +46,17 @@ class Row:
         return (self.request,) if share and not self.tokens else (self.request, self.sample)
 
 
-def make_ring(slots: int, columns: int, tiers: Sequence[Sequence[int]] = ()) -> Ring:
-    """The layout for ``slots`` rows of ``columns`` ring columns (see the engine's ``tiers``)."""
+def make_ring(
+    slots: int, columns: int, tiers: Sequence[Sequence[int]] = (), longest_prompt: int = 0
+) -> Ring:
+    """The layout for ``slots`` rows of ``columns`` ring columns (see the engine's ``tiers``).
+
+    The default's smallest window is ``FIRST_WINDOW`` or twice the longest prompt,
+    whichever is larger: a tier that no prompt fits with room to grow is no use.
+    """
     if not tiers:
         windows: list[int] = []
-        w = FIRST_WINDOW
+        w = max(FIRST_WINDOW, 2 * longest_prompt)
         while 2 * w <= columns and len(windows) + 1 < slots:
             windows.append(w)
             w *= 2

@@ -176,4 +176,7 @@ def test_default_tiers_split_the_slots_by_window():
     assert [w for _, _, w in ring.tiers] == [128, 256, 512, 1064]
     assert ring.tiers[-1][1] == 64 and [b - a for a, b, _ in ring.tiers] == [27, 17, 12, 8]
     assert make_ring(8, 100).tiers == ((0, 8, 100),)  # a short ring: one tier
+    # Long prompts: no tier too small for them (16 rows of 512-token prompts in 528 columns).
+    assert make_ring(16, 528, longest_prompt=512).tiers == ((0, 16, 528),)
+    assert [w for *_, w in make_ring(16, 1064, longest_prompt=200).tiers] == [400, 1064]
     assert jax.numpy.array_equal(make_ring(3, 40, ((2, 16), (1, 0))).windows(), [16, 16, 40])
