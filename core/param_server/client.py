@@ -231,16 +231,19 @@ class ParamServerClient:
 
     def lease(self, worker: str, max_prompts: int, *, wait_s: float = 5.0, idle_s: float = 0.0,
               busy_s: float = 0.0, reward_errors: int = 0, reward_timeouts: int = 0,
+              generate_s: float = 0.0, score_s: float = 0.0,
               ) -> Leases:  # fmt: skip
         """Up to ``max_prompts`` (lease id, prompt) pairs; [] if no room came within ``wait_s``.
 
         The reply's ``partials`` maps a lease id to the partial work its prompt
         carries (a preempted worker's rows, to be continued). The worker's
-        cumulative idle/busy seconds and verifier failures ride along for Stat.
+        cumulative idle/busy/generate/score seconds and verifier failures ride along
+        for Stat.
         """
         req = pb.LeaseRequest(
             worker=worker, max_prompts=max_prompts, wait_s=wait_s, idle_s=idle_s, busy_s=busy_s,
             reward_errors=reward_errors, reward_timeouts=reward_timeouts,
+            generate_s=generate_s, score_s=score_s,
         )  # fmt: skip
         reply = self._call("Lease", req, timeout=wait_s + 30)
         leases = Leases((x.lease_id, codec.msg_to_prompt(x.prompt)) for x in reply.leases)

@@ -60,6 +60,8 @@ class RolloutQueue(QueueState):
                 req.busy_s,
                 req.reward_errors,
                 req.reward_timeouts,
+                req.generate_s,
+                req.score_s,
             )
             self._expire()
             self._wait(lambda: self._in_flight() < self.capacity, req.wait_s)
@@ -339,8 +341,10 @@ class RolloutQueue(QueueState):
     def stats(self) -> pb.QueueStats:
         with self._cv:
             self._expire()
-            reports = list(self._workers.values()) or [(0.0, 0.0, 0, 0)]
-            idle, busy, reward_errors, reward_timeouts = (sum(x) for x in zip(*reports))
+            reports = list(self._workers.values()) or [(0.0, 0.0, 0, 0, 0.0, 0.0)]
+            idle, busy, reward_errors, reward_timeouts, generate, score = (
+                sum(x) for x in zip(*reports)
+            )
             return pb.QueueStats(
                 pool=len(self._pool),
                 leased=len(self._leases),
@@ -360,4 +364,6 @@ class RolloutQueue(QueueState):
                 worker_busy_s=busy,
                 reward_errors=int(reward_errors),
                 reward_timeouts=int(reward_timeouts),
+                worker_generate_s=generate,
+                worker_score_s=score,
             )

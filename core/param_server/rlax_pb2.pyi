@@ -290,6 +290,8 @@ class QueueStats(_message.Message):
     PARTIAL_SUBMITTED_FIELD_NUMBER: _builtins.int
     PARTIAL_RESUMED_FIELD_NUMBER: _builtins.int
     PARTIAL_TOKENS_FIELD_NUMBER: _builtins.int
+    WORKER_GENERATE_S_FIELD_NUMBER: _builtins.int
+    WORKER_SCORE_S_FIELD_NUMBER: _builtins.int
     pool: _builtins.int
     """prompts waiting to be leased (returned ones included)"""
     leased: _builtins.int
@@ -318,6 +320,10 @@ class QueueStats(_message.Message):
     """leases that handed partial work out again"""
     partial_tokens: _builtins.int
     """tokens handed in by SubmitPartial, over every row"""
+    worker_generate_s: _builtins.float
+    """summed over workers, as last reported: sampling"""
+    worker_score_s: _builtins.float
+    """and scoring seconds"""
     def __init__(
         self,
         *,
@@ -339,10 +345,12 @@ class QueueStats(_message.Message):
         partial_submitted: _builtins.int = ...,
         partial_resumed: _builtins.int = ...,
         partial_tokens: _builtins.int = ...,
+        worker_generate_s: _builtins.float = ...,
+        worker_score_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "consumed", b"consumed", "cursor", b"cursor", "dropped_stale", b"dropped_stale", "expired_leases", b"expired_leases", "filtered", b"filtered", "leased", b"leased", "partial_resumed", b"partial_resumed", "partial_submitted", b"partial_submitted", "partial_tokens", b"partial_tokens", "pool", b"pool", "queued", b"queued", "retired_skipped", b"retired_skipped", "reward_errors", b"reward_errors", "reward_timeouts", b"reward_timeouts", "taken", b"taken", "worker_busy_s", b"worker_busy_s", "worker_idle_s", b"worker_idle_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "consumed", b"consumed", "cursor", b"cursor", "dropped_stale", b"dropped_stale", "expired_leases", b"expired_leases", "filtered", b"filtered", "leased", b"leased", "partial_resumed", b"partial_resumed", "partial_submitted", b"partial_submitted", "partial_tokens", b"partial_tokens", "pool", b"pool", "queued", b"queued", "retired_skipped", b"retired_skipped", "reward_errors", b"reward_errors", "reward_timeouts", b"reward_timeouts", "taken", b"taken", "worker_busy_s", b"worker_busy_s", "worker_generate_s", b"worker_generate_s", "worker_idle_s", b"worker_idle_s", "worker_score_s", b"worker_score_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -591,6 +599,8 @@ class LeaseRequest(_message.Message):
     BUSY_S_FIELD_NUMBER: _builtins.int
     REWARD_ERRORS_FIELD_NUMBER: _builtins.int
     REWARD_TIMEOUTS_FIELD_NUMBER: _builtins.int
+    GENERATE_S_FIELD_NUMBER: _builtins.int
+    SCORE_S_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     max_prompts: _builtins.int
     wait_s: _builtins.float
@@ -601,6 +611,9 @@ class LeaseRequest(_message.Message):
     reward_errors: _builtins.int
     """the worker's cumulative verifier failures and timeouts"""
     reward_timeouts: _builtins.int
+    generate_s: _builtins.float
+    """the worker's cumulative sampling and scoring seconds"""
+    score_s: _builtins.float
     def __init__(
         self,
         *,
@@ -611,10 +624,12 @@ class LeaseRequest(_message.Message):
         busy_s: _builtins.float = ...,
         reward_errors: _builtins.int = ...,
         reward_timeouts: _builtins.int = ...,
+        generate_s: _builtins.float = ...,
+        score_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_s", b"busy_s", "idle_s", b"idle_s", "max_prompts", b"max_prompts", "reward_errors", b"reward_errors", "reward_timeouts", b"reward_timeouts", "wait_s", b"wait_s", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_s", b"busy_s", "generate_s", b"generate_s", "idle_s", b"idle_s", "max_prompts", b"max_prompts", "reward_errors", b"reward_errors", "reward_timeouts", b"reward_timeouts", "score_s", b"score_s", "wait_s", b"wait_s", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -196,6 +196,7 @@ class RemoteRollouts(_Curated):
         self._takes: list[str] = []
         self._kept = self._stale = 0
         self._restored = False
+        self._worker_s: dict[str, float] = {}  # the last Stat's summed worker seconds
 
     def publish(self, params, version: int) -> dict[str, float]:
         """Pushes ``params`` as ``version``; every trainer process calls it.
@@ -264,6 +265,12 @@ class RemoteRollouts(_Curated):
         info["worker_idle_fraction"] = q.worker_idle_s / total if total else 0.0
         info["reward_errors"] = float(q.reward_errors)
         info["reward_timeouts"] = float(q.reward_timeouts)
+        # The workers' sampling and scoring seconds since the last batch, summed over
+        # workers (so more than the step's wall time with several); a restarted worker
+        # starts its count again, which never makes these negative.
+        for name, total in (("generate", q.worker_generate_s), ("score", q.worker_score_s)):
+            info[f"worker_{name}_s"] = max(0.0, total - self._worker_s.get(name, 0.0))
+            self._worker_s[name] = total
         return entries, info
 
     def _take_round(self, version: int, n: int) -> list[Entry]:

@@ -74,7 +74,8 @@ class Worker:
         self.idle_s = self.busy_s = 0.0
         self.batches = 0
         self.lost_leases = 0
-        self.counts: collections.Counter = collections.Counter()
+        # Cumulative: verifier errors and timeouts, sampling and scoring seconds.
+        self.counts: collections.defaultdict[str, float] = collections.defaultdict(float)
 
     def newer_weights(self, plan: WirePlan, wait_s: float = 0.0) -> tuple[Any, int] | None:
         """(params, version) of the server's newest version if we are more than
@@ -137,8 +138,10 @@ class Worker:
             wait_s=2.0,
             idle_s=self.idle_s,
             busy_s=self.busy_s,
-            reward_errors=self.counts["reward_errors"],
-            reward_timeouts=self.counts["reward_timeouts"],
+            reward_errors=int(self.counts["reward_errors"]),
+            reward_timeouts=int(self.counts["reward_timeouts"]),
+            generate_s=self.counts["generate_s"],
+            score_s=self.counts["score_s"],
         )
         waited = time.perf_counter()
         self.idle_s += waited - start

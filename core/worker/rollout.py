@@ -7,9 +7,9 @@ work it stood at when a preemption notice cut generation off.
 
 from __future__ import annotations
 
-import collections
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,7 +58,7 @@ def rollout(
     reward: Reward | RewardPool,
     group_size: int,
     seed: int,
-    counts: collections.Counter | None = None,
+    counts: MutableMapping[str, float] | None = None,
 ) -> list[Group]:
     """Samples ``group_size`` completions per prompt and scores each one.
 
@@ -66,7 +66,10 @@ def rollout(
     timeout: a failed call scores 0 and is added to ``counts``
     (``reward_errors``, ``reward_timeouts``) instead of stopping the run.
     """
+    start = time.perf_counter()
     completions = sampler.generate(prompts, group_size, seed=seed)
+    if counts is not None:
+        counts["generate_s"] += time.perf_counter() - start
     return score_groups(prompts, completions, reward, group_size, counts)
 
 
@@ -76,7 +79,7 @@ def rollout_resumable(
     reward: Reward | RewardPool,
     group_size: int,
     seed: int,
-    counts: collections.Counter | None = None,
+    counts: MutableMapping[str, float] | None = None,
     *,
     partials: Sequence[PartialGroup | None] | None = None,
     interrupt: Callable[[], bool] | None = None,
@@ -89,9 +92,12 @@ def rollout_resumable(
     finished, or the :class:`PartialGroup` it stood at when cut off (not
     scored: it goes back to the queue as partial work).
     """
+    start = time.perf_counter()
     results = sampler.generate_groups(
         prompts, group_size, seed=seed, partials=partials, interrupt=interrupt, refresh=refresh
     )
+    if counts is not None:
+        counts["generate_s"] += time.perf_counter() - start
     if len(results) != len(prompts):
         raise ValueError(
             f"{type(sampler).__name__}.generate_groups: {len(results)} results for "
@@ -109,11 +115,13 @@ def score_groups(
     completions: Sequence[tuple[Completion, ...]],
     reward: Reward | RewardPool,
     group_size: int,
-    counts: collections.Counter | None = None,
+    counts: MutableMapping[str, float] | None = None,
 ) -> list[Group]:
-    """Scores each prompt's completions (by their text) into groups."""
+    """Scores each prompt's completions (by their text) into groups; the seconds it took
+    go to ``counts["score_s"]``."""
     if not prompts:
         return []
+    start = time.perf_counter()
     scores: np.ndarray | list[list[float]]  # [M, G]
     if isinstance(reward, RewardPool):
         flat = [(p, c.text) for p, cs in zip(prompts, completions) for c in cs]
@@ -126,6 +134,8 @@ def score_groups(
         scores = [
             [score_one(reward, p, c.text)[0] for c in cs] for p, cs in zip(prompts, completions)
         ]
+    if counts is not None:
+        counts["score_s"] += time.perf_counter() - start
     return [
         Group(p, cs, np.asarray(s, np.float32)) for p, cs, s in zip(prompts, completions, scores)
     ]

@@ -175,10 +175,10 @@ class SlotEngine(JaxSampler):
             self._schedule(table, pending, prefixes)
             if not table.busy():
                 break
+            if interrupt is not None and interrupt():  # before each chunk: a notice costs none
+                return self._cut(prompts, n, done, table, pending)
             calls += 1
             self._decode_once(table, done, jax.random.fold_in(key, calls))
-            if interrupt is not None and interrupt():
-                return self._cut(prompts, n, done, table, pending)
             fresh = refresh() if refresh is not None else None
             if fresh is not None:
                 self.load_weights(*fresh)

@@ -37,6 +37,9 @@ def test_processes_run_through_the_parameter_server(tmp_path):
         assert r["groups_kept"] == r.get("staleness_0", 0)
         assert r["dropped_stale"] == 0
         assert r["weight_sync_s"] > 0 and 0 <= r["worker_idle_fraction"] <= 1
+        assert r["worker_generate_s"] >= 0 and r["worker_score_s"] >= 0
+    # The workers' sampling and scoring seconds reach the trainer's metrics.
+    assert sum(r["worker_generate_s"] for r in rows) > 0 < sum(r["worker_score_s"] for r in rows)
     assert json.loads((run_dir / "eval.json").read_text()).keys() == {"before", "after"}
 
 

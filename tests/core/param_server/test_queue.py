@@ -230,3 +230,13 @@ def test_a_curriculum_on_the_server_retires_prompts_every_worker_solved():
     assert curriculum.retired == {"r0"}
     assert round_trip(set()) == ["r1", "r2", "r1"]
     assert queue.stats().retired_skipped == 2  # r0 came round twice and was passed over
+
+
+def test_worker_reports_are_summed_over_workers_each_its_latest(ps):
+    c = ps.client
+    c.lease("w1", 1, wait_s=0, idle_s=1.0, busy_s=2.0, generate_s=1.5, score_s=0.25)
+    c.lease("w2", 1, wait_s=0, idle_s=0.5, busy_s=1.0, generate_s=0.75, score_s=0.5)
+    c.lease("w1", 1, wait_s=0, idle_s=1.0, busy_s=4.0, generate_s=3.0, score_s=1.0)  # w1 again
+    q = c.stat().queue
+    assert (q.worker_idle_s, q.worker_busy_s) == (1.5, 5.0)
+    assert (q.worker_generate_s, q.worker_score_s) == (3.75, 1.5)

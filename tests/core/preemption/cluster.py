@@ -18,6 +18,7 @@ from rlax.core.trainer.phases import WALL_CLOCK
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 BASE = ROOT / "assets" / "quickstart-base"
 TIMING = {"take_wait_s", "weight_sync_s", "weight_sync_mb_s", "worker_idle_fraction",
+          "worker_generate_s", "worker_score_s",
           "queue_depth", *WALL_CLOCK}  # fmt: skip
 
 
