@@ -125,14 +125,7 @@ ADVERSARIAL = (
 
 def _uid_traces(uid: int) -> list[str]:
     """Live processes of ``uid`` and entries it owns in the host's temp dir."""
-    found = []
-    for status in pathlib.Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
-        except (OSError, ValueError):
-            continue
-        if int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith("Z"):
-            found.append(f"process {status.parent.name}")
+    found = [f"process {pid}" for pid in runpy.run_path(str(CASES))["processes_of"](uid)]
     for entry in os.scandir(tempfile.gettempdir()):
         try:
             if entry.stat(follow_symlinks=False).st_uid == uid or "rlax-hostile" in entry.name:

@@ -17,6 +17,23 @@ mode.
 
 from __future__ import annotations
 
+import pathlib
+
+
+# Used by test_hostile.py, test_code_reward.py and benchmarks/rewards.py: what outlives a call.
+def processes_of(uid: int) -> list[int]:
+    """Live (non-zombie) processes running as ``uid``."""
+    found = []
+    for status in pathlib.Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
+        except (OSError, ValueError):
+            continue
+        if int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith("Z"):
+            found.append(int(status.parent.name))
+    return found
+
+
 ADD = [
     "assert add(1, 2) == 3",
     "assert add(-1, 1) == 0",

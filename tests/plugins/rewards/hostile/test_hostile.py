@@ -34,6 +34,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 CASES = runpy.run_path(str(pathlib.Path(__file__).with_name("cases.py")))
+processes_of = CASES["processes_of"]
 HOSTILE, HONEST, TESTS = CASES["HOSTILE"], CASES["HONEST"], CASES["TESTS"]
 PROJECT = str(pathlib.Path(__file__).resolve().parents[4])
 SECRET = "hunter2-red-team-secret"
@@ -42,19 +43,6 @@ LIMITS = {"cpu_s": 1, "wall_s": 1.5, "memory_mb": 256, "file_mb": 4, "processes"
 
 def prompt(problem: str) -> Prompt:
     return Prompt(id=problem, text="", tokens=np.zeros(1, np.int32), answer=TESTS[problem])
-
-
-def processes_of(uid: int) -> list[int]:
-    """Live (non-zombie) processes running as ``uid``."""
-    found = []
-    for status in pathlib.Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
-        except (OSError, ValueError):
-            continue
-        if int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith("Z"):
-            found.append(int(status.parent.name))
-    return found
 
 
 def traces(directory: str, uid: int) -> set[str]:
