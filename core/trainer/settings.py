@@ -1,0 +1,60 @@
+"""How the trainer's step runs (``rlax.trainer_settings`` in gin): microbatches, remat, dtype, placements."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from rlax.core.trainer.microbatch import REMAT_POLICIES
+
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+PLACEMENTS = ("sharded", "replicated")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerSettings:
+    """How the step runs; none of it changes the update beyond float rounding.
+
+    In gin (``rlax.trainer_settings``)::
+
+        rlax.trainer_settings.microbatches = 4
+        rlax.trainer_settings.compute_dtype = "bfloat16"
+
+    Attributes:
+      microbatches: the batch is processed in this many row slices
+        (``lax.scan``); rows must be a multiple of it.
+      remat: rematerialise each decoder block in the backward pass:
+        ``"none"``, ``"block"`` (save nothing) or ``"block_dots"`` (save the
+        weight matmuls' outputs, recompute the rest).
+      compute_dtype: ``"float32"`` or ``"bfloat16"``. Parameters and
+        optimiser state stay float32 (master weights); the forward and
+        backward passes run on a cast copy; logits and the loss are float32.
+      reference_placement / critic_placement: ``"sharded"`` (by the rules,
+        like the policy) or ``"replicated"`` (a whole copy on every device:
+        more memory, no gathers).
+      post_update_kl: measure ``kl_old`` (how far the update moved the
+        policy) with one more forward pass after the update; off, the metric
+        is absent and the step costs a forward pass less.
+    """
+
+    microbatches: int = 1
+    remat: str = "none"
+    compute_dtype: str = "float32"
+    reference_placement: str = "sharded"
+    critic_placement: str = "sharded"
+    post_update_kl: bool = True
+
+    def __post_init__(self) -> None:
+        if self.microbatches < 1:
+            raise ValueError(f"microbatches must be >= 1, got {self.microbatches}")
+        for field, valid in (
+            ("remat", REMAT_POLICIES),
+            ("compute_dtype", COMPUTE_DTYPES),
+            ("reference_placement", PLACEMENTS),
+            ("critic_placement", PLACEMENTS),
+        ):
+            if getattr(self, field) not in valid:
+                raise ValueError(
+                    f"TrainerSettings.{field}={getattr(self, field)!r}; valid: {', '.join(valid)}"
+                )
