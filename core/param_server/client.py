@@ -13,6 +13,8 @@ repeats a whole push, :mod:`rlax.core.trainer.client`).
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -22,6 +24,7 @@ import numpy as np
 from rlax.core.parallel.host_memory import keep_message_buffers
 from rlax.core.param_server import codec, transfer
 from rlax.core.param_server import rlax_pb2 as pb
+from rlax.core.param_server.relay import Relay, pull_relayed
 from rlax.core.param_server.retry import RetryPolicy
 from rlax.core.param_server.settings import MB, ServerSettings
 from rlax.core.param_server.transfer import checksum, decode_chunk, encode_chunk
@@ -40,10 +43,13 @@ class ParamServerClient:
         *,
         retry_s: float = 60.0,
         give_up: Callable[[], bool] | None = None,
+        relay: bool = False,
     ):
         """``retry_s``: how long a call retries an unreachable server; ``give_up``:
         when it returns True a failing call stops retrying at once (a worker's
-        run has finished, so the server it waits for is gone for good)."""
+        run has finished, so the server it waits for is gone for good);
+        ``relay``: serve what this client pulls to other pullers when the
+        settings' ``relay_fanout`` is above 0 (workers do, see relay.py)."""
         self.settings = settings.resolved()
         self.retry = RetryPolicy(deadline_s=retry_s, give_up=give_up or (lambda: False))
         keep_message_buffers()
@@ -80,8 +86,16 @@ class ParamServerClient:
         self._buffers: dict[int, bytearray] = {}
         self.bulk = self.settings.bulk_lane and not self.settings.tls_cert
         self._host = transfer.split_address(self.settings.address)
+        self.relay: Relay | None = None
+        self.relay_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        if relay and self.settings.relay_fanout > 0 and self.bulk:
+            assert self.settings.token is not None  # resolved() raises without one
+            self.relay = Relay(self.settings.token, self.settings.relay_host,
+                               max_connections=self.settings.relay_fanout + 4)  # fmt: skip
 
     def close(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
         self._channel.close()
 
     def _call(self, name: str, request, timeout: float | None = None):
@@ -171,6 +185,11 @@ class ParamServerClient:
         The buffer holds whole tensors (the server assembles multi-host pushes)
         and is reused between pulls of the same size.
         """
+        if self.bulk and self.relay is not None:
+            relayed = pull_relayed(self, have_version)
+            if relayed is None:
+                return None
+            return relayed[0].header.version, _tensor_list(relayed[0].header), relayed[1]
         if self.bulk:
             try:
                 ticket = self._call(
@@ -185,16 +204,23 @@ class ParamServerClient:
                 if not ticket.ticket:
                     return None
                 header = ticket.header
-                segments = [(s.offset, s.length, s.checksum) for s in ticket.segments]
-                if [o for o, _, _ in segments] != list(
-                    np.cumsum([0] + [n for _, n, _ in segments])[:-1]
-                ) or sum(n for _, n, _ in segments) != header.nbytes:
-                    raise ValueError(f"pull of version {header.version}: segments do not cover "
-                                     f"its {header.nbytes} bytes")  # fmt: skip
                 buf = self._buffer(header.nbytes)
+                segments = self.segments_of(ticket)
                 transfer.receive_into(self._host, ticket.port, ticket.ticket, buf, segments)
                 return header.version, _tensor_list(header), buf
         return self._pull_grpc(have_version)
+
+    @staticmethod
+    def segments_of(ticket: pb.PullTicket) -> list[tuple[int, int, int]]:
+        """A pull ticket's (offset, length, checksum) segments, checked to tile its buffer."""
+        header = ticket.header
+        segments = [(s.offset, s.length, s.checksum) for s in ticket.segments]
+        if [o for o, _, _ in segments] != list(
+            np.cumsum([0] + [n for _, n, _ in segments])[:-1]
+        ) or sum(n for _, n, _ in segments) != header.nbytes:
+            raise ValueError(f"pull of version {header.version}: segments do not cover "
+                             f"its {header.nbytes} bytes")  # fmt: skip
+        return segments
 
     def _pull_grpc(self, have_version: int):
         header, buf, received = None, None, 0

@@ -196,16 +196,32 @@ class PullRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HAVE_VERSION_FIELD_NUMBER: _builtins.int
+    WORKER_FIELD_NUMBER: _builtins.int
+    RELAY_HOST_FIELD_NUMBER: _builtins.int
+    RELAY_PORT_FIELD_NUMBER: _builtins.int
+    FAILED_SOURCE_FIELD_NUMBER: _builtins.int
     have_version: _builtins.int
     """-1: nothing yet"""
+    worker: _builtins.str
+    """Relayed pulls (rlax.ps_settings.relay_fanout > 0): the caller's id, and
+    where it will serve the version it pulls to others (port 0: it will not);
+    failed_source: the relay whose transfer just failed this caller.
+    """
+    relay_host: _builtins.str
+    relay_port: _builtins.int
+    failed_source: _builtins.str
     def __init__(
         self,
         *,
         have_version: _builtins.int = ...,
+        worker: _builtins.str = ...,
+        relay_host: _builtins.str = ...,
+        relay_port: _builtins.int = ...,
+        failed_source: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["have_version", b"have_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_source", b"failed_source", "have_version", b"have_version", "relay_host", b"relay_host", "relay_port", b"relay_port", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -364,9 +380,15 @@ class StatReply(_message.Message):
     VERSION_BYTES_FIELD_NUMBER: _builtins.int
     PUSHES_REJECTED_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
+    BYTES_SERVED_FIELD_NUMBER: _builtins.int
+    RELAY_ASSIGNMENTS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     version_bytes: _builtins.int
     pushes_rejected: _builtins.int
+    bytes_served: _builtins.int
+    """weight bytes this server sent to pullers (bulk lane)"""
+    relay_assignments: _builtins.int
+    """pulls pointed to a relay instead of this server"""
     @_builtins.property
     def queue(self) -> Global___QueueStats: ...
     def __init__(
@@ -376,10 +398,12 @@ class StatReply(_message.Message):
         version_bytes: _builtins.int = ...,
         pushes_rejected: _builtins.int = ...,
         queue: Global___QueueStats | None = ...,
+        bytes_served: _builtins.int = ...,
+        relay_assignments: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["pushes_rejected", b"pushes_rejected", "queue", b"queue", "version", b"version", "version_bytes", b"version_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_served", b"bytes_served", "pushes_rejected", b"pushes_rejected", "queue", b"queue", "relay_assignments", b"relay_assignments", "version", b"version", "version_bytes", b"version_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -456,9 +480,21 @@ class PullTicket(_message.Message):
     PORT_FIELD_NUMBER: _builtins.int
     HEADER_FIELD_NUMBER: _builtins.int
     SEGMENTS_FIELD_NUMBER: _builtins.int
+    RELAY_HOST_FIELD_NUMBER: _builtins.int
+    RELAY_PORT_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    RELAY_KEY_FIELD_NUMBER: _builtins.int
     ticket: _builtins.bytes
     """empty: the caller already has the newest version"""
     port: _builtins.int
+    relay_host: _builtins.str
+    """Set when the bytes come from a relay (a worker holding this version) instead:
+    connect to relay_host:relay_port and send "RLXR" + version + relay_key.
+    """
+    relay_port: _builtins.int
+    source: _builtins.str
+    """the relay's worker id (report it as failed_source)"""
+    relay_key: _builtins.bytes
     @_builtins.property
     def header(self) -> Global___PartHeader:
         """the served buffer's layout (whole tensors, one part)"""
@@ -472,10 +508,14 @@ class PullTicket(_message.Message):
         port: _builtins.int = ...,
         header: Global___PartHeader | None = ...,
         segments: _abc.Iterable[Global___Segment] | None = ...,
+        relay_host: _builtins.str = ...,
+        relay_port: _builtins.int = ...,
+        source: _builtins.str = ...,
+        relay_key: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "port", b"port", "segments", b"segments", "ticket", b"ticket"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "port", b"port", "relay_host", b"relay_host", "relay_key", b"relay_key", "relay_port", b"relay_port", "segments", b"segments", "source", b"source", "ticket", b"ticket"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -15,6 +15,7 @@ import functools
 import hmac
 import logging
 import socket
+import threading
 from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
@@ -26,6 +27,8 @@ from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.parts import Part, PushRejected
 from rlax.core.param_server.queue import RolloutQueue
 from rlax.core.param_server.queue_state import QueueError
+from rlax.core.param_server.relay import Limiter, relay_key, send_view
+from rlax.core.param_server.relays import RelayDirectory
 from rlax.core.param_server.settings import MB, ServerSettings
 from rlax.core.param_server.weights import Served, WeightStore
 from rlax.core.types import Prompt
@@ -88,6 +91,10 @@ class ParamServer:
             chunk_bytes=self.settings.chunk_mb * MB,
         )
         self.bulk: transfer.BulkLane | None = None
+        self.relays = RelayDirectory(self.settings.relay_fanout, self.settings.relay_direct)
+        self.egress: Limiter | None = None  # a simulated uplink (benchmarks/fanout.py)
+        self.bytes_served = 0
+        self._count_lock = threading.Lock()
         self.queue = RolloutQueue(
             prompts,
             capacity=capacity,
@@ -201,6 +208,18 @@ class ParamServer:
         served = self.weights.open_pull(request.have_version)
         if served is None:
             return pb.PullTicket()
+        port = request.relay_port if self._authorized(context) else 0  # relays need the token
+        source = self.relays.assign(served.number, request.worker, request.relay_host, port,
+                                    request.failed_source)  # fmt: skip
+        if not source.direct:
+            self.weights.close_pull(served)  # the bytes come from a relay
+            reply = pb.PullTicket(
+                header=served.header, relay_host=source.host, relay_port=source.port,
+                source=source.name, relay_key=relay_key(self.settings.token or "", served.number),
+            )  # fmt: skip
+            reply.segments.extend(pb.Segment(offset=o, length=n, checksum=d)
+                                  for o, n, d in served.segments)  # fmt: skip
+            return reply
         ticket = self.bulk.issue(
             functools.partial(self._send, served),
             functools.partial(self.weights.close_pull, served),
@@ -212,9 +231,17 @@ class ParamServer:
 
     def _send(self, served: Served, conn: socket.socket) -> None:
         try:
-            conn.sendall(memoryview(served.buffer))
+            send_view(conn, memoryview(served.buffer), self.egress, self._count)
         finally:
             self.weights.close_pull(served)
+
+    def _count(self, nbytes: int) -> None:
+        with self._count_lock:
+            self.bytes_served += nbytes
+
+    def _authorized(self, context: grpc.ServicerContext) -> bool:
+        given = dict(context.invocation_metadata()).get("authorization", "")
+        return hmac.compare_digest(str(given).encode(), f"Bearer {self.settings.token}".encode())
 
     def _wait(self, request: pb.WaitRequest, context):
         return pb.VersionInfo(
@@ -226,6 +253,8 @@ class ParamServer:
             version=self.weights.version,
             version_bytes=self.weights.version_bytes,
             pushes_rejected=self.weights.rejected,
+            bytes_served=self.bytes_served,
+            relay_assignments=self.relays.assigned,
             queue=self.queue.stats(),
         )
 

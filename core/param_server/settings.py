@@ -7,6 +7,7 @@ scheduler can place processes without editing gin files.
   RLAX_PS_ADDRESS     host:port of the server (clients) / to bind (server)
   RLAX_PS_TOKEN       the shared token
   RLAX_PS_TOKEN_FILE  a file holding the token (first line)
+  RLAX_RELAY_HOST     where a worker's relay binds and is reached (relay_fanout > 0)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rlax.core.types import ConfigPath
 ADDRESS_ENV = "RLAX_PS_ADDRESS"
 TOKEN_ENV = "RLAX_PS_TOKEN"
 TOKEN_FILE_ENV = "RLAX_PS_TOKEN_FILE"
+RELAY_HOST_ENV = "RLAX_RELAY_HOST"
 MB = 1 << 20
 
 
@@ -44,6 +46,16 @@ class ServerSettings:
       wire_dtype: dtype of weights on the wire: "float32" or "bfloat16".
       bulk_lane: move weight bytes over the bulk lane (a plain TCP connection
         beside gRPC, see transfer.py) when TLS is off; gRPC streams otherwise.
+      relay_fanout: workers relay the version they pull to up to this many
+        other workers each (a tree, see relays.py); 0: every worker pulls
+        from the server. Bulk lane only.
+      relay_direct: how many pullers of a version the server feeds itself
+        while relays have room.
+      relay_host: the address a worker's relay binds and is reached at
+        (``RLAX_RELAY_HOST`` wins).
+      weight_shards: addresses of further weight-only servers: the weight
+        store is split by tensor over the server at ``address`` and these
+        (sharded.py); the rollout queue stays at ``address``.
     """
 
     address: str = "127.0.0.1:50051"
@@ -57,6 +69,10 @@ class ServerSettings:
     max_version_mb: int = 16_384
     wire_dtype: str = "float32"
     bulk_lane: bool = True
+    relay_fanout: int = 0
+    relay_direct: int = 1
+    relay_host: str = "127.0.0.1"
+    weight_shards: tuple[str, ...] = ()
 
     def resolved(self) -> ServerSettings:
         """A copy with the environment applied and the token read from its file."""
@@ -75,7 +91,16 @@ class ServerSettings:
             )
         if self.chunk_mb * MB > self.max_message_mb * MB - 4096:
             raise ValueError("parameter server: chunk_mb must be below max_message_mb")
-        return dataclasses.replace(self, address=address, token=token, token_file=token_file)
+        if self.relay_fanout < 0 or self.relay_direct < 1:
+            raise ValueError(
+                f"parameter server: relay_fanout ({self.relay_fanout}) must be >= 0 "
+                f"and relay_direct ({self.relay_direct}) >= 1"
+            )
+        relay_host = os.environ.get(RELAY_HOST_ENV) or self.relay_host
+        return dataclasses.replace(
+            self, address=address, token=token, token_file=token_file, relay_host=relay_host,
+            weight_shards=tuple(self.weight_shards),
+        )  # fmt: skip
 
     def grpc_options(self) -> list[tuple[str, int | str]]:
         limit = self.max_message_mb * MB

@@ -157,10 +157,11 @@ class BulkError(grpc.RpcError):
 # -- the bulk lane: client side ------------------------------------------
 
 
-def _connect(host: str, port: int, ticket: bytes, timeout_s: float) -> socket.socket:
+def _connect(host: str, port: int, ticket: bytes, timeout_s: float,
+             hello: bytes | None = None) -> socket.socket:  # fmt: skip
     sock = socket.create_connection((host, port), timeout=timeout_s)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(MAGIC + ticket)
+    sock.sendall(MAGIC + ticket if hello is None else hello)
     return sock
 
 
@@ -224,21 +225,28 @@ def send_part(
 def receive_into(
     host: str, port: int, ticket: bytes, buffer: bytearray,
     segments: list[tuple[int, int, int]], *, timeout_s: float = 120.0,
+    hello: bytes | None = None, on_progress: Callable[[int], None] | None = None,
 ) -> None:  # fmt: skip
     """Receives a pull's bytes into ``buffer`` and checks each segment's checksum.
+
+    ``hello`` replaces the lane's ``MAGIC + ticket`` greeting (a relay's, see
+    relay.py); ``on_progress(received)`` runs after every read (a relay
+    forwards the bytes as they come).
 
     Raises BulkError: DATA_LOSS on a checksum mismatch, UNAVAILABLE when the
     connection fails.
     """
     view = memoryview(buffer)
     nbytes = len(buffer)
-    with _connect(host, port, ticket, timeout_s) as sock:
+    with _connect(host, port, ticket, timeout_s, hello) as sock:
         got, next_seg = 0, 0
         while got < nbytes:
             n = sock.recv_into(view[got:], min(nbytes - got, _RECV_MAX))
             if not n:
                 raise ConnectionError(f"bulk pull: connection closed after {got} of {nbytes} bytes")
             got += n
+            if on_progress is not None:
+                on_progress(got)
             while next_seg < len(segments) and sum(segments[next_seg][:2]) <= got:
                 offset, length, expected = segments[next_seg]
                 if checksum(view[offset : offset + length]) != expected:
