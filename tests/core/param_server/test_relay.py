@@ -25,7 +25,10 @@ from rlax.core.param_server.wire import WirePlan
 from ..conftest import TOKEN
 
 rng = np.random.default_rng(7)
-TREE = {"w": rng.standard_normal((256, 1024)).astype(np.float32), "b": np.arange(7, dtype=np.float32)}
+TREE = {
+    "w": rng.standard_normal((256, 1024)).astype(np.float32),
+    "b": np.arange(7, dtype=np.float32),
+}
 PLAN = WirePlan.for_tree(TREE)
 NBYTES = PLAN.nbytes  # 1 MiB and a bit
 
