@@ -12,6 +12,7 @@ repeats a whole push, :mod:`rlax.core.trainer.client`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -27,6 +28,7 @@ from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.relay import Relay, pull_relayed
 from rlax.core.param_server.retry import RetryPolicy
 from rlax.core.param_server.settings import MB, ServerSettings
+from rlax.core.param_server.sharded import ShardedWeights
 from rlax.core.param_server.transfer import checksum, decode_chunk, encode_chunk
 from rlax.core.param_server.wire import WirePlan, chunks, stream
 from rlax.core.types import Group, PartialGroup, Prompt
@@ -44,13 +46,19 @@ class ParamServerClient:
         retry_s: float = 60.0,
         give_up: Callable[[], bool] | None = None,
         relay: bool = False,
+        shard_address: str | None = None,
     ):
         """``retry_s``: how long a call retries an unreachable server; ``give_up``:
         when it returns True a failing call stops retrying at once (a worker's
         run has finished, so the server it waits for is gone for good);
         ``relay``: serve what this client pulls to other pullers when the
-        settings' ``relay_fanout`` is above 0 (workers do, see relay.py)."""
+        settings' ``relay_fanout`` is above 0 (workers do, see relay.py);
+        ``shard_address``: a client of that weight-only server (sharded.py)."""
         self.settings = settings.resolved()
+        if shard_address is not None:  # not the environment's address: a weight shard's
+            self.settings = dataclasses.replace(
+                self.settings, address=shard_address, weight_shards=()
+            )
         self.retry = RetryPolicy(deadline_s=retry_s, give_up=give_up or (lambda: False))
         keep_message_buffers()
         self._channel = self.settings.channel()
@@ -86,16 +94,27 @@ class ParamServerClient:
         self._buffers: dict[int, bytearray] = {}
         self.bulk = self.settings.bulk_lane and not self.settings.tls_cert
         self._host = transfer.split_address(self.settings.address)
+        self._fleet(relay, retry_s)
+
+    def _fleet(self, relay: bool, retry_s: float) -> None:
+        """The sharded weight store's other servers, and this client's relay (if any)."""
+        settings = self.settings
+        self.shards: ShardedWeights | None = None
+        if settings.weight_shards:
+            self.shards = ShardedWeights(self, settings.weight_shards, lambda address:
+                ParamServerClient(settings, retry_s=retry_s, shard_address=address))  # fmt: skip
         self.relay: Relay | None = None
         self.relay_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        if relay and self.settings.relay_fanout > 0 and self.bulk:
-            assert self.settings.token is not None  # resolved() raises without one
-            self.relay = Relay(self.settings.token, self.settings.relay_host,
-                               max_connections=self.settings.relay_fanout + 4)  # fmt: skip
+        if relay and settings.relay_fanout > 0 and self.bulk and self.shards is None:
+            assert settings.token is not None  # resolved() raises without one
+            self.relay = Relay(settings.token, settings.relay_host,
+                               max_connections=settings.relay_fanout + 4)  # fmt: skip
 
     def close(self) -> None:
         if self.relay is not None:
             self.relay.close()
+        if self.shards is not None:
+            self.shards.close()
         self._channel.close()
 
     def _call(self, name: str, request, timeout: float | None = None):
@@ -145,14 +164,24 @@ class ParamServerClient:
         """Publishes a parameter tree (or its packed uint8 buffer) as ``version``."""
         return self.push_part(self.header(plan, version), self._pieces(plan, tree_or_buffer))
 
-    def push_part(self, header: pb.PartHeader, pieces) -> pb.PushReply:
+    def push_part(self, header: pb.PartHeader, pieces,
+                  sizes: list[int] | None = None) -> pb.PushReply:  # fmt: skip
         """Pushes one part: ``header`` and its bytes as (offset, view) pairs in order.
 
         A multi-host trainer calls this once per host with that host's shards
         (``slice_start``/``slice_shape`` set); the version is committed when
-        every part has arrived, and pulled as whole tensors.
+        every part has arrived, and pulled as whole tensors. With
+        ``weight_shards`` the part is split by tensor over the servers
+        (sharded.py; ``sizes``: each whole tensor's bytes, for a part that
+        does not name every tensor).
         Raises grpc.RpcError (transfer.BulkError on the bulk lane) if refused.
         """
+        if self.shards is not None:
+            return self.shards.push_part(header, pieces, sizes)
+        return self.push_one(header, pieces)
+
+    def push_one(self, header: pb.PartHeader, pieces) -> pb.PushReply:
+        """:meth:`push_part` to this client's server alone."""
         if self.bulk:
             try:
                 ticket = self._call("Stage", header, timeout=60)
@@ -185,6 +214,9 @@ class ParamServerClient:
         The buffer holds whole tensors (the server assembles multi-host pushes)
         and is reused between pulls of the same size.
         """
+        if self.shards is not None:
+            pulled = self.shards.pull(have_version)
+            return None if pulled is None else (pulled[0], _tensor_list(pulled[1]), pulled[2])
         if self.bulk and self.relay is not None:
             relayed = pull_relayed(self, have_version)
             if relayed is None:

@@ -18,6 +18,7 @@ from rlax.core.contracts import Curriculum, Task
 from rlax.core.errors import ConfigError
 from rlax.core.launch.preemption import Preemption
 from rlax.core.models.tokenizer import load_tokenizer
+from rlax.core.param_server import shard_server
 from rlax.core.param_server.persist import QueueDB, QueueDBError
 from rlax.core.param_server.server import ParamServer
 from rlax.core.param_server.settings import ADDRESS_ENV, ServerSettings
@@ -76,9 +77,13 @@ def param_server(
     except QueueDBError as err:  # the saved queue does not fit this task (a different seed?)
         stop.close()
         raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
+    shards = shard_server.start_local(server.settings)  # weight_shards on this host
     port = server.start()
-    persister = _start_persister(server, port, state_dir) if state_dir else None
-    _serve_until(stop, server, persister)
+    try:
+        persister = _start_persister(server, port, state_dir) if state_dir else None
+        _serve_until(stop, server, persister)
+    finally:
+        shard_server.stop_local(shards)
     stop.stop_now()
     return 0
 

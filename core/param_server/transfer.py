@@ -223,7 +223,7 @@ def send_part(
 
 @_unavailable
 def receive_into(
-    host: str, port: int, ticket: bytes, buffer: bytearray,
+    host: str, port: int, ticket: bytes, buffer: bytearray | memoryview,
     segments: list[tuple[int, int, int]], *, timeout_s: float = 120.0,
     hello: bytes | None = None, on_progress: Callable[[int], None] | None = None,
 ) -> None:  # fmt: skip

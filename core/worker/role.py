@@ -252,8 +252,7 @@ def worker(
     plan = WirePlan.for_tree(nnx.state(bundle.model), settings.wire_dtype)
     # After a notice (or the run's end) an unreachable server is not retried: the worker
     # has seconds left, and its leases expire and are served again (nothing is lost).
-    # relay=True: with rlax.ps_settings.relay_fanout > 0 this worker relays what it pulls.
-    client = ParamServerClient(settings, give_up=lambda: stop.requested, relay=True)
+    client = ParamServerClient(settings, give_up=lambda: stop.requested, relay=True)  # relays
     pool = RewardPool(reward, workers=reward_workers, timeout_s=reward_timeout_s)
     w = Worker(
         client, sampler, pool, list(curation), group_size=group_size,
