@@ -128,7 +128,9 @@ def _start_persister(server: ParamServer, port: int, state_dir: str) -> WeightPe
     """
     host = server.settings.address.rsplit(":", 1)[0]
     local = dataclasses.replace(server.settings, address=f"{host}:{port}")
-    persister = WeightPersister(pathlib.Path(state_dir) / "weights", local)
+    # The served buffer is saved in place; a sharded store is read whole through the client.
+    store = None if server.settings.weight_shards else server.weights
+    persister = WeightPersister(pathlib.Path(state_dir) / "weights", local, store=store)
     persister.restore()
     persister.start()
     return persister

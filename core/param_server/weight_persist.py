@@ -10,8 +10,11 @@ version back into the freshly started server, so workers that start or reload
 before the trainer's next push get the weights the server last served. A saved
 version that cannot be read is skipped with a warning naming it.
 
-Going through the client keeps this module independent of how the weight
-store holds its bytes.
+Given the server's own :class:`~rlax.core.param_server.weights.WeightStore`
+(``store``, as the parameter-server role does), it saves the served buffer
+in place, held for reading while the save runs, instead of pulling a second
+copy over loopback: the server then holds one copy of the served weights,
+not three.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import logging
 import pathlib
 import threading
 import warnings
+from typing import Any
 
 import grpc
 import numpy as np
@@ -52,12 +56,15 @@ class WeightPersister:
       directory: where the versions go.
       settings: the server's settings (address with the bound port, token).
       keep: how many saved versions to keep.
+      store: the server's weight store, read in place (None: pull over the client).
     """
 
-    def __init__(self, directory: str | pathlib.Path, settings: ServerSettings, *, keep: int = 2):
+    def __init__(self, directory: str | pathlib.Path, settings: ServerSettings, *, keep: int = 2,
+                 store: Any = None):  # fmt: skip
         self.directory = pathlib.Path(directory).absolute()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.client = ParamServerClient(settings, retry_s=10.0)
+        self.store = store
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
@@ -119,12 +126,27 @@ class WeightPersister:
                 self._stop.wait(1.0)
 
     def save_newest(self) -> int:
-        """Pulls and saves the newest served version (if newer than the last saved)."""
-        pulled = self.client.pull(self.saved)
-        if pulled is None:
+        """Saves the newest served version (if newer than the last saved)."""
+        if self.store is None:
+            pulled = self.client.pull(self.saved)
+            if pulled is None:
+                return self.saved
+            version, tensors, buffer = pulled
+            return self._save(version, tensors, np.frombuffer(buffer, np.uint8).copy())
+        served = self.store.open_pull(self.saved)  # held: not recycled while it is written
+        if served is None:
             return self.saved
-        version, tensors, buffer = pulled
-        array = np.frombuffer(buffer, np.uint8).copy()
+        try:
+            tensors = [
+                {"name": t.name, "shape": list(t.shape), "offset": t.offset, "nbytes": t.nbytes,
+                 "dtype": t.dtype}
+                for t in served.header.tensors
+            ]  # fmt: skip
+            return self._save(served.number, tensors, np.frombuffer(served.buffer, np.uint8))
+        finally:
+            self.store.close_pull(served)
+
+    def _save(self, version: int, tensors: list[dict], array: np.ndarray) -> int:
         self._manager.save(
             version,
             args=ocp.args.Composite(
