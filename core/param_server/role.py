@@ -43,6 +43,7 @@ def param_server(
     curricula: Sequence[Curriculum] = (),
     seed: int = 0,
     state_dir: str | None = None,
+    saved_weights: int = 1,
     run_dir: pathlib.Path | None = None,
     preemption_notices: Sequence[Any] | None = None,
 ) -> int:
@@ -57,7 +58,9 @@ def param_server(
     ``curricula`` (e.g. ``@curation.pass_rate_curriculum()``) see every
     submitted group and keep retired prompts from being leased again.
     ``state_dir`` (default: ``RUN/param_server`` when given a run directory;
-    neither: nothing is kept) holds ``queue.sqlite`` and ``weights/``.
+    neither: nothing is kept) holds ``queue.sqlite`` and ``weights/``, where the
+    newest ``saved_weights`` served versions are kept (one by default: an older
+    one is deleted only once the newer is complete on disk).
 
     Raises:
       Preempted: after a notice, once the server has stopped (exit status 75).
@@ -80,7 +83,7 @@ def param_server(
     shards = shard_server.start_local(server.settings)  # weight_shards on this host
     port = server.start()
     try:
-        persister = _start_persister(server, port, state_dir) if state_dir else None
+        persister = _start_persister(server, port, state_dir, saved_weights) if state_dir else None
         _serve_until(stop, server, persister)
     finally:
         shard_server.stop_local(shards)
@@ -120,7 +123,8 @@ def _queue_db(state_dir: str | None) -> QueueDB | None:
         raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
 
 
-def _start_persister(server: ParamServer, port: int, state_dir: str) -> WeightPersister:
+def _start_persister(server: ParamServer, port: int, state_dir: str,
+                     keep: int = 1) -> WeightPersister:  # fmt: skip
     """Restores the weights saved in ``state_dir/weights`` and keeps saving each new version.
 
     The persister talks to this server on the port it actually bound (the
@@ -130,7 +134,7 @@ def _start_persister(server: ParamServer, port: int, state_dir: str) -> WeightPe
     local = dataclasses.replace(server.settings, address=f"{host}:{port}")
     # The served buffer is saved in place; a sharded store is read whole through the client.
     store = None if server.settings.weight_shards else server.weights
-    persister = WeightPersister(pathlib.Path(state_dir) / "weights", local, store=store)
+    persister = WeightPersister(pathlib.Path(state_dir) / "weights", local, keep=keep, store=store)
     persister.restore()
     persister.start()
     return persister

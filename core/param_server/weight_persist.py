@@ -1,37 +1,43 @@
-"""The parameter server's newest weights on disk (orbax), served again after a restart.
+"""The parameter server's newest weights on disk, served again after a restart.
 
-:class:`WeightPersister` runs beside the server in its process and talks to
-it like any client, over loopback: a thread waits for each new committed
-version, pulls it and saves the wire buffer with orbax (``DIR/<version>``, the
-buffer as one uint8 array plus the tensor list as JSON; the newest two are
-kept). Versions that arrive while a save runs are skipped: only the newest
-matters. On start, :meth:`WeightPersister.restore` pushes the newest saved
-version back into the freshly started server, so workers that start or reload
-before the trainer's next push get the weights the server last served. A saved
-version that cannot be read is skipped with a warning naming it.
+:class:`WeightPersister` runs beside the server in its process: a thread
+waits for each new committed version and writes the served buffer as it is
+(``DIR/<version>/buffer/buffer.bin``, with the tensor list, size and xxh3_64
+in ``DIR/<version>/meta/metadata``, JSON), into a temporary directory renamed
+into place once complete; the newest ``keep`` are kept. Versions that arrive
+while a save runs are skipped: only the newest matters. On start,
+:meth:`WeightPersister.restore` pushes the newest saved version back into the
+freshly started server, so workers that start or reload before the trainer's
+next push get the weights the server last served. A saved version that cannot
+be read, or whose bytes do not match their checksum, is skipped with a
+warning naming it; a version saved by an older rlax (orbax) is still read.
 
 Given the server's own :class:`~rlax.core.param_server.weights.WeightStore`
-(``store``, as the parameter-server role does), it saves the served buffer
-in place, held for reading while the save runs, instead of pulling a second
-copy over loopback: the server then holds one copy of the served weights,
-not three.
+(``store``, as the parameter-server role does), it writes the served buffer
+in place, held for reading while the write runs; otherwise it pulls the
+version over loopback like any client. Either way the buffer goes to the
+file with one ``write`` of the buffer itself: no copy (orbax made one of the
+whole buffer, the size of the model, on every save).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import pathlib
+import shutil
 import threading
+import uuid
 import warnings
 from typing import Any
 
 import grpc
 import numpy as np
-import orbax.checkpoint as ocp
 
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
+from rlax.core.param_server.transfer import checksum
 from rlax.core.param_server.wire import WIRE_DTYPES, TensorSpec, WirePlan
 
 log = logging.getLogger("rlax.param_server")
@@ -50,7 +56,7 @@ def _plan(tensors: list[dict], nbytes: int) -> WirePlan:
 
 
 class WeightPersister:
-    """Saves each newest served version with orbax; pushes the newest saved one back on start.
+    """Saves each newest served version; pushes the newest saved one back on start.
 
     Args:
       directory: where the versions go.
@@ -65,28 +71,22 @@ class WeightPersister:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.client = ParamServerClient(settings, retry_s=10.0)
         self.store = store
-        self._manager = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                                 enable_async_checkpointing=False),
-        )  # fmt: skip
+        self.keep = max(1, keep)
         self.saved = -1
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def _versions(self) -> list[int]:
+        return sorted((int(d.name) for d in self.directory.iterdir()
+                       if d.is_dir() and d.name.isdigit()), reverse=True)  # fmt: skip
+
     def restore(self) -> int:
         """Pushes the newest readable saved version into the server; returns it (-1: none)."""
-        for version in sorted(self._manager.all_steps(), reverse=True):
+        for version in self._versions():
             try:
-                got = self._manager.restore(
-                    version,
-                    args=ocp.args.Composite(
-                        buffer=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()
-                    ),
-                )
-                buffer = np.asarray(got["buffer"]["buffer"], np.uint8)
-                plan = _plan(got["meta"]["tensors"], buffer.nbytes)
-            except Exception as err:  # noqa: BLE001 -- orbax raises many types
+                buffer, tensors = _read(self.directory / str(version))
+                plan = _plan(tensors, buffer.nbytes)
+            except Exception as err:  # noqa: BLE001 -- a damaged save, whatever the error
                 message = (
                     f"saved weights {self.directory / str(version)} unreadable ({err}); skipped"
                 )
@@ -112,7 +112,6 @@ class WeightPersister:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30.0)
-        self._manager.close()
         self.client.close()
 
     def _run(self) -> None:
@@ -132,7 +131,7 @@ class WeightPersister:
             if pulled is None:
                 return self.saved
             version, tensors, buffer = pulled
-            return self._save(version, tensors, np.frombuffer(buffer, np.uint8).copy())
+            return self._save(version, tensors, np.frombuffer(buffer, np.uint8))
         served = self.store.open_pull(self.saved)  # held: not recycled while it is written
         if served is None:
             return self.saved
@@ -147,15 +146,43 @@ class WeightPersister:
             self.store.close_pull(served)
 
     def _save(self, version: int, tensors: list[dict], array: np.ndarray) -> int:
-        self._manager.save(
-            version,
-            args=ocp.args.Composite(
-                buffer=ocp.args.StandardSave({"buffer": array}),
-                meta=ocp.args.JsonSave(
-                    {"version": version, "tensors": json.loads(json.dumps(tensors))}
-                ),
-            ),
-        )
-        self._manager.wait_until_finished()
+        """Writes ``array`` (no copy) and its metadata, renamed into place when complete."""
+        tmp = self.directory / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
+        (tmp / "buffer").mkdir(parents=True)
+        (tmp / "meta").mkdir()
+        with open(tmp / "buffer" / "buffer.bin", "wb") as f:
+            f.write(array.data)
+            f.flush()
+            os.fsync(f.fileno())
+        meta = {"version": version, "tensors": json.loads(json.dumps(tensors)),
+                "nbytes": array.nbytes, "xxh3_64": checksum(array.data)}  # fmt: skip
+        (tmp / "meta" / "metadata").write_text(json.dumps(meta))
+        final = self.directory / str(version)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        for old in self._versions()[self.keep :]:  # only once the newer one is complete
+            shutil.rmtree(self.directory / str(old), ignore_errors=True)
         self.saved = version
         return version
+
+
+def _read(path: pathlib.Path) -> tuple[np.ndarray, list[dict]]:
+    """(buffer, tensor list) of one saved version; raises if it is damaged."""
+    meta = json.loads((path / "meta" / "metadata").read_text())
+    raw = path / "buffer" / "buffer.bin"
+    if not raw.exists():  # saved by an older rlax, with orbax
+        return _read_orbax(path)
+    buffer = np.fromfile(raw, np.uint8)
+    if buffer.nbytes != meta["nbytes"] or checksum(buffer.data) != meta["xxh3_64"]:
+        raise ValueError(f"{raw}: {buffer.nbytes} bytes that do not match their checksum")
+    return buffer, meta["tensors"]
+
+
+def _read_orbax(path: pathlib.Path) -> tuple[np.ndarray, list[dict]]:
+    import orbax.checkpoint as ocp  # only for versions saved before the raw format
+
+    with ocp.CheckpointManager(path.parent) as manager:
+        got = manager.restore(int(path.name), args=ocp.args.Composite(
+            buffer=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))  # fmt: skip
+    return np.asarray(got["buffer"]["buffer"], np.uint8), got["meta"]["tensors"]
