@@ -218,7 +218,14 @@ class ParamServerClient:
             pulled = self.shards.pull(have_version)
             return None if pulled is None else (pulled[0], _tensor_list(pulled[1]), pulled[2])
         if self.bulk and self.relay is not None:
-            relayed = pull_relayed(self, have_version)
+            try:
+                relayed = pull_relayed(self, have_version)
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                log.info("parameter server has no bulk lane; pulling over gRPC (no relay)")
+                self.bulk = False
+                return self._pull_grpc(have_version)
             if relayed is None:
                 return None
             return relayed[0].header.version, _tensor_list(relayed[0].header), relayed[1]

@@ -199,3 +199,15 @@ def test_relay_settings_are_checked():
         dataclasses.replace(_settings(1), relay_fanout=-1).resolved()
     with pytest.raises(ValueError, match="relay_direct"):
         dataclasses.replace(_settings(1), relay_direct=0).resolved()
+
+
+def test_a_relaying_client_of_a_server_without_the_bulk_lane_pulls_over_grpc(make_ps, pullers):
+    settings = dataclasses.replace(_settings(fanout=2), bulk_lane=False)
+    running = make_ps(settings=settings)
+    running.client.push(PLAN, TREE, 0)
+    client = ParamServerClient(dataclasses.replace(running.settings, bulk_lane=True), retry_s=0,
+                               relay=True)  # fmt: skip
+    pullers.append(client)
+    assert client.relay is not None
+    version, _, buf = client.pull(-1)
+    assert version == 0 and bytes(buf) == PLAN.pack(TREE).tobytes() and not client.bulk
