@@ -135,7 +135,10 @@ class ShardedWeights:
         carry: list[tuple[int, memoryview]] = []
         replies = []
         for client, (sub, base) in zip(self.clients, split_header(header, points)):
-            replies.append(client.push_one(sub, _ranged(it, base, base + sub.nbytes, carry)))
+            run = _ranged(it, base, base + sub.nbytes, carry)
+            replies.append(_push_run(client, sub, run))
+            for _ in run:  # a server that refused early: the next run starts after this one
+                pass
         return pb.PushReply(
             version=header.version,
             committed=all(r.committed or r.duplicate for r in replies) and not all(
@@ -184,6 +187,18 @@ class ShardedWeights:
         with concurrent.futures.ThreadPoolExecutor(len(tickets)) as pool:
             list(pool.map(one, range(len(tickets))))
         return version, header, buf
+
+
+def _push_run(client: Any, sub: pb.PartHeader, run: Iterator) -> pb.PushReply:
+    """One server's run; a server that already holds this version (a retried push whose
+    first try reached it) counts as a duplicate, so the rest still get theirs."""
+    try:
+        return client.push_one(sub, run)
+    except grpc.RpcError as err:
+        if (err.code() != grpc.StatusCode.FAILED_PRECONDITION
+                or client.stat().version < sub.version):  # fmt: skip
+            raise
+        return pb.PushReply(version=sub.version, duplicate=True)
 
 
 def _discard(client: Any, ticket: pb.PullTicket) -> None:

@@ -139,3 +139,18 @@ def test_the_role_starts_local_shards_as_processes_and_they_serve_their_run(make
     finally:
         shard_server.stop_local(procs)
     assert not procs[0].is_alive()
+
+
+def test_a_push_retried_after_reaching_some_servers_completes_the_rest(make_ps, shards):
+    _, addresses = shards
+    three = _sharded(make_ps, addresses)
+    header = three.client.header(PLAN, 0)
+    points = split_points([t.nbytes for t in header.tensors], 3)
+    buf = PLAN.pack(TREE)
+    sub, base = split_header(header, points)[0]
+    three.client.shards.clients[0].push_one(sub, [(0, memoryview(buf[base : base + sub.nbytes]))])
+    # The first try reached server 0 only; the retry (a new push id) completes servers 1 and 2.
+    reply = three.client.push(PLAN, TREE, 0)
+    assert reply.committed
+    assert [c.stat().version for c in three.client.shards.clients] == [0, 0, 0]
+    assert bytes(three.client.pull(-1)[2]) == buf.tobytes()
