@@ -80,23 +80,28 @@ def score_one(reward: Any, prompt: Prompt, text: str) -> tuple[float, str]:
 
 
 def _worker_main(conn: Any, reward_bytes: bytes, sys_path: list[str]) -> None:
-    """A worker: load the reward, say ready, then answer calls until told to stop."""
+    """A worker: load the reward, say ready, then answer calls until told to stop.
+
+    A parent that has gone (it exited on a config error while this one was
+    still loading) ends the worker quietly: a broken pipe is not an error here.
+    """
     os.setsid()  # its own process group: the parent kills it and all it spawned at once
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     sys.path[:] = sys_path
+    try:
+        _serve(conn, reward_bytes)
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        return
+
+
+def _serve(conn: Any, reward_bytes: bytes) -> None:
     try:
         reward = pickle.loads(reward_bytes)
     except BaseException as exc:  # noqa: BLE001 -- report any load failure to the parent
         conn.send(("init_error", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready", None))
-    while True:
-        try:
-            message = conn.recv()
-        except EOFError:
-            return
-        if message is None:
-            return
+    while (message := conn.recv()) is not None:
         index, prompt, text = message
         try:
             value, reason = score_one(reward, prompt, text)
