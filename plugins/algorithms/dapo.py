@@ -39,6 +39,7 @@ def dapo(
     eps_high: float = 0.28,
     kl_beta: float = 0.0,
     aggregation: str = "token-mean",
+    max_len: int | None = None,
     std_eps: float = 1e-6,
     alignment: str = "none",
     is_cap: float = 2.0,
@@ -51,6 +52,8 @@ def dapo(
       eps_high: upper clip ε_high ("clip-higher").
       kl_beta: weight of a k3 KL to a reference (the paper drops it: 0).
       aggregation: token-mean (the paper's); any of the aggregations.
+      max_len: L of ``seq-mean-token-sum-norm``; None: the generation budget
+        (the completion region of the trainer's layout, the sampler's budget).
       std_eps: ε added to the group std.
       alignment: ``none``, ``tis`` or ``mask``.
       is_cap: C of truncated importance sampling.
@@ -61,7 +64,7 @@ def dapo(
             name="dapo",
             estimator=functools.partial(group_normalized, eps=std_eps),
             objective=ClippedSurrogate(eps_low, eps_high),
-            aggregation=Aggregation(aggregation),
+            aggregation=Aggregation(aggregation, max_len),
             alignment=alignment_of(alignment, is_cap, is_bounds),
             kl_beta=kl_beta,
         )

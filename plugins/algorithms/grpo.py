@@ -53,6 +53,7 @@ def grpo(
     clip_eps: float = 0.2,
     kl_beta: float = 0.0,
     aggregation: str = "seq-mean-token-mean",
+    max_len: int | None = None,
     std_eps: float = 1e-6,
     alignment: str = "none",
     is_cap: float = 2.0,
@@ -65,6 +66,8 @@ def grpo(
       kl_beta: weight of the k3 KL to a frozen reference policy (0 = none).
       aggregation: ``token-mean``, ``seq-mean-token-mean`` (the paper's) or
         ``seq-mean-token-sum-norm``.
+      max_len: L of ``seq-mean-token-sum-norm``; None: the generation budget
+        (the completion region of the trainer's layout, the sampler's budget).
       std_eps: ε added to the group std.
       alignment: ``none``, ``tis`` or ``mask`` (see
         :mod:`rlax.plugins.algorithms.alignment`).
@@ -76,7 +79,7 @@ def grpo(
             name="grpo",
             estimator=functools.partial(group_normalized, eps=std_eps),
             objective=ClippedSurrogate(clip_eps, clip_eps),
-            aggregation=Aggregation(aggregation),
+            aggregation=Aggregation(aggregation, max_len),
             alignment=alignment_of(alignment, is_cap, is_bounds),
             kl_beta=kl_beta,
         )

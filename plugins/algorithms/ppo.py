@@ -49,6 +49,7 @@ def ppo(
     whiten_advantages: bool = True,
     kl_beta: float = 0.0,
     aggregation: str = "token-mean",
+    max_len: int | None = None,
     alignment: str = "none",
     is_cap: float = 2.0,
     is_bounds: tuple[float, float] = (0.5, 2.0),
@@ -65,6 +66,8 @@ def ppo(
       whiten_advantages: normalise advantages over the batch's tokens.
       kl_beta: β of the per-token k1 KL penalty in the reward (0 = none).
       aggregation: how per-token policy losses are reduced (token-mean).
+      max_len: L of ``seq-mean-token-sum-norm``; None: the generation budget
+        (the completion region of the trainer's layout, the sampler's budget).
       alignment: ``none``, ``tis`` or ``mask``.
       is_cap: C of truncated importance sampling.
       is_bounds: [C_min, C_max] of masked importance sampling.
@@ -74,7 +77,7 @@ def ppo(
             name="ppo",
             estimator=raw_returns,
             objective=ClippedSurrogate(clip_eps, clip_eps),
-            aggregation=Aggregation(aggregation),
+            aggregation=Aggregation(aggregation, max_len),
             alignment=alignment_of(alignment, is_cap, is_bounds),
             returns=Returns(gamma=gamma, lam=lam, kl_beta=kl_beta, whiten=whiten_advantages),
             critic=ValueLoss(clip_eps=value_clip, coef=vf_coef, model=value_model),

@@ -30,6 +30,7 @@ def rloo(
     *,
     clip_eps: float = 0.2,
     aggregation: str = "seq-mean-token-sum",
+    max_len: int | None = None,
     alignment: str = "none",
     is_cap: float = 2.0,
     is_bounds: tuple[float, float] = (0.5, 2.0),
@@ -40,6 +41,8 @@ def rloo(
       clip_eps: ε of the clipped surrogate (both sides).
       aggregation: ``seq-mean-token-sum`` (a sequence is one action); any of
         the aggregations.
+      max_len: L of ``seq-mean-token-sum-norm``; None: the generation budget
+        (the completion region of the trainer's layout, the sampler's budget).
       alignment: ``none``, ``tis`` or ``mask``.
       is_cap: C of truncated importance sampling.
       is_bounds: [C_min, C_max] of masked importance sampling.
@@ -49,7 +52,7 @@ def rloo(
             name="rloo",
             estimator=leave_one_out,
             objective=ClippedSurrogate(clip_eps, clip_eps),
-            aggregation=Aggregation(aggregation),
+            aggregation=Aggregation(aggregation, max_len),
             alignment=alignment_of(alignment, is_cap, is_bounds),
         )
 
