@@ -18,6 +18,7 @@ import numpy as np
 from rlax.core.contracts import RolloutSource
 from rlax.core.parallel import multihost
 from rlax.core.trainer.batches import make_batch
+from rlax.core.trainer.epochs import update_on_batch
 from rlax.core.trainer.filling import Entry
 from rlax.core.trainer.phases import PhaseClock
 from rlax.core.trainer.step import Trainer, batch_arrays
@@ -71,7 +72,8 @@ def own_rows(trainer: Trainer, batch):
 
 def train_step(step: int, source: RolloutSource, trainer: Trainer, *, group_size: int,
                completion_len: int, version_offset: int = 0, deterministic: bool = False,
-               clock: PhaseClock | None = None, groups: list[Group] | None = None) -> dict:  # fmt: skip
+               clock: PhaseClock | None = None, groups: list[Group] | None = None,
+               seed: int = 0) -> dict:  # fmt: skip
     """Takes one batch, updates, publishes the new weights; returns the step's metrics.
 
     The weight version is the trainer's step plus ``version_offset`` (nonzero
@@ -79,7 +81,9 @@ def train_step(step: int, source: RolloutSource, trainer: Trainer, *, group_size
     A notice that stopped process 0 waiting for rollouts stops every process
     here (the batch's broadcast carries the exception). ``clock`` times the
     phases (waiting for rollouts, training, publishing); process 0 appends the
-    batch's groups to ``groups`` when given.
+    batch's groups to ``groups`` when given. The trainer's settings say how many
+    updates the batch gives (:mod:`rlax.core.trainer.epochs`, shuffled by ``seed``
+    and ``step``).
     """
     clock = clock or PhaseClock()
     start = time.perf_counter()
@@ -94,7 +98,8 @@ def train_step(step: int, source: RolloutSource, trainer: Trainer, *, group_size
     metrics = {"step": step, **metrics}
     if batch is not None:
         with clock("train"):
-            metrics.update(trainer.step(own_rows(trainer, batch)))
+            rows = own_rows(trainer, batch)
+            metrics.update(update_on_batch(trainer, batch, rows, seed=seed, step=step))
         with clock("publish"):
             metrics.update(
                 source.publish(trainer.state.params, trainer.state.step + version_offset)

@@ -96,6 +96,7 @@ class ClippedSurrogate:
             "clip_fraction": masked_mean((high | low).astype(f32), mask),
             "clip_fraction_high": masked_mean(high.astype(f32), mask),
             "clip_fraction_low": masked_mean(low.astype(f32), mask),
+            "ratio_mean": masked_mean(ratio, mask),
         }
         return loss, metrics
 
