@@ -32,7 +32,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import jax
@@ -105,18 +104,20 @@ def _with_empty_row(arrays: Arrays) -> Arrays:
     return {k: np.concatenate([v, np.zeros((1, *v.shape[1:]), v.dtype)]) for k, v in arrays.items()}
 
 
-def several_updates(trainer: Trainer, batch: TrainBatch, *, seed: int, step: int) -> list[dict]:
-    """``epochs x minibatches`` updates on ``batch``; each update's metrics, in order.
+def several_updates(trainer: Trainer, arrays: Arrays, group_ids: np.ndarray, *, seed: int,
+                    step: int) -> list[dict]:  # fmt: skip
+    """``epochs x minibatches`` updates on the batch ``arrays``; each update's metrics, in order.
 
+    ``group_ids`` [B] names each row's group (:attr:`TrainBatch.group_ids`).
     The trainer's step advances by one, whatever the number of updates.
     """
     settings = trainer.settings
-    arrays = _with_empty_row(fixed_anchors(trainer, batch_arrays(batch)))
+    arrays = _with_empty_row(fixed_anchors(trainer, arrays))
     multiple = math.lcm(meshlib.batch_size_multiple(trainer.mesh), settings.microbatches)
     start, metrics = trainer.state.step, []
     for epoch in range(settings.epochs):
         rng = np.random.default_rng([seed, step, epoch])
-        for rows in minibatch_rows(batch.group_ids, settings.minibatches, rng, multiple):
+        for rows in minibatch_rows(group_ids, settings.minibatches, rng, multiple):
             metrics.append(trainer.step({k: v[rows] for k, v in arrays.items()}))
     trainer.state = dataclasses.replace(trainer.state, step=start + 1)
     return metrics
@@ -124,16 +125,17 @@ def several_updates(trainer: Trainer, batch: TrainBatch, *, seed: int, step: int
 
 def mean_metrics(per_update: list[dict]) -> dict[str, float]:
     """The updates' metrics averaged key by key, and ``updates``: how many there were."""
-    keys = functools.reduce(lambda a, m: a | m.keys(), per_update, set())
+    keys: set[str] = set().union(*(m.keys() for m in per_update))
     means = {k: float(np.mean([m[k] for m in per_update if k in m])) for k in sorted(keys)}
     return {**means, "updates": float(len(per_update))}
 
 
-def update_on_batch(trainer: Trainer, batch: TrainBatch, rows, *, seed: int, step: int) -> dict:
+def update_on_batch(trainer: Trainer, batch: TrainBatch | Arrays, rows, *, seed: int,
+                    step: int, group_ids: np.ndarray | None = None) -> dict:  # fmt: skip
     """The step's updates on ``batch``; ``rows`` is what this process feeds a single update.
 
     One update (1 x 1) is exactly :meth:`Trainer.step` on ``rows``, as before
-    several were possible.
+    several were possible. ``batch`` as arrays needs ``group_ids``.
     """
     if updates_per_batch(trainer) == 1:
         return trainer.step(rows)
@@ -142,4 +144,10 @@ def update_on_batch(trainer: Trainer, batch: TrainBatch, rows, *, seed: int, ste
             "rlax.trainer_settings.epochs/minibatches: several updates per batch run on one "
             f"trainer process only, not {jax.process_count()}"
         )
-    return mean_metrics(several_updates(trainer, batch, seed=seed, step=step))
+    if isinstance(batch, TrainBatch):
+        group_ids = batch.group_ids
+        arrays = batch_arrays(batch)
+    else:
+        arrays = batch
+    assert group_ids is not None, "update_on_batch: arrays need their group_ids"
+    return mean_metrics(several_updates(trainer, arrays, group_ids, seed=seed, step=step))

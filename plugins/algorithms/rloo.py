@@ -31,6 +31,7 @@ def rloo(
     clip_eps: float = 0.2,
     aggregation: str = "seq-mean-token-sum",
     max_len: int | None = None,
+    dual_clip: float | None = None,
     alignment: str = "none",
     is_cap: float = 2.0,
     is_bounds: tuple[float, float] = (0.5, 2.0),
@@ -43,7 +44,10 @@ def rloo(
         the aggregations.
       max_len: L of ``seq-mean-token-sum-norm``; None: the generation budget
         (the completion region of the trainer's layout, the sampler's budget).
-      alignment: ``none``, ``tis`` or ``mask``.
+      dual_clip: c of dual-clip PPO (a token with A < 0 loses at most -c A;
+        arXiv 1912.09729); None: off.
+      alignment: one of :data:`rlax.plugins.algorithms.alignment.ALIGNMENTS`
+        (``none``, ``tis``, ``mask``, ``icepop``, ``seq-tis``, ``seq-mis``).
       is_cap: C of truncated importance sampling.
       is_bounds: [C_min, C_max] of masked importance sampling.
     """
@@ -51,7 +55,7 @@ def rloo(
         return PolicyGradient(
             name="rloo",
             estimator=leave_one_out,
-            objective=ClippedSurrogate(clip_eps, clip_eps),
+            objective=ClippedSurrogate(clip_eps, clip_eps, dual_clip),
             aggregation=Aggregation(aggregation, max_len),
             alignment=alignment_of(alignment, is_cap, is_bounds),
         )

@@ -13,7 +13,7 @@ from rlax.core.models.transformer import Transformer
 from rlax.core.trainer.batches import make_batch
 from rlax.core.trainer.epochs import mean_metrics, minibatch_rows, several_updates, update_on_batch
 from rlax.core.trainer.settings import TrainerSettings
-from rlax.core.trainer.step import Trainer
+from rlax.core.trainer.step import Trainer, batch_arrays
 from rlax.core.types import Completion, Group, Prompt
 from rlax.plugins.algorithms.grpo import grpo
 from rlax.plugins.algorithms.ppo import ppo
@@ -39,6 +39,10 @@ def groups(m: int = 4):
 def batch_for(algo, m: int = 4):
     gs = groups(m)
     return make_batch(gs, algo.advantages(np.stack([g.rewards for g in gs])), row_multiple=8)
+
+
+def arrays_of(batch):
+    return batch_arrays(batch), batch.group_ids
 
 
 def trainer_for(algo, lr=1.0, **settings):
@@ -84,7 +88,7 @@ def test_one_epoch_of_one_minibatch_is_todays_update_bit_for_bit():
 def test_two_by_two_updates_bind_the_clip_and_count_one_step():
     algo = grpo(alignment="tis")  # the ratio's denominator: the anchors, fixed for the batch
     trainer = trainer_for(algo, lr=3.0, epochs=2, minibatches=2)
-    per_update = several_updates(trainer, batch_for(algo), seed=0, step=1)
+    per_update = several_updates(trainer, *arrays_of(batch_for(algo)), seed=0, step=1)
     assert len(per_update) == 4 and trainer.state.step == 1
     first, later = per_update[0], per_update[1:]
     # The first update starts where the anchors were taken: ratio 1, nothing clipped.
@@ -105,7 +109,7 @@ def test_ppo_value_clip_binds_against_the_batchs_old_values():
     one = trainer_for(algo, lr=1.0)
     assert one.step(batch_for(algo))["value_clip_fraction"] == 0.0  # old values = values
     several = trainer_for(algo, lr=1.0, epochs=2, minibatches=2)
-    per_update = several_updates(several, batch_for(algo), seed=0, step=1)
+    per_update = several_updates(several, *arrays_of(batch_for(algo)), seed=0, step=1)
     assert per_update[0]["value_clip_fraction"] == 0.0
     assert max(m["value_clip_fraction"] for m in per_update[1:]) > 0.0
 
@@ -116,13 +120,13 @@ def test_the_shuffle_depends_on_seed_and_step_only():
     for _ in range(2):
         trainer = trainer_for(algo, lr=0.5, epochs=2, minibatches=2)
         for step in (1, 2):
-            several_updates(trainer, batch_for(algo), seed=7, step=step)
+            several_updates(trainer, *arrays_of(batch_for(algo)), seed=7, step=step)
         runs.append(leaves(trainer))
     for x, y in zip(*runs, strict=True):
         np.testing.assert_array_equal(x, y)
     other = trainer_for(algo, lr=0.5, epochs=2, minibatches=2)
     for step in (1, 2):
-        several_updates(other, batch_for(algo), seed=8, step=step)
+        several_updates(other, *arrays_of(batch_for(algo)), seed=8, step=step)
     assert any(not np.array_equal(x, y) for x, y in zip(runs[0], leaves(other), strict=True))
 
 
