@@ -40,6 +40,7 @@ import numpy as np
 
 from rlax.core.errors import ConfigError
 from rlax.core.parallel import mesh as meshlib
+from rlax.core.trainer.settings import TrainerSettings
 from rlax.core.trainer.step import Trainer, batch_arrays
 from rlax.core.types import TrainBatch
 
@@ -130,6 +131,15 @@ def mean_metrics(per_update: list[dict]) -> dict[str, float]:
     return {**means, "updates": float(len(per_update))}
 
 
+def check_processes(settings: TrainerSettings | None, processes: int) -> None:
+    """ConfigError, before any work, for several updates per batch on several processes."""
+    if settings is not None and settings.epochs * settings.minibatches > 1 and processes > 1:
+        raise ConfigError(
+            "rlax.trainer_settings.epochs/minibatches: several updates per batch run on one "
+            f"trainer process only, not {processes}"
+        )
+
+
 def update_on_batch(trainer: Trainer, batch: TrainBatch | Arrays, rows, *, seed: int,
                     step: int, group_ids: np.ndarray | None = None) -> dict:  # fmt: skip
     """The step's updates on ``batch``; ``rows`` is what this process feeds a single update.
@@ -139,11 +149,7 @@ def update_on_batch(trainer: Trainer, batch: TrainBatch | Arrays, rows, *, seed:
     """
     if updates_per_batch(trainer) == 1:
         return trainer.step(rows)
-    if jax.process_count() > 1:
-        raise ConfigError(
-            "rlax.trainer_settings.epochs/minibatches: several updates per batch run on one "
-            f"trainer process only, not {jax.process_count()}"
-        )
+    check_processes(trainer.settings, jax.process_count())
     if isinstance(batch, TrainBatch):
         group_ids = batch.group_ids
         arrays = batch_arrays(batch)

@@ -105,6 +105,7 @@ from rlax.core.param_server.settings import ServerSettings
 from rlax.core.param_server.wire import WirePlan
 from rlax.core.trainer.checkpoint import Checkpointer, Restored
 from rlax.core.trainer.client import TrainerClient
+from rlax.core.trainer.epochs import check_processes
 from rlax.core.trainer.loop import TrainingRun, apply_restored, state_tree
 from rlax.core.trainer.observe import (
     Observer,
@@ -288,6 +289,7 @@ def train(*, hook: Any = None, run_dir: pathlib.Path | None = None, inline: bool
                     eval_samples=eval_samples, eval_ks=eval_ks, curation=curation,
                     **watch)  # fmt: skip
     check_teacher(algorithm, teacher)
+    check_processes(trainer_settings, jax.process_count())
     if _finished(run_dir, steps):  # re-running a finished run redoes nothing and overwrites nothing
         return 0
     bundle = load_policy(init_checkpoint, "rlax.train.init_checkpoint")

@@ -8,10 +8,17 @@ import optax
 import pytest
 from flax import nnx
 
+from rlax.core.errors import ConfigError
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.transformer import Transformer
 from rlax.core.trainer.batches import make_batch
-from rlax.core.trainer.epochs import mean_metrics, minibatch_rows, several_updates, update_on_batch
+from rlax.core.trainer.epochs import (
+    check_processes,
+    mean_metrics,
+    minibatch_rows,
+    several_updates,
+    update_on_batch,
+)
 from rlax.core.trainer.settings import TrainerSettings
 from rlax.core.trainer.step import Trainer, batch_arrays
 from rlax.core.types import Completion, Group, Prompt
@@ -128,6 +135,14 @@ def test_the_shuffle_depends_on_seed_and_step_only():
     for step in (1, 2):
         several_updates(other, *arrays_of(batch_for(algo)), seed=8, step=step)
     assert any(not np.array_equal(x, y) for x, y in zip(runs[0], leaves(other), strict=True))
+
+
+def test_several_updates_on_several_processes_are_a_config_error():
+    with pytest.raises(ConfigError, match="several updates per batch run on one trainer process"):
+        check_processes(TrainerSettings(epochs=2), 2)
+    check_processes(TrainerSettings(epochs=2), 1)
+    check_processes(TrainerSettings(), 4)  # one update per batch: any number of processes
+    check_processes(None, 4)
 
 
 def test_settings_reject_zero_epochs_and_minibatches():
