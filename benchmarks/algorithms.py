@@ -9,13 +9,21 @@ the sampler in the trainer's process, so the runs measure the algorithms,
 not the parameter server. The baseline is each run's own "before" row (the
 base policy, same problems and sampler).
 
+``grpo_2x4`` is GRPO with several updates per rollout batch
+(``rlax.trainer_settings.epochs = 2``, ``minibatches = 4``: 8 optimiser
+updates per batch on minibatches of whole groups, old logprobs fixed for the
+batch), reported against ``grpo`` (one update per batch) at the same number of
+rollouts: the same steps, prompts and samples, so the same sampling work.
+
     python benchmarks/algorithms.py [--steps N] [--prompts N] [--only NAME ...]
+                                    [--eval-problems N] [--eval-samples N]
                                     [--gin.NAME=VALUE ...]
 
 Prints a table, then one JSON line: ``{"budget": {...}, "base": {"pass@1",
 "pass@8"}, "algorithms": {NAME: {"pass@1", "pass@8", "pass8_gain", "wall_s",
-"tokens_per_s", "updates"}}, "all_improve_pass8": bool}``. Exit status 1 if a
-run failed or an algorithm did not improve held-out pass@8.
+"tokens_per_s", "updates"}}, "epochs_vs_one_update": {"pass8_gain_delta",
+"wall_ratio", "updates_ratio"} (when both GRPO rows ran), "all_improve_pass8": bool}``.
+Exit status 1 if a run failed or an algorithm did not improve held-out pass@8.
 """
 
 from __future__ import annotations
@@ -41,6 +49,15 @@ EXPERIMENTS = {
     "reinforcepp": "reinforcepp.gin",
     "reinforcepp_baseline": "reinforcepp_baseline.gin",
     "ppo": "ppo.gin",
+    "grpo_2x4": "quickstart.gin",
+}
+# Extra gin bindings of a row (beside the budget's).
+SETTINGS = {
+    "grpo_2x4": [
+        "--gin.rlax.train.trainer_settings=@rlax.trainer_settings()",
+        "--gin.rlax.trainer_settings.epochs=2",
+        "--gin.rlax.trainer_settings.minibatches=4",
+    ],
 }
 # Held-out pass@8 first dips while RL sharpens the policy, then rises with pass@1; the budget
 # must pass the dip for every algorithm. Measured here (two shared CPU cores): at 64 prompts x
@@ -61,7 +78,8 @@ LEARNING_RATE = 2e-4
 
 
 def run_one(name: str, steps: int, prompts: int, learning_rate: float, extra: list[str],
-            tmp: pathlib.Path):  # fmt: skip
+            tmp: pathlib.Path, eval_problems: int = EVAL_PROBLEMS,
+            eval_samples: int = EVAL_SAMPLES):  # fmt: skip
     """One experiment in a subprocess; returns its figures, or None if it failed."""
     run_dir = tmp / name
     cmd = [
@@ -69,9 +87,10 @@ def run_one(name: str, steps: int, prompts: int, learning_rate: float, extra: li
         "--gin", str(ROOT / "configs" / EXPERIMENTS[name]), "--run-dir", str(run_dir),
         f"--gin.INIT_CHECKPOINT='{ROOT / 'assets' / 'quickstart-base'}'",
         f"--gin.rlax.train.steps={steps}", f"--gin.PROMPTS_PER_STEP={prompts}",
-        f"--gin.LEARNING_RATE={learning_rate}", f"--gin.tasks.arithmetic.num_eval={EVAL_PROBLEMS}",
-        f"--gin.rlax.train.eval_samples={EVAL_SAMPLES}",
-        "--gin.rlax.train.progress=False", "--gin.rlax.evaluate.progress=False", *extra,
+        f"--gin.LEARNING_RATE={learning_rate}", f"--gin.tasks.arithmetic.num_eval={eval_problems}",
+        f"--gin.rlax.train.eval_samples={eval_samples}",
+        "--gin.rlax.train.progress=False", "--gin.rlax.evaluate.progress=False",
+        *SETTINGS.get(name, []), *extra,
     ]  # fmt: skip
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     start = time.perf_counter()
@@ -89,7 +108,20 @@ def run_one(name: str, steps: int, prompts: int, learning_rate: float, extra: li
         "after": results["after"],
         "wall_s": wall,
         "tokens_per_s": sum(r["tokens_per_s"] for r in rows) / max(len(rows), 1),
-        "updates": len(updated),
+        # Optimiser updates: one per step that kept a group, times the updates per batch.
+        "updates": int(sum(r.get("updates", 1) for r in updated)),
+    }
+
+
+def _epochs_vs_one(out: dict[str, dict]) -> dict[str, float] | None:
+    """GRPO with 2 epochs x 4 minibatches against one update per batch (None: a row missing)."""
+    if "grpo" not in out or "grpo_2x4" not in out:
+        return None
+    one, several = out["grpo"], out["grpo_2x4"]
+    return {
+        "pass8_gain_delta": round(several["pass8_gain"] - one["pass8_gain"], 4),
+        "wall_ratio": round(several["wall_s"] / max(one["wall_s"], 1e-9), 3),
+        "updates_ratio": round(several["updates"] / max(one["updates"], 1), 2),
     }
 
 
@@ -98,6 +130,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--prompts", type=int, default=PROMPTS, help="prompts per step")
     parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE)
+    parser.add_argument("--eval-problems", type=int, default=EVAL_PROBLEMS)
+    parser.add_argument("--eval-samples", type=int, default=EVAL_SAMPLES)
     parser.add_argument("--only", nargs="+", choices=sorted(EXPERIMENTS), default=list(EXPERIMENTS))
     args, extra = parser.parse_known_args()
     figures: dict[str, dict] = {}
@@ -105,9 +139,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rlax-algorithms-") as tmp:
         for name in args.only:
             print(f"running {name} ({args.steps} steps) ...", flush=True)
-            result = run_one(
-                name, args.steps, args.prompts, args.learning_rate, extra, pathlib.Path(tmp)
-            )
+            result = run_one(name, args.steps, args.prompts, args.learning_rate, extra,
+                             pathlib.Path(tmp), args.eval_problems, args.eval_samples)  # fmt: skip
             if result is None:
                 failed.append(name)
             else:
@@ -116,8 +149,8 @@ def main() -> int:
         return 1
     base = next(iter(figures.values()))["before"]
     print(f"\nalgorithms on the quickstart task: {args.steps} steps x {args.prompts} prompts x 8 "
-          f"samples, lr {args.learning_rate:g}; held-out pass@k ({EVAL_PROBLEMS} problems, "
-          f"{EVAL_SAMPLES} samples)")  # fmt: skip
+          f"samples, lr {args.learning_rate:g}; held-out pass@k ({args.eval_problems} problems, "
+          f"{args.eval_samples} samples)")  # fmt: skip
     print(
         f"{'':<22}{'pass@1':>8}{'pass@8':>8}{'Δpass@8':>9}{'wall s':>8}{'tok/s':>8}{'updates':>9}"
     )
@@ -139,12 +172,17 @@ def main() -> int:
             "updates": f["updates"],
         }
     improved = all(v["pass8_gain"] > 0 for v in out.values()) and not failed
+    epochs = _epochs_vs_one(out)
+    if epochs:
+        print(f"\ngrpo_2x4 vs grpo (same rollouts): Δpass@8 {100 * epochs['pass8_gain_delta']:+.1f}"
+              f" points, wall x{epochs['wall_ratio']:.2f}, updates x{epochs['updates_ratio']:.1f}")  # fmt: skip
     summary = {
         "budget": {"steps": args.steps, "prompts_per_step": args.prompts, "group_size": 8,
-                   "learning_rate": args.learning_rate, "eval_problems": EVAL_PROBLEMS,
-                   "eval_samples": EVAL_SAMPLES},
+                   "learning_rate": args.learning_rate, "eval_problems": args.eval_problems,
+                   "eval_samples": args.eval_samples},
         "base": {k: round(v, 4) for k, v in base.items()},
         "algorithms": out,
+        **({"epochs_vs_one_update": epochs} if epochs else {}),
         "failed": failed,
         "all_improve_pass8": improved,
     }  # fmt: skip

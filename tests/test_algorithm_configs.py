@@ -9,6 +9,7 @@ import gin
 import pytest
 
 from rlax.core import config, plugins
+from rlax.core.errors import ConfigError
 from rlax.plugins.curation.dynamic_sampling import DynamicSampling
 from rlax.plugins.curation.zero_variance import ZeroVarianceFilter
 from rlax.plugins.rewards.arithmetic import ArithmeticReward
@@ -27,6 +28,7 @@ EXPERIMENTS = {
     "reinforcepp": "reinforcepp.gin",
     "reinforcepp_baseline": "reinforcepp_baseline.gin",
     "ppo": "ppo.gin",
+    "distill": "distill.gin",
 }
 
 
@@ -48,8 +50,12 @@ def pm():
     return manager
 
 
+# What an experiment requires to be set (distillation: the teacher's checkpoint).
+REQUIRED = {"distill": ["TEACHER = '/path/to/teacher'"]}
+
+
 def parsed(pm, name: str) -> dict[str, Any]:
-    config.parse([ROOT / "configs" / EXPERIMENTS[name]], plugins=pm)
+    config.parse([ROOT / "configs" / EXPERIMENTS[name]], REQUIRED.get(name, []), plugins=pm)
     return {
         key: build(gin.query_parameter(f"rlax.train.{key}"))
         for key in ("algorithm", "curation", "reward", "run_name")
@@ -103,3 +109,11 @@ def test_ppo_and_reinforcepp_settings(pm):
     assert (ppo.returns.gamma, ppo.returns.lam, ppo.critic.clip_eps) == (1.0, 0.95, 0.2)
     rpp = parsed(pm, "reinforcepp")["algorithm"]
     assert rpp.needs_reference and rpp.returns.kl_beta == 0.01 and rpp.returns.whiten
+
+
+def test_distill_names_its_teacher_and_keeps_every_group(pm):
+    run = parsed(pm, "distill")
+    assert run["algorithm"].needs_teacher and run["curation"] == []
+    assert build(gin.query_parameter("rlax.train.teacher")) == "/path/to/teacher"
+    with pytest.raises(ConfigError, match="TEACHER is required"):
+        config.parse([ROOT / "configs" / "distill.gin"], plugins=pm)

@@ -18,10 +18,12 @@ import numpy as np
 from rlax.core.contracts import RolloutSource
 from rlax.core.parallel import multihost
 from rlax.core.trainer.batches import make_batch
+from rlax.core.trainer.epochs import update_on_batch
 from rlax.core.trainer.filling import Entry
 from rlax.core.trainer.phases import PhaseClock
 from rlax.core.trainer.step import Trainer, batch_arrays
-from rlax.core.types import Group
+from rlax.core.trainer.teacher import Teacher
+from rlax.core.types import Group, TrainBatch
 from rlax.core.worker.rollout import generated_tokens
 
 
@@ -61,17 +63,19 @@ def take_batch(source: RolloutSource, trainer: Trainer, version: int, *, group_s
 
 
 def own_rows(trainer: Trainer, batch):
-    """The rows of the global ``batch`` this process feeds (all of them with one process)."""
+    """The rows of the global ``batch`` (a TrainBatch or its arrays) this process feeds (all of
+    them with one process)."""
     if jax.process_count() == 1:
         return batch
-    arrays = batch_arrays(batch)
+    arrays = batch_arrays(batch) if isinstance(batch, TrainBatch) else batch
     rows = multihost.process_rows(trainer.mesh, len(arrays["tokens"]))
     return {name: x[rows] for name, x in arrays.items()}
 
 
 def train_step(step: int, source: RolloutSource, trainer: Trainer, *, group_size: int,
                completion_len: int, version_offset: int = 0, deterministic: bool = False,
-               clock: PhaseClock | None = None, groups: list[Group] | None = None) -> dict:  # fmt: skip
+               clock: PhaseClock | None = None, groups: list[Group] | None = None,
+               seed: int = 0, teacher: Teacher | None = None) -> dict:  # fmt: skip
     """Takes one batch, updates, publishes the new weights; returns the step's metrics.
 
     The weight version is the trainer's step plus ``version_offset`` (nonzero
@@ -79,7 +83,10 @@ def train_step(step: int, source: RolloutSource, trainer: Trainer, *, group_size
     A notice that stopped process 0 waiting for rollouts stops every process
     here (the batch's broadcast carries the exception). ``clock`` times the
     phases (waiting for rollouts, training, publishing); process 0 appends the
-    batch's groups to ``groups`` when given.
+    batch's groups to ``groups`` when given. The trainer's settings say how many
+    updates the batch gives (:mod:`rlax.core.trainer.epochs`, shuffled by ``seed``
+    and ``step``); a ``teacher`` adds its logprobs to the batch as ``ref_logprobs``
+    (:mod:`rlax.core.trainer.teacher`).
     """
     clock = clock or PhaseClock()
     start = time.perf_counter()
@@ -94,7 +101,10 @@ def train_step(step: int, source: RolloutSource, trainer: Trainer, *, group_size
     metrics = {"step": step, **metrics}
     if batch is not None:
         with clock("train"):
-            metrics.update(trainer.step(own_rows(trainer, batch)))
+            arrays = batch if teacher is None else teacher.annotate(batch_arrays(batch))
+            rows = own_rows(trainer, arrays)
+            metrics.update(update_on_batch(trainer, arrays, rows, seed=seed, step=step,
+                                           group_ids=batch.group_ids))  # fmt: skip
         with clock("publish"):
             metrics.update(
                 source.publish(trainer.state.params, trainer.state.step + version_offset)

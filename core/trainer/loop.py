@@ -189,7 +189,8 @@ class TrainingRun:
             try:
                 metrics = train_step(
                     step, self.source, self.trainer, version_offset=self.version_offset,
-                    deterministic=self.deterministic, clock=clock, groups=groups, **step_args,
+                    deterministic=self.deterministic, clock=clock, groups=groups,
+                    seed=self.seed, **step_args,
                 )  # fmt: skip
             except LostStep as err:  # the state holds half a step: keep the last checkpoint
                 metrics, lost = None, str(err)

@@ -52,6 +52,10 @@ steps ``trace_groups`` of the batch's groups are written to
 at a preemption, when ``eval.json`` is written too
 (:mod:`rlax.core.trainer.observe`).
 
+An algorithm that distils from a teacher (``needs_teacher``) needs
+``teacher``, a model checkpoint with the student's tokenizer, whose logprobs
+join every batch as its ``ref_logprobs`` (:mod:`rlax.core.trainer.teacher`).
+
 The loop never branches on which algorithm, reward, sampler or rollout source
 it runs; their contracts are the Protocols in ``core/contracts.py``.
 """
@@ -101,6 +105,7 @@ from rlax.core.param_server.settings import ServerSettings
 from rlax.core.param_server.wire import WirePlan
 from rlax.core.trainer.checkpoint import Checkpointer, Restored
 from rlax.core.trainer.client import TrainerClient
+from rlax.core.trainer.epochs import check_processes
 from rlax.core.trainer.loop import TrainingRun, apply_restored, state_tree
 from rlax.core.trainer.observe import (
     Observer,
@@ -110,6 +115,7 @@ from rlax.core.trainer.observe import (
 )
 from rlax.core.trainer.sources import InlineRollouts, RemoteRollouts
 from rlax.core.trainer.step import Trainer, TrainerSettings
+from rlax.core.trainer.teacher import Teacher, check_teacher
 from rlax.core.types import ConfigPath
 from rlax.core.worker.rollout import check_online_filters, task_prompts
 
@@ -223,6 +229,15 @@ def _make_trainer(bundle: ModelBundle, sampler, algorithm, optimizer, mesh: Mesh
                    mesh=make_mesh(mesh) if mesh else None, settings=settings)  # fmt: skip
 
 
+def _teacher(path: ConfigPath | None, student: ModelBundle, temperature: float) -> Teacher | None:
+    """The distillation teacher ``rlax.train.teacher`` names (None: no teacher)."""
+    if path is None:
+        return None
+    teacher = Teacher(load_policy(path, "rlax.train.teacher").model, temperature=temperature)
+    teacher.check_student(student.model)
+    return teacher
+
+
 def _run(run: TrainingRun, held_out: _HeldOut, hook, *, steps: int, progress: bool,
          **step_args) -> dict[str, float]:  # fmt: skip
     """Resumes, evaluates the base policy (once per run), trains; the "before" results.
@@ -260,7 +275,7 @@ def train(*, hook: Any = None, run_dir: pathlib.Path | None = None, inline: bool
           mesh: MeshConfig | None = None, trainer_settings: TrainerSettings | None = None,
           distributed: DistributedSettings | None = None, loggers: Sequence[Logger] = (),
           eval_every: int = 0, trace_every: int = 10, trace_groups: int = 2,
-          plot_every: int = 50) -> int:  # fmt: skip
+          plot_every: int = 50, teacher: ConfigPath | None = None) -> int:  # fmt: skip
     """The trainer role: RL from ``init_checkpoint`` for ``steps`` steps (see the module doc).
 
     Raises:
@@ -273,6 +288,8 @@ def train(*, hook: Any = None, run_dir: pathlib.Path | None = None, inline: bool
     _check_settings(inline=inline, deterministic=deterministic, max_staleness=max_staleness,
                     eval_samples=eval_samples, eval_ks=eval_ks, curation=curation,
                     **watch)  # fmt: skip
+    check_teacher(algorithm, teacher)
+    check_processes(trainer_settings, jax.process_count())
     if _finished(run_dir, steps):  # re-running a finished run redoes nothing and overwrites nothing
         return 0
     bundle = load_policy(init_checkpoint, "rlax.train.init_checkpoint")
@@ -280,6 +297,7 @@ def train(*, hook: Any = None, run_dir: pathlib.Path | None = None, inline: bool
                         ks=eval_ks, progress=progress)  # fmt: skip
     run_dir = _open_run_dir(run_dir, run_root, run_name)
     trainer = _make_trainer(bundle, sampler, algorithm, optimizer, mesh, trainer_settings)
+    scorer = _teacher(teacher, bundle, sampler.temperature)
     ckpt, restored = _restore(trainer, run_dir, hook, every=checkpoint_every, keep=keep_checkpoints)
     preemption = Preemption(preemption_notices, role="trainer", hook=hook)
     source = _rollout_source(
@@ -291,7 +309,8 @@ def train(*, hook: Any = None, run_dir: pathlib.Path | None = None, inline: bool
     run.observer = _observer(run, held_out, loggers, reward, watch)
     try:
         before = _run(run, held_out, hook, steps=steps, progress=progress,
-                      group_size=group_size, completion_len=sampler.max_new_tokens)  # fmt: skip
+                      group_size=group_size, completion_len=sampler.max_new_tokens,
+                      teacher=scorer)  # fmt: skip
         _finish(run, hook, bundle, held_out, before)
     finally:
         run.observer.close()

@@ -1,4 +1,5 @@
-"""How the trainer's step runs (``rlax.trainer_settings`` in gin): microbatches, remat, dtype, placements."""
+"""How the trainer's step runs (``rlax.trainer_settings`` in gin): microbatches, remat, dtype,
+placements, and how many updates each rollout batch gives (epochs x minibatches)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ PLACEMENTS = ("sharded", "replicated")
 
 @dataclasses.dataclass(frozen=True)
 class TrainerSettings:
-    """How the step runs; none of it changes the update beyond float rounding.
+    """How the step runs; none of it but ``epochs``/``minibatches`` changes the update
+    beyond float rounding.
 
     In gin (``rlax.trainer_settings``)::
 
@@ -36,6 +38,10 @@ class TrainerSettings:
       post_update_kl: measure ``kl_old`` (how far the update moved the
         policy) with one more forward pass after the update; off, the metric
         is absent and the step costs a forward pass less.
+      epochs / minibatches: optimiser updates per rollout batch
+        (:mod:`rlax.core.trainer.epochs`): ``epochs`` passes over the batch,
+        each split into ``minibatches`` minibatches of whole groups, shuffled
+        by the run's seed and step; 1 x 1 is one update on the whole batch.
     """
 
     microbatches: int = 1
@@ -44,10 +50,13 @@ class TrainerSettings:
     reference_placement: str = "sharded"
     critic_placement: str = "sharded"
     post_update_kl: bool = True
+    epochs: int = 1
+    minibatches: int = 1
 
     def __post_init__(self) -> None:
-        if self.microbatches < 1:
-            raise ValueError(f"microbatches must be >= 1, got {self.microbatches}")
+        for field in ("microbatches", "epochs", "minibatches"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
         for field, valid in (
             ("remat", REMAT_POLICIES),
             ("compute_dtype", COMPUTE_DTYPES),

@@ -228,9 +228,13 @@ class Trainer:
         return scan_forward(lambda mb: self._forward(params, critic, mb), batch, k, self.mesh)
 
     def _loss(self, logp, values, batch):
-        inputs = dict(batch, train_logprobs=jax.lax.stop_gradient(logp))
+        # A batch that brings train_logprobs / old_values had them fixed for several
+        # updates (rlax.core.trainer.epochs); otherwise they are this step's own.
+        inputs = dict(batch)
+        inputs.setdefault("train_logprobs", jax.lax.stop_gradient(logp))
         if values is not None:
-            inputs.update(values=values, old_values=jax.lax.stop_gradient(values))
+            inputs["values"] = values
+            inputs.setdefault("old_values", jax.lax.stop_gradient(values))
         return self.algorithm.loss(logp, inputs)
 
     def _loss_and_grads(self, params, critic, batch):

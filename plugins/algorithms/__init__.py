@@ -18,7 +18,8 @@ The pieces, one module each (the unified objective is written out in
   on the host: :mod:`.advantages`;
 - aggregations, per-token values -> the scalar loss: :mod:`.aggregation`;
 - train/inference alignment, the importance weight: :mod:`.alignment`;
-- per-token objectives (policy losses) and the k3 KL: :mod:`.objectives`;
+- per-token objectives (policy losses, dual clip) and the KL estimators: :mod:`.objectives`;
+- on-policy distillation's per-token teacher term: :mod:`.distillation`;
 - token-level returns computed in the step (GAE, whitening): :mod:`.returns`;
 - the critic's value loss: :mod:`.value`;
 - their composition, :class:`PolicyGradient`, and the helpers the factories
@@ -41,19 +42,29 @@ from rlax.plugins.algorithms.advantages import (
     leave_one_out,
     raw_returns,
 )
-from rlax.plugins.algorithms.aggregation import AGGREGATIONS, Aggregation, aggregate, masked_mean
+from rlax.plugins.algorithms.aggregation import (
+    AGGREGATIONS,
+    Aggregation,
+    aggregate,
+    completion_width,
+    masked_mean,
+)
 from rlax.plugins.algorithms.alignment import ALIGNMENTS, Alignment
 from rlax.plugins.algorithms.cispo import cispo
 from rlax.plugins.algorithms.dapo import dapo
+from rlax.plugins.algorithms.distill import distill
+from rlax.plugins.algorithms.distillation import Distillation
 from rlax.plugins.algorithms.drgrpo import drgrpo
 from rlax.plugins.algorithms.grpo import grpo
 from rlax.plugins.algorithms.gspo import gspo
 from rlax.plugins.algorithms.objectives import (
+    KL_ESTIMATORS,
     ClippedISWeight,
     ClippedSurrogate,
     SequenceClippedSurrogate,
     clipped_surrogate,
     k3_kl,
+    kl_estimate,
 )
 from rlax.plugins.algorithms.policy_gradient import (
     Batch,
@@ -71,12 +82,14 @@ from rlax.plugins.algorithms.value import VALUE_MODELS, ValueLoss
 __all__ = [
     "AGGREGATIONS",
     "ALIGNMENTS",
+    "KL_ESTIMATORS",
     "VALUE_MODELS",
     "Aggregation",
     "Alignment",
     "Batch",
     "ClippedISWeight",
     "ClippedSurrogate",
+    "Distillation",
     "Objective",
     "PolicyGradient",
     "Returns",
@@ -86,7 +99,9 @@ __all__ = [
     "alignment_of",
     "cispo",
     "clipped_surrogate",
+    "completion_width",
     "dapo",
+    "distill",
     "drgrpo",
     "gae",
     "group_centered",
@@ -94,6 +109,7 @@ __all__ = [
     "grpo",
     "gspo",
     "k3_kl",
+    "kl_estimate",
     "leave_one_out",
     "masked_mean",
     "ppo",

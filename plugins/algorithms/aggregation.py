@@ -35,6 +35,22 @@ def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
+def completion_width(mask: jax.Array) -> jax.Array:
+    """The generation budget read off the layout: the width of the completion region.
+
+    In the trainer's layout (:func:`rlax.core.trainer.batches.make_batch`) every
+    prompt is left-padded to the bucket P and every completion right-padded to
+    the sampler's budget C, so the mask is [B, P + C - 1] and the first target
+    position any row covers is P - 1: the width from there to the end is C,
+    Dr.GRPO's :math:`L_{max}`, whatever the prompt bucket. For a layout that
+    starts completions at position 0 it is the mask's width. An all-empty mask
+    gives its width (the loss is 0 then anyway).
+    """
+    covered = jnp.any(mask > 0, axis=0)  # [L]
+    first = jnp.argmax(covered)  # the first True (0 when none)
+    return (mask.shape[-1] - first).astype(jnp.float32)
+
+
 def aggregate(
     per_token: jax.Array,  # [B, L]
     mask: jax.Array,  # [B, L]
@@ -49,7 +65,9 @@ def aggregate(
     - ``token-mean``: :math:`\\sum_{i,t} m x / \\sum_{i,t} m`.
     - ``seq-mean-token-mean``: :math:`\\frac1N \\sum_i \\frac{1}{|o_i|} \\sum_t m x`.
     - ``seq-mean-token-sum-norm``: :math:`\\frac1N \\sum_i \\frac{1}{L} \\sum_t m x`
-      with the constant :math:`L` = ``max_len`` (default: T).
+      with the constant :math:`L` = ``max_len``; by default the generation
+      budget as the layout holds it (:func:`completion_width`), never the
+      mask's width, which also counts the prompt bucket.
     - ``seq-mean-token-sum``: :math:`\\frac1N \\sum_i \\sum_t m x` (a sequence is one
       action whose log-probability is the sum of its tokens').
 
@@ -64,7 +82,7 @@ def aggregate(
     if mode == "seq-mean-token-mean":
         per_seq = seq_sum / jnp.maximum(seq_tokens, 1.0)
     elif mode == "seq-mean-token-sum-norm":
-        per_seq = seq_sum / (max_len or per_token.shape[-1])
+        per_seq = seq_sum / (max_len or completion_width(mask))
     elif mode == "seq-mean-token-sum":
         per_seq = seq_sum
     else:
@@ -79,7 +97,9 @@ class Aggregation:
     Args:
       mode: one of :data:`AGGREGATIONS`.
       max_len: the constant L of ``seq-mean-token-sum-norm`` (Dr.GRPO's L_max);
-        None means the batch's width T.
+        None means the generation budget read off the batch's layout
+        (:func:`completion_width`: the completion region's width, which the
+        trainer pads to exactly the sampler's ``max_new_tokens``).
     """
 
     mode: str = "seq-mean-token-mean"

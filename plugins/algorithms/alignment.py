@@ -19,6 +19,16 @@ corrected:
   :math:`[C_{min}, C_{max}]` are dropped from the loss (masked importance
   sampling); the others get weight 1.
 
+- ``icepop``: decoupled ratio, and the token's weight is its importance
+  ratio :math:`\rho_t = \\pi_{train} / \\pi_{sampler}` where
+  :math:`\rho_t \\in [C_{min}, C_{max}]`; tokens outside are dropped (IcePop's
+  double-sided masking, ratio-bound token masking).
+- ``seq-tis``: decoupled ratio, every token of sequence i weighted by its
+  truncated *sequence* ratio :math:`\\min(\\prod_t \rho_{i,t}, C)`.
+- ``seq-mis``: decoupled ratio, every token of sequence i weighted by
+  :math:`\\prod_t \rho_{i,t}` when that lies in :math:`[C_{min}, C_{max}]`;
+  other sequences are dropped whole (sequence-level masked IS).
+
 The weight carries no gradient (both logprobs are inputs). The mismatch itself
 (mean |Δlogp|, KL) is measured by the trainer for every algorithm.
 
@@ -28,6 +38,12 @@ References:
   Hilton et al., 2021, "Batch size-invariance for policy optimization",
   https://arxiv.org/abs/2110.00641 (the decoupled proximal/behaviour ratio)
   Zhou et al., 2025, RLAX, https://arxiv.org/abs/2512.06392 (alignment of trainer and sampler)
+  Liu, Li et al., 2025, "When Speed Kills Stability: Demystifying RL Collapse from the
+  Training-Inference Mismatch",
+  https://yingru.notion.site/When-Speed-Kills-Stability-271211a558b7808d8b12d403fd15edda
+  (sequence-level TIS and MIS)
+  Ling Team, 2025, "Every Step Evolves: Scaling Reinforcement Learning for Trillion-Scale
+  Thinking Model", https://arxiv.org/abs/2510.18855 (IcePop: ratio-bound token masking)
 """
 
 from __future__ import annotations
@@ -39,7 +55,7 @@ import jax.numpy as jnp
 
 from rlax.plugins.algorithms.aggregation import masked_mean
 
-ALIGNMENTS = ("none", "tis", "mask")
+ALIGNMENTS = ("none", "tis", "mask", "icepop", "seq-tis", "seq-mis")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,9 +63,10 @@ class Alignment:
     """How the sampler/trainer mismatch enters the loss (see the module docstring).
 
     Args:
-      mode: ``none``, ``tis`` or ``mask``.
-      cap: C of truncated importance sampling.
-      bounds: (C_min, C_max) of masked importance sampling.
+      mode: one of :data:`ALIGNMENTS`.
+      cap: C of (sequence-level) truncated importance sampling.
+      bounds: (C_min, C_max) of masked importance sampling (``mask``,
+        ``icepop``, ``seq-mis``).
     """
 
     mode: str = "none"
@@ -74,7 +91,11 @@ class Alignment:
         if self.mode == "none":
             return batch["old_logprobs"], jnp.ones_like(mask), mask, {}
         train = batch["train_logprobs"]
-        is_ratio = jnp.exp(train - batch["old_logprobs"])
+        log_ratio = train - batch["old_logprobs"]
+        if self.mode.startswith("seq-"):
+            weight, mask, metrics = self._sequence(log_ratio, mask)
+            return train, weight, mask, metrics
+        is_ratio = jnp.exp(log_ratio)
         if self.mode == "tis":
             weight = jnp.minimum(is_ratio, self.cap)
             truncated = (is_ratio > self.cap).astype(jnp.float32)
@@ -82,4 +103,23 @@ class Alignment:
         low, high = self.bounds
         keep = ((is_ratio >= low) & (is_ratio <= high)).astype(mask.dtype)
         metrics = {"is_masked_fraction": masked_mean(1.0 - keep, mask)}
-        return train, jnp.ones_like(mask), mask * keep, metrics
+        weight = jnp.ones_like(mask) if self.mode == "mask" else is_ratio * keep  # icepop
+        return train, weight, mask * keep, metrics
+
+    def _sequence(
+        self,
+        log_ratio: jax.Array,  # [B, L]
+        mask: jax.Array,  # [B, L]
+    ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+        """(weight, mask, metrics) of the sequence-level modes: one ratio per row."""
+        seq_log = jnp.sum(log_ratio * mask, axis=-1, keepdims=True)  # [B, 1]: log prod_t rho
+        rows = (jnp.sum(mask, axis=-1, keepdims=True) > 0).astype(jnp.float32)
+        if self.mode == "seq-tis":
+            log_cap = jnp.log(self.cap)
+            weight = jnp.exp(jnp.minimum(seq_log, log_cap)) * jnp.ones_like(mask)
+            truncated = (seq_log > log_cap).astype(jnp.float32)
+            return weight, mask, {"is_truncated_fraction": masked_mean(truncated, rows)}
+        low, high = self.bounds
+        keep = ((seq_log >= jnp.log(low)) & (seq_log <= jnp.log(high))).astype(mask.dtype)
+        weight = jnp.exp(jnp.minimum(seq_log, jnp.log(high))) * keep * jnp.ones_like(mask)
+        return weight, mask * keep, {"is_masked_fraction": masked_mean(1.0 - keep, rows)}

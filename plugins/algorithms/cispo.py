@@ -40,7 +40,7 @@ def cispo(
       eps_low: lower clip of the IS weight (1.0: no lower bound, as the paper).
       eps_high: upper clip of the IS weight.
       std_eps: ε added to the group std.
-      alignment: ``none``, ``tis`` or ``mask``.
+      alignment: one of :data:`rlax.plugins.algorithms.alignment.ALIGNMENTS`.
       is_cap: C of truncated importance sampling.
       is_bounds: [C_min, C_max] of masked importance sampling.
     """

@@ -39,7 +39,10 @@ def dapo(
     eps_high: float = 0.28,
     kl_beta: float = 0.0,
     aggregation: str = "token-mean",
+    max_len: int | None = None,
     std_eps: float = 1e-6,
+    dual_clip: float | None = None,
+    kl_estimator: str = "k3",
     alignment: str = "none",
     is_cap: float = 2.0,
     is_bounds: tuple[float, float] = (0.5, 2.0),
@@ -49,10 +52,16 @@ def dapo(
     Args:
       eps_low: lower clip ε_low of the ratio.
       eps_high: upper clip ε_high ("clip-higher").
-      kl_beta: weight of a k3 KL to a reference (the paper drops it: 0).
+      kl_beta: weight of a KL to a reference (the paper drops it: 0).
       aggregation: token-mean (the paper's); any of the aggregations.
+      max_len: L of ``seq-mean-token-sum-norm``; None: the generation budget
+        (the completion region of the trainer's layout, the sampler's budget).
       std_eps: ε added to the group std.
-      alignment: ``none``, ``tis`` or ``mask``.
+      dual_clip: c of dual-clip PPO (a token with A < 0 loses at most -c A;
+        arXiv 1912.09729); None: off.
+      kl_estimator: the KL term's per-token estimator, ``k1``, ``k2`` or ``k3``.
+      alignment: one of :data:`rlax.plugins.algorithms.alignment.ALIGNMENTS`
+        (``none``, ``tis``, ``mask``, ``icepop``, ``seq-tis``, ``seq-mis``).
       is_cap: C of truncated importance sampling.
       is_bounds: [C_min, C_max] of masked importance sampling.
     """
@@ -60,10 +69,11 @@ def dapo(
         return PolicyGradient(
             name="dapo",
             estimator=functools.partial(group_normalized, eps=std_eps),
-            objective=ClippedSurrogate(eps_low, eps_high),
-            aggregation=Aggregation(aggregation),
+            objective=ClippedSurrogate(eps_low, eps_high, dual_clip),
+            aggregation=Aggregation(aggregation, max_len),
             alignment=alignment_of(alignment, is_cap, is_bounds),
             kl_beta=kl_beta,
+            kl_estimator=kl_estimator,
         )
 
 

@@ -30,6 +30,8 @@ def drgrpo(
     max_len: int,
     clip_eps: float = 0.2,
     kl_beta: float = 0.0,
+    dual_clip: float | None = None,
+    kl_estimator: str = "k3",
     alignment: str = "none",
     is_cap: float = 2.0,
     is_bounds: tuple[float, float] = (0.5, 2.0),
@@ -40,8 +42,12 @@ def drgrpo(
       max_len: L_max, the constant normaliser: the sampler's generation budget
         in tokens (required).
       clip_eps: ε of the clipped surrogate (both sides).
-      kl_beta: weight of a k3 KL to a reference (the paper uses none: 0).
-      alignment: ``none``, ``tis`` or ``mask``.
+      kl_beta: weight of a KL to a reference (the paper uses none: 0).
+      dual_clip: c of dual-clip PPO (a token with A < 0 loses at most -c A;
+        arXiv 1912.09729); None: off.
+      kl_estimator: the KL term's per-token estimator, ``k1``, ``k2`` or ``k3``.
+      alignment: one of :data:`rlax.plugins.algorithms.alignment.ALIGNMENTS`
+        (``none``, ``tis``, ``mask``, ``icepop``, ``seq-tis``, ``seq-mis``).
       is_cap: C of truncated importance sampling.
       is_bounds: [C_min, C_max] of masked importance sampling.
     """
@@ -49,10 +55,11 @@ def drgrpo(
         return PolicyGradient(
             name="drgrpo",
             estimator=group_centered,
-            objective=ClippedSurrogate(clip_eps, clip_eps),
+            objective=ClippedSurrogate(clip_eps, clip_eps, dual_clip),
             aggregation=Aggregation("seq-mean-token-sum-norm", max_len=max_len),
             alignment=alignment_of(alignment, is_cap, is_bounds),
             kl_beta=kl_beta,
+            kl_estimator=kl_estimator,
         )
 
 

@@ -53,7 +53,10 @@ def grpo(
     clip_eps: float = 0.2,
     kl_beta: float = 0.0,
     aggregation: str = "seq-mean-token-mean",
+    max_len: int | None = None,
     std_eps: float = 1e-6,
+    dual_clip: float | None = None,
+    kl_estimator: str = "k3",
     alignment: str = "none",
     is_cap: float = 2.0,
     is_bounds: tuple[float, float] = (0.5, 2.0),
@@ -62,12 +65,17 @@ def grpo(
 
     Args:
       clip_eps: ε of the clipped surrogate (both sides).
-      kl_beta: weight of the k3 KL to a frozen reference policy (0 = none).
+      kl_beta: weight of the KL to a frozen reference policy (0 = none).
       aggregation: ``token-mean``, ``seq-mean-token-mean`` (the paper's) or
         ``seq-mean-token-sum-norm``.
+      max_len: L of ``seq-mean-token-sum-norm``; None: the generation budget
+        (the completion region of the trainer's layout, the sampler's budget).
       std_eps: ε added to the group std.
-      alignment: ``none``, ``tis`` or ``mask`` (see
-        :mod:`rlax.plugins.algorithms.alignment`).
+      dual_clip: c of dual-clip PPO (a token with A < 0 loses at most -c A;
+        arXiv 1912.09729); None: off.
+      kl_estimator: the KL term's per-token estimator, ``k1``, ``k2`` or ``k3``.
+      alignment: one of :data:`rlax.plugins.algorithms.alignment.ALIGNMENTS`
+        (``none``, ``tis``, ``mask``, ``icepop``, ``seq-tis``, ``seq-mis``).
       is_cap: C of truncated importance sampling.
       is_bounds: [C_min, C_max] of masked importance sampling.
     """
@@ -75,10 +83,11 @@ def grpo(
         return PolicyGradient(
             name="grpo",
             estimator=functools.partial(group_normalized, eps=std_eps),
-            objective=ClippedSurrogate(clip_eps, clip_eps),
-            aggregation=Aggregation(aggregation),
+            objective=ClippedSurrogate(clip_eps, clip_eps, dual_clip),
+            aggregation=Aggregation(aggregation, max_len),
             alignment=alignment_of(alignment, is_cap, is_bounds),
             kl_beta=kl_beta,
+            kl_estimator=kl_estimator,
         )
 
 

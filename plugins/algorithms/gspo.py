@@ -45,7 +45,7 @@ def gspo(
       eps_low: lower clip of the sequence ratio.
       eps_high: upper clip of the sequence ratio.
       std_eps: ε added to the group std.
-      alignment: ``none``, ``tis`` or ``mask``.
+      alignment: one of :data:`rlax.plugins.algorithms.alignment.ALIGNMENTS`.
       is_cap: C of truncated importance sampling.
       is_bounds: [C_min, C_max] of masked importance sampling.
     """

@@ -51,6 +51,31 @@ def k3_kl(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
     return jnp.exp(d) - d - 1.0
 
 
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def kl_estimate(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> jax.Array:
+    """Per-token estimate of KL(π ‖ ref) on tokens sampled from π, with d = log π − log ref.
+
+    - ``k1``: :math:`d` (unbiased, high variance, negative on some tokens; in a
+      loss its expected gradient is 0 on-policy, so it acts through the ratio);
+    - ``k2``: :math:`\tfrac12 d^2` (biased, low variance, ≥ 0; its gradient is
+      that of KL's score-function estimator, d ∇log π);
+    - ``k3``: :math:`e^{-d} - 1 + d` (unbiased, low variance, ≥ 0).
+
+    Reference: Schulman, 2020, "Approximating KL divergence",
+    http://joschu.net/blog/kl-approx.html
+    """
+    d = logp - ref_logp
+    if estimator == "k1":
+        return d
+    if estimator == "k2":
+        return 0.5 * jnp.square(d)
+    if estimator == "k3":
+        return k3_kl(logp, ref_logp)
+    raise ValueError(f"unknown KL estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
+
+
 def _check_eps(name: str, eps_low: float, eps_high: float, *, low_max: float = 1.0) -> None:
     if not (0.0 < eps_low <= low_max and eps_high > 0.0):
         raise ValueError(
@@ -74,16 +99,30 @@ class ClippedSurrogate:
     :math:`1+\\varepsilon_{high}` for :math:`A > 0`, below
     :math:`1-\\varepsilon_{low}` for :math:`A < 0`.
 
+    With ``dual_clip`` = c > 1 (dual-clip PPO) the loss of a token with
+    :math:`A < 0` is also bounded by :math:`-cA`:
+    :math:`\\ell = \\min(\\ell, -cA)`, i.e. the objective
+    :math:`\\max(\\min(rA, \\mathrm{clip}(r)A), cA)`; such tokens (ratio above c)
+    get no gradient.
+
     References:
       Schulman et al., 2017, PPO, https://arxiv.org/abs/1707.06347
       Yu et al., 2025, DAPO, https://arxiv.org/abs/2503.14476 (asymmetric ε)
+      Ye et al., 2020, "Mastering Complex Control in MOBA Games with Deep
+      Reinforcement Learning", https://arxiv.org/abs/1912.09729 (dual clip, eq. 5; c = 3)
     """
 
     eps_low: float = 0.2
     eps_high: float = 0.2
+    dual_clip: float | None = None
 
     def __post_init__(self) -> None:
         _check_eps("clipped surrogate", self.eps_low, self.eps_high, low_max=0.999)
+        if self.dual_clip is not None and self.dual_clip <= 1.0 + self.eps_high:
+            raise ValueError(
+                f"clipped surrogate: dual_clip must be > 1 + eps_high = {1.0 + self.eps_high}, "
+                f"got {self.dual_clip}"
+            )
 
     def __call__(self, logp, old_logp, advantages, mask):
         logratio = logp - old_logp
@@ -96,7 +135,15 @@ class ClippedSurrogate:
             "clip_fraction": masked_mean((high | low).astype(f32), mask),
             "clip_fraction_high": masked_mean(high.astype(f32), mask),
             "clip_fraction_low": masked_mean(low.astype(f32), mask),
+            "ratio_mean": masked_mean(ratio, mask),
         }
+        if self.dual_clip is not None:
+            # Dual clip: for A < 0 the loss is at most -c A, so a huge ratio on a bad token
+            # (a stale or mismatched sample) cannot blow the update up.
+            bound = -self.dual_clip * advantages
+            dual = (advantages < 0) & (loss > bound)
+            loss = jnp.where(dual, bound, loss)
+            metrics["dual_clip_fraction"] = masked_mean(dual.astype(f32), mask)
         return loss, metrics
 
 

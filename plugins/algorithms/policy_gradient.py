@@ -14,8 +14,10 @@ package. Its loss is
 - :math:`\\ell(\\theta; A)`, advantage × gradient term: :mod:`.objectives`, with
   :math:`A` from a sequence-level estimator (:mod:`.advantages`, on the host)
   and optionally token-level returns (:mod:`.returns`, in the step);
-- the extra terms: a k3 KL to a frozen reference and a critic's value loss
-  (:mod:`.value`).
+- the extra terms: a KL (k1, k2 or k3) to a frozen reference and a critic's
+  value loss (:mod:`.value`);
+- on-policy distillation (:mod:`.distillation`): a teacher's per-token logprobs
+  added to the advantages.
 
 The trainer calls ``loss(new_logprobs, batch)`` with the batch's arrays plus
 ``train_logprobs`` (its own logprobs at the start of the step, no gradient)
@@ -38,7 +40,8 @@ import numpy as np
 
 from rlax.plugins.algorithms.aggregation import Aggregation, masked_mean
 from rlax.plugins.algorithms.alignment import Alignment
-from rlax.plugins.algorithms.objectives import k3_kl
+from rlax.plugins.algorithms.distillation import Distillation
+from rlax.plugins.algorithms.objectives import KL_ESTIMATORS, kl_estimate
 from rlax.plugins.algorithms.returns import Returns
 from rlax.plugins.algorithms.value import ValueLoss
 
@@ -65,8 +68,12 @@ class PolicyGradient:
       alignment: the importance weight against the sampler's logprobs.
       returns: token-level advantages computed in the step (PPO, REINFORCE++);
         None uses the sequence advantages as they are.
-      kl_beta: β of the k3 KL(π_θ ‖ π_ref) term in the loss (0 = none).
+      kl_beta: β of the KL(π_θ ‖ π_ref) term in the loss (0 = none).
+      kl_estimator: its per-token estimator, ``k1``, ``k2`` or ``k3``
+        (:func:`~rlax.plugins.algorithms.objectives.kl_estimate`).
       critic: the value loss of a critic (PPO); needs ``returns``.
+      distill: on-policy distillation: a teacher's per-token logprobs shape
+        the advantages (:class:`~rlax.plugins.algorithms.distillation.Distillation`).
     """
 
     name: str
@@ -76,17 +83,29 @@ class PolicyGradient:
     alignment: Alignment = dataclasses.field(default_factory=Alignment)
     returns: Returns | None = None
     kl_beta: float = 0.0
+    kl_estimator: str = "k3"
     critic: ValueLoss | None = None
+    distill: Distillation | None = None
 
     def __post_init__(self) -> None:
         if self.kl_beta < 0:
             raise ValueError(f"{self.name}: kl_beta must be >= 0, got {self.kl_beta}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(
+                f"{self.name}: unknown kl_estimator {self.kl_estimator!r}; "
+                f"valid: {', '.join(KL_ESTIMATORS)}"
+            )
         if self.critic is not None and self.returns is None:
             raise ValueError(f"{self.name}: a critic needs token-level returns (GAE)")
 
     @property
     def needs_reference(self) -> bool:
         return self.kl_beta > 0 or (self.returns is not None and self.returns.needs_reference)
+
+    @property
+    def needs_teacher(self) -> bool:
+        """True: the batch's ``ref_logprobs`` must be a teacher's (``rlax.train.teacher``)."""
+        return self.distill is not None
 
     @property
     def needs_critic(self) -> bool:
@@ -112,10 +131,13 @@ class PolicyGradient:
             old_values = batch["old_values"] if self.critic is not None else None
             advantages, returns, extra = self.returns(batch, mask, old_values)
             metrics.update(extra)
+        if self.distill is not None:
+            advantages, extra = self.distill(advantages, batch, mask)
+            metrics.update(extra)
         per_token, extra = self.objective(new_logprobs, old_logp, advantages, mask)
         metrics.update(extra)
         if self.kl_beta > 0:
-            kl = k3_kl(new_logprobs, batch["ref_logprobs"])
+            kl = kl_estimate(new_logprobs, batch["ref_logprobs"], self.kl_estimator)
             per_token = per_token + self.kl_beta * kl
             metrics["kl_ref"] = masked_mean(kl, mask)
         loss = self.aggregation(weight * per_token, mask)

@@ -49,6 +49,8 @@ def ppo(
     whiten_advantages: bool = True,
     kl_beta: float = 0.0,
     aggregation: str = "token-mean",
+    max_len: int | None = None,
+    dual_clip: float | None = None,
     alignment: str = "none",
     is_cap: float = 2.0,
     is_bounds: tuple[float, float] = (0.5, 2.0),
@@ -65,7 +67,12 @@ def ppo(
       whiten_advantages: normalise advantages over the batch's tokens.
       kl_beta: β of the per-token k1 KL penalty in the reward (0 = none).
       aggregation: how per-token policy losses are reduced (token-mean).
-      alignment: ``none``, ``tis`` or ``mask``.
+      max_len: L of ``seq-mean-token-sum-norm``; None: the generation budget
+        (the completion region of the trainer's layout, the sampler's budget).
+      dual_clip: c of dual-clip PPO (a token with A < 0 loses at most -c A;
+        arXiv 1912.09729); None: off.
+      alignment: one of :data:`rlax.plugins.algorithms.alignment.ALIGNMENTS`
+        (``none``, ``tis``, ``mask``, ``icepop``, ``seq-tis``, ``seq-mis``).
       is_cap: C of truncated importance sampling.
       is_bounds: [C_min, C_max] of masked importance sampling.
     """
@@ -73,8 +80,8 @@ def ppo(
         return PolicyGradient(
             name="ppo",
             estimator=raw_returns,
-            objective=ClippedSurrogate(clip_eps, clip_eps),
-            aggregation=Aggregation(aggregation),
+            objective=ClippedSurrogate(clip_eps, clip_eps, dual_clip),
+            aggregation=Aggregation(aggregation, max_len),
             alignment=alignment_of(alignment, is_cap, is_bounds),
             returns=Returns(gamma=gamma, lam=lam, kl_beta=kl_beta, whiten=whiten_advantages),
             critic=ValueLoss(clip_eps=value_clip, coef=vf_coef, model=value_model),

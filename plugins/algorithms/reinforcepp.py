@@ -68,7 +68,7 @@ def reinforcepp(
       clip_eps: ε of the clipped surrogate (both sides).
       kl_beta: β of the per-token k1 KL penalty in the reward (> 0 needs a
         reference policy, which the trainer keeps frozen from the start).
-      alignment: ``none``, ``tis`` or ``mask``.
+      alignment: one of :data:`rlax.plugins.algorithms.alignment.ALIGNMENTS`.
       is_cap: C of truncated importance sampling.
       is_bounds: [C_min, C_max] of masked importance sampling.
     """

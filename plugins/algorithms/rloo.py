@@ -30,6 +30,8 @@ def rloo(
     *,
     clip_eps: float = 0.2,
     aggregation: str = "seq-mean-token-sum",
+    max_len: int | None = None,
+    dual_clip: float | None = None,
     alignment: str = "none",
     is_cap: float = 2.0,
     is_bounds: tuple[float, float] = (0.5, 2.0),
@@ -40,7 +42,12 @@ def rloo(
       clip_eps: ε of the clipped surrogate (both sides).
       aggregation: ``seq-mean-token-sum`` (a sequence is one action); any of
         the aggregations.
-      alignment: ``none``, ``tis`` or ``mask``.
+      max_len: L of ``seq-mean-token-sum-norm``; None: the generation budget
+        (the completion region of the trainer's layout, the sampler's budget).
+      dual_clip: c of dual-clip PPO (a token with A < 0 loses at most -c A;
+        arXiv 1912.09729); None: off.
+      alignment: one of :data:`rlax.plugins.algorithms.alignment.ALIGNMENTS`
+        (``none``, ``tis``, ``mask``, ``icepop``, ``seq-tis``, ``seq-mis``).
       is_cap: C of truncated importance sampling.
       is_bounds: [C_min, C_max] of masked importance sampling.
     """
@@ -48,8 +55,8 @@ def rloo(
         return PolicyGradient(
             name="rloo",
             estimator=leave_one_out,
-            objective=ClippedSurrogate(clip_eps, clip_eps),
-            aggregation=Aggregation(aggregation),
+            objective=ClippedSurrogate(clip_eps, clip_eps, dual_clip),
+            aggregation=Aggregation(aggregation, max_len),
             alignment=alignment_of(alignment, is_cap, is_bounds),
         )
 

@@ -1,0 +1,159 @@
+"""Several optimiser updates per rollout batch: PPO's epochs over shuffled minibatches.
+
+With one update per batch the policy ratio is measured against the policy
+that is being updated, so it is 1 (up to the sampler mismatch), the clip
+never binds and PPO's value clip never acts. As PPO does (K epochs of
+minibatch SGD on each batch of rollouts; verl's ``ppo_epochs`` and
+``ppo_mini_batch_size``, TRL's ``steps_per_generation``), the trainer can
+instead take ``epochs x minibatches`` updates per batch
+(:class:`~rlax.core.trainer.settings.TrainerSettings`):
+
+1. one forward pass without gradient on the whole batch fixes the anchors of
+   every update: ``train_logprobs`` (the decoupled ratio's denominator, the
+   train/inference alignment's numerator), ``old_values`` (the value clip's
+   centre, GAE's values) and ``ref_logprobs``;
+2. each epoch shuffles the batch's groups with a generator seeded by
+   ``(seed, step, epoch)`` and splits them into ``minibatches`` parts of
+   whole groups (a group's advantages are relative to its own samples), each
+   padded with empty rows to one row count;
+3. each minibatch is one :meth:`~rlax.core.trainer.step.Trainer.step`.
+
+The weight version still counts rollout batches: after the updates the
+trainer's step is one more than before, so publishing, staleness and
+checkpoints see one step per batch, and the shuffle depends only on the run's
+seed and the step, so a resumed run repeats it exactly. The metrics are the
+updates' means; ``updates`` says how many there were.
+
+References:
+  Schulman et al., 2017, PPO, https://arxiv.org/abs/1707.06347 (section 5, K epochs of
+  minibatch SGD per batch)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlax.core.errors import ConfigError
+from rlax.core.parallel import mesh as meshlib
+from rlax.core.trainer.settings import TrainerSettings
+from rlax.core.trainer.step import Trainer, batch_arrays
+from rlax.core.types import TrainBatch
+
+Arrays = dict[str, np.ndarray]
+
+
+def updates_per_batch(trainer: Trainer) -> int:
+    return trainer.settings.epochs * trainer.settings.minibatches
+
+
+def minibatch_rows(group_ids: np.ndarray, minibatches: int, rng: np.random.Generator,
+                   row_multiple: int = 1) -> list[np.ndarray]:  # fmt: skip
+    """Each minibatch's row indices: whole groups, shuffled, padded with ``len(group_ids)``.
+
+    ``group_ids`` [B] names each row's group (-1: an empty filler row). The
+    groups are permuted by ``rng`` and split into ``minibatches`` parts whose
+    group counts differ by at most one; every part is padded to one row count
+    (a multiple of ``row_multiple``) with the index ``B``, which stands for an
+    empty row. Parts without a group are left out.
+    """
+    groups = np.unique(group_ids[group_ids >= 0])
+    rows = [np.flatnonzero(group_ids == g) for g in rng.permutation(groups)]
+    parts = [p for p in np.array_split(np.arange(len(rows)), minibatches) if len(p)]
+    chosen = [np.concatenate([rows[i] for i in p]) for p in parts]
+    width = max((len(c) for c in chosen), default=0)
+    width = max(row_multiple, -(-width // row_multiple) * row_multiple)
+    pad = len(group_ids)
+    return [np.concatenate([c, np.full(width - len(c), pad, c.dtype)]) for c in chosen]
+
+
+def _fixed_fn(trainer: Trainer, arrays: dict):
+    """The compiled no-gradient forward that fixes the anchors (see the module doc)."""
+
+    def fixed(params, critic, ref_params, batch):
+        logp, _, values = trainer._scan_forward(params, critic, batch)
+        out = {"train_logprobs": logp.astype(jnp.float32)}
+        if values is not None:
+            out["old_values"] = values.astype(jnp.float32)
+        if ref_params is not None and "ref_logprobs" not in batch:
+            ref_logp, _, _ = trainer._scan_forward(ref_params, None, batch)
+            out["ref_logprobs"] = ref_logp.astype(jnp.float32)
+        return jax.lax.stop_gradient(out)
+
+    key = ("fixed", tuple(sorted((k, np.ndim(v)) for k, v in arrays.items())))
+    if key not in trainer._compiled:
+        shardings = (trainer.param_shardings, trainer.critic_shardings, trainer.ref_shardings,
+                     trainer.batch_shardings(arrays))  # fmt: skip
+        trainer._compiled[key] = jax.jit(fixed, in_shardings=shardings)
+    return trainer._compiled[key]
+
+
+def fixed_anchors(trainer: Trainer, arrays: Arrays) -> Arrays:
+    """``arrays`` plus the anchors every update of the batch shares, on the host."""
+    placed = trainer.device_batch(arrays)
+    s = trainer.state
+    out = _fixed_fn(trainer, placed)(s.params, s.critic, trainer.ref_params, placed)
+    return {**arrays, **{k: np.asarray(v) for k, v in jax.device_get(out).items()}}
+
+
+def _with_empty_row(arrays: Arrays) -> Arrays:
+    """Each array with one more, all-zero row (no attention, no loss): the padding row."""
+    return {k: np.concatenate([v, np.zeros((1, *v.shape[1:]), v.dtype)]) for k, v in arrays.items()}
+
+
+def several_updates(trainer: Trainer, arrays: Arrays, group_ids: np.ndarray, *, seed: int,
+                    step: int) -> list[dict]:  # fmt: skip
+    """``epochs x minibatches`` updates on the batch ``arrays``; each update's metrics, in order.
+
+    ``group_ids`` [B] names each row's group (:attr:`TrainBatch.group_ids`).
+    The trainer's step advances by one, whatever the number of updates.
+    """
+    settings = trainer.settings
+    arrays = _with_empty_row(fixed_anchors(trainer, arrays))
+    multiple = math.lcm(meshlib.batch_size_multiple(trainer.mesh), settings.microbatches)
+    start, metrics = trainer.state.step, []
+    for epoch in range(settings.epochs):
+        rng = np.random.default_rng([seed, step, epoch])
+        for rows in minibatch_rows(group_ids, settings.minibatches, rng, multiple):
+            metrics.append(trainer.step({k: v[rows] for k, v in arrays.items()}))
+    trainer.state = dataclasses.replace(trainer.state, step=start + 1)
+    return metrics
+
+
+def mean_metrics(per_update: list[dict]) -> dict[str, float]:
+    """The updates' metrics averaged key by key, and ``updates``: how many there were."""
+    keys: set[str] = set().union(*(m.keys() for m in per_update))
+    means = {k: float(np.mean([m[k] for m in per_update if k in m])) for k in sorted(keys)}
+    return {**means, "updates": float(len(per_update))}
+
+
+def check_processes(settings: TrainerSettings | None, processes: int) -> None:
+    """ConfigError, before any work, for several updates per batch on several processes."""
+    if settings is not None and settings.epochs * settings.minibatches > 1 and processes > 1:
+        raise ConfigError(
+            "rlax.trainer_settings.epochs/minibatches: several updates per batch run on one "
+            f"trainer process only, not {processes}"
+        )
+
+
+def update_on_batch(trainer: Trainer, batch: TrainBatch | Arrays, rows, *, seed: int,
+                    step: int, group_ids: np.ndarray | None = None) -> dict:  # fmt: skip
+    """The step's updates on ``batch``; ``rows`` is what this process feeds a single update.
+
+    One update (1 x 1) is exactly :meth:`Trainer.step` on ``rows``, as before
+    several were possible. ``batch`` as arrays needs ``group_ids``.
+    """
+    if updates_per_batch(trainer) == 1:
+        return trainer.step(rows)
+    check_processes(trainer.settings, jax.process_count())
+    if isinstance(batch, TrainBatch):
+        group_ids = batch.group_ids
+        arrays = batch_arrays(batch)
+    else:
+        arrays = batch
+    assert group_ids is not None, "update_on_batch: arrays need their group_ids"
+    return mean_metrics(several_updates(trainer, arrays, group_ids, seed=seed, step=step))

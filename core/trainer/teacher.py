@@ -1,0 +1,79 @@
+"""The teacher of on-policy distillation: its per-token logprobs on the batch's tokens.
+
+An algorithm whose ``needs_teacher`` is true (the ``distill`` algorithm, or
+any :class:`~rlax.plugins.algorithms.policy_gradient.PolicyGradient` with a
+distillation piece) reads the teacher's logprobs of the sampled tokens from
+the batch's ``ref_logprobs``. The trainer role loads the teacher named by
+``rlax.train.teacher`` and, before each step, adds its logprobs to the batch;
+the step then uses them wherever it would have used the frozen reference's
+(the reference mechanism: a batch that brings ``ref_logprobs`` keeps them), so
+a KL term to the reference targets the teacher too.
+
+The teacher may differ from the student in size and architecture; it must
+use the same tokenizer (token ids), which is checked by vocabulary size. It
+runs on the default device with one compiled forward pass per batch shape.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rlax.core.errors import ConfigError
+from rlax.core.models.transformer import Transformer, sequence_logprobs
+
+
+class Teacher:
+    """A frozen model scoring the batch's tokens.
+
+    Args:
+      model: the teacher.
+      temperature: the sampler's temperature (the student's logprobs are of
+        the tempered policy; the teacher's are tempered alike).
+    """
+
+    def __init__(self, model: Transformer, *, temperature: float = 1.0):
+        graphdef, params = nnx.split(model)
+        self.vocab_size = model.cfg.vocab_size
+        self._params = params
+
+        def logprobs(params, tokens, attention_mask):
+            logp, _ = sequence_logprobs(
+                nnx.merge(graphdef, params), tokens, attention_mask, temperature
+            )
+            return jax.lax.stop_gradient(logp.astype(jnp.float32))
+
+        self._logprobs = jax.jit(logprobs)
+
+    def check_student(self, student: Transformer, setting: str = "rlax.train.teacher") -> None:
+        """ConfigError unless the teacher reads the student's token ids (same vocabulary)."""
+        if student.cfg.vocab_size != self.vocab_size:
+            raise ConfigError(
+                f"{setting}: the teacher's vocabulary has {self.vocab_size} tokens, the "
+                f"student's {student.cfg.vocab_size}; distillation needs one tokenizer"
+            )
+
+    def logprobs(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        """The teacher's logprob of each target token, [B, T-1] float32 (as ``old_logprobs``)."""
+        out = self._logprobs(self._params, arrays["tokens"], arrays["attention_mask"])
+        return np.asarray(out)
+
+    def annotate(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``arrays`` with the teacher's logprobs as ``ref_logprobs``."""
+        return {**arrays, "ref_logprobs": self.logprobs(arrays)}
+
+
+def needs_teacher(algorithm) -> bool:
+    """The algorithm's optional ``needs_teacher`` flag (False when it has none)."""
+    return bool(getattr(algorithm, "needs_teacher", False))
+
+
+def check_teacher(algorithm, teacher: object | None, setting: str = "rlax.train.teacher") -> None:
+    """ConfigError if the algorithm distils from a teacher and none is named."""
+    if needs_teacher(algorithm) and teacher is None:
+        raise ConfigError(
+            f"{setting}: the algorithm distils from a teacher; name the teacher's checkpoint "
+            f"(e.g. --gin.{setting}=\"'/path/to/teacher'\")"
+        )
