@@ -49,6 +49,8 @@ def completion_to_msg(c: Completion) -> pb.CompletionMsg:
     )
     if c.versions is not None:
         msg.versions = np.asarray(c.versions, "<i4").tobytes()
+    if c.loss_mask is not None:
+        msg.loss_mask = np.asarray(c.loss_mask, np.int8).tobytes()
     return msg
 
 
@@ -60,6 +62,7 @@ def msg_to_completion(c: pb.CompletionMsg) -> Completion:
         finish_reason=c.finish_reason,
         policy_version=int(c.policy_version),
         versions=_ints(c.versions, "completion versions") if c.versions else None,
+        loss_mask=np.frombuffer(c.loss_mask, np.int8).copy() if c.loss_mask else None,
     )
 
 
@@ -118,6 +121,8 @@ def check_completion(
                 f"{where}: token versions {oldest}..{newest} with policy version "
                 f"{c.policy_version} (must be the oldest), newest is {newest_version}"
             )
+    if c.loss_mask and (len(c.loss_mask) != n_tok // 4 or not set(c.loss_mask) <= {0, 1}):
+        raise WireError(f"{where}: a loss mask of {len(c.loss_mask)} bytes, not 0/1 per token")
     if not np.all(np.isfinite(np.frombuffer(c.logprobs, "<f4"))):
         raise WireError(f"{where} has non-finite logprobs")
 
