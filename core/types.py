@@ -73,6 +73,10 @@ class Completion:
         token, 0 for an environment's observation in a multi-turn episode
         (:mod:`rlax.core.episodes`; its logprob is 0 and nothing trains on
         it). None means every token is the model's.
+      episode: what a multi-turn episode's environment reported, JSON values:
+        ``reward`` (the group's reward for it, used instead of the reward
+        plugin), ``reason``, ``turns``, ``tool_calls``, ``tool_errors``,
+        ``observation_tokens``. None for a single-turn completion.
     """
 
     tokens: np.ndarray
@@ -82,6 +86,7 @@ class Completion:
     policy_version: int
     versions: np.ndarray | None = None
     loss_mask: np.ndarray | None = None
+    episode: dict[str, Any] | None = None
 
     @property
     def model_mask(self) -> np.ndarray:

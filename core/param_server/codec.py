@@ -51,6 +51,8 @@ def completion_to_msg(c: Completion) -> pb.CompletionMsg:
         msg.versions = np.asarray(c.versions, "<i4").tobytes()
     if c.loss_mask is not None:
         msg.loss_mask = np.asarray(c.loss_mask, np.int8).tobytes()
+    if c.episode is not None:
+        msg.episode_json = json.dumps(c.episode)
     return msg
 
 
@@ -63,7 +65,20 @@ def msg_to_completion(c: pb.CompletionMsg) -> Completion:
         policy_version=int(c.policy_version),
         versions=_ints(c.versions, "completion versions") if c.versions else None,
         loss_mask=np.frombuffer(c.loss_mask, np.int8).copy() if c.loss_mask else None,
+        episode=_episode(c.episode_json),
     )
+
+
+def _episode(text: str) -> dict | None:
+    if not text:
+        return None
+    try:
+        episode = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise WireError(f"completion episode: bad JSON: {err}") from None
+    if not isinstance(episode, dict):
+        raise WireError(f"completion episode: a JSON object expected, got {text[:40]!r}")
+    return episode
 
 
 def group_to_msg(g: Group, lease_id: str, filtered: bool = False) -> pb.GroupMsg:
