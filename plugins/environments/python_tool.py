@@ -94,7 +94,7 @@ class PythonToolEpisode:
             return self._observe(f"error: {err}")
         if not calls:
             score, reason = score_one(self.env.reward, self.prompt, turn_text)
-            self.result = RewardResult(score, reason)
+            self.result = RewardResult(score, reason or f"answer {turn_text[:40]!r}: {score:g}")
             return None
         outputs = []
         for call in calls:
