@@ -441,6 +441,22 @@ def check_tool_parser(b: Block, tmp_path: pathlib.Path) -> None:
     assert parser.format_result(ToolCall("add", {}), "3") == "RESULT add: 3"
 
 
+def check_writing_an_environment(b: Block, tmp_path: pathlib.Path, capsys) -> None:
+    module = run(b)
+    lines = printed(capsys).strip().splitlines()
+    assert len(lines) == 2 and len(module.episodes) == 2
+    env = manager(module).get("environments", "repeat").factory(max_turns=2)
+    assert env.limits.max_turns == 2
+    for c in module.episodes:
+        # Three one-id turns, the two digits shown between them (4 then 5), off the mask.
+        assert c.loss_mask.tolist() == [1, 0, 1, 0, 1] and c.finish_reason == "stop"
+        assert c.tokens[c.loss_mask == 0].tolist() == module.tok.encode("56").tolist()
+        assert c.logprobs[c.loss_mask == 0].tolist() == [0.0, 0.0]
+        shown, turns = "456", [module.tok.decode([t]) for t in c.tokens[c.loss_mask == 1]]
+        assert c.episode["reward"] == sum(a == b for a, b in zip(turns, shown)) / 3
+        assert c.episode["turns"] == 3 and c.episode["observation_tokens"] == 2
+
+
 def printed(capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().out
 
@@ -555,6 +571,7 @@ CHECKS: dict[str, Callable[..., None]] = {
     HOOKS + "rlax_on_weights_published(version: int) -> None": check_weights_published,
     HOOKS + "rlax_on_checkpoint(step: int, path: str) -> None": check_checkpoint,
     HOOKS + "rlax_on_preemption(role: str, reason: str) -> None": check_preemption,
+    "docs/environments.md § Writing an environment": check_writing_an_environment,
     "docs/algorithms.md § Writing a new algorithm": check_public_algorithm,
     "docs/preemption.md § Notices (`core/launch/preemption.py`)": check_notice_source,
     "docs/rewards_and_data.md § Scoring in a pool: `rlax.core.worker.reward_pool.RewardPool`": (
