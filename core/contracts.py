@@ -7,11 +7,10 @@ members under the hook that registers the component
 built-in component satisfies its kind's Protocols). Shapes follow the legend
 in :mod:`rlax.core.types`.
 
-Data members are read-only properties here, so a plain attribute, a class
-attribute or a property all satisfy them. The Protocols of optional
-capabilities (the curation filters', :class:`Dataset`) are
-runtime-checkable: the core asks which a component has with ``isinstance``,
-never with ``hasattr``.
+Data members are read-only properties, so an attribute or a property
+satisfies them. Optional capabilities (the curation filters', Dataset) are
+runtime-checkable: the core asks with ``isinstance``, never ``hasattr``. The
+environment contract lives in :mod:`rlax.core.episodes`, re-exported here.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import jax
 import numpy as np
 
+from rlax.core.episodes import Environment, Episode, ToolParser
 from rlax.core.types import Completion, Curated, Group, PartialGroup, Prompt, RewardResult
 
 if TYPE_CHECKING:
@@ -30,21 +30,10 @@ if TYPE_CHECKING:
     from rlax.core.models.transformer import Transformer
 
 __all__ = [
-    "Algorithm",
-    "Curriculum",
-    "Dataset",
-    "Encoder",
-    "Logger",
-    "OfflineFilter",
-    "OnlineFilter",
-    "Refilling",
-    "Reward",
-    "RolloutSource",
-    "Sampler",
-    "Stateful",
-    "Task",
-    "Tokenizer",
-]
+    "Algorithm", "Curriculum", "Dataset", "Encoder", "Environment", "Episode", "Logger",
+    "OfflineFilter", "OnlineFilter", "Refilling", "Reward", "RolloutSource", "Sampler",
+    "Stateful", "Task", "Tokenizer", "ToolParser",
+]  # fmt: skip
 
 # -------------------------------------------------------------------------
 # What the core hands to components

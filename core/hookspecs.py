@@ -150,6 +150,44 @@ def rlax_register_loggers() -> dict[str, Callable[..., object]]:
     """
 
 
+@hookspec
+def rlax_register_environments() -> dict[str, Callable[..., object]]:
+    """Register multi-turn environments.
+
+    Each factory builds a ``rlax.core.contracts.Environment``: ``limits`` (an
+    ``rlax.core.episodes.EpisodeLimits``: turns, tokens per turn, tokens per
+    episode, seconds per tool call) and ``start(prompt, tokenizer) ->
+    Episode``, where an ``rlax.core.contracts.Episode`` answers each model turn
+    with ``step(turn_text) -> Observation | None`` (token ids to append and
+    their text; None ends the episode), then gives ``reward()`` and ``info``.
+    ``@samplers.episodes(sampler=..., environment=...)`` plays them.
+
+    Called once per plugin when the plugin manager loads; not firstresult, not
+    historic.
+
+    Returns:
+      A dict mapping each environment name to its factory. The gin
+      configurable is ``environments.<name>``.
+    """
+
+
+@hookspec
+def rlax_register_tool_parsers() -> dict[str, Callable[..., object]]:
+    """Register tool-call parsers.
+
+    Each factory builds a ``rlax.core.contracts.ToolParser``: ``parse(text) ->
+    list[ToolCall]`` (the calls in a model turn; ValueError for a malformed
+    one) and ``format_result(call, result) -> str`` (the observation's text).
+
+    Called once per plugin when the plugin manager loads; not firstresult, not
+    historic.
+
+    Returns:
+      A dict mapping each parser name to its factory. The gin configurable is
+      ``tool_parsers.<name>``.
+    """
+
+
 # -------------------------------------------------------------------------
 # Lifecycle hooks: notifications from a running experiment.
 #

@@ -62,6 +62,8 @@ KINDS: dict[str, str] = {
     "curation": "rlax_register_curation_filters",
     "tasks": "rlax_register_tasks",
     "loggers": "rlax_register_loggers",
+    "environments": "rlax_register_environments",
+    "tool_parsers": "rlax_register_tool_parsers",
 }
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")

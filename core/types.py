@@ -69,6 +69,14 @@ class Completion:
       versions: the weight version of each token, int32 [C'], when they may
         differ (in-flight weight updates); None means every token is
         ``policy_version``'s.
+      loss_mask: which tokens the model produced, int8 [C']: 1 for a model
+        token, 0 for an environment's observation in a multi-turn episode
+        (:mod:`rlax.core.episodes`; its logprob is 0 and nothing trains on
+        it). None means every token is the model's.
+      episode: what a multi-turn episode's environment reported, JSON values:
+        ``reward`` (the group's reward for it, used instead of the reward
+        plugin), ``reason``, ``turns``, ``tool_calls``, ``tool_errors``,
+        ``observation_tokens``. None for a single-turn completion.
     """
 
     tokens: np.ndarray
@@ -77,6 +85,15 @@ class Completion:
     finish_reason: str
     policy_version: int
     versions: np.ndarray | None = None
+    loss_mask: np.ndarray | None = None
+    episode: dict[str, Any] | None = None
+
+    @property
+    def model_mask(self) -> np.ndarray:
+        """float32 [C']: 1 on the model's tokens, 0 on observations."""
+        if self.loss_mask is None:
+            return np.ones(len(self.tokens), np.float32)
+        return np.asarray(self.loss_mask, np.float32)
 
     @property
     def newest_version(self) -> int:

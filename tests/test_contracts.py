@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import gin
 import pytest
 
-from rlax.core import config, contracts, hookspecs
+from rlax.core import config, contracts, episodes, hookspecs
 from rlax.core.config import bindings
 from rlax.core.errors import ConfigError
 from rlax.core.plugins import KINDS, build_plugin_manager
@@ -35,9 +35,13 @@ KIND_PROTOCOLS: dict[str, tuple[str, ...]] = {
     "tasks": ("Task", "Dataset"),
     "curation": ("OnlineFilter", "OfflineFilter", "Curriculum", "Refilling", "Stateful"),
     "loggers": ("Logger",),
+    "environments": ("Environment",),
+    "tool_parsers": ("ToolParser",),
 }
 # Protocols of what the core hands to components, or of its own parts: no plugin kind.
-NOT_PLUGIN_KINDS = {"Encoder", "Tokenizer", "RolloutSource"}
+NOT_PLUGIN_KINDS = {"Encoder", "Tokenizer", "RolloutSource", "Episode"}
+# The modules whose Protocols are the contracts (rlax.core.contracts re-exports the second's).
+CONTRACT_MODULES = {contracts.__name__, episodes.__name__}
 # A member a component may lack, and when it must have it.
 CONDITIONAL = {("Algorithm", "value_model"): lambda component: component.needs_critic}
 
@@ -47,7 +51,7 @@ def protocols() -> dict[str, type]:
         name: obj
         for name, obj in vars(contracts).items()
         if inspect.isclass(obj)
-        and obj.__module__ == contracts.__name__
+        and obj.__module__ in CONTRACT_MODULES
         and getattr(obj, "_is_protocol", False)
     }
 
@@ -56,7 +60,7 @@ def members(protocol: type) -> list[str]:
     """Methods, properties and annotated attributes of ``protocol`` and its Protocol bases."""
     names: list[str] = []
     for cls in reversed(protocol.__mro__):
-        if cls.__module__ != contracts.__name__:
+        if cls.__module__ not in CONTRACT_MODULES:
             continue
         for name in [*vars(cls), *vars(cls).get("__annotations__", {})]:
             if not name.startswith("_") and name not in names:
@@ -67,7 +71,7 @@ def members(protocol: type) -> list[str]:
 def is_documented(protocol: type, name: str) -> bool:
     """A method or property with a docstring, or an ``Attributes:`` entry of the class."""
     for cls in protocol.__mro__:
-        if name in vars(cls) and cls.__module__ == contracts.__name__:
+        if name in vars(cls) and cls.__module__ in CONTRACT_MODULES:
             member = vars(cls)[name]
             fn = member.fget if isinstance(member, property) else member
             if inspect.getdoc(fn):
@@ -179,6 +183,11 @@ def build(pm, kind: str, name: str) -> object:
         ("rewards", "length"): {"max_length": 10},
         ("rewards", "overlong"): {"max_length": 10, "cache_length": 2},
         ("tasks", "dataset"): {"train_files": ["train.jsonl"]},
+        ("environments", "python_tool"): {"reward": pm.get("rewards", "arithmetic").factory()},
+        ("samplers", "episodes"): {
+            "sampler": pm.get("samplers", "jax").factory(),
+            "environment": pm.get("environments", "guess").factory(),
+        },
     }
     return pm.get(kind, name).factory(**required.get((kind, name), {}))
 
@@ -280,6 +289,7 @@ CAPABILITIES = {
     ("curation", "zero_variance"): {"OnlineFilter"},
     ("tasks", "arithmetic"): {"Task"},
     ("tasks", "dataset"): {"Task", "Dataset"},
+    ("tasks", "guess"): {"Task"},
 }
 
 

@@ -414,6 +414,49 @@ def check_logger(b: Block, tmp_path: pathlib.Path) -> None:
     assert loggers.failures == {}
 
 
+def check_environment(b: Block, tmp_path: pathlib.Path) -> None:
+    from rlax.core.models.tokenizer import CharTokenizer
+    from rlax.core.types import Prompt
+
+    tokenizer = CharTokenizer("abgin")
+    env = manager(run(b)).get("environments", "echo").factory()
+    assert env.limits.max_turns == 2
+    episode = env.start(Prompt("p", "a", tokenizer.encode("a", bos=True), None), tokenizer)
+    observation = episode.step("ab")
+    assert observation.text == "again"
+    np.testing.assert_array_equal(observation.tokens, tokenizer.encode("again"))
+    assert episode.step("ab") is None and episode.reward() == 1.0
+
+
+def check_tool_parser(b: Block, tmp_path: pathlib.Path) -> None:
+    from rlax.core.episodes import ToolCall
+
+    parser = manager(run(b)).get("tool_parsers", "line").factory()
+    assert parser.parse('think\nCALL add {"a": 1, "b": 2}\nthen') == [
+        ToolCall("add", {"a": 1, "b": 2})
+    ]
+    assert parser.parse("no calls here") == []
+    with pytest.raises(ValueError, match="not JSON"):
+        parser.parse("CALL add {oops")
+    assert parser.format_result(ToolCall("add", {}), "3") == "RESULT add: 3"
+
+
+def check_writing_an_environment(b: Block, tmp_path: pathlib.Path, capsys) -> None:
+    module = run(b)
+    lines = printed(capsys).strip().splitlines()
+    assert len(lines) == 2 and len(module.episodes) == 2
+    env = manager(module).get("environments", "repeat").factory(max_turns=2)
+    assert env.limits.max_turns == 2
+    for c in module.episodes:
+        # Three one-id turns, the two digits shown between them (4 then 5), off the mask.
+        assert c.loss_mask.tolist() == [1, 0, 1, 0, 1] and c.finish_reason == "stop"
+        assert c.tokens[c.loss_mask == 0].tolist() == module.tok.encode("56").tolist()
+        assert c.logprobs[c.loss_mask == 0].tolist() == [0.0, 0.0]
+        shown, turns = "456", [module.tok.decode([t]) for t in c.tokens[c.loss_mask == 1]]
+        assert c.episode["reward"] == sum(a == b for a, b in zip(turns, shown)) / 3
+        assert c.episode["turns"] == 3 and c.episode["observation_tokens"] == 2
+
+
 def printed(capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().out
 
@@ -522,10 +565,13 @@ CHECKS: dict[str, Callable[..., None]] = {
     HOOKS + "rlax_register_curation_filters() -> dict[str, Callable[..., object]]": check_curation,
     HOOKS + "rlax_register_tasks() -> dict[str, Callable[..., object]]": check_task,
     HOOKS + "rlax_register_loggers() -> dict[str, Callable[..., object]]": check_logger,
+    HOOKS + "rlax_register_environments() -> dict[str, Callable[..., object]]": check_environment,
+    HOOKS + "rlax_register_tool_parsers() -> dict[str, Callable[..., object]]": check_tool_parser,
     HOOKS + "rlax_on_step_end(step: int, metrics: dict[str, float]) -> None": check_step_end,
     HOOKS + "rlax_on_weights_published(version: int) -> None": check_weights_published,
     HOOKS + "rlax_on_checkpoint(step: int, path: str) -> None": check_checkpoint,
     HOOKS + "rlax_on_preemption(role: str, reason: str) -> None": check_preemption,
+    "docs/environments.md § Writing an environment": check_writing_an_environment,
     "docs/algorithms.md § Writing a new algorithm": check_public_algorithm,
     "docs/preemption.md § Notices (`core/launch/preemption.py`)": check_notice_source,
     "docs/rewards_and_data.md § Scoring in a pool: `rlax.core.worker.reward_pool.RewardPool`": (

@@ -49,6 +49,10 @@ def completion_to_msg(c: Completion) -> pb.CompletionMsg:
     )
     if c.versions is not None:
         msg.versions = np.asarray(c.versions, "<i4").tobytes()
+    if c.loss_mask is not None:
+        msg.loss_mask = np.asarray(c.loss_mask, np.int8).tobytes()
+    if c.episode is not None:
+        msg.episode_json = json.dumps(c.episode)
     return msg
 
 
@@ -60,7 +64,21 @@ def msg_to_completion(c: pb.CompletionMsg) -> Completion:
         finish_reason=c.finish_reason,
         policy_version=int(c.policy_version),
         versions=_ints(c.versions, "completion versions") if c.versions else None,
+        loss_mask=np.frombuffer(c.loss_mask, np.int8).copy() if c.loss_mask else None,
+        episode=_episode(c.episode_json),
     )
+
+
+def _episode(text: str) -> dict | None:
+    if not text:
+        return None
+    try:
+        episode = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise WireError(f"completion episode: bad JSON: {err}") from None
+    if not isinstance(episode, dict):
+        raise WireError(f"completion episode: a JSON object expected, got {text[:40]!r}")
+    return episode
 
 
 def group_to_msg(g: Group, lease_id: str, filtered: bool = False) -> pb.GroupMsg:
@@ -118,6 +136,8 @@ def check_completion(
                 f"{where}: token versions {oldest}..{newest} with policy version "
                 f"{c.policy_version} (must be the oldest), newest is {newest_version}"
             )
+    if c.loss_mask and (len(c.loss_mask) != n_tok // 4 or not set(c.loss_mask) <= {0, 1}):
+        raise WireError(f"{where}: a loss mask of {len(c.loss_mask)} bytes, not 0/1 per token")
     if not np.all(np.isfinite(np.frombuffer(c.logprobs, "<f4"))):
         raise WireError(f"{where} has non-finite logprobs")
 

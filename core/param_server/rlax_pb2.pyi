@@ -565,6 +565,8 @@ class CompletionMsg(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
     VERSIONS_FIELD_NUMBER: _builtins.int
+    LOSS_MASK_FIELD_NUMBER: _builtins.int
+    EPISODE_JSON_FIELD_NUMBER: _builtins.int
     tokens: _builtins.bytes
     """int32 little-endian"""
     logprobs: _builtins.bytes
@@ -575,6 +577,10 @@ class CompletionMsg(_message.Message):
     """the oldest version among its tokens"""
     versions: _builtins.bytes
     """int32 little-endian, one per token; empty: all policy_version"""
+    loss_mask: _builtins.bytes
+    """int8, one per token: 1 model, 0 observation; empty: all 1"""
+    episode_json: _builtins.str
+    """a multi-turn episode's report (reward, turns, ...); empty: none"""
     def __init__(
         self,
         *,
@@ -584,10 +590,12 @@ class CompletionMsg(_message.Message):
         finish_reason: _builtins.str = ...,
         policy_version: _builtins.int = ...,
         versions: _builtins.bytes = ...,
+        loss_mask: _builtins.bytes = ...,
+        episode_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "policy_version", b"policy_version", "text", b"text", "tokens", b"tokens", "versions", b"versions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["episode_json", b"episode_json", "finish_reason", b"finish_reason", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "policy_version", b"policy_version", "text", b"text", "tokens", b"tokens", "versions", b"versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -71,8 +71,10 @@ def make_batch(
         tokens[r, p : p + lc] = comp.tokens
         attention[r, p - lp : p + lc] = True
         # Position t predicts token t+1: generated tokens are targets at p-1 .. p+lc-2.
-        loss_mask[r, p - 1 : p - 1 + lc] = 1.0
-        old_logprobs[r, p - 1 : p - 1 + lc] = comp.logprobs
-        adv[r, p - 1 : p - 1 + lc] = flat_adv[r]
+        # A multi-turn episode's observations are holes in the mask (model_mask 0).
+        model = comp.model_mask
+        loss_mask[r, p - 1 : p - 1 + lc] = model
+        old_logprobs[r, p - 1 : p - 1 + lc] = comp.logprobs * model
+        adv[r, p - 1 : p - 1 + lc] = flat_adv[r] * model
         group_ids[r] = gi
     return TrainBatch(tokens, attention, loss_mask, old_logprobs, adv, group_ids)

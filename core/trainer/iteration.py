@@ -24,7 +24,7 @@ from rlax.core.trainer.phases import PhaseClock
 from rlax.core.trainer.step import Trainer, batch_arrays
 from rlax.core.trainer.teacher import Teacher
 from rlax.core.types import Group, TrainBatch
-from rlax.core.worker.rollout import generated_tokens
+from rlax.core.worker.rollout import episode_metrics, generated_tokens
 
 
 def entry_order(entry: Entry) -> tuple:
@@ -51,6 +51,7 @@ def take_batch(source: RolloutSource, trainer: Trainer, version: int, *, group_s
         "reward": float(rewards.mean()),
         "pass_rate": float((rewards >= 1.0).mean()),
         "groups_kept": len(kept),
+        **episode_metrics(kept),
         **info,
     }
     batch = None

@@ -118,12 +118,21 @@ def score_groups(
     counts: MutableMapping[str, float] | None = None,
 ) -> list[Group]:
     """Scores each prompt's completions (by their text) into groups; the seconds it took
-    go to ``counts["score_s"]``."""
+    go to ``counts["score_s"]``.
+
+    A multi-turn episode (``Completion.episode``) brings its environment's
+    reward: the reward plugin is not called for it.
+    """
     if not prompts:
         return []
     start = time.perf_counter()
     scores: np.ndarray | list[list[float]]  # [M, G]
-    if isinstance(reward, RewardPool):
+    if all(c.episode is not None for cs in completions for c in cs):
+        scores = [[float(c.episode["reward"]) for c in cs] for cs in completions]  # type: ignore[index]
+        if counts is not None:
+            for key, value in episode_counts(completions).items():
+                counts[key] += value
+    elif isinstance(reward, RewardPool):
         flat = [(p, c.text) for p, cs in zip(prompts, completions) for c in cs]
         result = reward.score([p for p, _ in flat], [t for _, t in flat])
         scores = result.scores.reshape(len(prompts), group_size)
@@ -172,3 +181,26 @@ def kept_by_filters(groups: Sequence[Group], filters: Sequence[OnlineFilter]) ->
 
 def generated_tokens(groups: Sequence[Group]) -> int:
     return sum(len(c.tokens) for g in groups for c in g.completions)
+
+
+EPISODE_COUNTS = ("turns", "tool_calls", "tool_errors", "observation_tokens", "failed")
+
+
+def episode_counts(completions: Sequence[Sequence[Completion]]) -> dict[str, float]:
+    """Totals of what multi-turn episodes reported: ``episodes`` and each of
+    :data:`EPISODE_COUNTS` (empty when no completion is an episode)."""
+    episodes = [c.episode for cs in completions for c in cs if c.episode is not None]
+    if not episodes:
+        return {}
+    totals = {key: float(sum(e.get(key, 0) for e in episodes)) for key in EPISODE_COUNTS}
+    return {"episodes": float(len(episodes)), **totals}
+
+
+def episode_metrics(groups: Sequence[Group]) -> dict[str, float]:
+    """A batch's per-episode means: ``turns_mean``, ``tool_calls_mean``, ``tool_errors_mean``,
+    ``observation_tokens_mean``, ``failed_mean`` (empty without multi-turn episodes)."""
+    totals = episode_counts([g.completions for g in groups])
+    if not totals:
+        return {}
+    n = totals.pop("episodes")
+    return {f"{key}_mean": value / n for key, value in totals.items()}

@@ -8,8 +8,10 @@ per-token advantages by generalised advantage estimation against a critic's
 values (or against V = 0, which with γ = λ = 1 is the plain return-to-go),
 optionally whitened over the whole batch.
 
-Shapes: the legend of :mod:`rlax.core.types` (B rows, L target positions). Completions are
-contiguous on the mask, so "the next token" of position t is position t+1.
+Shapes: the legend of :mod:`rlax.core.types` (B rows, L target positions). A multi-turn
+episode's mask has holes (the environment's observations, mask 0): "the next token" of
+position t is the next position *on the mask*, so an observation is part of the
+environment's transition between two model tokens, never a step with a value of its own.
 """
 
 from __future__ import annotations
@@ -22,19 +24,17 @@ import jax.numpy as jnp
 from rlax.plugins.algorithms.aggregation import masked_mean
 
 
-def _shift_left(x: jax.Array) -> jax.Array:
-    """x[:, t+1] at position t, 0 at the end."""
-    return jnp.concatenate([x[:, 1:], jnp.zeros_like(x[:, :1])], axis=-1)
-
-
 def terminal_rewards(seq_reward: jax.Array, mask: jax.Array) -> jax.Array:
     """The sequence reward on the last masked token of each row, 0 elsewhere.
 
-    ``seq_reward`` is [B, L] (constant on a row's mask) or [B].
+    ``seq_reward`` is [B, L] (constant on a row's mask) or [B]. With holes in
+    the mask (a multi-turn episode) only the row's last model token gets it,
+    not the last token of each turn.
     """
     if seq_reward.ndim == 1:
         seq_reward = seq_reward[:, None]
-    is_last = mask * (1.0 - _shift_left(mask))
+    masked_after = jnp.flip(jnp.cumsum(jnp.flip(mask, -1), axis=-1), -1) - mask  # [B, L]
+    is_last = mask * (masked_after == 0)
     return seq_reward * is_last
 
 
@@ -52,20 +52,25 @@ def gae(
        \\delta_t = r_t + \\gamma V_{t+1} - V_t, \\qquad
        A_t = \\delta_t + \\gamma\\lambda A_{t+1}, \\qquad R_t = A_t + V_t
 
-    with :math:`V` and :math:`A` after the last token of a completion equal to 0.
-    Off the mask both outputs are 0. Computed with a reverse ``lax.scan``.
+    where :math:`t+1` is the next position on the mask (holes, a multi-turn
+    episode's observations, are skipped: their values and rewards never
+    enter), and :math:`V`, :math:`A` after the last masked token of a row
+    equal 0. Off the mask both outputs are 0. Computed with a reverse
+    ``lax.scan`` whose carry (the next model token's A and V) passes through
+    the holes unchanged.
 
     Reference: Schulman et al., 2015, GAE, https://arxiv.org/abs/1506.02438 (eq. 16).
     """
-    next_mask = _shift_left(mask)
-    deltas = (rewards + gamma * _shift_left(values) * next_mask - values) * mask
 
-    def step(carry: jax.Array, xs: tuple[jax.Array, jax.Array]):
-        delta, m_next = xs
-        adv = delta + gamma * lam * m_next * carry
-        return adv, adv
+    def step(carry, xs):
+        adv_next, value_next = carry
+        r, v, m = xs
+        adv = r + gamma * value_next - v + gamma * lam * adv_next
+        on = m > 0
+        return (jnp.where(on, adv, adv_next), jnp.where(on, v, value_next)), adv * m
 
-    _, adv = jax.lax.scan(step, jnp.zeros_like(deltas[:, 0]), (deltas.T, next_mask.T), reverse=True)
+    zeros = jnp.zeros_like(rewards[:, 0])
+    _, adv = jax.lax.scan(step, (zeros, zeros), (rewards.T, values.T, mask.T), reverse=True)
     adv = adv.T * mask
     return adv, (adv + values) * mask
 

@@ -59,6 +59,14 @@ def test_hook_rlax_register_loggers():
     assert_fills_only("loggers", "rlax_register_loggers")
 
 
+def test_hook_rlax_register_environments():
+    assert_fills_only("environments", "rlax_register_environments")
+
+
+def test_hook_rlax_register_tool_parsers():
+    assert_fills_only("tool_parsers", "rlax_register_tool_parsers")
+
+
 def recording_manager(**impls: tuple[str, ...]) -> tuple[PluginManager, list]:
     """Two plugins implementing the given hooks (with those parameters), recording calls."""
     calls: list = []

@@ -1,0 +1,222 @@
+"""Multi-turn episodes, token in and token out, behind the Sampler contract.
+
+``samplers.episodes(sampler=..., environment=...)`` is a
+:class:`~rlax.core.contracts.Sampler`: ``generate(prompts, n)`` plays ``n``
+episodes per prompt and returns each as ONE :class:`~rlax.core.types.Completion`
+whose ``tokens`` are every id after the prompt, model turns and observations
+in order, with ``loss_mask`` 1 on the model's ids (their logprobs the inner
+sampler's) and 0 on the observations' (logprob 0), and ``episode`` the
+environment's report (its ``reward`` replaces the reward plugin's). So a
+worker, the inline trainer and ``rlax eval`` run episodes unchanged, one
+lease holds whole episodes, and the trainer pads to ``max_new_tokens`` =
+the episode's token limit.
+
+Each turn the inner sampler continues the episode's ids as they stand
+(``Prompt.tokens`` = prompt + everything so far): the ids are appended, never
+decoded and encoded again, so what the trainer scores is exactly what the
+sampler produced (``retokenized_tokens`` is 0 by construction; the tests
+check it). Turns of all live episodes are sampled in one batched call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rlax.core import hookimpl
+from rlax.core.contracts import Environment, Episode, Sampler
+from rlax.core.episodes import EpisodeLimits, Observation
+from rlax.core.types import Completion, Prompt, RewardResult
+
+log = logging.getLogger("rlax.environments")
+
+
+@dataclasses.dataclass
+class _Live:
+    """One episode as it is being played."""
+
+    prompt: Prompt
+    episode: Episode | None
+    tokens: list[np.ndarray] = dataclasses.field(default_factory=list)
+    logprobs: list[np.ndarray] = dataclasses.field(default_factory=list)
+    mask: list[np.ndarray] = dataclasses.field(default_factory=list)
+    versions: list[np.ndarray] = dataclasses.field(default_factory=list)
+    parts: list[str] = dataclasses.field(default_factory=list)
+    turns: int = 0
+    observation_tokens: int = 0
+    finish: str = ""
+    failure: str = ""
+
+    @property
+    def length(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    def turn_prompt(self) -> Prompt:
+        ids = np.concatenate([self.prompt.tokens, *self.tokens]).astype(np.int32)
+        return dataclasses.replace(self.prompt, tokens=ids)
+
+    def append(self, ids: np.ndarray, logprobs: np.ndarray, model: bool, version: np.ndarray):
+        self.tokens.append(np.asarray(ids, np.int32))
+        self.logprobs.append(np.asarray(logprobs, np.float32))
+        self.mask.append(np.full(len(ids), int(model), np.int8))
+        self.versions.append(np.asarray(version, np.int32))
+
+    def fail(self, reason: str) -> None:
+        self.failure, self.finish = reason, "stop"
+
+
+class EpisodeSampler:
+    """Plays an environment's episodes with an inner sampler (see the module docstring).
+
+    Args:
+      sampler: the sampler of each model turn (``@samplers.jax()`` or ``@samplers.engine()``).
+      environment: the environment (``@environments.<name>()``); its ``limits``
+        bound turns, tokens per turn and tokens per episode.
+    """
+
+    def __init__(self, *, sampler: Sampler, environment: Environment):
+        self.sampler = sampler
+        self.environment = environment
+        self.tokenizer: Any = None
+
+    @property
+    def limits(self) -> EpisodeLimits:
+        return self.environment.limits
+
+    @property
+    def temperature(self) -> float:
+        return self.sampler.temperature
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The episode's token limit: no episode is longer after its prompt."""
+        return self.limits.max_episode_tokens
+
+    def setup(self, model, tokenizer) -> None:
+        self.sampler.setup(model, tokenizer)
+        self.tokenizer = tokenizer
+
+    def load_weights(self, params, version: int) -> None:
+        self.sampler.load_weights(params, version)
+
+    def generate(
+        self, prompts: Sequence[Prompt], n: int, *, seed: int
+    ) -> list[tuple[Completion, ...]]:
+        """``n`` episodes of each prompt, each one Completion (see the module docstring)."""
+        lives = [self._start(p) for p in prompts for _ in range(n)]
+        for turn in range(self.limits.max_turns):
+            active = [e for e in lives if not e.finish]
+            if not active:
+                break
+            turn_seed = zlib.crc32(f"{seed}/{turn}".encode())
+            outs = self.sampler.generate([e.turn_prompt() for e in active], 1, seed=turn_seed)
+            last = turn == self.limits.max_turns - 1
+            for live, (completion,) in zip(active, outs):
+                self._model_turn(live, completion, last)
+        done = [self._finish(e) for e in lives]
+        return [tuple(done[i * n : (i + 1) * n]) for i in range(len(prompts))]
+
+    def _start(self, prompt: Prompt) -> _Live:
+        try:
+            return _Live(prompt, self.environment.start(prompt, self.tokenizer))
+        except Exception as err:  # noqa: BLE001 -- a broken environment costs its episode
+            live = _Live(prompt, None)
+            live.fail(f"environment start raised {type(err).__name__}: {err}")
+            # A completion holds at least one id: the stop id, off the loss mask.
+            eos = np.asarray([self.tokenizer.eos_id])
+            live.append(eos, np.zeros(1), False, np.zeros(1))
+            return live
+
+    def _model_turn(self, live: _Live, c: Completion, last: bool) -> None:
+        limits = self.limits
+        room = limits.max_episode_tokens - live.length
+        k = min(len(c.tokens), limits.max_turn_tokens or len(c.tokens), room)
+        versions = (
+            c.versions if c.versions is not None else np.full(len(c.tokens), c.policy_version)
+        )
+        live.append(c.tokens[:k], c.logprobs[:k], True, versions[:k])
+        cut = k < len(c.tokens)
+        text = self.tokenizer.decode(c.tokens[:k]) if cut else c.text
+        live.parts.append(text)
+        live.turns += 1
+        if cut or c.finish_reason != "stop":
+            live.finish = "length"
+            return
+        observation = self._step(live, text)
+        if observation is None or live.finish:
+            live.finish = live.finish or "stop"
+            return
+        if last:
+            live.finish = "length"  # turns are used up; the observation is not appended
+            return
+        ids = np.asarray(observation.tokens, np.int32)[: limits.max_episode_tokens - live.length]
+        live.append(ids, np.zeros(len(ids)), False, np.full(len(ids), versions[k - 1]))
+        live.parts.append(observation.text)
+        live.observation_tokens += len(ids)
+        if live.length >= limits.max_episode_tokens:
+            live.finish = "length"
+
+    def _step(self, live: _Live, text: str) -> Observation | None:
+        assert live.episode is not None
+        try:
+            return live.episode.step(text)
+        except Exception as err:  # noqa: BLE001 -- a broken environment costs its episode
+            live.fail(f"environment step raised {type(err).__name__}: {err}")
+            return None
+
+    def _finish(self, live: _Live) -> Completion:
+        score, reason = self._reward(live)
+        info = {}
+        if live.episode is not None:
+            try:
+                info = {k: float(v) for k, v in dict(live.episode.info).items()}
+            except Exception as err:  # noqa: BLE001 -- counts are only metrics
+                log.warning("episode of prompt %r: info raised %s", live.prompt.id, err)
+        failed = float(bool(live.failure) or info.pop("failed", 0.0) > 0)
+        if failed:
+            score = 0.0
+            log.warning("episode of prompt %r ends with reward 0: %s", live.prompt.id, reason)
+        versions = np.concatenate(live.versions)
+        oldest = int(versions.min()) if len(versions) else -1
+        return Completion(
+            tokens=np.concatenate(live.tokens).astype(np.int32),
+            logprobs=np.concatenate(live.logprobs).astype(np.float32),
+            text=" | ".join(live.parts),
+            finish_reason=live.finish or "length",
+            policy_version=max(oldest, 0),
+            versions=versions if len(set(versions.tolist())) > 1 else None,
+            loss_mask=np.concatenate(live.mask),
+            episode={
+                "reward": score,
+                "reason": reason,
+                "turns": live.turns,
+                "observation_tokens": live.observation_tokens,
+                "failed": failed,
+                **info,
+            },
+        )
+
+    def _reward(self, live: _Live) -> tuple[float, str]:
+        if live.failure or live.episode is None:
+            return 0.0, live.failure
+        try:
+            result = live.episode.reward()
+        except Exception as err:  # noqa: BLE001 -- a broken environment costs its episode
+            return 0.0, f"environment reward raised {type(err).__name__}: {err}"
+        score, reason = (
+            (result.score, result.reason) if isinstance(result, RewardResult) else (result, "")
+        )
+        if not math.isfinite(float(score)):
+            return 0.0, f"environment reward not finite: {score}"
+        return float(score), reason
+
+
+@hookimpl
+def rlax_register_samplers():
+    return {"episodes": EpisodeSampler}
