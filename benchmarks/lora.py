@@ -148,6 +148,7 @@ def bench_memory(args) -> dict:
         print(f"memory: {mode} fine-tuning on SmolLM2 ...", file=sys.stderr, flush=True)
         out = subprocess.run(cmd, check=True, capture_output=True, text=True)
         rows[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"memory: {mode}: {json.dumps(rows[mode])}", file=sys.stderr, flush=True)
     full, lora = rows["full"], rows["lora"]
     print(f"\nSmolLM2-135M, adam, {args.rows} rows x {args.prompt_len}+{args.completion_len} "
           f"tokens, LoRA rank {args.rank} on every attention/MLP projection")  # fmt: skip
