@@ -251,7 +251,7 @@ def worker(
     sampler.setup(bundle.model, bundle.tokenizer)
     from flax import nnx
 
-    plan = WirePlan.for_tree(base := nnx.state(bundle.model), settings.wire_dtype)  # LoRA: the base too
+    plan = WirePlan.for_tree(base := nnx.state(bundle.model), settings.wire_dtype)
     # After a notice (or the run's end) an unreachable server is not retried: the worker
     # has seconds left, and its leases expire and are served again (nothing is lost).
     client = ParamServerClient(settings, give_up=lambda: stop.requested)
