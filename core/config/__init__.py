@@ -108,6 +108,7 @@ def register_core_configurables() -> None:
     from rlax.core.evaluation import evaluate as evaluation
     from rlax.core.launch import local_cluster as roles
     from rlax.core.launch import preemption
+    from rlax.core.models import lora
     from rlax.core.parallel import mesh
     from rlax.core.parallel import multihost as distributed
     from rlax.core.param_server import role as ps_role
@@ -138,6 +139,7 @@ def register_core_configurables() -> None:
             "ps_settings": settings.ServerSettings,
             "mesh": mesh.MeshConfig,
             "trainer_settings": trainer.TrainerSettings,
+            "lora": lora.LoraConfig,
             "distributed": distributed.DistributedSettings,
         },
     )

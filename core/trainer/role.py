@@ -16,7 +16,8 @@ one under ``run_root`` named after ``run_name``)::
     RUN/rollouts.jsonl                 sampled groups every ``trace_every`` steps
     RUN/curves.png                     learning curves, redrawn every ``plot_every`` steps
     RUN/eval.json                      held-out pass@k before, every ``eval_every`` steps, after
-    RUN/checkpoint/                    the final policy (a model directory)
+    RUN/checkpoint/                    the final policy (a model directory; LoRA: merged)
+    RUN/adapter/                       with ``lora``: the adapters in PEFT's layout
     RUN/train_state/                   resumable checkpoints of the whole trainer state (orbax)
 
 A trainer started on a run directory that holds a checkpoint resumes from the
@@ -32,6 +33,10 @@ checkpoints and exits with status 75 (``Preempted``). With ``deterministic``
 (needs ``max_staleness = 0``; workers set it too) every batch is put in a
 fixed order, so a run stopped and resumed ends with the same parameters as one
 that never stopped.
+
+With ``lora`` (``@rlax.lora()``, docs/lora.md) the trainer trains low-rank
+adapters on a frozen base and pushes only the adapters; workers merge them
+into their own copy of the base.
 
 ``mesh``, ``trainer_settings`` and ``distributed`` lay the trainer out on
 devices and hosts (docs/mesh.md; None: one device). The trainer role may run
@@ -95,6 +100,9 @@ from rlax.core.launch import runs
 from rlax.core.launch.preemption import Preemption
 from rlax.core.launch.runs import make_run_dir
 from rlax.core.models.bundle import ModelBundle, save_model
+from rlax.core.models.lora import LoraConfig, LoraParams, merged_state
+from rlax.core.models.lora_wire import wire_tree
+from rlax.core.models.peft_export import save_peft_adapter
 from rlax.core.models.tokenizer import CharTokenizer
 from rlax.core.parallel import multihost
 from rlax.core.parallel.mesh import MeshConfig, make_mesh
@@ -188,7 +196,7 @@ def _rollout_source(inline: bool, preemption: Preemption, trainer: Trainer, *, t
     if settings is None:
         raise ConfigError("rlax.train.settings: the trainer role needs parameter server settings")
     client = TrainerClient(ParamServerClient(settings, retry_s=0.0), preemption)  # it retries
-    plan = WirePlan.for_tree(trainer.state.params, settings.wire_dtype)
+    plan = WirePlan.for_tree(wire_tree(trainer.state.params), settings.wire_dtype)
     return RemoteRollouts(
         client, plan, prompts_per_step=prompts_per_step, max_staleness=max_staleness,
         curation=curation,
@@ -222,11 +230,12 @@ class _HeldOut:
 
 
 def _make_trainer(bundle: ModelBundle, sampler, algorithm, optimizer, mesh: MeshConfig | None,
-                  settings: TrainerSettings | None) -> Trainer:  # fmt: skip
+                  settings: TrainerSettings | None, lora: LoraConfig | None) -> Trainer:  # fmt: skip
     """Sets the sampler up on the policy and builds the trainer (on ``mesh``'s devices)."""
     sampler.setup(bundle.model, bundle.tokenizer)
     return Trainer(bundle.model, algorithm, optimizer, temperature=sampler.temperature,
-                   mesh=make_mesh(mesh) if mesh else None, settings=settings)  # fmt: skip
+                   mesh=make_mesh(mesh) if mesh else None, settings=settings,
+                   lora=lora)  # fmt: skip
 
 
 def _teacher(path: ConfigPath | None, student: ModelBundle, temperature: float) -> Teacher | None:
@@ -275,7 +284,8 @@ def train(*, hook: Any = None, run_dir: pathlib.Path | None = None, inline: bool
           mesh: MeshConfig | None = None, trainer_settings: TrainerSettings | None = None,
           distributed: DistributedSettings | None = None, loggers: Sequence[Logger] = (),
           eval_every: int = 0, trace_every: int = 10, trace_groups: int = 2,
-          plot_every: int = 50, teacher: ConfigPath | None = None) -> int:  # fmt: skip
+          plot_every: int = 50, teacher: ConfigPath | None = None,
+          lora: LoraConfig | None = None) -> int:  # fmt: skip
     """The trainer role: RL from ``init_checkpoint`` for ``steps`` steps (see the module doc).
 
     Raises:
@@ -296,7 +306,7 @@ def train(*, hook: Any = None, run_dir: pathlib.Path | None = None, inline: bool
     held_out = _HeldOut(task, sampler, reward, bundle.tokenizer, seed=seed, samples=eval_samples,
                         ks=eval_ks, progress=progress)  # fmt: skip
     run_dir = _open_run_dir(run_dir, run_root, run_name)
-    trainer = _make_trainer(bundle, sampler, algorithm, optimizer, mesh, trainer_settings)
+    trainer = _make_trainer(bundle, sampler, algorithm, optimizer, mesh, trainer_settings, lora)
     scorer = _teacher(teacher, bundle, sampler.temperature)
     ckpt, restored = _restore(trainer, run_dir, hook, every=checkpoint_every, keep=keep_checkpoints)
     preemption = Preemption(preemption_notices, role="trainer", hook=hook)
@@ -320,7 +330,7 @@ def train(*, hook: Any = None, run_dir: pathlib.Path | None = None, inline: bool
 def _observer(run: TrainingRun, held_out: _HeldOut, loggers: Sequence[Logger], reward: Reward,
               watch: dict[str, int]) -> Observer:  # fmt: skip
     """The run's observer: its loggers, traces, curves, and the held-out evaluation of now."""
-    params = lambda: multihost.gather_tree(run.trainer.state.params)  # whole arrays
+    params = lambda: multihost.gather_tree(merged_state(run.trainer.state.params))  # whole
     return Observer(run.run_dir, loggers, reward=reward, lead=multihost.is_lead(),
                     evaluate=lambda: held_out.after(params(), run.version), **watch)  # fmt: skip
 
@@ -340,7 +350,7 @@ def _export(path: pathlib.Path, bundle: ModelBundle) -> None:
 def _finish(run: TrainingRun, hook, bundle: ModelBundle, held_out: _HeldOut,
             before: dict[str, float]) -> None:  # fmt: skip
     """Evaluates and exports the final policy, writes the results (process 0; the others help)."""
-    params = multihost.gather_tree(run.trainer.state.params)  # whole arrays, for one host's use
+    params = multihost.gather_tree(merged_state(run.trainer.state.params))  # whole arrays
     results = {"before": before, "after": held_out.after(params, run.trainer.state.step)}
     model = nnx.merge(run.trainer.graphdef, params)
     run_dir, step, log = run.run_dir, run.step, run.log
@@ -359,6 +369,9 @@ def _finish(run: TrainingRun, hook, bundle: ModelBundle, held_out: _HeldOut,
         final.rename(old)
     new.rename(final)
     shutil.rmtree(old, ignore_errors=True)
+    if isinstance(run.trainer.state.params, LoraParams):  # the adapters alone, as PEFT loads them
+        lora_params = multihost.gather_tree(run.trainer.state.params)
+        save_peft_adapter(run_dir / "adapter", lora_params, model.cfg)
     ckpt = final
     hook.rlax_on_checkpoint(step=step, path=str(ckpt))
     results = eval_results(results["before"], log.rows, results["after"])

@@ -36,6 +36,8 @@ import jax
 
 from rlax.core.contracts import Curriculum, Stateful
 from rlax.core.errors import LostStep, Preempted, SourceMismatch
+from rlax.core.models.lora import merged_state
+from rlax.core.models.lora_wire import wire_tree
 from rlax.core.parallel import multihost as distributed
 from rlax.core.param_server import recovery, shards
 from rlax.core.param_server.client import ParamServerClient
@@ -128,7 +130,7 @@ class InlineRollouts(_Curated):
         self._timed = _TimedReward(reward)
 
     def publish(self, params, version: int) -> dict[str, float]:
-        self.sampler.load_weights(params, version)
+        self.sampler.load_weights(merged_state(params), version)  # LoRA: the merged weights
         return {}
 
     def next_batch(self, version: int) -> tuple[list[Entry], dict[str, float]]:
@@ -206,6 +208,7 @@ class RemoteRollouts(_Curated):
         part arrives.
         """
         start = time.perf_counter()
+        params = wire_tree(params)  # LoRA: only the adapters (and the base they are for) travel
         if jax.process_count() == 1:
             # push streams host-resident leaves from their own memory; it packs only when needed.
             reply = self.client.push(self.plan, params, version)

@@ -44,6 +44,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from rlax.core.contracts import Algorithm
+from rlax.core.models import lora as loralib
 from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.parallel import mesh as meshlib
 from rlax.core.parallel import multihost as distributed
@@ -115,6 +116,8 @@ class Trainer:
         None: one device.
       settings: microbatches, remat, compute dtype, placements.
       rules: the sharding rules (:data:`rlax.core.parallel.mesh.DEFAULT_RULES`).
+      lora: train low-rank adapters on a frozen base instead (:mod:`rlax.core.models.lora`);
+        ``state.params`` is then a :class:`~rlax.core.models.lora.LoraParams`.
     """
 
     def __init__(
@@ -127,6 +130,7 @@ class Trainer:
         mesh: Mesh | None = None,
         settings: TrainerSettings | None = None,
         rules: tuple[meshlib.Rule, ...] = meshlib.DEFAULT_RULES,
+        lora: loralib.LoraConfig | None = None,
     ):
         self.mesh = mesh or meshlib.single_device_mesh()
         self.settings = settings or TrainerSettings()
@@ -137,6 +141,8 @@ class Trainer:
         self.temperature = temperature
         self._compute_dtype = COMPUTE_DTYPES[self.settings.compute_dtype]
         params = cast_floats(params, jnp.float32)
+        if lora is not None:  # from here on ``params`` is a LoraParams (base, adapters, key)
+            params = loralib.attach(params, lora)  # type: ignore[assignment]
         critic = None
         self.critic_graphdef = None
         if algorithm.needs_critic:
@@ -149,8 +155,9 @@ class Trainer:
         # The frozen reference is the starting policy; its arrays are never donated.
         self.ref_params = self.ref_shardings = None
         if algorithm.needs_reference:
-            self.ref_shardings = self._shardings(params, self.settings.reference_placement)
-            self.ref_params = jax.device_put(params, self.ref_shardings)
+            ref = loralib.reference(params)  # under LoRA: the base (B = 0), its arrays shared
+            self.ref_shardings = self._shardings(ref, self.settings.reference_placement)
+            self.ref_params = jax.device_put(ref, self.ref_shardings)
         trainable = self._trainable(params, critic)
         self.opt_shardings = meshlib.tree_shardings(
             jax.eval_shape(optimizer.init, trainable), self.mesh, rules
@@ -200,12 +207,13 @@ class Trainer:
 
     @staticmethod
     def _trainable(params, critic):
+        params = loralib.adapters_of(params)  # under LoRA the optimiser sees the adapters only
         return params if critic is None else (params, critic)
 
     def _forward(self, params, critic, batch):
         """(logprobs, entropy, values or None), each [B, T-1], in ``compute_dtype``."""
         dtype = self._compute_dtype
-        model = self._wrap_blocks(nnx.merge(self.graphdef, cast_floats(params, dtype)))
+        model = self._wrap_blocks(loralib.model_of(self.graphdef, cast_floats(params, dtype)))
         if critic is None:
             logp, entropy = sequence_logprobs(
                 model, batch["tokens"], batch["attention_mask"], self.temperature
@@ -243,6 +251,7 @@ class Trainer:
 
         def outputs(trainable, batch):
             p, c = (trainable, None) if critic is None else trainable
+            p = loralib.joined(params, p)  # LoRA: the frozen base with these adapters
             logp, entropy, values = self._forward(p, c, batch)
             return (
                 logp.astype(jnp.float32),
@@ -283,7 +292,8 @@ class Trainer:
         trainable = self._trainable(params, critic)
         updates, opt_state = self.optimizer.update(grads, opt_state, trainable)
         trainable = optax.apply_updates(trainable, updates)
-        params, critic = (trainable, None) if critic is None else trainable
+        trained, critic = (trainable, None) if critic is None else trainable
+        params = loralib.updated(params, trained)  # LoRA: the same base, the new adapters
         mask = batch["loss_mask"]
         metrics = dict(
             metrics,
@@ -349,5 +359,5 @@ class Trainer:
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
     def model(self) -> Transformer:
-        """A live model view of the current parameters."""
-        return nnx.merge(self.graphdef, self.state.params)
+        """A live model view of the current parameters (under LoRA: the merged weights)."""
+        return nnx.merge(self.graphdef, loralib.merged_state(self.state.params))

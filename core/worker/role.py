@@ -37,6 +37,7 @@ from rlax.core.contracts import OnlineFilter, Resumable, Reward, Sampler
 from rlax.core.errors import ConfigError
 from rlax.core.launch.preemption import Preemption
 from rlax.core.models.bundle import load_model
+from rlax.core.models.lora_wire import AdapterApplier, unpacked
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.retry import RETRYABLE, RetryPolicy
 from rlax.core.param_server.settings import ServerSettings
@@ -58,7 +59,7 @@ WORKER_ID_ENV = "RLAX_WORKER_ID"
 class Worker:
     def __init__(self, client, sampler, reward, curation, *, group_size, prompts_per_lease,
                  reload_staleness, worker_id, seed, deterministic=False, reload_in_flight=False,
-                 refresh_interval_s=0.5, interrupt=None):  # fmt: skip
+                 refresh_interval_s=0.5, interrupt=None, adapters=None):  # fmt: skip
         self.client, self.sampler, self.reward, self.curation = client, sampler, reward, curation
         self.group_size = group_size
         self.prompts_per_lease = prompts_per_lease
@@ -70,6 +71,8 @@ class Worker:
         self.refresh_interval_s = refresh_interval_s
         # Polled by a Resumable sampler between decode chunks (the preemption notice).
         self.interrupt: Callable[[], bool] = interrupt or (lambda: False)
+        # The base that adapter-only (LoRA) versions are merged into (None: whole weights only).
+        self.adapters: AdapterApplier | None = adapters
         self.version = -1
         self.idle_s = self.busy_s = 0.0
         self.batches = 0
@@ -90,8 +93,7 @@ class Worker:
             pulled = self.client.pull(self.version)
             if pulled is not None:
                 version, tensors, buffer = pulled
-                plan.check_layout(tensors)
-                return plan.unpack(buffer), version
+                return unpacked(plan, tensors, buffer, self.adapters), version
         return None
 
     def maybe_reload(self, plan: WirePlan, wait_s: float = 0.0) -> None:
@@ -249,7 +251,7 @@ def worker(
     sampler.setup(bundle.model, bundle.tokenizer)
     from flax import nnx
 
-    plan = WirePlan.for_tree(nnx.state(bundle.model), settings.wire_dtype)
+    plan = WirePlan.for_tree(base := nnx.state(bundle.model), settings.wire_dtype)
     # After a notice (or the run's end) an unreachable server is not retried: the worker
     # has seconds left, and its leases expire and are served again (nothing is lost).
     client = ParamServerClient(settings, give_up=lambda: stop.requested, relay=True)  # relays
@@ -258,7 +260,7 @@ def worker(
         client, sampler, pool, list(curation), group_size=group_size,
         prompts_per_lease=prompts_per_lease, reload_staleness=reload_staleness,
         worker_id=os.environ.get(WORKER_ID_ENV) or f"worker-{os.getpid()}", seed=seed,
-        deterministic=deterministic, reload_in_flight=reload_in_flight,
+        deterministic=deterministic, reload_in_flight=reload_in_flight, adapters=AdapterApplier(base),
         refresh_interval_s=refresh_interval_s, interrupt=lambda: stop.requested,
     )  # fmt: skip
     log.info("%s: connected to %s", w.worker_id, client.settings.address)
