@@ -6,6 +6,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from rlax.core.models.logprobs import DEFAULT_CHUNK_TOKENS
 from rlax.core.trainer.microbatch import REMAT_POLICIES
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -36,6 +37,10 @@ class TrainerSettings:
       post_update_kl: measure ``kl_old`` (how far the update moved the
         policy) with one more forward pass after the update; off, the metric
         is absent and the step costs a forward pass less.
+      logprob_chunk_tokens: the output head, softmax and their gradient run
+        on at most this many tokens at a time
+        (:mod:`rlax.core.models.logprobs`), so the batch's [B, T, V] logits
+        never exist; smaller saves memory, larger saves loop steps.
     """
 
     microbatches: int = 1
@@ -44,10 +49,15 @@ class TrainerSettings:
     reference_placement: str = "sharded"
     critic_placement: str = "sharded"
     post_update_kl: bool = True
+    logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
 
     def __post_init__(self) -> None:
         if self.microbatches < 1:
             raise ValueError(f"microbatches must be >= 1, got {self.microbatches}")
+        if self.logprob_chunk_tokens < 1:
+            raise ValueError(
+                f"TrainerSettings.logprob_chunk_tokens must be >= 1, got {self.logprob_chunk_tokens}"
+            )
         for field, valid in (
             ("remat", REMAT_POLICIES),
             ("compute_dtype", COMPUTE_DTYPES),
