@@ -1,6 +1,6 @@
 """configs/smollm2_arithmetic.gin parses, names the SmolLM2 wheel, and builds a chat-ready run.
 
-The run itself (``rlax run --gin configs/smollm2_arithmetic.gin --gin.rlax.train.steps=3``)
+The run itself (``rlax run --gin configs/smollm2_arithmetic.gin --gin.rlax.train.steps=12``)
 takes minutes on two cores and is checked by hand (docs/models.md); here the
 configuration and the pieces it wires are."""
 
