@@ -40,6 +40,7 @@ import os
 import pathlib
 import re
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -56,6 +57,7 @@ SMOLLM2_WORKER_ROWS = 32
 SMOLLM2_CACHE_LEN = 64 + 24
 BOUNDS = {"trainer": 2.0, "param_server": 1.5, "worker": 2.0}
 # The JSON line's keys (issue 20); a skipped section leaves its keys null.
+MIN_AVAILABLE = 1.0 * GB  # stop a measurement before the shared machine has less than this
 KEYS = (
     "trainer_peak_gb",
     "trainer_floor_gb",
@@ -72,6 +74,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--qwen-rows", type=int, default=8)
     p.add_argument("--qwen-seq", type=int, default=128, help="tokens of a train row")
     p.add_argument("--qwen-new", type=int, default=32, help="new tokens of a sampled row")
+    p.add_argument("--qwen-remat", default="block", help="the 0.5 B train step's remat")
     p.add_argument("--skip-smollm2", action="store_true")
     p.add_argument("--skip-qwen", action="store_true")
     p.add_argument("--tiny", action="store_true", help="a tiny model instead of the Qwen shape")
@@ -139,12 +142,15 @@ def descendants(root: int) -> dict[int, list[str]]:
 def watch_roles(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[int, dict, str]:
     """Runs ``cmd``; (exit code, each role's peak RSS in bytes, the output's tail)."""
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                start_new_session=True)  # its own group: stopped as one  # fmt: skip
         peaks: dict[str, int] = {}
         deadline = time.monotonic() + timeout_s
         while proc.poll() is None:
-            if time.monotonic() > deadline:
-                proc.kill()
+            if time.monotonic() > deadline or (peaks and available_bytes() < MIN_AVAILABLE):
+                print("memory benchmark: out of time or of free memory; stopping the run",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                os.killpg(proc.pid, signal.SIGKILL)  # the run's own session: all of its roles
                 break
             for pid, argv in descendants(proc.pid).items():
                 role = role_of(argv)
@@ -213,7 +219,7 @@ def child_train(a: argparse.Namespace) -> dict:
 
     from rlax.core.models.transformer import Transformer
     from rlax.core.parallel.host_memory import reuse_freed_memory
-    from rlax.core.trainer.step import Trainer
+    from rlax.core.trainer.step import Trainer, TrainerSettings
     from rlax.plugins.algorithms.grpo import grpo
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -222,7 +228,8 @@ def child_train(a: argparse.Namespace) -> dict:
     reuse_freed_memory()
     cfg = qwen_config(a.tiny)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-5))
-    trainer = Trainer(Transformer(cfg, rngs=nnx.Rngs(0)), grpo(), optimizer)
+    settings = TrainerSettings(remat=a.qwen_remat)
+    trainer = Trainer(Transformer(cfg, rngs=nnx.Rngs(0)), grpo(), optimizer, settings=settings)
     shape = argparse.Namespace(
         batch=a.qwen_rows, seq=a.qwen_seq, prompt=a.qwen_seq // 4, vocab=cfg.vocab_size
     )
@@ -283,9 +290,35 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kB
 
 
+def available_bytes() -> int:
+    """The kernel's estimate of memory available to a new process (``MemAvailable``)."""
+    text = pathlib.Path("/proc/meminfo").read_text()
+    return int(re.search(r"^MemAvailable:\s+(\d+) kB", text, re.MULTILINE).group(1)) * 1024
+
+
+def guard_memory() -> None:
+    """Ends this process (exit 3, a message) if the machine nears running out of memory.
+
+    The machine is shared: a benchmark that grows past what is free must stop
+    itself before the kernel's OOM killer picks a victim, maybe someone else's job.
+    """
+    import threading
+
+    def watch() -> None:
+        while True:
+            if available_bytes() < MIN_AVAILABLE:
+                print(f"memory benchmark: under {MIN_AVAILABLE / GB:.1f} GB left on the machine; "
+                      "stopping before the OOM killer does", file=sys.stderr, flush=True)  # fmt: skip
+                os._exit(3)
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def run_child(a: argparse.Namespace, which: str) -> dict:
     cmd = [sys.executable, __file__, "--child", which, f"--qwen-rows={a.qwen_rows}",
-           f"--qwen-seq={a.qwen_seq}", f"--qwen-new={a.qwen_new}", *(["--tiny"] if a.tiny else [])]  # fmt: skip
+           f"--qwen-seq={a.qwen_seq}", f"--qwen-new={a.qwen_new}", f"--qwen-remat={a.qwen_remat}",
+           *(["--tiny"] if a.tiny else [])]  # fmt: skip
     if not a.tiny:
         cmd = ["flock", LOCK, *cmd]
     out = subprocess.run(
@@ -312,6 +345,7 @@ def table(rows: list[tuple[str, float, float, float | None]]) -> str:
 def main(argv: list[str]) -> dict:
     a = parse_args(argv)
     if a.child:
+        guard_memory()
         return {"train": child_train, "sample": child_sample}[a.child](a)
     rows: list[tuple[str, float, float, float | None]] = []
     result: dict = dict.fromkeys(KEYS)
@@ -328,10 +362,13 @@ def main(argv: list[str]) -> dict:
         )
         print(f"smollm2: {s['params']} params, run directory {s['run_dir_bytes'] / GB:.2f} GB",
               file=sys.stderr)  # fmt: skip
+        print(table(rows), f"\n{json.dumps(result)}", file=sys.stderr, flush=True)
     if not a.skip_qwen:
         name = "tiny" if a.tiny else "qwen0.5b"
-        train, sample = run_child(a, "train"), run_child(a, "sample")
+        train = run_child(a, "train")
         rows.append((f"{name} train step", train["peak"], train["floor"], BOUNDS["trainer"]))
+        print(table(rows[-1:]), file=sys.stderr, flush=True)
+        sample = run_child(a, "sample")
         rows.append((f"{name} sampling batch", sample["peak"], sample["floor"], BOUNDS["worker"]))
         result["qwen05b_train_peak_gb"] = round(train["peak"] / GB, 2)
         print(f"{name}: train step {train['seconds']:.1f} s (loss {train['loss']:.4f}), "
