@@ -181,6 +181,10 @@ def make_torch_step(cfg: TransformerConfig, weights: dict[str, np.ndarray], batc
     def rms(x, scale):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * scale
 
+    def proj(y, name):  # q/k/v, with the bias where the model has one (Qwen2: yes, Llama: no)
+        out = y @ w[name + "/kernel"]
+        return out + w[name + "/bias"] if name + "/bias" in w else out
+
     def rope(x):  # [B, T, heads, H]
         x1, x2 = x[..., : h // 2], x[..., h // 2 :]
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
@@ -190,16 +194,17 @@ def make_torch_step(cfg: TransformerConfig, weights: dict[str, np.ndarray], batc
         for i in range(cfg.num_layers):
             p = f"blocks/{i}/"
             y = rms(x, w[p + "attn_norm/scale"])
-            q = (y @ w[p + "attn/q/kernel"] + w[p + "attn/q/bias"]).view(bsz, t, n, h)
-            kk = (y @ w[p + "attn/k/kernel"] + w[p + "attn/k/bias"]).view(bsz, t, k, h)
-            v = (y @ w[p + "attn/v/kernel"] + w[p + "attn/v/bias"]).view(bsz, t, k, h)
+            q = proj(y, p + "attn/q").view(bsz, t, n, h)
+            kk = proj(y, p + "attn/k").view(bsz, t, k, h)
+            v = proj(y, p + "attn/v").view(bsz, t, k, h)
             q, kk, v = rope(q).transpose(1, 2), rope(kk).transpose(1, 2), v.transpose(1, 2)
             o = F.scaled_dot_product_attention(q, kk, v, attn_mask=bias, enable_gqa=True)
             x = x + o.transpose(1, 2).reshape(bsz, t, n * h) @ w[p + "attn/o/kernel"]
             y = rms(x, w[p + "mlp_norm/scale"])
             gate, up = y @ w[p + "mlp/gate/kernel"], y @ w[p + "mlp/up/kernel"]
             x = x + (F.silu(gate) * up) @ w[p + "mlp/down/kernel"]
-        logits = rms(x, w["final_norm/scale"]) @ w["head/kernel"]
+        head = w["head/kernel"] if "head/kernel" in w else w["embed/embedding"].T  # tied
+        logits = rms(x, w["final_norm/scale"]) @ head
         logp_all = torch.log_softmax(logits[:, :-1].float(), -1)
         logp = logp_all.gather(-1, tokens[:, 1:, None])[..., 0]
         with torch.no_grad():

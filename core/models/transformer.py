@@ -30,6 +30,11 @@ from flax import nnx
 
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.layers import Block
+from rlax.core.models.logprobs import (
+    DEFAULT_CHUNK_TOKENS,
+    chunked_token_logprobs,
+    logprobs_and_entropy,
+)
 from rlax.core.models.rope import rope_tables
 
 KVCache = list[dict[str, jax.Array]]  # per layer: {"k": [B,K,H,S], "v": [B,K,S,H]}
@@ -125,13 +130,13 @@ def token_logprobs(
 ) -> tuple[jax.Array, jax.Array]:
     """Log-probability of ``tokens[:, t+1]`` under ``logits[:, t]`` and the entropy.
 
+    The unchunked reference: it needs the whole batch's logits.
+    :func:`sequence_logprobs` computes the same without them.
+
     Returns:
       logprobs [B, T-1] and entropy [B, T-1] of the (tempered) distributions.
     """
-    logp = jax.nn.log_softmax(logits[:, :-1] / temperature, axis=-1)
-    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-    entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-    return picked, entropy
+    return logprobs_and_entropy(logits[:, :-1], tokens[:, 1:], temperature)
 
 
 def sequence_logprobs(
@@ -139,7 +144,15 @@ def sequence_logprobs(
     tokens: jax.Array,  # [B, T]
     attention_mask: jax.Array,  # [B, T]
     temperature: float = 1.0,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> tuple[jax.Array, jax.Array]:
-    """Full forward pass: per-token logprobs and entropies, both [B, T-1]."""
-    logits, _ = model(tokens, positions_from_mask(attention_mask), causal_mask(attention_mask))
-    return token_logprobs(logits, tokens, temperature)
+    """Full forward pass: per-token logprobs and entropies, both [B, T-1].
+
+    The head runs on ``chunk_tokens`` tokens at a time
+    (:func:`rlax.core.models.logprobs.chunked_token_logprobs`), so the whole
+    batch's logits [B, T, V] never exist, in the forward or the backward pass.
+    """
+    hidden, _ = model.hidden_states(
+        tokens, positions_from_mask(attention_mask), causal_mask(attention_mask)
+    )
+    return chunked_token_logprobs(model.logits, hidden, tokens, temperature, chunk_tokens)

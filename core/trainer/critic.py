@@ -23,11 +23,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rlax.core.models.logprobs import DEFAULT_CHUNK_TOKENS, chunked_token_logprobs
 from rlax.core.models.transformer import (
     Transformer,
     causal_mask,
     positions_from_mask,
-    token_logprobs,
 )
 
 VALUE_MODELS = ("head", "separate")
@@ -92,10 +92,15 @@ def forward_with_values(
     tokens: jax.Array,  # [B, T]
     attention_mask: jax.Array,  # [B, T]
     temperature: float = 1.0,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Per-token logprobs, entropies and values, each [B, L]."""
+    """Per-token logprobs, entropies and values, each [B, L].
+
+    The logprobs come from the head chunked over tokens
+    (:func:`rlax.core.models.logprobs.chunked_token_logprobs`): no [B, T, V] logits.
+    """
     hidden = hidden_states(policy, tokens, attention_mask)
-    logp, entropy = token_logprobs(logits_from_hidden(policy, hidden), tokens, temperature)
+    logp, entropy = chunked_token_logprobs(policy.logits, hidden, tokens, temperature, chunk_tokens)
     if isinstance(critic, ValueHead):
         values = critic(hidden)
     elif isinstance(critic, ValueModel):

@@ -7,6 +7,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from rlax.core.models.logprobs import DEFAULT_CHUNK_TOKENS
 from rlax.core.trainer.microbatch import REMAT_POLICIES
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -42,6 +43,10 @@ class TrainerSettings:
         (:mod:`rlax.core.trainer.epochs`): ``epochs`` passes over the batch,
         each split into ``minibatches`` minibatches of whole groups, shuffled
         by the run's seed and step; 1 x 1 is one update on the whole batch.
+      logprob_chunk_tokens: the output head, softmax and their gradient run
+        on at most this many tokens at a time
+        (:mod:`rlax.core.models.logprobs`), so the batch's [B, T, V] logits
+        never exist; smaller saves memory, larger saves loop steps.
     """
 
     microbatches: int = 1
@@ -52,11 +57,14 @@ class TrainerSettings:
     post_update_kl: bool = True
     epochs: int = 1
     minibatches: int = 1
+    logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
 
     def __post_init__(self) -> None:
-        for field in ("microbatches", "epochs", "minibatches"):
+        for field in ("microbatches", "epochs", "minibatches", "logprob_chunk_tokens"):
             if getattr(self, field) < 1:
-                raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
+                raise ValueError(
+                    f"TrainerSettings.{field} must be >= 1, got {getattr(self, field)}"
+                )
         for field, valid in (
             ("remat", REMAT_POLICIES),
             ("compute_dtype", COMPUTE_DTYPES),

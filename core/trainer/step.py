@@ -214,9 +214,10 @@ class Trainer:
         """(logprobs, entropy, values or None), each [B, T-1], in ``compute_dtype``."""
         dtype = self._compute_dtype
         model = self._wrap_blocks(loralib.model_of(self.graphdef, cast_floats(params, dtype)))
+        chunk = self.settings.logprob_chunk_tokens  # the head never sees the whole batch
         if critic is None:
             logp, entropy = sequence_logprobs(
-                model, batch["tokens"], batch["attention_mask"], self.temperature
+                model, batch["tokens"], batch["attention_mask"], self.temperature, chunk
             )
             return logp, entropy, None
         assert self.critic_graphdef is not None  # split in __init__ with the critic's params
@@ -224,7 +225,7 @@ class Trainer:
             nnx.merge(self.critic_graphdef, cast_floats(critic, dtype))
         )
         return forward_with_values(
-            model, critic_model, batch["tokens"], batch["attention_mask"], self.temperature
+            model, critic_model, batch["tokens"], batch["attention_mask"], self.temperature, chunk
         )
 
     def _wrap_blocks(self, module: ModuleT) -> ModuleT:

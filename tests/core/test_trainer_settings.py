@@ -103,8 +103,10 @@ def test_remat_recomputes_blocks_and_changes_nothing():
     plain, _ = trained(grpo(), steps=1)
     rematted, _ = trained(grpo(), TrainerSettings(remat="block", microbatches=2), steps=1)
     assert_trees_close(rematted.state.params, plain.state.params, atol=1e-6)
-    assert step_jaxpr(rematted).count("remat") >= CFG.num_layers  # one checkpoint per block
-    assert "remat" not in step_jaxpr(plain)
+    # One checkpoint per block, on top of the logprob head's own (core/models/logprobs.py).
+    plain_remats = step_jaxpr(plain).count("remat")
+    assert step_jaxpr(rematted).count("remat") >= plain_remats + CFG.num_layers
+    assert "nothing_saveable" not in step_jaxpr(plain)
     dots = Trainer(Transformer(CFG, rngs=nnx.Rngs(0)), grpo(), optax.sgd(0.1),
                    settings=TrainerSettings(remat="block_dots"))  # fmt: skip
     assert "DotsSaveable(only_if_no_batch_dims=True)" in step_jaxpr(dots)  # saves matmuls
@@ -163,3 +165,17 @@ def test_settings_are_validated():
         TrainerSettings(remat="all")
     with pytest.raises(ValueError, match="microbatches must be >= 1"):
         TrainerSettings(microbatches=0)
+
+
+def test_logprob_chunks_change_nothing_and_keep_the_batchs_logits_out_of_the_step():
+    whole, _ = trained(grpo(), TrainerSettings(logprob_chunk_tokens=10_000), steps=2)
+    chunked, _ = trained(grpo(), TrainerSettings(logprob_chunk_tokens=8), steps=2)
+    assert_trees_close(chunked.state.params, whole.state.params, atol=1e-6)
+    # 8 rows x 9 predicted positions: whole, the step builds [8, 9, V] logits; chunked,
+    # at most 8 tokens' ([8, 1, V]) at a time.
+    v = CFG.vocab_size
+    assert f"tensor<8x9x{v}xf32>" in whole.lower(random_batch()).as_text()
+    assert f"tensor<8x9x{v}xf32>" not in chunked.lower(random_batch()).as_text()
+    assert f"tensor<8x1x{v}xf32>" in chunked.lower(random_batch()).as_text()
+    with pytest.raises(ValueError, match="logprob_chunk_tokens"):
+        TrainerSettings(logprob_chunk_tokens=0)
