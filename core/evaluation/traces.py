@@ -9,7 +9,9 @@ One JSON object per line, one sampled group each::
 
 ``reward`` is the score the step trained on; ``reason`` comes from scoring the
 text again with the trainer's reward, in its process (a composite reward's
-reason lists its parts). ``length`` counts the generated tokens, stop token
+reason lists its parts), except for a multi-turn episode, whose reward and
+reason are its environment's (``Completion.episode``: why a tool call was
+stopped, or how the answer scored). ``length`` counts the generated tokens, stop token
 included.
 """
 
@@ -22,13 +24,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlax.core.contracts import Reward
-from rlax.core.types import Group
+from rlax.core.types import Completion, Group
 from rlax.core.worker.reward_pool import score_one
 
 FILE = "rollouts.jsonl"
 
 
-def _reason(reward: Reward | None, group: Group, text: str) -> str:
+def _reason(reward: Reward | None, group: Group, completion: Completion) -> str:
+    if completion.episode is not None:
+        return str(completion.episode.get("reason", ""))
+    text = completion.text
     if reward is None:
         return ""
     try:
@@ -54,7 +59,7 @@ def trace_rows(step: int, groups: Sequence[Group], reward: Reward | None, *,
             {
                 "text": c.text[:max_chars],
                 "reward": float(r),
-                "reason": _reason(reward, g, c.text),
+                "reason": _reason(reward, g, c),
                 "length": len(c.tokens),
                 "finish_reason": c.finish_reason,
                 "policy_version": int(c.policy_version),

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rlax.core.evaluation import traces
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.tokenizer import CharTokenizer
 from rlax.core.models.transformer import Transformer, sequence_logprobs
@@ -79,13 +80,16 @@ def test_the_limits_end_an_episode():
     assert c.loss_mask.tolist() == [1, 1, 0, 1] and c.episode["reward"] == 0.0
 
 
-def test_an_environment_that_raises_costs_its_episode_not_the_worker(caplog):
-    class Broken(GuessEnvironment):
-        def start(self, prompt, tokenizer):
-            episode = super().start(prompt, tokenizer)
-            episode.step = lambda text: 1 / 0
-            return episode
+class Broken(GuessEnvironment):
+    """An environment whose every step raises."""
 
+    def start(self, prompt, tokenizer):
+        episode = super().start(prompt, tokenizer)
+        episode.step = lambda text: 1 / 0
+        return episode
+
+
+def test_an_environment_that_raises_costs_its_episode_not_the_worker(caplog):
     sampler = EpisodeSampler(sampler=ScriptedSampler(["5"]), environment=Broken())
     sampler.setup(None, TOK)
     with caplog.at_level(logging.WARNING, "rlax.environments"):
@@ -111,6 +115,26 @@ def test_the_episode_reward_replaces_the_reward_plugin_and_metrics_count_episode
         "turns_mean": 2.5, "tool_calls_mean": 0.0, "tool_errors_mean": 0.0,
         "observation_tokens_mean": 1.5, "failed_mean": 0.0,
     }  # fmt: skip
+
+
+def test_a_trace_of_an_episode_gives_the_environment_s_reason_not_the_reward_plugin_s():
+    sampler = EpisodeSampler(sampler=ScriptedSampler(["5"]), environment=Broken())
+    sampler.setup(None, TOK)
+    ((failed,),) = sampler.generate([secret_prompt(5)], 1, seed=0)
+    won, _ = play(["3", "7", "5"])
+
+    class Never:
+        def score(self, prompt, text):
+            raise AssertionError("an episode is scored by its environment alone")
+
+    (group,) = score_groups([secret_prompt(5)], [(failed, won)], Never(), 2)
+    (row,) = traces.trace_rows(3, [group], Never())
+    assert [c["reward"] for c in row["completions"]] == [0.0, 1.0]
+    assert [c["reason"] for c in row["completions"]] == [
+        failed.episode["reason"],
+        won.episode["reason"],
+    ]
+    assert "ZeroDivisionError" in row["completions"][0]["reason"]
 
 
 def test_an_episode_crosses_the_wire_unchanged_and_a_bad_mask_is_refused():
