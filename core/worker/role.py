@@ -251,7 +251,10 @@ def worker(
     sampler.setup(bundle.model, bundle.tokenizer)
     from flax import nnx
 
-    plan = WirePlan.for_tree(base := nnx.state(bundle.model), settings.wire_dtype)
+    plan = WirePlan.for_tree(nnx.state(bundle.model), settings.wire_dtype)
+    del bundle  # the sampler holds the base until the first pull replaces it
+    # LoRA versions merge into the base, loaded again at the first one (none: no second copy).
+    adapters = AdapterApplier(lambda: nnx.state(load_model(init_checkpoint).model))
     # After a notice (or the run's end) an unreachable server is not retried: the worker
     # has seconds left, and its leases expire and are served again (nothing is lost).
     client = ParamServerClient(settings, give_up=lambda: stop.requested, relay=True)  # relays
@@ -260,7 +263,7 @@ def worker(
         client, sampler, pool, list(curation), group_size=group_size,
         prompts_per_lease=prompts_per_lease, reload_staleness=reload_staleness,
         worker_id=os.environ.get(WORKER_ID_ENV) or f"worker-{os.getpid()}", seed=seed,
-        deterministic=deterministic, reload_in_flight=reload_in_flight, adapters=AdapterApplier(base),
+        deterministic=deterministic, reload_in_flight=reload_in_flight, adapters=adapters,
         refresh_interval_s=refresh_interval_s, interrupt=lambda: stop.requested,
     )  # fmt: skip
     log.info("%s: connected to %s", w.worker_id, client.settings.address)
