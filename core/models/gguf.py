@@ -183,7 +183,9 @@ class GGUFFile:
                 f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             )
             raise GGUFError(f"{self.path}: missing tensor(s) {shown}")
-        return model_from_params(cfg, params_from_tensors(tensors, cfg, where=str(self.path)))
+        params = params_from_tensors(tensors, cfg, where=str(self.path))
+        del tensors  # params holds the only references: each goes once copied to JAX
+        return model_from_params(cfg, params)
 
     # -- the tokenizer -------------------------------------------------------------
 

@@ -87,6 +87,16 @@ def _set(tree: dict, path: tuple[Any, ...], value: Any) -> None:
     tree[path[-1]] = value
 
 
+def _to_device_in_place(tree: dict) -> None:
+    """Replaces every leaf of a nested dict by ``jnp.asarray`` of it, one at a time."""
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            _to_device_in_place(value)
+        else:
+            tree[key] = jax.numpy.asarray(value)
+            del value  # the host leaf goes now, not when the whole tree is done
+
+
 def params_from_tensors(
     tensors: Mapping[str, np.ndarray], cfg: TransformerConfig, *, where: str = "checkpoint"
 ) -> dict:
@@ -170,14 +180,21 @@ def load_hf_model(model_dir: str | pathlib.Path) -> Transformer:
     model_dir = pathlib.Path(model_dir)
     cfg = config_from_hf(model_dir)
     params = params_from_tensors(read_safetensors(model_dir), cfg, where=str(model_dir))
-    return model_from_params(cfg, params)
+    return model_from_params(cfg, params)  # the tensors' only other holder is gone
 
 
 def model_from_params(cfg: TransformerConfig, params: dict) -> Transformer:
-    """A live model holding ``params`` (a pure dict), never materialising random weights."""
+    """A live model holding ``params`` (a pure dict), never materialising random weights.
+
+    ``params`` is consumed: each host leaf is replaced by its JAX copy in turn,
+    so a leaf's host memory can go as soon as it is copied (the caller holding
+    no other reference): the peak is one copy of the weights plus one tensor,
+    not two copies.
+    """
     model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     state = nnx.state(model)
-    nnx.replace_by_pure_dict(state, jax.tree.map(jax.numpy.asarray, params))
+    _to_device_in_place(params)
+    nnx.replace_by_pure_dict(state, params)
     nnx.update(model, state)
     return model
 

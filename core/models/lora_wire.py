@@ -66,13 +66,22 @@ class AdapterApplier:
     """A worker's base and the merge of pushed adapters into it.
 
     Args:
-      base: the worker's base parameters (an nnx state of the plain model).
+      base: the worker's base parameters (an nnx state of the plain model), or a
+        function that loads them, called at the first adapter version: a worker
+        that only ever pulls whole weights then never keeps a second copy.
     """
 
     def __init__(self, base: Any):
-        self.base = base
+        self._base_or_loader = base
         self._ids: dict[float, tuple[Any, bytes]] = {}  # base dtype code -> (cast base, id)
         self._plans: dict[tuple, WirePlan] = {}
+
+    @property
+    def base(self) -> Any:
+        """The base parameters (loaded now if they were given as a loader)."""
+        if callable(self._base_or_loader):
+            self._base_or_loader = self._base_or_loader()
+        return self._base_or_loader
 
     def _base(self, code: float) -> tuple[Any, bytes]:
         if code not in self._ids:

@@ -249,9 +249,8 @@ def worker(
     stop = Preemption(preemption_notices, role="worker", hook=hook).start()
     bundle = load_model(init_checkpoint)  # the architecture and tokenizer; weights come by pull
     sampler.setup(bundle.model, bundle.tokenizer)
-    from flax import nnx
-
-    plan = WirePlan.for_tree(base := nnx.state(bundle.model), settings.wire_dtype)
+    plan = _wire_plan(bundle.model, settings.wire_dtype)
+    del bundle  # the sampler holds the base until the first pull replaces it
     # After a notice (or the run's end) an unreachable server is not retried: the worker
     # has seconds left, and its leases expire and are served again (nothing is lost).
     client = ParamServerClient(settings, give_up=lambda: stop.requested, relay=True)  # relays
@@ -260,7 +259,7 @@ def worker(
         client, sampler, pool, list(curation), group_size=group_size,
         prompts_per_lease=prompts_per_lease, reload_staleness=reload_staleness,
         worker_id=os.environ.get(WORKER_ID_ENV) or f"worker-{os.getpid()}", seed=seed,
-        deterministic=deterministic, reload_in_flight=reload_in_flight, adapters=AdapterApplier(base),
+        deterministic=deterministic, reload_in_flight=reload_in_flight, adapters=_adapters(init_checkpoint),
         refresh_interval_s=refresh_interval_s, interrupt=lambda: stop.requested,
     )  # fmt: skip
     log.info("%s: connected to %s", w.worker_id, client.settings.address)
@@ -273,6 +272,19 @@ def worker(
         log.info("%s: stopped after %d batches", w.worker_id, w.batches)
     stop.stop_now()
     return 0
+
+
+def _wire_plan(model: Any, wire_dtype: str) -> WirePlan:
+    from flax import nnx
+
+    return WirePlan.for_tree(nnx.state(model), wire_dtype)
+
+
+def _adapters(init_checkpoint: ConfigPath) -> AdapterApplier:
+    """LoRA versions merge into the base, loaded again at the first one (none: no second copy)."""
+    from flax import nnx
+
+    return AdapterApplier(lambda: nnx.state(load_model(init_checkpoint).model))
 
 
 def check_reload_in_flight(sampler: object, reload_in_flight: bool) -> None:
