@@ -74,10 +74,30 @@ def _arm() -> None:
     signal.setitimer(signal.ITIMER_REAL, max(min(ends) - time.monotonic(), 1e-6))
 
 
+# A raised timeout can be lost: Python ignores an exception raised in a
+# weakref callback, a ``__del__`` or a garbage-collector callback (it prints
+# "Exception ignored in ..."), and a bare ``except:`` swallows it. So every
+# raise re-arms the timer this much later; the deadline's own exit disarms it.
+RETRY_S = 0.02
+
+
+def _unwinding(frame: Any) -> bool:
+    """True while ``frame`` is the deadline's own entry or exit, or contextlib's.
+
+    A timeout raised there would escape before the exit disarms the timer and
+    pops the stack; the retry fires again once the block is back in user code.
+    """
+    code = frame.f_code if frame is not None else None
+    return code is not None and (code is _DEADLINE_CODE or code.co_filename == contextlib.__file__)
+
+
 def _expire(signum: int, frame: Any) -> None:
     now = time.monotonic() + 1e-4  # the timer's clock and monotonic differ by a hair
     due = [d for d in _TIMERS.active if d.end <= now]
     if due:
+        signal.setitimer(signal.ITIMER_REAL, RETRY_S)  # again, should this one be lost
+        if _unwinding(frame):
+            return
         first = min(due, key=lambda d: d.end)
         raise VerifierTimeout(f"took longer than {first.seconds:g}s", first)
     if _TIMERS.foreign_end and _TIMERS.foreign_end <= now:
@@ -100,8 +120,10 @@ def deadline(seconds: float) -> Iterator[object]:
     Yields the deadline's handle (the ``owner`` of its timeout; None off the
     main thread). Deadlines nest: the earliest one fires, as its owner, and an
     outer one is re-armed when an inner one exits; a timer someone else set
-    (``ITIMER_REAL``) still fires on time, through its own handler. Off the
-    main thread the block runs without a timer: use :func:`run_in_child`
+    (``ITIMER_REAL``) still fires on time, through its own handler. A timeout
+    that is swallowed (raised inside a weakref callback, or caught by a bare
+    ``except:``) is raised again every :data:`RETRY_S` until the block exits.
+    Off the main thread the block runs without a timer: use :func:`run_in_child`
     there for work that can hang.
 
     Raises:
@@ -135,6 +157,9 @@ def deadline(seconds: float) -> Iterator[object]:
             if _TIMERS.foreign_end:
                 left = _TIMERS.foreign_end - time.monotonic()
                 signal.setitimer(signal.ITIMER_REAL, max(left, 1e-6))
+
+
+_DEADLINE_CODE = deadline.__wrapped__.__code__  # type: ignore[attr-defined]
 
 
 def within(seconds: float, function: Callable[..., Any], *args: Any) -> tuple[bool, Any]:

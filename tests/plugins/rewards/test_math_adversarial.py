@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from rlax.core.types import Prompt
-from rlax.plugins.rewards import math_equivalence
+from rlax.plugins.rewards import math_deadline, math_equivalence
 from rlax.plugins.rewards.math_deadline import VerifierTimeout, deadline, run_in_child, within
 from rlax.plugins.rewards.math_equivalence import equivalent
 from rlax.plugins.rewards.math_verifier import MathReward
@@ -154,3 +154,43 @@ def test_slowest_adversarial_names_an_input_and_its_time():
     name, seconds = slowest_adversarial(timeout_s=1.0)
     assert name in {a[0] for a in ADVERSARIAL}
     assert 0.0 < seconds < 1.0
+
+
+def test_a_swallowed_timeout_is_raised_again_until_the_block_exits():
+    # CI lost one inside a WeakSet callback (Python ignores exceptions raised
+    # there): the verifier ran on past its deadline with no timer left.
+    swallowed: list[str] = []
+
+    def stubborn() -> str:
+        end = time.monotonic() + 10.0
+        try:
+            while time.monotonic() < end:
+                pass
+        except BaseException as exc:  # noqa: BLE001 - a library's bare except
+            swallowed.append(type(exc).__name__)
+        while time.monotonic() < end:
+            pass
+        return "ran to the end"
+
+    assert within(0.2, stubborn) == (False, "took longer than 0.2s")
+    assert swallowed == ["VerifierTimeout"]
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # the retry disarmed on exit
+
+
+def test_an_alarm_during_the_deadlines_own_exit_waits_for_the_block():
+    # Raised from the deadline's `finally` before it disarms, a timeout would
+    # leave the stack stale and the timer armed: it re-arms and returns.
+    handler = signal.getsignal(signal.SIGALRM)
+    manager = deadline(0.05)
+    manager.__enter__()
+    signal.setitimer(signal.ITIMER_REAL, 0)  # no real alarm: we call the handler
+    time.sleep(0.1)
+    expire = signal.getsignal(signal.SIGALRM)
+    assert callable(expire)
+    expire(signal.SIGALRM, manager.gen.gi_frame)  # returns: no timeout raised
+    assert 0.0 < signal.getitimer(signal.ITIMER_REAL)[0] <= math_deadline.RETRY_S
+    with pytest.raises(VerifierTimeout):
+        expire(signal.SIGALRM, sys._getframe())  # user code: raised
+    manager.__exit__(None, None, None)
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) is handler
