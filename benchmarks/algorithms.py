@@ -23,7 +23,7 @@ eight updates per batch at the one-update rate over-sharpen the policy.
 
 Prints a table, then one JSON line: ``{"budget": {...}, "base": {"pass@1",
 "pass@8"}, "algorithms": {NAME: {"pass@1", "pass@8", "pass8_gain", "wall_s",
-"tokens_per_s", "updates"}}, "epochs_vs_one_update": {"pass8_gain_delta",
+"tokens_per_s", "updates", "learning_rate"}}, "epochs_vs_one_update": {"pass8_gain_delta",
 "wall_ratio", "updates_ratio"} (when both GRPO rows ran), "all_improve_pass8": bool}``.
 Exit status 1 if a run failed or an algorithm did not improve held-out pass@8.
 """
@@ -84,6 +84,11 @@ EVAL_SAMPLES = 16
 LEARNING_RATE = 2e-4
 
 
+def row_learning_rate(name: str, learning_rate: float) -> float:
+    """The learning rate ``name`` trains at: the budget's, scaled by ``LEARNING_RATE_SCALE``."""
+    return learning_rate * LEARNING_RATE_SCALE.get(name, 1.0)
+
+
 def run_one(name: str, steps: int, prompts: int, learning_rate: float, extra: list[str],
             tmp: pathlib.Path, eval_problems: int = EVAL_PROBLEMS,
             eval_samples: int = EVAL_SAMPLES):  # fmt: skip
@@ -94,7 +99,7 @@ def run_one(name: str, steps: int, prompts: int, learning_rate: float, extra: li
         "--gin", str(ROOT / "configs" / EXPERIMENTS[name]), "--run-dir", str(run_dir),
         f"--gin.INIT_CHECKPOINT='{ROOT / 'assets' / 'quickstart-base'}'",
         f"--gin.rlax.train.steps={steps}", f"--gin.PROMPTS_PER_STEP={prompts}",
-        f"--gin.LEARNING_RATE={learning_rate * LEARNING_RATE_SCALE.get(name, 1.0):g}",
+        f"--gin.LEARNING_RATE={row_learning_rate(name, learning_rate):g}",
         f"--gin.tasks.arithmetic.num_eval={eval_problems}",
         f"--gin.rlax.train.eval_samples={eval_samples}",
         "--gin.rlax.train.progress=False", "--gin.rlax.evaluate.progress=False",
@@ -157,10 +162,11 @@ def main() -> int:
         return 1
     base = next(iter(figures.values()))["before"]
     print(f"\nalgorithms on the quickstart task: {args.steps} steps x {args.prompts} prompts x 8 "
-          f"samples, lr {args.learning_rate:g}; held-out pass@k ({args.eval_problems} problems, "
+          f"samples, lr {args.learning_rate:g} (a row's own lr where shown); held-out pass@k ({args.eval_problems} problems, "
           f"{args.eval_samples} samples)")  # fmt: skip
     print(
         f"{'':<22}{'pass@1':>8}{'pass@8':>8}{'Δpass@8':>9}{'wall s':>8}{'tok/s':>8}{'updates':>9}"
+        f"{'lr':>9}"
     )
     print(f"{'base policy':<22}{100 * base['pass@1']:>7.1f}%{100 * base['pass@8']:>7.1f}%")
     out = {}
@@ -170,6 +176,7 @@ def main() -> int:
         print(
             f"{name:<22}{100 * a['pass@1']:>7.1f}%{100 * a['pass@8']:>7.1f}%{100 * gain:>+8.1f} "
             f"{f['wall_s']:>7.0f}{f['tokens_per_s']:>8.0f}{f['updates']:>9}"
+            f"{row_learning_rate(name, args.learning_rate):>9.2g}"
         )
         out[name] = {
             "pass@1": round(a["pass@1"], 4),
@@ -178,6 +185,7 @@ def main() -> int:
             "wall_s": round(f["wall_s"], 1),
             "tokens_per_s": round(f["tokens_per_s"], 1),
             "updates": f["updates"],
+            "learning_rate": row_learning_rate(name, args.learning_rate),
         }
     improved = all(v["pass8_gain"] > 0 for v in out.values()) and not failed
     epochs = _epochs_vs_one(out)

@@ -15,8 +15,10 @@ Saves are asynchronous (orbax's own async checkpointing: the train loop
 blocks only while the arrays are handed over, orbax writes them on a thread)
 and keep the last ``keep`` steps; orbax writes into a temporary directory and
 renames it when complete, so a killed save never looks like a checkpoint. A
-helper thread then reads the arrays back from disk and writes their CRC32s
-(``crc32.json``): only a checkpoint with its checksums counts as complete.
+helper thread then reads the arrays back from disk, :data:`READ_GROUP_BYTES`
+at a time (a whole read-back beside the step's own memory raised the trainer's
+peak by the state's size), and writes their CRC32s (``crc32.json``): only a
+checkpoint with its checksums counts as complete.
 :meth:`Checkpointer.restore_latest` tries the newest first: one that cannot
 be read, whose leaves do not match the live state, or whose arrays fail
 their CRC32 is moved aside (``DIR/<step>.corrupt``, nothing deleted) with a
@@ -42,7 +44,7 @@ import threading
 import time
 import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import jax
@@ -53,6 +55,9 @@ from rlax.core.parallel import multihost as distributed
 from rlax.core.param_server.wire import leaf_name
 
 FORMAT = "rlax-train-state/1"
+# A checkpoint is read back for its checksums in groups of leaves of about this many bytes
+# (one leaf larger than it is read alone): the read-back's memory is a group, not the state.
+READ_GROUP_BYTES = 128 << 20
 
 
 class CorruptCheckpointWarning(UserWarning):
@@ -88,12 +93,13 @@ def _check(
     path: pathlib.Path,
     meta: dict[str, Any],
     named: list[tuple[str, Any]],
-    read: Callable[[], dict[str, Any]],
+    read: Callable[[], Iterable[dict[str, Any]]],
 ) -> None:
     """Raises ValueError unless the checkpoint at ``path`` is a complete save of ``named``.
 
     Its format and leaf names must match and ``crc32.json`` must exist before
-    ``read`` (its arrays by leaf key) is called; then every array's CRC32 must match.
+    ``read`` (its arrays by leaf key, in one or more groups) is called; then
+    every array's CRC32 must match.
     """
     if meta.get("format") != FORMAT:
         raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT!r}")
@@ -103,10 +109,28 @@ def _check(
     if not sums_path.is_file():
         raise ValueError("no crc32.json: the save did not finish")
     sums = json.loads(sums_path.read_text())
-    flat = read()
-    for i, (name, _) in enumerate(named):
-        if crc32(np.asarray(flat[_key(i)])) != sums.get(_key(i)):
-            raise ValueError(f"CRC32 mismatch in {name!r}")
+    names = {_key(i): name for i, (name, _) in enumerate(named)}
+    seen = 0
+    for group in read():
+        for key, array in group.items():
+            if crc32(np.asarray(array)) != sums.get(key):
+                raise ValueError(f"CRC32 mismatch in {names[key]!r}")
+        seen += len(group)
+    if seen != len(named):
+        raise ValueError(f"read {seen} of its {len(named)} arrays")
+
+
+def _groups(sizes: list[int], limit: int) -> list[list[int]]:
+    """Leaf indices in order, cut into runs of at most ``limit`` bytes (a larger leaf alone)."""
+    groups: list[list[int]] = [[]]
+    total = 0
+    for i, size in enumerate(sizes):
+        if groups[-1] and total + size > limit:
+            groups.append([])
+            total = 0
+        groups[-1].append(i)
+        total += size
+    return [g for g in groups if g]
 
 
 def crc32(array: np.ndarray) -> int:
@@ -169,6 +193,7 @@ class Checkpointer:
         self.wait()
         named, _ = _describe(state)
         flat = {_key(i): leaf for i, (_, leaf) in enumerate(named)}
+        sizes = [int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize for _, x in named]
         meta = dict(meta, format=FORMAT, step=step, saved_at=time.time(),
                     leaves=[[n, list(np.shape(x)), str(np.dtype(x.dtype))] for n, x in named])  # fmt: skip
         if step in self._manager.all_steps():  # a step redone after a crash: replace it
@@ -182,7 +207,7 @@ class Checkpointer:
         )
         errors: list[BaseException] = []
         thread = threading.Thread(
-            target=self._finish, args=(step, len(named), errors), name=f"rlax-checkpoint-{step}",
+            target=self._finish, args=(step, sizes, errors), name=f"rlax-checkpoint-{step}",
             daemon=True,
         )  # fmt: skip
         thread.start()
@@ -209,25 +234,20 @@ class Checkpointer:
         if self.on_saved is not None:
             self.on_saved(step, str(self.directory / str(step)))
 
-    def _finish(self, step: int, leaves: int, errors: list) -> None:
+    def _finish(self, step: int, sizes: list[int], errors: list) -> None:
         try:
             self._manager.wait_until_finished()
             if distributed.is_lead():
-                self._write_checksums(step, leaves)
+                self._write_checksums(step, sizes)
         except BaseException as err:  # noqa: BLE001 -- handed to wait() in the caller's thread
             errors.append(err)
 
-    def _write_checksums(self, step: int, leaves: int) -> None:
+    def _write_checksums(self, step: int, sizes: list[int]) -> None:
         """Adds each leaf's CRC32 beside the checkpoint (read back from disk, after orbax)."""
         path = self.directory / str(step)
-        if jax.process_count() == 1:
-            restored = self._manager.restore(
-                step, args=ocp.args.Composite(state=ocp.args.StandardRestore())
-            )
-            flat = restored["state"]
-        else:  # the manager's restore is a collective: read the whole arrays alone
-            flat = self._read_alone(step, leaves)
-        sums = {k: crc32(np.asarray(flat[k])) for k in sorted(flat)}
+        sums: dict[str, int] = {}
+        for group in self._read_alone(step, sizes):
+            sums.update((k, crc32(a)) for k, a in group.items())
         tmp = path / "crc32.json.tmp"
         tmp.write_text(json.dumps(sums))
         tmp.replace(path / "crc32.json")
@@ -257,17 +277,25 @@ class Checkpointer:
                 warnings.warn(message, CorruptCheckpointWarning, stacklevel=2)
         return None
 
-    def _read_alone(self, step: int, leaves: int) -> dict[str, np.ndarray]:
-        """``step``'s arrays, whole, as numpy, read by this process alone (no barrier)."""
+    def _read_alone(self, step: int, sizes: list[int]) -> Iterator[dict[str, np.ndarray]]:
+        """``step``'s arrays, whole, as numpy, read by this process alone (no barrier).
+
+        Yields them by leaf key in groups of about :data:`READ_GROUP_BYTES`
+        (``sizes``: each leaf's bytes), so that no more than a group is held.
+        """
         alone = ocp.options.MultiprocessingOptions(
             primary_host=None, active_processes={jax.process_index()}
         )
-        args = ocp.args.PyTreeRestore(
-            restore_args={_key(i): ocp.RestoreArgs(restore_type=np.ndarray) for i in range(leaves)}
-        )
         handler = ocp.PyTreeCheckpointHandler(multiprocessing_options=alone)
         with ocp.Checkpointer(handler, multiprocessing_options=alone) as reader:
-            return reader.restore(self.directory / str(step) / "state", args=args)
+            for group in _groups(sizes, READ_GROUP_BYTES):
+                keys = [_key(i) for i in group]
+                args = ocp.args.PyTreeRestore(
+                    item=dict.fromkeys(keys, 0),
+                    restore_args={k: ocp.RestoreArgs(restore_type=np.ndarray) for k in keys},
+                    partial_restore=True,
+                )
+                yield reader.restore(self.directory / str(step) / "state", args=args)
 
     def _verify(self, step: int, named: list[tuple[str, Any]]) -> dict[str, Any]:
         """``step``'s metadata, once its format, leaves and CRC32s check out (process 0)."""
@@ -276,7 +304,8 @@ class Checkpointer:
             primary_host=None, active_processes={jax.process_index()}
         )
         meta = ocp.JsonCheckpointHandler(multiprocessing_options=alone).restore(path / "meta")
-        _check(path, meta, named, lambda: self._read_alone(step, len(named)))
+        sizes = [int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize for _, x in named]
+        _check(path, meta, named, lambda: self._read_alone(step, sizes))
         return meta
 
     def _restore(self, step: int, template: Any) -> Restored:
@@ -294,7 +323,7 @@ class Checkpointer:
             ),
         )
         meta, flat = restored["meta"], restored["state"]
-        _check(path, meta, named, lambda: flat)
+        _check(path, meta, named, lambda: [flat])
         state = jax.tree_util.tree_unflatten(treedef, [flat[_key(i)] for i in range(len(named))])
         return Restored(step=step, state=state, meta=meta, path=path)
 

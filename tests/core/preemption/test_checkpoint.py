@@ -11,7 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from rlax.core.trainer.checkpoint import Checkpointer, CorruptCheckpointWarning
+from rlax.core.trainer import checkpoint
+from rlax.core.trainer.checkpoint import Checkpointer, CorruptCheckpointWarning, crc32
 
 
 def state(seed: float):
@@ -66,6 +67,36 @@ def test_the_arrays_may_change_right_after_save_returns(tmp_path):
     ckpt.close()
     restored = Checkpointer(tmp_path).restore_latest(({"w": params["w"]}, None, None))
     np.testing.assert_array_equal(np.asarray(restored.state[0]["w"]), 1.0)
+
+
+def test_leaves_are_grouped_in_order_up_to_the_byte_limit():
+    assert checkpoint._groups([40, 40, 30, 100, 10, 10], 100) == [[0, 1], [2], [3], [4, 5]]
+    assert checkpoint._groups([250, 5], 100) == [[0], [1]]  # a larger leaf alone
+    assert checkpoint._groups([], 100) == []
+
+
+def test_the_checksums_are_read_back_a_group_at_a_time(tmp_path, monkeypatch):
+    # A whole read-back beside the next step raised the SmolLM2 trainer's peak by the
+    # state's size (issue 20): the read-back holds one group of leaves at a time.
+    monkeypatch.setattr(checkpoint, "READ_GROUP_BYTES", 48)  # w (48 B) and x (20 B) apart
+    held: list[int] = []
+    read = Checkpointer._read_alone
+
+    def spy(self, step, sizes):
+        for group in read(self, step, sizes):
+            held.append(sum(np.asarray(a).nbytes for a in group.values()))
+            yield group
+
+    monkeypatch.setattr(Checkpointer, "_read_alone", spy)
+    saved = state(2.0)
+    ckpt = Checkpointer(tmp_path, keep=1)
+    ckpt.save(1, saved, {})
+    ckpt.close()
+    leaves = jax.tree_util.tree_leaves(saved)
+    assert len(held) > 1 and sum(held) == sum(np.asarray(x).nbytes for x in leaves)
+    assert max(held) <= 48
+    sums = json.loads((tmp_path / "1" / "crc32.json").read_text())
+    assert sorted(sums.values()) == sorted(crc32(np.asarray(x)) for x in leaves)
 
 
 def test_due_every_n_steps():
