@@ -114,6 +114,18 @@ class Algorithm(Protocol):
         """
 
 
+@runtime_checkable
+class BatchTerms(Protocol):
+    """Per-token terms fixed by the whole rollout batch, for several updates per batch.
+
+    Terms normalised over the batch (PPO's and REINFORCE++'s whitened advantages) are
+    then computed once, not per minibatch (:mod:`rlax.core.trainer.epochs`)."""
+
+    def batch_terms(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        """Per-token arrays [B, L] of the whole batch (traced; anchors included): each
+        minibatch's ``batch`` carries its rows by key; ``loss`` uses them, not its own."""
+
+
 # -------------------------------------------------------------------------
 # Samplers (rlax_register_samplers)
 # -------------------------------------------------------------------------

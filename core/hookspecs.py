@@ -38,7 +38,9 @@ def rlax_register_algorithms() -> dict[str, Callable[..., object]]:
     ``needs_reference`` and ``needs_critic`` (with a critic, ``value_model``),
     ``advantages(rewards) -> advantages`` (float32 [M, G] -> [M, G], on the
     host) and ``loss(new_logprobs, batch) -> (loss, metrics)`` (inside the
-    jitted step; ``batch`` is a dict of arrays).
+    jitted step; ``batch`` is a dict of arrays). An algorithm may also be a
+    ``rlax.core.contracts.BatchTerms`` (``batch_terms``: per-token terms of
+    the whole rollout batch, for several updates per batch).
 
     Called once per plugin when the plugin manager loads; not firstresult, not
     historic.

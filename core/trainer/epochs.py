@@ -11,7 +11,10 @@ instead take ``epochs x minibatches`` updates per batch
 1. one forward pass without gradient on the whole batch fixes the anchors of
    every update: ``train_logprobs`` (the decoupled ratio's denominator, the
    train/inference alignment's numerator), ``old_values`` (the value clip's
-   centre, GAE's values) and ``ref_logprobs``;
+   centre, GAE's values) and ``ref_logprobs``; and, for an algorithm with
+   :class:`~rlax.core.contracts.BatchTerms`, the per-token terms of the
+   whole batch (PPO's and REINFORCE++'s advantages, whitened over all of its
+   tokens as with one update, not over each minibatch);
 2. each epoch shuffles the batch's groups with a generator seeded by
    ``(seed, step, epoch)`` and splits them into ``minibatches`` parts of
    whole groups (a group's advantages are relative to its own samples), each
@@ -38,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlax.core.contracts import BatchTerms
 from rlax.core.errors import ConfigError
 from rlax.core.parallel import mesh as meshlib
 from rlax.core.trainer.settings import TrainerSettings
@@ -82,6 +86,8 @@ def _fixed_fn(trainer: Trainer, arrays: dict):
         if ref_params is not None and "ref_logprobs" not in batch:
             ref_logp, _, _ = trainer._scan_forward(ref_params, None, batch)
             out["ref_logprobs"] = ref_logp.astype(jnp.float32)
+        if isinstance(trainer.algorithm, BatchTerms):  # e.g. advantages whitened over the batch
+            out.update(trainer.algorithm.batch_terms({**batch, **out}))
         return jax.lax.stop_gradient(out)
 
     key = ("fixed", tuple(sorted((k, np.ndim(v)) for k, v in arrays.items())))

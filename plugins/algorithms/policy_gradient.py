@@ -122,6 +122,21 @@ class PolicyGradient:
         """Sequence advantages [M, G] from rewards [M, G]; every token gets its row's value."""
         return np.asarray(self.estimator(rewards), np.float32)
 
+    def batch_terms(self, batch: Batch) -> dict[str, jax.Array]:
+        """The token-level returns of the whole rollout batch (``BatchTerms``; none without).
+
+        With several updates per batch the trainer computes them once, from the
+        batch's fixed anchors, so whitening runs over every token of the batch
+        as it does with one update (verl and OpenRLHF compute advantages before
+        splitting into minibatches); :meth:`loss` then uses each minibatch's rows.
+        """
+        if self.returns is None:
+            return {}
+        _, _, mask, _ = self.alignment(batch)
+        old_values = batch["old_values"] if self.critic is not None else None
+        advantages, returns, _ = self.returns(batch, mask, old_values)
+        return {"batch_advantages": advantages, "batch_returns": returns}
+
     def loss(self, new_logprobs: jax.Array, batch: Batch) -> tuple[jax.Array, dict]:
         """The scalar loss and its metrics; ``batch`` holds [B, L] arrays (see module doc)."""
         old_logp, weight, mask, metrics = self.alignment(batch)
@@ -131,6 +146,8 @@ class PolicyGradient:
             old_values = batch["old_values"] if self.critic is not None else None
             advantages, returns, extra = self.returns(batch, mask, old_values)
             metrics.update(extra)
+            if "batch_advantages" in batch:  # a minibatch: the whole batch's (batch_terms)
+                advantages, returns = batch["batch_advantages"], batch["batch_returns"]
         if self.distill is not None:
             advantages, extra = self.distill(advantages, batch, mask)
             metrics.update(extra)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import optax
@@ -14,6 +16,7 @@ from rlax.core.models.transformer import Transformer
 from rlax.core.trainer.batches import make_batch
 from rlax.core.trainer.epochs import (
     check_processes,
+    fixed_anchors,
     mean_metrics,
     minibatch_rows,
     several_updates,
@@ -24,6 +27,7 @@ from rlax.core.trainer.step import Trainer, batch_arrays
 from rlax.core.types import Completion, Group, Prompt
 from rlax.plugins.algorithms.grpo import grpo
 from rlax.plugins.algorithms.ppo import ppo
+from rlax.plugins.algorithms.reinforcepp import reinforcepp
 
 CFG = TransformerConfig(
     vocab_size=9, num_layers=1, embed_dim=16, num_heads=2, num_kv_heads=1, head_dim=8, mlp_dim=32
@@ -119,6 +123,42 @@ def test_ppo_value_clip_binds_against_the_batchs_old_values():
     per_update = several_updates(several, *arrays_of(batch_for(algo)), seed=0, step=1)
     assert per_update[0]["value_clip_fraction"] == 0.0
     assert max(m["value_clip_fraction"] for m in per_update[1:]) > 0.0
+
+
+def test_reinforcepp_whitens_over_the_whole_batch_not_each_minibatch():
+    # Group i rewards its two completions (2 and 3 tokens) i and 0: over the batch's
+    # 20 tokens the return-to-go has mean 12/20 = 0.6 and variance 28/20 - 0.36 = 1.04.
+    algo = reinforcepp()
+    gs = [dataclasses.replace(g, rewards=np.array([float(i), 0.0], np.float32))
+          for i, g in enumerate(groups())]  # fmt: skip
+    batch = make_batch(gs, algo.advantages(np.stack([g.rewards for g in gs])), row_multiple=8)
+    trainer = trainer_for(algo, epochs=1, minibatches=2)
+    anchored = fixed_anchors(trainer, batch_arrays(batch))
+    mask, raw = anchored["loss_mask"], anchored["advantages"]
+    assert mask.sum() == 20 and raw[mask > 0].mean() == pytest.approx(0.6)
+    want = (raw - 0.6) / np.sqrt(1.04 + 1e-8) * mask
+    np.testing.assert_allclose(anchored["batch_advantages"], want, atol=1e-6)
+    # A minibatch of groups 0 and 1 alone would whiten to mean 0 (a zero loss at ratio 1);
+    # with the batch's terms its loss is minus their token mean there.
+    rows = np.flatnonzero(np.isin(batch.group_ids, [0, 1]))
+    part = {k: jax.numpy.asarray(v[rows]) for k, v in anchored.items()}
+    own = {k: v for k, v in part.items() if not k.startswith("batch_")}
+    at_one = part["old_logprobs"]  # the ratio's denominator without alignment: ratio 1
+    assert float(algo.loss(at_one, own)[0]) == pytest.approx(0.0, abs=1e-6)
+    expected = -want[rows].sum() / mask[rows].sum()
+    # 10 tokens there: two of 1 (group 1's first row), eight of 0.
+    assert expected == pytest.approx((0.6 * 8 - 0.4 * 2) / np.sqrt(1.04) / 10, abs=1e-6)
+    assert float(algo.loss(at_one, part)[0]) == pytest.approx(expected, abs=1e-6)
+    # The update itself gets them: its first minibatch's loss, at the anchors' policy.
+    first = minibatch_rows(batch.group_ids, 2, np.random.default_rng([0, 1, 0]), 8)[0]
+    padded = {
+        k: np.concatenate([v, np.zeros((1, *v.shape[1:]), v.dtype)]) for k, v in anchored.items()
+    }
+    mb = {k: jax.numpy.asarray(v[first]) for k, v in padded.items()}
+    loss = several_updates(trainer, *arrays_of(batch), seed=0, step=1)[0]["loss"]
+    assert loss == pytest.approx(float(algo.loss(mb["train_logprobs"], mb)[0]), abs=1e-5)
+    without = {k: v for k, v in mb.items() if not k.startswith("batch_")}
+    assert loss != pytest.approx(float(algo.loss(mb["train_logprobs"], without)[0]), abs=1e-3)
 
 
 def test_the_shuffle_depends_on_seed_and_step_only():
