@@ -230,12 +230,18 @@ class _HeldOut:
 
 
 def _make_trainer(bundle: ModelBundle, sampler, algorithm, optimizer, mesh: MeshConfig | None,
-                  settings: TrainerSettings | None, lora: LoraConfig | None) -> Trainer:  # fmt: skip
-    """Sets the sampler up on the policy and builds the trainer (on ``mesh``'s devices)."""
+                  settings: TrainerSettings | None, lora: LoraConfig | None,
+                  inline: bool) -> Trainer:  # fmt: skip
+    """Sets the sampler up on the policy and builds the trainer (on ``mesh``'s devices).
+
+    Pushing to the parameter server, nothing holds the weights across a step
+    (the push and the held-out evaluation read them between steps), so the
+    step donates them; inline, the sampler reads them in-process.
+    """
     sampler.setup(bundle.model, bundle.tokenizer)
     return Trainer(bundle.model, algorithm, optimizer, temperature=sampler.temperature,
                    mesh=make_mesh(mesh) if mesh else None, settings=settings,
-                   lora=lora)  # fmt: skip
+                   lora=lora, donate_params=not inline)  # fmt: skip
 
 
 def _teacher(path: ConfigPath | None, student: ModelBundle, temperature: float) -> Teacher | None:
@@ -306,7 +312,8 @@ def train(*, hook: Any = None, run_dir: pathlib.Path | None = None, inline: bool
     held_out = _HeldOut(task, sampler, reward, bundle.tokenizer, seed=seed, samples=eval_samples,
                         ks=eval_ks, progress=progress)  # fmt: skip
     run_dir = _open_run_dir(run_dir, run_root, run_name)
-    trainer = _make_trainer(bundle, sampler, algorithm, optimizer, mesh, trainer_settings, lora)
+    trainer = _make_trainer(bundle, sampler, algorithm, optimizer, mesh, trainer_settings, lora,
+                            inline)  # fmt: skip
     scorer = _teacher(teacher, bundle, sampler.temperature)
     ckpt, restored = _restore(trainer, run_dir, hook, every=checkpoint_every, keep=keep_checkpoints)
     preemption = Preemption(preemption_notices, role="trainer", hook=hook)

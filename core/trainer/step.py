@@ -118,6 +118,13 @@ class Trainer:
       rules: the sharding rules (:data:`rlax.core.parallel.mesh.DEFAULT_RULES`).
       lora: train low-rank adapters on a frozen base instead (:mod:`rlax.core.models.lora`);
         ``state.params`` is then a :class:`~rlax.core.models.lora.LoraParams`.
+      donate_params: the step reuses the parameters' memory for the new ones
+        (one copy of the weights less at the step's peak), so ``state.params``
+        of before a step is deleted by it: only for callers that hold no
+        parameters across a step (a trainer that pushes its weights to the
+        parameter server, not one whose sampler reads them in-process). The
+        reference policy is then a copy. Ignored under ``lora`` (its params
+        are mostly the frozen base, which the reference shares).
     """
 
     def __init__(
@@ -131,12 +138,14 @@ class Trainer:
         settings: TrainerSettings | None = None,
         rules: tuple[meshlib.Rule, ...] = meshlib.DEFAULT_RULES,
         lora: loralib.LoraConfig | None = None,
+        donate_params: bool = False,
     ):
         self.mesh = mesh or meshlib.single_device_mesh()
         self.settings = settings or TrainerSettings()
         self.rules = rules
         self.graphdef, params = nnx.split(model)
         self.algorithm = algorithm
+        self.donate_params = donate_params and lora is None
         self.optimizer = optimizer
         self.temperature = temperature
         self._compute_dtype = COMPUTE_DTYPES[self.settings.compute_dtype]
@@ -157,7 +166,9 @@ class Trainer:
         if algorithm.needs_reference:
             ref = loralib.reference(params)  # under LoRA: the base (B = 0), its arrays shared
             self.ref_shardings = self._shardings(ref, self.settings.reference_placement)
-            self.ref_params = jax.device_put(ref, self.ref_shardings)
+            self.ref_params = jax.device_put(
+                ref, self.ref_shardings, may_alias=not self.donate_params
+            )
         trainable = self._trainable(params, critic)
         self.opt_shardings = meshlib.tree_shardings(
             jax.eval_shape(optimizer.init, trainable), self.mesh, rules
@@ -198,8 +209,8 @@ class Trainer:
                     self.opt_shardings,
                     repl,
                 ),
-                # Only the optimiser state is donated: the sampler keeps reading params.
-                donate_argnums=(2,),
+                # The optimiser state always; params unless someone reads them after the step.
+                donate_argnums=(0, 2) if self.donate_params else (2,),
             )
         return self._compiled[key]
 
