@@ -11,16 +11,17 @@ tree with SmolLM2-135M's exact tensors (the model's parameters built with
 ``nnx.eval_shape``: no weights loaded; 538,060,032 bytes on the wire), and a
 second client pulls each one as a worker does; then the server is stopped
 and started again on the same ``state_dir`` (it restores the newest saved
-version), takes one more push and serves one more pull. Before the first
-push, one version is also pulled while the next is pushed (a pull in flight
-during a push) when ``--overlap`` is given.
+version), takes one more push and serves one more pull. With ``--overlap``
+every push after the first runs while a pull of the previous version is in
+flight; ``--back-to-back`` ends with two pushes in a row, the second before
+the first is saved (the one case that still needs two buffers).
 
 After each phase the server's ``VmRSS`` and ``VmHWM`` (the kernel's peak
 resident set) are read from ``/proc``; the server writes its own after the
 interpreter started and after its imports (the floor no server can go below).
 
-Usage: python benchmarks/ps_memory.py [--versions 3] [--saved-weights 1]
-       [--tiny]  (a 2-layer model: a fast check of the script)
+Usage: python benchmarks/ps_memory.py [--versions 3] [--saved-weights 1] [--overlap]
+       [--back-to-back] [--tiny]  (a 2-layer model: a fast check of the script)
 The last line of output is the JSON result
 ``{"ps_peak_gb", "weights_gb", "ratio", "phases": [...]}``.
 """
@@ -147,13 +148,21 @@ class Server:
         os.unlink(self.report)
 
 
-def wait_saved(weights_dir: pathlib.Path, version: int, timeout_s: float = 120.0) -> None:
-    """Until the persister has renamed ``version`` into place."""
+def wait_saved(weights_dir: pathlib.Path, version: int, keep: int,
+               timeout_s: float = 120.0) -> None:  # fmt: skip
+    """Until the persister has finished with ``version``: renamed into place, served from
+    its file and the older saves deleted (the persister's last step)."""
     deadline = time.monotonic() + timeout_s
-    while not (weights_dir / str(version) / "meta" / "metadata").exists():
+    while True:
+        saved = sorted(int(d.name) for d in weights_dir.iterdir() if d.name.isdigit())
+        if (weights_dir / str(version) / "meta" / "metadata").exists() and (
+            len(saved) <= keep and saved[-1] == version
+        ):
+            break
         if time.monotonic() > deadline:
             raise TimeoutError(f"version {version} was not saved")
         time.sleep(0.05)
+    time.sleep(0.2)  # the first save has nothing to delete: let its swap finish
 
 
 def run(args) -> dict:
@@ -200,7 +209,7 @@ def run(args) -> dict:
             assert got is not None and got[0] == version
             assert bytes(memoryview(got[2])[:64]) == leaves[0].tobytes()[:64]
             record(f"pull v{version}")
-            wait_saved(weights_dir, version)
+            wait_saved(weights_dir, version, args.saved_weights)
             record(f"saved v{version}")
         pusher.close(), puller.close()
         server.stop()
@@ -218,8 +227,15 @@ def run(args) -> dict:
         record(f"restart: push v{version}")
         assert puller.pull(version - 1)[0] == version
         record(f"restart: pull v{version}")
-        wait_saved(weights_dir, version)
+        wait_saved(weights_dir, version, args.saved_weights)
         record(f"restart: saved v{version}")
+        if args.back_to_back:  # the next push before the last one is saved: two buffers
+            for _ in range(2):
+                version += 1
+                for x in leaves:
+                    x += np.float32(1.0)
+                pusher.push(plan, tree, version)
+            record(f"restart: v{version - 1}, v{version} back to back")
         pusher.close(), puller.close()
         server.stop()
     peak = max(p["hwm_gb"] for p in phases)
@@ -240,6 +256,8 @@ def main() -> None:
     parser.add_argument("--saved-weights", type=int, default=1)
     parser.add_argument("--overlap", action="store_true",
                         help="push each version after the first while a pull runs")  # fmt: skip
+    parser.add_argument("--back-to-back", action="store_true",
+                        help="end with two pushes in a row, the second before the first is saved")  # fmt: skip
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args()
     result = run(args)

@@ -27,7 +27,7 @@ from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.parts import Part, PushRejected
 from rlax.core.param_server.queue import RolloutQueue
 from rlax.core.param_server.queue_state import QueueError
-from rlax.core.param_server.relay import Limiter, relay_key, send_view
+from rlax.core.param_server.relay import Limiter, relay_key, send_file, send_view
 from rlax.core.param_server.relays import RelayDirectory
 from rlax.core.param_server.settings import MB, ServerSettings
 from rlax.core.param_server.weights import Served, WeightStore
@@ -231,7 +231,11 @@ class ParamServer:
 
     def _send(self, served: Served, conn: socket.socket) -> None:
         try:
-            send_view(conn, memoryview(served.buffer), self.egress, self._count)
+            if served.buffer is not None:
+                send_view(conn, memoryview(served.buffer), self.egress, self._count)
+            else:  # served from its saved file: straight from the page cache
+                assert served.fd is not None
+                send_file(conn, served.fd, served.header.nbytes, self.egress, self._count)
         finally:
             self.weights.close_pull(served)
 

@@ -14,10 +14,14 @@ warning naming it; a version saved by an older rlax (orbax) is still read.
 
 Given the server's own :class:`~rlax.core.param_server.weights.WeightStore`
 (``store``, as the parameter-server role does), it writes the served buffer
-in place, held for reading while the write runs; otherwise it pulls the
-version over loopback like any client. Either way the buffer goes to the
-file with one ``write`` of the buffer itself: no copy (orbax made one of the
-whole buffer, the size of the model, on every save).
+in place, held for reading while the write runs, then has the store serve
+that version from the saved file (its memory buffer goes back to the pool
+for the next push), and a restore serves the saved file directly, its
+checksum read chunk by chunk: the process holds one version's buffer, not
+two (docs/param_server.md § Memory and disk). Without a store it pulls the
+version over loopback like any client and restores by pushing. Either way
+the buffer goes to the file with one ``write`` of the buffer itself: no copy
+(orbax made one of the whole buffer, the size of the model, on every save).
 """
 
 from __future__ import annotations
@@ -34,8 +38,11 @@ from typing import Any
 
 import grpc
 import numpy as np
+import xxhash
 
+from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.client import ParamServerClient
+from rlax.core.param_server.parts import PushRejected
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.param_server.transfer import checksum
 from rlax.core.param_server.wire import WIRE_DTYPES, TensorSpec, WirePlan
@@ -84,8 +91,13 @@ class WeightPersister:
         """Pushes the newest readable saved version into the server; returns it (-1: none)."""
         for version in self._versions():
             try:
+                if self.store is not None and self._file(version).exists():
+                    return self._restore_in_place(version)
                 buffer, tensors = _read(self.directory / str(version))
                 plan = _plan(tensors, buffer.nbytes)
+            except PushRejected as err:  # the trainer pushed something newer first: fine
+                log.info("saved weights v%d not re-served: %s", version, err)
+                return -1
             except Exception as err:  # noqa: BLE001 -- a damaged save, whatever the error
                 message = (
                     f"saved weights {self.directory / str(version)} unreadable ({err}); skipped"
@@ -102,6 +114,24 @@ class WeightPersister:
             log.info("weights v%d restored from %s", version, self.directory)
             return version
         return -1
+
+    def _restore_in_place(self, version: int) -> int:
+        """Serves a saved version from its file; its bytes are checked, never held in memory."""
+        meta = json.loads((self.directory / str(version) / "meta" / "metadata").read_text())
+        tensors = meta["tensors"]
+        _plan(tensors, meta["nbytes"])  # raises on unexpected dtypes
+        segments, whole = _segments(self._file(version), self.store.chunk_bytes)
+        if whole != (meta["nbytes"], meta["xxh3_64"]):
+            raise ValueError(f"{self._file(version)}: {whole[0]} bytes that do not match "
+                             "their checksum")  # fmt: skip
+        header = pb.PartHeader(version=version, part=0, num_parts=1, nbytes=meta["nbytes"])
+        for i, t in enumerate(tensors):
+            header.tensors.add(name=t["name"], dtype=t["dtype"], shape=t["shape"],
+                               offset=t["offset"], nbytes=t["nbytes"], index=i)  # fmt: skip
+        self.store.restore_file(header, self._file(version), segments)
+        self.saved = version
+        log.info("weights v%d restored from %s (served from the file)", version, self.directory)
+        return version
 
     def start(self) -> WeightPersister:
         self._thread = threading.Thread(target=self._run, name="rlax-weight-persist", daemon=True)
@@ -131,19 +161,30 @@ class WeightPersister:
             if pulled is None:
                 return self.saved
             version, tensors, buffer = pulled
-            return self._save(version, tensors, np.frombuffer(buffer, np.uint8))
+            self._save(version, tensors, np.frombuffer(buffer, np.uint8))
+            self._prune()
+            return version
         served = self.store.open_pull(self.saved)  # held: not recycled while it is written
         if served is None:
             return self.saved
         try:
+            if served.buffer is None:  # served from a saved file already
+                return self.saved
             tensors = [
                 {"name": t.name, "shape": list(t.shape), "offset": t.offset, "nbytes": t.nbytes,
                  "dtype": t.dtype}
                 for t in served.header.tensors
             ]  # fmt: skip
-            return self._save(served.number, tensors, np.frombuffer(served.buffer, np.uint8))
+            self._save(served.number, tensors, np.frombuffer(served.buffer, np.uint8))
         finally:
             self.store.close_pull(served)
+        # From now on the version is read from its file; its buffer returns to the pool.
+        self.store.serve_from_file(served.number, self._file(served.number))
+        self._prune()  # after the swap: deleting a large file takes a while
+        return served.number
+
+    def _file(self, version: int) -> pathlib.Path:
+        return self.directory / str(version) / "buffer" / "buffer.bin"
 
     def _save(self, version: int, tensors: list[dict], array: np.ndarray) -> int:
         """Writes ``array`` (no copy) and its metadata, renamed into place when complete."""
@@ -161,10 +202,27 @@ class WeightPersister:
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
-        for old in self._versions()[self.keep :]:  # only once the newer one is complete
-            shutil.rmtree(self.directory / str(old), ignore_errors=True)
         self.saved = version
         return version
+
+    def _prune(self) -> None:
+        """Deletes all but the newest ``keep`` saved versions (only once the newer is complete)."""
+        for old in self._versions()[self.keep :]:
+            shutil.rmtree(self.directory / str(old), ignore_errors=True)
+
+
+def _segments(path: pathlib.Path, chunk_bytes: int) -> tuple[list, tuple[int, int]]:
+    """((offset, length, xxh3_64) per ``chunk_bytes`` of a file, (size, xxh3_64 of it all)),
+    read through one reused chunk-sized buffer."""
+    whole, segments, offset = xxhash.xxh3_64(), [], 0
+    scratch = bytearray(chunk_bytes)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(scratch):
+            view = memoryview(scratch)[:n]
+            whole.update(view)
+            segments.append((offset, n, checksum(view)))
+            offset += n
+    return segments, (offset, whole.intdigest())
 
 
 def _read(path: pathlib.Path) -> tuple[np.ndarray, list[dict]]:

@@ -15,12 +15,21 @@ served version untouched.
 Buffers are recycled: a superseded version's buffer goes back to a small
 pool once no pull is reading it, so steady-state pushes write into memory
 that is already mapped.
+
+A version can also be served from a file holding its bytes (the weight
+persister's save, :mod:`rlax.core.param_server.weight_persist`):
+:meth:`WeightStore.serve_from_file` swaps the served version for the same
+version read from the file, and the memory buffer goes back to the pool once
+no pull reads it; :meth:`WeightStore.restore_file` serves a saved version
+without reading it into memory. The bytes then live in the kernel's page
+cache, not in the process: the server holds one version's buffer (the next
+push's) instead of two (see docs/param_server.md § Memory and disk).
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
+import os
 import threading
 import time
 
@@ -37,46 +46,10 @@ from rlax.core.param_server.parts import (
     is_whole,
     layout,
 )
+from rlax.core.param_server.served import Pool, Served
 from rlax.core.param_server.transfer import checksum, decode_chunk, encode_chunk
 
-
-@dataclasses.dataclass
-class Served:
-    """A committed version as pullers see it: one buffer of whole tensors."""
-
-    number: int
-    header: pb.PartHeader  # part 0 of 1
-    buffer: bytearray
-    segments: list[tuple[int, int, int]]
-    owned: list[bytearray]  # buffers to recycle once superseded and unread
-    readers: int = 0
-    superseded: bool = False
-
-
-class _Pool:
-    """Spare buffers, so a new version lands in warm memory.
-
-    Holds at most twice the largest buffer ever asked for: enough for the next
-    version of a single-part model, or the parts plus the assembled buffer of a
-    multi-host one.
-    """
-
-    def __init__(self):
-        self._free: collections.deque[bytearray] = collections.deque()
-        self._largest = 0
-
-    def get(self, nbytes: int) -> bytearray:
-        self._largest = max(self._largest, nbytes)
-        for buf in self._free:
-            if len(buf) == nbytes:
-                self._free.remove(buf)
-                return buf
-        return bytearray(nbytes)
-
-    def put(self, buf: bytearray) -> None:
-        self._free.append(buf)
-        while sum(len(b) for b in self._free) > 2 * self._largest:
-            self._free.popleft()
+__all__ = ["Served", "WeightStore"]
 
 
 class WeightStore:
@@ -89,6 +62,7 @@ class WeightStore:
         self.chunk_bytes = chunk_bytes
         self._lock = threading.Condition()
         self._served: Served | None = None
+        self._readable: list[Served] = []  # superseded, still read: not recycled yet
         self._pending: dict[int, dict[int, Part]] = {}  # complete parts of uncommitted versions
         self._num_parts: dict[int, int] = {}
         self._staged_bytes = 0  # buffers held by parts not yet committed
@@ -97,7 +71,7 @@ class WeightStore:
         # trainer on several hosts then pushes its own split of the same model.
         self._layouts: dict[tuple[int, int], tuple] = {}
         self._push_ids: collections.OrderedDict[str, int] = collections.OrderedDict()
-        self._pool = _Pool()
+        self._pool = Pool()
         self.rejected = 0
         self.committed_at = 0.0
 
@@ -111,7 +85,18 @@ class WeightStore:
     @property
     def version_bytes(self) -> int:
         with self._lock:
-            return len(self._served.buffer) if self._served else 0
+            return self._served.header.nbytes if self._served else 0
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of weight buffers this store holds: versions served from memory, the
+        parts being received, and the pool's spares (what it adds to the process)."""
+        with self._lock:
+            held = {id(b): len(b) for b in self._pool.buffers()}
+            for s in [self._served, *self._readable]:
+                if s is not None:
+                    held.update((id(b), len(b)) for b in s.owned)
+            return sum(held.values()) + self._staged_bytes
 
     def open_pull(self, have_version: int) -> Served | None:
         """The newest version, held for reading until :meth:`close_pull`; None if current."""
@@ -134,9 +119,8 @@ class WeightStore:
             return
         try:
             yield pb.WeightChunk(header=served.header, part=0).SerializeToString()
-            view = memoryview(served.buffer)
             for offset, length, digest in served.segments:
-                yield encode_chunk(0, offset, view[offset : offset + length], digest)
+                yield encode_chunk(0, offset, served.read(offset, length), digest)
         finally:
             self.close_pull(served)
 
@@ -299,15 +283,69 @@ class WeightStore:
                     self._pool.put(p.buffer)
             self._num_parts.pop(v, None)
         self._num_parts.pop(number, None)
-        previous, self._served = self._served, served
-        if previous is not None:
-            previous.superseded = True
-            self._recycle(previous)
+        self._replace(served)
         self.committed_at = time.time()
         self._lock.notify_all()
 
+    def _replace(self, served: Served) -> None:
+        previous, self._served = self._served, served
+        if previous is not None:
+            previous.superseded = True
+            self._readable.append(previous)
+            self._recycle(previous)
+
     def _recycle(self, served: Served) -> None:
-        if served.superseded and served.readers == 0 and served.owned:
-            for buf in served.owned:
-                self._pool.put(buf)
-            served.owned = []
+        if not served.superseded or served.readers:
+            return
+        for buf in served.owned:
+            self._pool.put(buf)
+        served.owned = []
+        if served.fd is not None:
+            os.close(served.fd)
+            served.fd = None
+        if served in self._readable:
+            self._readable.remove(served)
+
+    # -- serving from a file ------------------------------------------------
+
+    def serve_from_file(self, number: int, path: str | os.PathLike) -> bool:
+        """Serves version ``number`` from ``path`` (its exact bytes) instead of from memory.
+
+        The memory buffer goes back to the pool once no pull reads it; pulls
+        opened from now on read the file. False (nothing changes) unless
+        ``number`` is the served version and is served from memory.
+        """
+        fd = os.open(path, os.O_RDONLY)
+        with self._lock:
+            s = self._served
+            if s is None or s.number != number or s.buffer is None:
+                os.close(fd)
+                return False
+            if os.fstat(fd).st_size != s.header.nbytes:
+                os.close(fd)
+                raise ValueError(f"{path}: not the {s.header.nbytes} bytes of v{number}")
+            self._replace(Served(number, s.header, None, list(s.segments), [], fd=fd))
+            return True
+
+    def restore_file(self, header: pb.PartHeader, path: str | os.PathLike,
+                     segments: list[tuple[int, int, int]]) -> pb.PushReply:  # fmt: skip
+        """Serves a saved version from its file, checked like a push's header (no bytes read).
+
+        ``segments`` are the file's (offset, length, xxh3_64) as pullers verify
+        them. Raises PushRejected where a push of ``header`` would be refused
+        (a newer version is already served, say).
+        """
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if os.fstat(fd).st_size != header.nbytes:
+                raise ValueError(f"{path}: not the {header.nbytes} bytes of its header")
+            with self._lock:
+                self._check_header(header)
+                self._layouts.setdefault((1, 0), layout(header))
+                self._replace(Served(header.version, header, None, list(segments), [], fd=fd))
+                self.committed_at = time.time()
+                self._lock.notify_all()
+        except BaseException:
+            os.close(fd)
+            raise
+        return pb.PushReply(version=header.version, committed=True)
