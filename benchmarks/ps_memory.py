@@ -19,16 +19,20 @@ and started again on the same ``state_dir`` (it restores the newest saved
 version), takes one more push and serves one more pull. With ``--overlap``
 every push after the first runs while a pull of the previous version is in
 flight; ``--back-to-back`` ends with two pushes in a row, the second before
-the first is saved (the one case that still needs two buffers).
+the first is saved (two buffers, without the role's spool).
 
 After each phase the server's ``VmRSS`` and ``VmHWM`` (the kernel's peak
 resident set) are read from ``/proc``; the server writes its own after the
 interpreter started and after its imports (the floor no server can go below).
 
 Usage: python benchmarks/ps_memory.py [--versions 3] [--saved-weights 1] [--overlap]
-       [--back-to-back] [--tiny]  (a 2-layer model: a fast check of the script)
-The last line of output is the JSON result
-``{"ps_peak_gb", "weights_gb", "ratio", "phases": [...]}``.
+       [--back-to-back] [--cli CHECKPOINT] [--no-baseline]
+       [--tiny]  (a 2-layer model: a fast check of the script)
+Unless ``--no-baseline``, the same phases then run against the baseline: the
+role's parts with the spool off (pushes land in memory and are swapped for
+the saved file once written, the store's behaviour without a spool). The
+last line of output is the JSON result
+``{"ps_peak_gb", "weights_gb", "ratio", "phases": [...], "baseline": {...}}``.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ def status_of(pid: int | str = "self") -> tuple[int, int]:
 # -- the server process ---------------------------------------------------------------
 
 
-def serve(state_dir: str, port: int, saved_weights: int, report: str) -> None:
+def serve(state_dir: str, port: int, saved_weights: int, report: str, spool: bool) -> None:
     """The server as the role runs it, until SIGTERM; milestones' memory to ``report``."""
     from rlax.core.parallel import host_memory
 
@@ -82,6 +86,8 @@ def serve(state_dir: str, port: int, saved_weights: int, report: str) -> None:
     server = ParamServer(settings, iter(()), capacity=8, queue_db=role._queue_db(state_dir))
     bound = server.start()
     persister = role._start_persister(server, bound, state_dir, saved_weights)
+    if not spool:  # the baseline: pushes land in memory, swapped for the saved file
+        server.weights.spool = None
     note("serving")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -123,14 +129,14 @@ def free_port() -> int:
 class Server:
     """The server process and its milestone report."""
 
-    def __init__(self, run_dir: str, saved_weights: int, cli: str | None = None):
+    def __init__(self, run_dir: str, saved_weights: int, cli: str | None, spool: bool):
         self.port = free_port()
         self.report = tempfile.mktemp(suffix=".jsonl")
         self.cli = cli
         env = {**os.environ, "JAX_PLATFORMS": "cpu"}
         if cli is None:
             argv = [sys.executable, __file__, "--serve", str(pathlib.Path(run_dir) / "param_server"),
-                    str(self.port), str(saved_weights), self.report]  # fmt: skip
+                    str(self.port), str(saved_weights), self.report, str(int(spool))]  # fmt: skip
         else:  # the role itself, from rlax's command line, with the SmolLM2 config
             env.update(RLAX_PS_ADDRESS=f"127.0.0.1:{self.port}", RLAX_PS_TOKEN=TOKEN)
             argv = [str(pathlib.Path(sys.executable).parent / "rlax"), "run", "--gin",
@@ -146,9 +152,16 @@ class Server:
         from rlax.core.param_server.client import ParamServerClient
         from rlax.core.param_server.settings import ServerSettings
 
+        deadline = time.monotonic() + 300.0
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:  # the port first: no retry lines in the output
+                socket.create_connection(("127.0.0.1", self.port), timeout=1.0).close()
+                break
+            except OSError:
+                time.sleep(0.2)
         client = ParamServerClient(ServerSettings(address=f"127.0.0.1:{self.port}", token=TOKEN),
-                                   retry_s=300.0)  # fmt: skip
-        client.stat()  # retried until the server answers
+                                   retry_s=60.0)  # fmt: skip
+        client.stat()  # served once it answers
         client.close()
         return [{"phase": "serving", "status": self.status()}]
 
@@ -192,7 +205,7 @@ def wait_saved(weights_dir: pathlib.Path, version: int, keep: int,
     time.sleep(0.2)  # the first save has nothing to delete: let its swap finish
 
 
-def run(args) -> dict:
+def run(args, cli: str | None, spool: bool) -> dict:
     import numpy as np
 
     from rlax.core.param_server.client import ParamServerClient
@@ -205,7 +218,7 @@ def run(args) -> dict:
     phases: list[dict] = []
     with tempfile.TemporaryDirectory() as run_dir:
         weights_dir = pathlib.Path(run_dir) / "param_server" / "weights"
-        server = Server(run_dir, args.saved_weights, args.cli)
+        server = Server(run_dir, args.saved_weights, cli, spool)
 
         def record(phase: str, status: tuple[int, int] | None = None) -> None:
             rss, hwm = status or server.status()
@@ -240,7 +253,7 @@ def run(args) -> dict:
             record(f"saved v{version}")
         pusher.close(), puller.close()
         server.stop()
-        server = Server(run_dir, args.saved_weights, args.cli)
+        server = Server(run_dir, args.saved_weights, cli, spool)
         for m in server.serving():
             record(f"restart: {m['phase']}", tuple(m["status"]))
         pusher, puller = clients()
@@ -275,8 +288,8 @@ def run(args) -> dict:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
-        _, _, state_dir, port, saved, report = sys.argv
-        serve(state_dir, int(port), int(saved), report)
+        _, _, state_dir, port, saved, report, spool = sys.argv
+        serve(state_dir, int(port), int(saved), report, spool == "1")
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--versions", type=int, default=3)
@@ -289,17 +302,25 @@ def main() -> None:
                         help="run the role from rlax's command line with the SmolLM2 config and "
                         "this INIT_CHECKPOINT (only its tokenizer is read)")  # fmt: skip
     parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the baseline (the role's parts without the spool)")  # fmt: skip
     args = parser.parse_args()
-    result = run(args)
-    weights = result["weights_gb"]
-    print(f"weights held: {result['weights_bytes']:,} bytes ({weights:.3f} GB)")
-    print(f"{'phase':<34} {'RSS GB':>8} {'HWM GB':>8} {'HWM/weights':>12}")
-    for p in result["phases"]:
-        print(f"{p['phase']:<34} {p['rss_gb']:>8.3f} {p['hwm_gb']:>8.3f} "
-              f"{p['hwm_gb'] / weights:>12.2f}")  # fmt: skip
-    bound = "holds" if result["ratio"] <= 1.5 else "does not hold"
-    print(f"peak {result['ps_peak_gb']:.3f} GB = {result['ratio']:.2f}x the weights "
-          f"(bound 1.5x: {bound})")  # fmt: skip
+    runs = {"the role" if args.cli else "the role's parts": run(args, args.cli, True)}
+    if not args.no_baseline:
+        runs["baseline: the role's parts, no spool"] = run(args, None, False)
+    for name, result in runs.items():
+        weights = result["weights_gb"]
+        print(f"\n{name} -- weights held: {result['weights_bytes']:,} bytes ({weights:.3f} GB)")
+        print(f"{'phase':<34} {'RSS GB':>8} {'HWM GB':>8} {'HWM/weights':>12}")
+        for p in result["phases"]:
+            print(f"{p['phase']:<34} {p['rss_gb']:>8.3f} {p['hwm_gb']:>8.3f} "
+                  f"{p['hwm_gb'] / weights:>12.2f}")  # fmt: skip
+        bound = "holds" if result["ratio"] <= 1.5 else "does not hold"
+        print(f"peak {result['ps_peak_gb']:.3f} GB = {result['ratio']:.2f}x the weights "
+              f"(bound 1.5x: {bound})")  # fmt: skip
+    result, *rest = runs.values()
+    if rest:
+        result["baseline"] = {k: rest[0][k] for k in ("ps_peak_gb", "ratio")}
     print(json.dumps(result))
 
 

@@ -13,6 +13,7 @@ serves the versions is :mod:`rlax.core.param_server.weights`.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 
 import grpc
@@ -41,23 +42,38 @@ class Part:
     """One part being received or waiting for the rest of its version."""
 
     header: pb.PartHeader
-    buffer: bytearray
+    buffer: bytearray  # the part's bytes; a spooled part's: the scratch its chunks land in
     segments: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
     received: int = 0
+    fd: int | None = None  # spooled: the bytes go to this file (``path``), not to memory
+    path: str | None = None
+
+    def landing(self, length: int) -> memoryview:
+        """Where the next ``length`` bytes are received (then :meth:`accept` them)."""
+        if self.fd is None:
+            return memoryview(self.buffer)[self.received : self.received + length]
+        if len(self.buffer) < length:
+            self.buffer = bytearray(length)
+        return memoryview(self.buffer)[:length]
 
     def write(self, offset: int, data, digest: int) -> None:
         """Copies one chunk in at ``offset`` and verifies it (the gRPC path)."""
         self.check_segment(offset, len(data))
-        self.buffer[offset : offset + len(data)] = data
+        self.landing(len(data))[:] = data
         self.accept(len(data), digest)
 
     def accept(self, length: int, digest: int) -> None:
-        """Verifies the ``length`` bytes just written at the end of the received data."""
+        """Verifies the ``length`` bytes just landed after the received data (and spools them)."""
         offset = self.received
-        if checksum(memoryview(self.buffer)[offset : offset + length]) != digest:
+        view = self.landing(length)
+        if checksum(view) != digest:
             raise PushRejected(
                 grpc.StatusCode.DATA_LOSS, f"checksum mismatch in the chunk at offset {offset}"
             )
+        if self.fd is not None:
+            written = 0
+            while written < length:
+                written += os.pwrite(self.fd, view[written:], offset + written)
         self.segments.append((offset, length, digest))
         self.received += length
 

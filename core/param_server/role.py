@@ -135,6 +135,8 @@ def _start_persister(server: ParamServer, port: int, state_dir: str,
     # The served buffer is saved in place; a sharded store is read whole through the client.
     store = None if server.settings.weight_shards else server.weights
     persister = WeightPersister(pathlib.Path(state_dir) / "weights", local, keep=keep, store=store)
+    if store is not None:  # pushes land in files beside the saves, never in this process
+        store.spool_to(persister.directory / ".spool")
     persister.restore()
     persister.start()
     return persister

@@ -24,6 +24,7 @@ class Served:
     readers: int = 0
     superseded: bool = False
     fd: int | None = None  # an open file of the bytes, closed once superseded and unread
+    path: str | None = None  # a spooled version's file, deleted when ``fd`` is closed
 
     def read(self, offset: int, length: int) -> memoryview:
         """``length`` bytes at ``offset``: a view of the buffer, or read from the file."""

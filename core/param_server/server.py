@@ -178,7 +178,6 @@ class ParamServer:
     def _receive(self, part: Part, conn: socket.socket) -> None:
         """A staged part's bytes, frame by frame, straight into its buffer; then the commit."""
         max_frame = self.settings.max_message_mb * MB - 4096  # servable by gRPC Pull as well
-        view = memoryview(part.buffer)
         try:
             while not part.complete:
                 length, digest = transfer.read_frame_header(conn)
@@ -188,7 +187,7 @@ class ParamServer:
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
                         f"frame of {length} bytes exceeds the limit of {max_frame}",
                     )
-                transfer.recv_into(conn, view[part.received : part.received + length])
+                transfer.recv_into(conn, part.landing(length))
                 part.accept(length, digest)
             reply = self.weights.commit([part])
         except PushRejected as err:

@@ -16,9 +16,11 @@ Given the server's own :class:`~rlax.core.param_server.weights.WeightStore`
 (``store``, as the parameter-server role does), it writes the served buffer
 in place, held for reading while the write runs, then has the store serve
 that version from the saved file (its memory buffer goes back to the pool
-for the next push), and a restore serves the saved file directly, its
-checksum read chunk by chunk: the process holds one version's buffer, not
-two (docs/param_server.md § Memory and disk). Without a store it pulls the
+for the next push); a version the store received into its spool (the role
+spools into ``DIR/.spool``) is saved as a hard link of that file. A restore
+serves the saved file directly, its checksum read chunk by chunk. The
+process holds at most one version's buffer, none with the spool
+(docs/param_server.md § Memory and disk). Without a store it pulls the
 version over loopback like any client and restores by pushing. Either way
 the buffer goes to the file with one ``write`` of the buffer itself: no copy
 (orbax made one of the whole buffer, the size of the model, on every save).
@@ -168,14 +170,19 @@ class WeightPersister:
         if served is None:
             return self.saved
         try:
-            if served.buffer is None:  # served from a saved file already
-                return self.saved
             tensors = [
                 {"name": t.name, "shape": list(t.shape), "offset": t.offset, "nbytes": t.nbytes,
                  "dtype": t.dtype}
                 for t in served.header.tensors
             ]  # fmt: skip
-            self._save(served.number, tensors, np.frombuffer(served.buffer, np.uint8))
+            if served.buffer is not None:
+                self._save(served.number, tensors, np.frombuffer(served.buffer, np.uint8))
+            elif served.path is not None:  # received into the spool: the file is linked
+                self._save(served.number, tensors, None, linked=(served.fd, served.path))
+                self._prune()
+                return served.number
+            else:  # served from a saved file already
+                return self.saved
         finally:
             self.store.close_pull(served)
         # From now on the version is read from its file; its buffer returns to the pool.
@@ -186,17 +193,27 @@ class WeightPersister:
     def _file(self, version: int) -> pathlib.Path:
         return self.directory / str(version) / "buffer" / "buffer.bin"
 
-    def _save(self, version: int, tensors: list[dict], array: np.ndarray) -> int:
-        """Writes ``array`` (no copy) and its metadata, renamed into place when complete."""
+    def _save(self, version: int, tensors: list[dict], array: np.ndarray | None, *,
+              linked: tuple[int | None, str] | None = None) -> int:  # fmt: skip
+        """Writes ``array`` (no copy) — or links the file ``linked`` (fd, path), which
+        holds the bytes already — and its metadata, renamed into place when complete."""
         tmp = self.directory / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
         (tmp / "buffer").mkdir(parents=True)
         (tmp / "meta").mkdir()
-        with open(tmp / "buffer" / "buffer.bin", "wb") as f:
-            f.write(array.data)
-            f.flush()
-            os.fsync(f.fileno())
+        raw = tmp / "buffer" / "buffer.bin"
+        if array is not None:
+            with open(raw, "wb") as f:
+                f.write(array.data)
+                f.flush()
+                os.fsync(f.fileno())
+            nbytes, digest = array.nbytes, checksum(array.data)
+        else:
+            assert linked is not None and linked[0] is not None
+            os.fsync(linked[0])
+            os.link(linked[1], raw)  # same file system: the spool is inside the directory
+            _, (nbytes, digest) = _segments(raw, 8 << 20)
         meta = {"version": version, "tensors": json.loads(json.dumps(tensors)),
-                "nbytes": array.nbytes, "xxh3_64": checksum(array.data)}  # fmt: skip
+                "nbytes": nbytes, "xxh3_64": digest}  # fmt: skip
         (tmp / "meta" / "metadata").write_text(json.dumps(meta))
         final = self.directory / str(version)
         if final.exists():

@@ -21,9 +21,13 @@ persister's save, :mod:`rlax.core.param_server.weight_persist`):
 :meth:`WeightStore.serve_from_file` swaps the served version for the same
 version read from the file, and the memory buffer goes back to the pool once
 no pull reads it; :meth:`WeightStore.restore_file` serves a saved version
-without reading it into memory. The bytes then live in the kernel's page
-cache, not in the process: the server holds one version's buffer (the next
-push's) instead of two (see docs/param_server.md § Memory and disk).
+without reading it into memory. With :meth:`WeightStore.spool_to` (the
+parameter-server role's setting, beside the persister's saves) a whole
+single-part version is received into a file of its own from the start,
+frame by frame through a chunk-sized scratch buffer, and served from it. The
+bytes then live in the kernel's page cache, not in the process: the server
+holds no version's buffer with a spool, one (the next push's) with only the
+swap, instead of two (see docs/param_server.md § Memory and disk).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import collections
 import os
 import threading
 import time
+import uuid
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -66,6 +71,8 @@ class WeightStore:
         self._pending: dict[int, dict[int, Part]] = {}  # complete parts of uncommitted versions
         self._num_parts: dict[int, int] = {}
         self._staged_bytes = 0  # buffers held by parts not yet committed
+        self._staged_spool = 0  # of which in files of the spool (see spool_to)
+        self.spool: str | None = None
         # (num_parts, part) -> layout, fixed by the first commit of that split: a
         # restarted server re-serves its saved weights as one part, and a
         # trainer on several hosts then pushes its own split of the same model.
@@ -96,7 +103,7 @@ class WeightStore:
             for s in [self._served, *self._readable]:
                 if s is not None:
                     held.update((id(b), len(b)) for b in s.owned)
-            return sum(held.values()) + self._staged_bytes
+            return sum(held.values()) + self._staged_bytes - self._staged_spool
 
     def open_pull(self, have_version: int) -> Served | None:
         """The newest version, held for reading until :meth:`close_pull`; None if current."""
@@ -156,7 +163,31 @@ class WeightStore:
                     f"{self._staged_bytes} bytes already staged; no room for {header.nbytes}",
                 )
             self._staged_bytes += header.nbytes
+            if self.spool is not None and is_whole(header):
+                return self._spooled(header)
             return Part(header, self._pool.get(header.nbytes))
+
+    def _spooled(self, header: pb.PartHeader) -> Part:
+        """A part received into a new file in :attr:`spool` (through a chunk-sized scratch)."""
+        assert self.spool is not None
+        path = os.path.join(self.spool, f"v{header.version}-{uuid.uuid4().hex[:12]}.bin")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self._staged_spool += header.nbytes
+        return Part(header, bytearray(), fd=fd, path=path)
+
+    def spool_to(self, directory: str | os.PathLike) -> None:
+        """Receives whole single-part versions into files in ``directory`` from now on.
+
+        Such a version is served from its file from the start: the process
+        never holds its bytes (the weight persister links the file into its
+        save). Files left there by an earlier process are deleted.
+        """
+        os.makedirs(directory, exist_ok=True)
+        for name in os.listdir(directory):
+            if name.endswith(".bin"):
+                os.unlink(os.path.join(directory, name))
+        with self._lock:
+            self.spool = os.fspath(directory)
 
     def note_rejected(self) -> None:
         with self._lock:
@@ -166,7 +197,7 @@ class WeightStore:
         """Releases a part that will never be committed (a failed or cut-off push)."""
         with self._lock:
             self._staged_bytes -= part.header.nbytes
-            self._pool.put(part.buffer)
+            self._release(part)
             if rejected:
                 self.rejected += 1
 
@@ -258,6 +289,8 @@ class WeightStore:
     def _serve(self, number: int, parts: dict[int, Part]) -> Served:
         if len(parts) == 1 and is_whole(parts[0].header):
             p = parts[0]
+            if p.fd is not None:  # spooled: served from its file
+                return Served(number, p.header, None, list(p.segments), [], fd=p.fd, path=p.path)
             return Served(number, p.header, p.buffer, list(p.segments), [p.buffer])
         header, buffer = assemble(number, parts, self._pool.get)
         view = memoryview(buffer)
@@ -275,17 +308,29 @@ class WeightStore:
         for i, p in parts.items():
             self._layouts.setdefault((p.header.num_parts, i), layout(p.header))
         self._staged_bytes -= sum(p.header.nbytes for p in parts.values())
+        self._staged_spool -= sum(p.header.nbytes for p in parts.values() if p.fd is not None)
         # Older pending versions can never commit now: release their parts.
         for v in [v for v in self._pending if v <= number]:
             for i, p in self._pending.pop(v).items():
                 if v != number:
                     self._staged_bytes -= p.header.nbytes
-                    self._pool.put(p.buffer)
+                    self._release(p)
             self._num_parts.pop(v, None)
         self._num_parts.pop(number, None)
         self._replace(served)
         self.committed_at = time.time()
         self._lock.notify_all()
+
+    def _release(self, part: Part) -> None:
+        """A part that will not be served: its buffer to the pool, or its file deleted."""
+        if part.fd is None:
+            self._pool.put(part.buffer)
+            return
+        self._staged_spool -= part.header.nbytes
+        os.close(part.fd)
+        if part.path is not None:
+            os.unlink(part.path)
+        part.fd = None
 
     def _replace(self, served: Served) -> None:
         previous, self._served = self._served, served
@@ -303,6 +348,8 @@ class WeightStore:
         if served.fd is not None:
             os.close(served.fd)
             served.fd = None
+            if served.path is not None:  # a spooled version's file (a save links it elsewhere)
+                os.unlink(served.path)
         if served in self._readable:
             self._readable.remove(served)
 

@@ -1,10 +1,13 @@
-"""A saved version is served from its file: the store holds one buffer, not two (issue 20).
+"""Versions served from files: the store holds one buffer, or none, not two (issue 20).
 
 Laws: after the persister has saved the served version, pulls read the file
 and the memory buffer goes back to the pool (``memory_bytes`` is one
 version's, and the next push lands in that very buffer); a pull opened
 before the swap reads the memory version whole; a file being read survives
 its deletion; a restart serves the saved file without holding its bytes.
+With a spool (the role's setting) a push lands in a file: ``memory_bytes``
+stays 0, the save is a hard link of that file, a failed push deletes its
+file, and a superseded version's file goes once its last reader is done.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import numpy as np
 import pytest
 
 from rlax.core.param_server.client import ParamServerClient
+from rlax.core.param_server.parts import PushRejected
 from rlax.core.param_server.relay import Limiter
 from rlax.core.param_server.weight_persist import WeightPersister
 from rlax.core.param_server.wire import WirePlan
@@ -155,3 +159,65 @@ def test_a_saved_version_older_than_the_served_one_is_not_restored(tmp_path, mak
     push(second, 5)  # the trainer was faster than the restore
     assert WeightPersister(tmp_path, second.settings, store=second.server.weights).restore() == -1
     assert pulled(second) == (5, version_bytes(5))
+
+
+# -- the spool: pushes received into files (the parameter-server role's setting) --
+
+
+def spooled(make_ps, tmp_path, **kwargs):
+    running = make_ps()
+    running.server.weights.spool_to(tmp_path / ".spool")
+    return running, WeightPersister(tmp_path, running.settings, store=running.server.weights,
+                                    **kwargs)  # fmt: skip
+
+
+def spool_files(tmp_path) -> list[str]:
+    return sorted(os.listdir(tmp_path / ".spool"))
+
+
+@pytest.mark.parametrize("bulk_lane", [True, False])
+def test_a_spooled_push_never_holds_the_bytes_and_its_save_is_a_link(tmp_path, make_ps, bulk_lane):
+    running, persister = spooled(make_ps, tmp_path)
+    settings = dataclasses.replace(running.settings, bulk_lane=bulk_lane)
+    running.client = ParamServerClient(settings, retry_s=0)  # pushes over this lane too
+    store = running.server.weights
+    push(running, 1)
+    served = store._served
+    assert store.memory_bytes == 0 and served.buffer is None and spool_files(tmp_path) != []
+    for lane in (True, False):
+        assert pulled(running, bulk_lane=lane) == (1, version_bytes(1))
+    assert persister.save_newest() == 1
+    saved = os.stat(tmp_path / "1" / "buffer" / "buffer.bin")
+    assert saved.st_ino == os.stat(served.path).st_ino and saved.st_nlink == 2  # one file
+    push(running, 2)
+    assert spool_files(tmp_path) == [os.path.basename(store._served.path)]  # v1's name gone
+    assert (tmp_path / "1" / "buffer" / "buffer.bin").read_bytes() == version_bytes(1)
+    persister.save_newest()
+    running.client.close()
+    restarted = make_ps()
+    restarted.server.weights.spool_to(tmp_path / ".spool")
+    assert spool_files(tmp_path) == []  # a new process starts with an empty spool
+    assert WeightPersister(tmp_path, restarted.settings,
+                           store=restarted.server.weights).restore() == 2  # fmt: skip
+    assert pulled(restarted) == (2, version_bytes(2))
+
+
+def test_a_failed_spooled_push_deletes_its_file_and_a_held_one_outlives_its_version(
+    tmp_path, make_ps
+):
+    running, _ = spooled(make_ps, tmp_path)
+    store = running.server.weights
+    push(running, 1)
+    held = store.open_pull(-1)
+    first = held.path
+    part = store.begin(running.client.header(PLAN, 2))
+    data = version_bytes(2)[: 1 << 20]
+    with pytest.raises(PushRejected, match="checksum mismatch"):
+        part.write(0, data, 12345)  # a corrupted chunk
+    store.abandon(part)
+    assert spool_files(tmp_path) == [os.path.basename(first)] and store.version == 1
+    push(running, 3)
+    assert os.path.exists(first) and bytes(held.read(0, NBYTES)) == version_bytes(1)
+    store.close_pull(held)
+    assert not os.path.exists(first) and pulled(running) == (3, version_bytes(3))
+    assert store.memory_bytes == 0
