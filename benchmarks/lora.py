@@ -17,7 +17,7 @@ Two sections, one JSON line at the end:
   configs/smollm2_arithmetic.gin`` (parameter server, trainer and a worker
   that merges each pushed adapter version into its own base) with
   ``rlax.train.lora = @rlax.lora()`` at rank 16 (alpha 32, lr 1e-4) for
-  ``--steps`` steps (20), asked in chat ("What is 34+52?"); held-out pass@8
+  ``--steps`` steps (40), asked in chat ("What is 34+52?"); held-out pass@8
   on ``--eval-problems`` problems x ``--eval-samples`` samples before and
   after (``eval.json``): the base policy on the same problems is the
   baseline. Rank 16 is small against SmolLM2's 576-wide projections.
@@ -186,7 +186,7 @@ def _free_port() -> int:
 # where rank 16 is small against the 576-wide projections. "quickstart": the quickstart's own
 # 128-wide model, where no rank below its width reached the bar (docs/lora.md).
 LEARNING = {
-    "smollm2": {"steps": 20, "rank_rl": 16, "lr": 1e-4},
+    "smollm2": {"steps": 40, "rank_rl": 16, "lr": 1e-4},
     "quickstart": {"steps": 800, "rank_rl": 128, "lr": 3e-4},
 }
 SMOLLM2_GIN = pathlib.Path(__file__).resolve().parents[1] / "configs" / "smollm2_arithmetic.gin"
