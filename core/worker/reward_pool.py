@@ -273,7 +273,11 @@ class RewardPool:
                     worker.conn.send((index, prompts[index], texts[index]))
                 except (BrokenPipeError, OSError):
                     pending.appendleft(index)
-                    self._replace(worker, pending)
+                    if not worker.tasks:  # died idle: nothing of its own to account for
+                        self._replace(worker, pending)
+                    # Died on a call it holds: _collect reads what it answered before the
+                    # end of its pipe, counts the call it died on as the crash and replaces
+                    # it (replacing here would hand that call out again, to crash again).
                     break
                 if not worker.tasks:
                     worker.head_since = time.monotonic()

@@ -157,3 +157,29 @@ def test_bad_arguments(doubles):
     pool.close()
     with pytest.raises(RuntimeError, match="closed"):
         pool.score([], [])
+
+
+def test_a_worker_that_dies_while_its_next_call_is_sent_is_counted_once(doubles):
+    # The race CI met: the worker crashes on its head call while the parent sends it the
+    # next one (prefetch). The crash is that call's error; it is never handed out again.
+    with RewardPool(doubles, workers=1, timeout_s=30.0, prefetch=2) as pool:
+        worker = pool._workers[0]
+        real, sent = worker.conn, []
+
+        class DiesOnSecondSend:
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def send(self, message):
+                sent.append(message)
+                if len(sent) == 2:
+                    worker.process.join(10)  # it has died on "crash"
+                    raise BrokenPipeError
+                real.send(message)
+
+        worker.conn = DiesOnSecondSend()
+        result = pool.score([prompt()] * 2, ["crash", "7"])
+        assert pool.restarts == 1
+    assert result.scores.tolist() == [0.0, 7.0]
+    assert result.failed.tolist() == [1, 0] and result.errors == 1
+    assert "worker crashed (exit code 3)" in result.reasons[0]
