@@ -147,6 +147,8 @@ def main() -> int:
     parser.add_argument("--eval-samples", type=int, default=EVAL_SAMPLES)
     parser.add_argument("--only", nargs="+", choices=sorted(EXPERIMENTS), default=list(EXPERIMENTS))
     args, extra = parser.parse_known_args()
+    if args.eval_samples < 8:  # the table and the JSON are pass@1 and pass@8
+        parser.error(f"--eval-samples: pass@8 needs at least 8 samples, got {args.eval_samples}")
     figures: dict[str, dict] = {}
     failed = []
     with tempfile.TemporaryDirectory(prefix="rlax-algorithms-") as tmp:
