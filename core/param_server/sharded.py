@@ -146,7 +146,7 @@ class ShardedWeights:
             duplicate=all(r.duplicate for r in replies),
         )  # fmt: skip
 
-    def pull(self, have_version: int) -> tuple[int, pb.PartHeader, bytearray] | None:
+    def pull(self, have_version: int) -> tuple[int, pb.PartHeader, memoryview] | None:
         """(version, header of the whole buffer, buffer), once every server serves one version."""
         for _ in range(_ATTEMPTS):
             versions = [c.stat().version for c in self.clients]

@@ -22,6 +22,10 @@ import ml_dtypes
 import numpy as np
 
 WIRE_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+# XLA's CPU client takes a host array as it is (no copy) when its address is a
+# multiple of this; otherwise it copies (measured: 64-byte aligned views of a
+# page-aligned buffer are shared, 16- and 32-byte aligned ones are copied).
+_SHARE_ALIGN = 64
 
 
 def leaf_name(path: tuple) -> str:
@@ -108,6 +112,33 @@ class WirePlan:
                 f"weight sync: buffer has {flat.nbytes} bytes, plan expects {self.nbytes}"
             )
         return jax.tree_util.tree_unflatten(self.treedef, self._unpack(flat))
+
+    def alias(self, buffer: bytes | bytearray | memoryview) -> Any:
+        """The tree back from a wire buffer, sharing the buffer's memory where it can.
+
+        On the CPU a tensor whose wire dtype is its own and whose offset in a
+        page-aligned buffer
+        (:func:`~rlax.core.param_server.transfer.pull_buffer`) is a multiple of 64 bytes
+        becomes a JAX array over those very bytes: the weights then take their
+        size once, not twice as with :meth:`unpack`. Other tensors (another
+        dtype, an unaligned offset, an accelerator) are copied. The arrays
+        keep the buffer alive; whoever writes into the buffer again (the next
+        pull) changes every array that shares it, so the caller must treat
+        them as gone from then on.
+        """
+        flat = np.frombuffer(buffer, dtype=np.uint8)
+        if flat.nbytes != self.nbytes:
+            raise ValueError(
+                f"weight sync: buffer has {flat.nbytes} bytes, plan expects {self.nbytes}"
+            )
+        leaves = []
+        for t in self.tensors:
+            host = flat[t.offset : t.offset + t.nbytes].view(self.wire_dtype).reshape(t.shape)
+            if host.dtype == t.dtype and host.ctypes.data % _SHARE_ALIGN == 0:
+                leaves.append(jax.device_put(host))  # CPU: shared, not copied
+            else:
+                leaves.append(jnp.asarray(host).astype(t.dtype))
+        return jax.tree_util.tree_unflatten(self.treedef, leaves)
 
     def check_layout(self, tensors: list[dict]) -> None:
         """Raises ValueError unless ``tensors`` (name, shape, offset, nbytes) match this plan."""

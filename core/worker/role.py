@@ -82,7 +82,13 @@ class Worker:
 
     def newer_weights(self, plan: WirePlan, wait_s: float = 0.0) -> tuple[Any, int] | None:
         """(params, version) of the server's newest version if we are more than
-        ``reload_staleness`` behind (or have none yet), else None."""
+        ``reload_staleness`` behind (or have none yet), else None.
+
+        The params share the pull buffer's memory (:meth:`WirePlan.alias`). A
+        client that reuses its buffer overwrites the weights in use, so until
+        the pull is complete the worker holds no version (-1): if it fails,
+        the next round pulls again before it generates.
+        """
         latest = (
             self.client.wait_for_version(self.version, wait_s)
             if wait_s
@@ -90,10 +96,15 @@ class Worker:
         )
         behind = latest - self.version
         if latest >= 0 and (self.version < 0 or behind > self.reload_staleness):
-            pulled = self.client.pull(self.version)
-            if pulled is not None:
-                version, tensors, buffer = pulled
-                return unpacked(plan, tensors, buffer, self.adapters), version
+            have = self.version
+            if self.client.reuse_pull_buffer:
+                self.version = -1
+            pulled = self.client.pull(have)
+            if pulled is None:
+                self.version = have  # nothing was received
+                return None
+            version, tensors, buffer = pulled
+            return unpacked(plan, tensors, buffer, self.adapters), version
         return None
 
     def maybe_reload(self, plan: WirePlan, wait_s: float = 0.0) -> None:
@@ -247,13 +258,17 @@ def worker(
     check_online_filters(curation, "rlax.worker.curation")
     check_reload_in_flight(sampler, reload_in_flight)
     stop = Preemption(preemption_notices, role="worker", hook=hook).start()
-    bundle = load_model(init_checkpoint)  # the architecture and tokenizer; weights come by pull
+    # The architecture and tokenizer only (an abstract model): the weights come by pull.
+    bundle = load_model(init_checkpoint, weights=False)
     sampler.setup(bundle.model, bundle.tokenizer)
     plan = _wire_plan(bundle.model, settings.wire_dtype)
-    del bundle  # the sampler holds the base until the first pull replaces it
+    del bundle
     # After a notice (or the run's end) an unreachable server is not retried: the worker
     # has seconds left, and its leases expire and are served again (nothing is lost).
-    client = ParamServerClient(settings, give_up=lambda: stop.requested, relay=True)  # relays
+    # Weights share the pull buffer; with in-flight reloads a pull must not overwrite the
+    # weights of the rows still decoding, so each pull gets a buffer of its own.
+    client = ParamServerClient(settings, give_up=lambda: stop.requested, relay=True,
+                               reuse_pull_buffer=not reload_in_flight)  # fmt: skip
     pool = RewardPool(reward, workers=reward_workers, timeout_s=reward_timeout_s)
     w = Worker(
         client, sampler, pool, list(curation), group_size=group_size,

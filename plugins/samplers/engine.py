@@ -164,8 +164,7 @@ class SlotEngine(JaxSampler):
     ) -> list[tuple[Completion, ...] | PartialGroup]:
         """See :class:`rlax.core.contracts.Resumable`; ``budgets[i][j]`` caps sample j of
         prompt i at that many tokens (benchmarks force lengths with it)."""
-        if getattr(self, "_slots", None) is None:
-            raise RuntimeError("engine sampler: setup(model, tokenizer) must be called first")
+        self._check_ready()
         done, pending = self._requests(prompts, n, partials, budgets)
         table = Table(self.ring)
         prefixes: dict[tuple, tuple[object, int, int]] = {}

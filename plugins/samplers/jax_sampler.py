@@ -181,10 +181,15 @@ class JaxSampler:
         self.method = method
         self._fn: jax.stages.Wrapped | None = None  # jit of _generate, bound by setup
         self._state: nnx.State | None = None
+        self._abstract = False  # the state holds shapes only (an abstract model's)
         self.version = -1
 
     def setup(self, model: Transformer, tokenizer) -> None:
-        """Binds the model architecture and tokenizer; weights come via load_weights."""
+        """Binds the model architecture and tokenizer; weights come via load_weights.
+
+        ``model`` may be abstract (``nnx.eval_shape``, as a worker's is): then
+        nothing can be generated until :meth:`load_weights` brings arrays.
+        """
         graphdef, state = nnx.split(model)
         self.tokenizer = tokenizer
         eos = (tokenizer.eos_id,) if self.stop_at_eos else ()
@@ -217,6 +222,19 @@ class JaxSampler:
     def load_weights(self, state: nnx.State, version: int) -> None:
         self._state = state
         self.version = version
+        self._abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(state))
+
+    def _check_ready(self) -> jax.stages.Wrapped:
+        """The compiled program; RuntimeError unless set up with weights (not just shapes)."""
+        name = type(self).__name__
+        if self._fn is None:
+            raise RuntimeError(f"{name}: setup(model, tokenizer) must be called first")
+        if self._abstract:
+            raise RuntimeError(
+                f"{name}: no weights yet: it was set up with an abstract model; "
+                "call load_weights(params, version) first"
+            )
+        return self._fn
 
     def pad_prompts(self, prompts: Sequence[Prompt], n: int) -> tuple[np.ndarray, np.ndarray]:
         """Each prompt repeated n times, left-padded: tokens and mask, [rows, P]."""
@@ -237,10 +255,9 @@ class JaxSampler:
         self, prompts: Sequence[Prompt], n: int, *, seed: int
     ) -> list[tuple[Completion, ...]]:
         """Samples ``n`` completions for each prompt; one tuple per prompt."""
-        if self._fn is None:
-            raise RuntimeError("jax sampler: setup(model, tokenizer) must be called first")
+        fn = self._check_ready()
         tokens, mask = self.pad_prompts(prompts, n)
-        out_tok, out_logp = self._fn(
+        out_tok, out_logp = fn(
             self._state, tokens, mask, jax.random.key(seed), jnp.float32(self.temperature)
         )
         out_tok, out_logp = np.asarray(out_tok), np.asarray(out_logp)

@@ -3,11 +3,13 @@ export to HF and reload in transformers; bad files are named."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 import transformers
+from flax import nnx
 
 from rlax.core.models.bundle import ModelBundle, load_model, save_model
 from rlax.core.models.gguf import GGUFError, GGUFFile, unpermute_qk
@@ -155,3 +157,18 @@ def test_corrupt_and_missing_gguf_are_named(tmp_path, smollm2_gguf):
         GGUFFile(truncated).model()
     with pytest.raises(FileNotFoundError, match="nothing.gguf: no such model"):
         load_model(tmp_path / "nothing.gguf")
+
+
+def test_architecture_only_load_reads_config_and_tokenizer_off_the_file(smollm2, smollm2_gguf):
+    """What a worker loads (its weights come by pull): no arrays, the same shapes and ids."""
+    model, tok = smollm2
+    bare = load_model(smollm2_gguf, weights=False)
+    assert bare.config == model.cfg
+    leaves = jax.tree.leaves(nnx.state(bare.model))
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+    assert [x.shape for x in leaves] == [x.shape for x in jax.tree.leaves(nnx.state(model))]
+    for text in TEXTS:
+        assert bare.tokenizer.encode(text).tolist() == tok.encode(text).tolist()
+    assert bare.tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+3?"}]) == (
+        tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}])
+    )
