@@ -96,3 +96,24 @@ def test_invalid_settings_and_missing_setup():
         JaxSampler(temperature=0.0)
     with pytest.raises(RuntimeError, match="setup"):
         JaxSampler().generate([prompt("1=")], 1, seed=0)
+
+
+def test_one_kv_cache_is_kept_reused_in_place_and_cleared_for_each_call(model):
+    """The cache is the sampler's buffer, donated to each call and handed back: the same
+    memory for calls of one shape, a new one for another shape, and nothing of a call's
+    keys and values reaches the next (its samples equal a fresh sampler's)."""
+    s = JaxSampler(max_new_tokens=6)
+    s.setup(model, TOK)
+    ps = [prompt("123+45="), prompt("6+7=")]
+    s.generate(ps, 4, seed=1)
+    address = s._cache[0]["k"].unsafe_buffer_pointer()
+    after_other = s.generate([prompt("98+76="), prompt("5=")], 4, seed=2)  # same shapes
+    assert s._cache[0]["k"].unsafe_buffer_pointer() == address
+    fresh = JaxSampler(max_new_tokens=6)
+    fresh.setup(model, TOK)
+    want = fresh.generate([prompt("98+76="), prompt("5=")], 4, seed=2)
+    assert [[tuple(c.tokens) for c in g] for g in after_other] == [
+        [tuple(c.tokens) for c in g] for g in want
+    ]
+    s.generate([prompt(str(i) + "=") for i in range(5)], 4, seed=3)  # 20 rows: bucket 32
+    assert s._cache[0]["k"].shape[0] == 32  # one cache, of the last shape
