@@ -32,6 +32,7 @@ from flax import nnx
 
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.hf_config import config_from_hf, config_to_hf
+from rlax.core.models.safetensors_stream import TensorOut, write_safetensors
 from rlax.core.models.transformer import Transformer
 
 __all__ = [
@@ -218,12 +219,10 @@ def save_hf_model(
       max_shard_bytes: above this many bytes the weights are split into shards
         with a ``model.safetensors.index.json``.
     """
-    from safetensors.numpy import save_file
-
     model_dir = pathlib.Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg
-    tensors = tensors_from_params(params if params is not None else nnx.state(model), cfg)
+    tensors = _tensors_out(params if params is not None else nnx.state(model), cfg)
     special = (
         tokenizer.special_ids()
         if tokenizer is not None and hasattr(tokenizer, "special_ids")
@@ -236,14 +235,14 @@ def save_hf_model(
     (model_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     shards = _shard(tensors, max_shard_bytes)
     if len(shards) == 1:
-        save_file(shards[0], str(model_dir / SINGLE), metadata={"format": "pt"})
+        write_safetensors(model_dir / SINGLE, shards[0], metadata={"format": "pt"})
     else:
         weight_map = {}
         for i, shard in enumerate(shards):
             name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(model_dir / name), metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(shard, name))
-        total = sum(v.nbytes for v in tensors.values())
+            write_safetensors(model_dir / name, shard, metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys((t.name for t in shard), name))
+        total = sum(t.nbytes for t in tensors)
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (model_dir / INDEX).write_text(json.dumps(index, indent=2) + "\n")
     if tokenizer is not None and hasattr(tokenizer, "save_hf"):
@@ -251,13 +250,30 @@ def save_hf_model(
     return model_dir
 
 
-def _shard(tensors: dict[str, np.ndarray], max_bytes: int) -> list[dict[str, np.ndarray]]:
-    shards: list[dict[str, np.ndarray]] = [{}]
+def _tensors_out(params: Any, cfg: TransformerConfig) -> list[TensorOut]:
+    """Each HF tensor's name, shape and a way to make its float32 values when it is written
+    (a kernel is transposed then, one at a time: the export never holds a second model)."""
+    tree = params if isinstance(params, dict) else nnx.to_pure_dict(params)
+    out = []
+    for name, path, transposed in hf_names(cfg):
+        leaf = _get(tree, path)
+        shape = tuple(reversed(leaf.shape)) if transposed else tuple(leaf.shape)
+
+        def values(leaf: Any = leaf, transposed: bool = transposed) -> np.ndarray:
+            value = np.asarray(jax.device_get(leaf), dtype=np.float32)
+            return value.T if transposed else value
+
+        out.append(TensorOut(name, shape, np.dtype(np.float32), values))
+    return out
+
+
+def _shard(tensors: list[TensorOut], max_bytes: int) -> list[list[TensorOut]]:
+    shards: list[list[TensorOut]] = [[]]
     size = 0
-    for name, value in tensors.items():
-        if shards[-1] and size + value.nbytes > max_bytes:
-            shards.append({})
+    for t in tensors:
+        if shards[-1] and size + t.nbytes > max_bytes:
+            shards.append([])
             size = 0
-        shards[-1][name] = value
-        size += value.nbytes
+        shards[-1].append(t)
+        size += t.nbytes
     return shards
