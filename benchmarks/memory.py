@@ -191,10 +191,15 @@ def smollm2_section(a: argparse.Namespace) -> dict:
         "trainer": (peaks.get("trainer", 0), trainer_floor_bytes(n)),
         "param_server": (peaks.get("param_server", 0), 4 * n),
         "worker": (peaks.get("worker", 0), 4 * n + kv),
-        "run_dir_bytes": sum(
-            f.stat().st_size for f in pathlib.Path(run_dir).rglob("*") if f.is_file()
-        ),
+        "run_dir_bytes": disk_bytes(pathlib.Path(run_dir)),
     }
+
+
+def disk_bytes(root: pathlib.Path) -> int:
+    """The bytes of the files under ``root``, a file with several names (hard links) once."""
+    inodes = {(f.stat().st_dev, f.stat().st_ino): f.stat().st_size
+              for f in root.rglob("*") if f.is_file()}  # fmt: skip
+    return sum(inodes.values())
 
 
 # -- section 2: the 0.5 B shape, one role per process ---------------------------------------

@@ -136,6 +136,11 @@ CASES = {
     "a malformed row under on_malformed='error'": case_malformed_row_is_an_error,
     "an evaluation set of malformed rows": case_every_eval_row_malformed,
     "a parameter server without a token": case_param_server_without_a_token,
+    "a negative number of saved weight versions": (
+        ["run", "--gin", "quickstart", "--role", "param_server",
+         "--gin.rlax.param_server.saved_weights=-1"],
+        "rlax.param_server.saved_weights must be >= 0 (0: save none), got -1",
+    ),
     "--resume with no run of that name": (
         ["run", "--gin", "quickstart", "--resume"],
         "--resume: no run named 'quickstart' in runs/",

@@ -26,6 +26,8 @@ from rlax.core.param_server.weight_persist import WeightPersister
 from rlax.core.types import ConfigPath, Prompt
 from rlax.core.worker.rollout import task_prompts
 
+SPOOL = ".spool"  # in RUN/param_server/weights: the files pushes are received into
+
 log = logging.getLogger("rlax.roles")
 
 
@@ -60,11 +62,20 @@ def param_server(
     ``state_dir`` (default: ``RUN/param_server`` when given a run directory;
     neither: nothing is kept) holds ``queue.sqlite`` and ``weights/``, where the
     newest ``saved_weights`` served versions are kept (one by default: an older
-    one is deleted only once the newer is complete on disk).
+    one is deleted only once the newer is complete on disk). With
+    ``saved_weights = 0`` no version is saved (the trainer's checkpoint holds
+    the same weights, so a run directory holds them once): pushes are still
+    received into files in ``weights/.spool`` and served from there, those
+    files go when the server stops, and a restarted server serves nothing
+    until the trainer, finding it behind, publishes its version again.
 
     Raises:
       Preempted: after a notice, once the server has stopped (exit status 75).
     """
+    if saved_weights < 0:
+        raise ConfigError(
+            f"rlax.param_server.saved_weights must be >= 0 (0: save none), got {saved_weights}"
+        )
     _check_listen(settings)
     prompts = _train_prompts(task, init_checkpoint, seed)
     if state_dir is None and run_dir is not None:
@@ -83,10 +94,16 @@ def param_server(
     shards = shard_server.start_local(server.settings)  # weight_shards on this host
     port = server.start()
     try:
-        persister = _start_persister(server, port, state_dir, saved_weights) if state_dir else None
+        persister = None
+        if state_dir and saved_weights > 0:
+            persister = _start_persister(server, port, state_dir, saved_weights)
+        elif state_dir and not server.settings.weight_shards:
+            server.weights.spool_to(pathlib.Path(state_dir) / "weights" / SPOOL)
         _serve_until(stop, server, persister)
     finally:
         shard_server.stop_local(shards)
+        if state_dir and saved_weights == 0:
+            server.weights.clear_spool()  # not saves: nothing of them is needed to resume
     stop.stop_now()
     return 0
 
@@ -136,7 +153,7 @@ def _start_persister(server: ParamServer, port: int, state_dir: str,
     store = None if server.settings.weight_shards else server.weights
     persister = WeightPersister(pathlib.Path(state_dir) / "weights", local, keep=keep, store=store)
     if store is not None:  # pushes land in files beside the saves, never in this process
-        store.spool_to(persister.directory / ".spool")
+        store.spool_to(persister.directory / SPOOL)
     persister.restore()
     persister.start()
     return persister

@@ -186,6 +186,13 @@ class RemoteRollouts(_Curated):
     once the batch is full (the queue is a stream, so no surplus is taken).
     ``client`` is the trainer's restart-proof one (:class:`TrainerClient`), or
     a plain client where no retries are wanted (tests).
+
+    A parameter server that keeps no saved weights
+    (``rlax.param_server.saved_weights = 0``: the trainer's checkpoint has
+    them) comes back from a restart serving none; when a wait for rollouts
+    finds it behind the version the trainer published, the trainer publishes
+    that version again (one process only: a multi-process trainer's push is
+    collective, so it needs a server that keeps its weights).
     """
 
     def __init__(self, client: TrainerClient | ParamServerClient, plan: WirePlan, *,
@@ -199,6 +206,7 @@ class RemoteRollouts(_Curated):
         self._kept = self._stale = 0
         self._restored = False
         self._worker_s: dict[str, float] = {}  # the last Stat's summed worker seconds
+        self._published: tuple[Any, int] | None = None  # the newest (params, version) pushed
 
     def publish(self, params, version: int) -> dict[str, float]:
         """Pushes ``params`` as ``version``; every trainer process calls it.
@@ -208,6 +216,7 @@ class RemoteRollouts(_Curated):
         part arrives.
         """
         start = time.perf_counter()
+        self._published = (params, version)  # alive until the next step: only it donates them
         params = wire_tree(params)  # LoRA: only the adapters (and the base they are for) travel
         if jax.process_count() == 1:
             # push streams host-resident leaves from their own memory; it packs only when needed.
@@ -288,6 +297,8 @@ class RemoteRollouts(_Curated):
                 max_staleness=self.max_staleness, wait_s=5.0,
             )  # fmt: skip
             self._stale += stale
+            if not taken:
+                self._republish_if_lost()
             taken = self._curate(taken)
             kept = sum(isinstance(e, Group) for e in taken)
             if kept:
@@ -297,6 +308,24 @@ class RemoteRollouts(_Curated):
             self._kept += kept
             got.extend(taken)
         return got
+
+    def _republish_if_lost(self) -> None:
+        """Publishes the newest version again if the server came back without it."""
+        if self._published is None:
+            return
+        params, version = self._published
+        served = self.client.stat().version
+        if served >= version:
+            return
+        if jax.process_count() > 1:
+            raise RuntimeError(
+                f"the parameter server serves version {served}, not {version}: it restarted "
+                "without its weights, which a multi-process trainer cannot push again from one "
+                "process; keep rlax.param_server.saved_weights >= 1"
+            )
+        print(f"parameter server restarted without weights (serving {served}); version "
+              f"{version} published again", flush=True)  # fmt: skip
+        self.publish(params, version)
 
     def _curate(self, taken: list[Entry]) -> list[Entry]:
         """The trainer's own filters over the groups the workers kept."""
@@ -334,6 +363,8 @@ class RemoteRollouts(_Curated):
         served, new_version, back = distributed.run_on_lead(lambda: self._roll_back_queue(version))
         if served != new_version:
             self.publish(params, new_version)
+        else:
+            self._published = (params, new_version)
         if self._restored:
             print(
                 f"weight version {new_version} published (server had {served}); "

@@ -216,3 +216,43 @@ def test_remote_without_extra_rounds_takes_one_batch(remote):
     assert running.client.stat().queue.consumed == 0  # one take, acknowledged after training
     source.done()
     assert running.client.stat().queue.consumed == 4
+
+
+class _RestartedServer:
+    """A parameter server's client, scripted: it loses its weights (a restart with
+    ``saved_weights = 0``) and hands out a (dropped) group only while it serves ``need``."""
+
+    def __init__(self, need: int):
+        self.version, self.need, self.pushed, self.acked = -1, need, [], []
+
+    def push(self, plan, tree, version):
+        self.pushed.append(version)
+        self.version = version
+        return type("Reply", (), {"committed": True})()
+
+    def stat(self):
+        return type("Stat", (), {"version": self.version})()
+
+    def take(self, n, **kwargs):
+        return "t", ([np.zeros(2, np.float32)] if self.version >= self.need else []), 0
+
+    def ack(self, take_id):
+        self.acked.append(take_id)
+
+
+def test_remote_publishes_again_when_the_server_came_back_without_its_weights(capsys):
+    tree = {"w": np.ones((4, 4), np.float32)}
+    server = _RestartedServer(need=5)
+    source = RemoteRollouts(server, WirePlan.for_tree(tree), prompts_per_step=1, max_staleness=0)
+    source.publish(tree, 5)
+    assert source._take_round(5, 1) and server.pushed == [5]  # served: nothing again
+    server.version = -1  # restarted, nothing saved
+    assert len(source._take_round(5, 1)) == 1
+    assert server.pushed == [5, 5]  # the empty take found it behind; version 5 went again
+    assert "restarted without weights (serving -1); version 5 published again" in (
+        capsys.readouterr().out
+    )
+    fresh = RemoteRollouts(_RestartedServer(need=-1), WirePlan.for_tree(tree), prompts_per_step=1,
+                           max_staleness=0)  # fmt: skip
+    fresh._republish_if_lost()  # nothing published yet: nothing to publish again
+    assert fresh.client.pushed == []
