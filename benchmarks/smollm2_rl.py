@@ -47,7 +47,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--problems", type=int, default=100, help="held-out problems")
     p.add_argument("--samples", type=int, default=8, help="samples a held-out problem")
     p.add_argument("--rows", type=int, default=32, help="rows of the speed batch")
-    p.add_argument("--seq", type=int, default=72, help="tokens a row of the train batch")
+    p.add_argument("--seq", type=int, default=88, help="tokens a row of the train batch")
     p.add_argument("--new", type=int, default=24, help="new tokens a sampled row")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout-s", type=float, default=3600.0)
@@ -140,7 +140,11 @@ def child_speed(a: argparse.Namespace) -> dict:
         "hf_sample_tok_s": None if hf_sample is None else round(hf_sample, 1),
         "sample_vs_hf": None if hf_sample is None else round(ours_sample / hf_sample, 3),
         "torch_device": device,
-        "trainer_settings": {"remat": settings.remat, "chunk": settings.logprob_chunk_tokens},
+        "trainer_settings": {
+            "remat": settings.remat,
+            "chunk": settings.logprob_chunk_tokens,
+            "microbatches": settings.microbatches,
+        },
     }
 
 
@@ -149,7 +153,7 @@ class _NoCounter:
 
 
 def config_trainer_settings() -> dict:
-    """The shipped SmolLM2 config's ``rlax.trainer_settings`` bindings (remat, chunk)."""
+    """The shipped SmolLM2 config's ``rlax.trainer_settings`` bindings (remat, chunk, microbatches)."""
     import re
 
     text = GIN.read_text()
@@ -157,8 +161,9 @@ def config_trainer_settings() -> dict:
     out: dict = {}
     if "remat" in found:
         out["remat"] = found["remat"].strip("'\"")
-    if "logprob_chunk_tokens" in found:
-        out["logprob_chunk_tokens"] = int(found["logprob_chunk_tokens"])
+    for name in ("logprob_chunk_tokens", "microbatches"):
+        if name in found:
+            out[name] = int(found[name])
     return out
 
 

@@ -31,4 +31,8 @@ def test_pass_at_reads_one_entry_of_eval_json():
 
 def test_the_speed_part_uses_the_shipped_configs_trainer_settings():
     # The step compared with torch must be the one the RL run trains with.
-    assert load().config_trainer_settings() == {"remat": "block", "logprob_chunk_tokens": 256}
+    assert load().config_trainer_settings() == {
+        "remat": "block",
+        "logprob_chunk_tokens": 256,
+        "microbatches": 8,
+    }
