@@ -267,6 +267,9 @@ def main() -> int:
     skip = {s for s in args.skip.split(",") if s}
     if skip - {"memory", "learning"}:
         parser.error(f"--skip: unknown section(s) {sorted(skip - {'memory', 'learning'})}")
+    if "learning" not in skip and args.learning == "smollm2" and args.eval_samples < 8:
+        # The learning figure is pass@8 (lora_pass8_gain): fewer samples cannot give it.
+        parser.error(f"--eval-samples: pass@8 needs at least 8 samples, got {args.eval_samples}")
     out: dict = {"push_bytes_ratio": None, "trainer_peak_ratio": None, "lora_pass8_gain": None}
     if "memory" not in skip:
         out.update(bench_memory(args))

@@ -4,8 +4,9 @@ Two parts, each in its own process under ``flock /tmp/rlax-smollm2.lock``:
 
 1. **RL.** ``rlax run --gin configs/smollm2_arithmetic.gin --role inline``
    (the shipped config's defaults: LR 1e-5 from step 0, on-policy) for
-   ``--steps`` steps, with a held-out set of ``--problems`` arithmetic
-   problems (the task's eval split, never trained on) x ``--samples``
+   ``--steps`` steps, on ``--digits``-digit addition (two by default: one-digit
+   addition has only 100 problems, 30 of them held out), with a held-out set
+   of ``--problems`` arithmetic problems (the task's eval split, never trained on) x ``--samples``
    samples: pass@1 and pass@8 before and after come from the run's
    ``eval.json``, the reward's curve from ``metrics.jsonl``.
 2. **Speed, same weights, same run.** rlax's train step (the config's
@@ -45,6 +46,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--problems", type=int, default=100, help="held-out problems")
+    # One-digit addition has 100 problems in all (30 held out): 100 held-out problems need two.
+    p.add_argument("--digits", type=int, default=2, help="digits of the addition problems")
     p.add_argument("--samples", type=int, default=8, help="samples a held-out problem")
     p.add_argument("--rows", type=int, default=32, help="rows of the speed batch")
     p.add_argument("--seq", type=int, default=88, help="tokens a row of the train batch")
@@ -63,6 +66,7 @@ def rl_part(a: argparse.Namespace) -> dict:
     cmd = [
         "flock", LOCK, sys.executable, "-m", "rlax.core.cli", "run", "--gin", str(GIN),
         "--role", "inline", "--run-dir", str(run_dir), f"--gin.rlax.train.steps={a.steps}",
+        f"--gin.tasks.arithmetic.digits={a.digits}",
         f"--gin.tasks.arithmetic.num_eval={a.problems}", f"--gin.EVAL_SAMPLES={a.samples}",
         f"--gin.EVAL_KS=({ks[0]}, {ks[1]})", "--gin.rlax.train.progress=False",
     ]  # fmt: skip

@@ -99,7 +99,7 @@ from rlax.core.evaluation.evaluate import (
 from rlax.core.launch import runs
 from rlax.core.launch.preemption import Preemption
 from rlax.core.launch.runs import make_run_dir
-from rlax.core.models.bundle import ModelBundle, save_model
+from rlax.core.models.bundle import ModelBundle, abstract_model, save_model
 from rlax.core.models.lora import LoraConfig, LoraParams, merged_state
 from rlax.core.models.lora_wire import wire_tree
 from rlax.core.models.peft_export import save_peft_adapter
@@ -236,12 +236,19 @@ def _make_trainer(bundle: ModelBundle, sampler, algorithm, optimizer, mesh: Mesh
 
     Pushing to the parameter server, nothing holds the weights across a step
     (the push and the held-out evaluation read them between steps), so the
-    step donates them; inline, the sampler reads them in-process.
+    step donates them; inline, the sampler reads them in-process. The
+    bundle's model then keeps the architecture only: its arrays became the
+    trainer's, deleted by the first step, and a later reader of them would
+    fail ("Array has been deleted"). The sampler's are replaced before use
+    (the evaluation before training reads them before any step).
     """
     sampler.setup(bundle.model, bundle.tokenizer)
-    return Trainer(bundle.model, algorithm, optimizer, temperature=sampler.temperature,
-                   mesh=make_mesh(mesh) if mesh else None, settings=settings,
-                   lora=lora, donate_params=not inline)  # fmt: skip
+    trainer = Trainer(bundle.model, algorithm, optimizer, temperature=sampler.temperature,
+                      mesh=make_mesh(mesh) if mesh else None, settings=settings,
+                      lora=lora, donate_params=not inline)  # fmt: skip
+    if trainer.donate_params:
+        bundle.model = abstract_model(bundle.config)
+    return trainer
 
 
 def _teacher(path: ConfigPath | None, student: ModelBundle, temperature: float) -> Teacher | None:

@@ -142,12 +142,13 @@ class PolicyGradient:
         old_logp, weight, mask, metrics = self.alignment(batch)
         if self.returns is None:
             advantages, returns = batch["advantages"], None
+        elif "batch_advantages" in batch:  # a minibatch: the whole batch's (batch_terms)
+            advantages, returns = batch["batch_advantages"], batch["batch_returns"]
+            metrics.update(self.returns.metrics(batch, mask))
         else:
             old_values = batch["old_values"] if self.critic is not None else None
             advantages, returns, extra = self.returns(batch, mask, old_values)
             metrics.update(extra)
-            if "batch_advantages" in batch:  # a minibatch: the whole batch's (batch_terms)
-                advantages, returns = batch["batch_advantages"], batch["batch_returns"]
         if self.distill is not None:
             advantages, extra = self.distill(advantages, batch, mask)
             metrics.update(extra)

@@ -135,13 +135,21 @@ class Returns:
     ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
         """Returns (advantages, returns, metrics), each array [B, L] and 0 off the mask."""
         rewards = terminal_rewards(batch["advantages"], mask)
-        metrics = {}
         if self.needs_reference:
-            k1 = (batch["train_logprobs"] - batch["ref_logprobs"]) * mask
-            rewards = rewards - self.kl_beta * k1
-            metrics["reward_kl"] = masked_mean(k1, mask)
+            rewards = rewards - self.kl_beta * self._k1(batch, mask)
         v = jnp.zeros_like(rewards) if values is None else values
         adv, returns = gae(rewards, v, mask, self.gamma, self.lam)
         if self.whiten:
             adv = whiten(adv, mask)
-        return adv, returns, metrics
+        return adv, returns, self.metrics(batch, mask)
+
+    def metrics(self, batch: dict[str, jax.Array], mask: jax.Array) -> dict[str, jax.Array]:
+        """``reward_kl`` (the mean k1 term over ``mask``) with a reference, else nothing;
+        without the GAE scan, for a minibatch whose returns were computed for its batch."""
+        return (
+            {"reward_kl": masked_mean(self._k1(batch, mask), mask)} if self.needs_reference else {}
+        )
+
+    @staticmethod
+    def _k1(batch: dict[str, jax.Array], mask: jax.Array) -> jax.Array:
+        return (batch["train_logprobs"] - batch["ref_logprobs"]) * mask

@@ -63,3 +63,24 @@ def test_without_donation_and_under_lora_the_old_weights_stay_readable():
         old = jax.tree.leaves(t.state.params)
         t.step(batch(algo))
         assert not any(x.is_deleted() for x in old)
+
+
+def test_the_trainer_role_leaves_the_bundle_no_arrays_that_a_step_deletes():
+    """Pushing to a server, the role's trainer donates its weights; the bundle they came from
+    keeps the architecture only, so nothing else can read arrays a step has deleted."""
+    from rlax.core.models.bundle import ModelBundle
+    from rlax.core.trainer.role import _make_trainer
+    from rlax.plugins.samplers.jax_sampler import JaxSampler
+
+    for inline in (False, True):
+        bundle = ModelBundle(
+            Transformer(CFG, rngs=nnx.Rngs(0)), tokenizer=type("T", (), {"eos_id": 0})()
+        )
+        t = _make_trainer(bundle, JaxSampler(), grpo(), optax.adam(1e-2), None, None, None, inline)
+        t.step(batch(grpo()))
+        state = jax.tree.leaves(nnx.state(bundle.model))
+        if inline:  # nothing donated: the bundle still holds the (readable) starting weights
+            assert all(isinstance(x, jax.Array) and not x.is_deleted() for x in state)
+        else:
+            assert all(isinstance(x, jax.ShapeDtypeStruct) for x in state)
+            assert bundle.config == CFG

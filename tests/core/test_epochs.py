@@ -146,6 +146,9 @@ def test_reinforcepp_whitens_over_the_whole_batch_not_each_minibatch():
     at_one = part["old_logprobs"]  # the ratio's denominator without alignment: ratio 1
     assert float(algo.loss(at_one, own)[0]) == pytest.approx(0.0, abs=1e-6)
     expected = -want[rows].sum() / mask[rows].sum()
+    # With the batch's terms the minibatch's loss scans nothing (no GAE of its own).
+    scans = lambda batch: str(jax.make_jaxpr(lambda b: algo.loss(at_one, b))(batch)).count("scan")
+    assert scans(part) == 0 and scans(own) > 0
     # 10 tokens there: two of 1 (group 1's first row), eight of 0.
     assert expected == pytest.approx((0.6 * 8 - 0.4 * 2) / np.sqrt(1.04) / 10, abs=1e-6)
     assert float(algo.loss(at_one, part)[0]) == pytest.approx(expected, abs=1e-6)

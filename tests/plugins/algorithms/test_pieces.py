@@ -241,6 +241,9 @@ def test_returns_with_a_kl_penalty_in_the_reward_by_hand():
     np.testing.assert_allclose(adv, [[1 - 0.1 * (0.5 - 1.0), 1 - 0.1 * -1.0, 1.0]], rtol=1e-6)
     np.testing.assert_allclose(ret, adv)
     assert float(metrics["reward_kl"]) == pytest.approx(sum(k1) / 3)
+    # The metric alone (a minibatch whose returns came with its batch): the same number.
+    assert float(returns.metrics(batch, mask)["reward_kl"]) == pytest.approx(sum(k1) / 3)
+    assert Returns().metrics(batch, mask) == {}
 
 
 # ---- alignment -------------------------------------------------------------------------

@@ -1,0 +1,26 @@
+"""Benchmarks refuse, at once, arguments that cannot give the figure they report."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    "script,args",
+    [("lora.py", ["--skip", "memory"]), ("algorithms.py", [])],
+)
+def test_pass_at_8_with_fewer_than_8_samples_is_refused_before_any_run(script, args):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--eval-samples", "4", *args],
+        check=False, capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.splitlines()[-1].endswith(
+        "error: --eval-samples: pass@8 needs at least 8 samples, got 4"
+    )
