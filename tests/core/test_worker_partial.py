@@ -12,6 +12,7 @@ import pytest
 from rlax.core.contracts import Resumable
 from rlax.core.errors import ConfigError
 from rlax.core.launch.preemption import Preemption
+from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.wire import WirePlan
 from rlax.core.types import PARTIAL, Completion, Group, PartialGroup
 from rlax.core.worker.role import Worker, worker
@@ -120,6 +121,8 @@ class LengthReward:
 
 
 def make_worker(client, engine, name, **kwargs):
+    if kwargs.get("reload_in_flight"):  # a client of its own: each pull into a new buffer
+        client = ParamServerClient(client.settings, retry_s=0.0, reuse_pull_buffer=False)
     return Worker(
         client, engine, LengthReward(), [], group_size=3, prompts_per_lease=2,
         reload_staleness=0, worker_id=name, seed=7, deterministic=True, **kwargs,
