@@ -135,10 +135,8 @@ class Sampler(Protocol):
     """What the trainer, the workers and ``rlax eval`` need of a sampler."""
 
     def setup(self, model: Transformer, tokenizer: Tokenizer) -> None:
-        """Called once, before anything else: the policy's architecture (with
-        its initial weights) and its tokenizer. A worker passes an abstract
-        model (``nnx.eval_shape``: shapes, no arrays), since its weights come
-        by pull: :meth:`load_weights` is then called before any ``generate``."""
+        """Called once, before anything else: the policy's architecture (with its initial
+        weights; a worker's is abstract, its weights come by load_weights) and its tokenizer."""
 
     def load_weights(self, params: nnx.State, version: int) -> None:
         """New weights of the policy (the model's ``nnx.State``) and their

@@ -29,8 +29,8 @@ from rlax.core.param_server.relay import Relay, pull_relayed
 from rlax.core.param_server.retry import RetryPolicy
 from rlax.core.param_server.settings import MB, ServerSettings
 from rlax.core.param_server.sharded import ShardedWeights
-from rlax.core.param_server.transfer import checksum, decode_chunk, encode_chunk, pull_buffer
-from rlax.core.param_server.wire import WirePlan, chunks, stream
+from rlax.core.param_server.transfer import checksum, decode_chunk, encode_chunk
+from rlax.core.param_server.wire import WirePlan, chunks, pull_buffer, stream
 from rlax.core.types import Group, PartialGroup, Prompt
 
 log = logging.getLogger("rlax.client")
@@ -55,9 +55,8 @@ class ParamServerClient:
         ``relay``: serve what this client pulls to other pullers when the
         settings' ``relay_fanout`` is above 0 (workers do, see relay.py);
         ``shard_address``: a client of that weight-only server (sharded.py);
-        ``reuse_pull_buffer``: receive each pull into the buffer of the last one
-        of the same size (False: a new buffer each time, so arrays that share
-        the last one's memory, :meth:`WirePlan.alias`, stay intact)."""
+        ``reuse_pull_buffer``: pull into the last pull's buffer (False: a new one
+        each time, so arrays sharing the last one, :meth:`WirePlan.alias`, stay)."""
         self.settings = settings.resolved()
         if shard_address is not None:  # not the environment's address: a weight shard's
             self.settings = dataclasses.replace(
@@ -221,7 +220,7 @@ class ParamServerClient:
         """(version, tensor list, buffer) of the newest version, or None if we have it.
 
         The buffer holds whole tensors (the server assembles multi-host pushes)
-        and is page-aligned (:func:`~rlax.core.param_server.transfer.pull_buffer`);
+        and is page-aligned (:func:`~rlax.core.param_server.wire.pull_buffer`);
         it is reused between pulls of the same size unless the client was made
         with ``reuse_pull_buffer=False``.
         """

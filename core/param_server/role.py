@@ -62,21 +62,13 @@ def param_server(
     ``state_dir`` (default: ``RUN/param_server`` when given a run directory;
     neither: nothing is kept) holds ``queue.sqlite`` and ``weights/``, where the
     newest ``saved_weights`` served versions are kept (one by default: an older
-    one is deleted only once the newer is complete on disk). With
-    ``saved_weights = 0`` no version is saved (the trainer's checkpoint holds
-    the same weights, so a run directory holds them once): pushes are still
-    received into files in ``weights/.spool`` and served from there, those
-    files go when the server stops, and a restarted server serves nothing
-    until the trainer, finding it behind, publishes its version again.
+    one is deleted only once the newer is complete on disk; 0: none, the
+    trainer publishes again after a restart, docs/preemption.md).
 
     Raises:
       Preempted: after a notice, once the server has stopped (exit status 75).
     """
-    if saved_weights < 0:
-        raise ConfigError(
-            f"rlax.param_server.saved_weights must be >= 0 (0: save none), got {saved_weights}"
-        )
-    _check_listen(settings)
+    _check_listen(settings, saved_weights)
     prompts = _train_prompts(task, init_checkpoint, seed)
     if state_dir is None and run_dir is not None:
         state_dir = str(pathlib.Path(run_dir) / "param_server")
@@ -94,16 +86,9 @@ def param_server(
     shards = shard_server.start_local(server.settings)  # weight_shards on this host
     port = server.start()
     try:
-        persister = None
-        if state_dir and saved_weights > 0:
-            persister = _start_persister(server, port, state_dir, saved_weights)
-        elif state_dir and not server.settings.weight_shards:
-            server.weights.spool_to(pathlib.Path(state_dir) / "weights" / SPOOL)
-        _serve_until(stop, server, persister)
+        _serve_until(stop, server, _keep_weights(server, port, state_dir, saved_weights))
     finally:
         shard_server.stop_local(shards)
-        if state_dir and saved_weights == 0:
-            server.weights.clear_spool()  # not saves: nothing of them is needed to resume
     stop.stop_now()
     return 0
 
@@ -120,7 +105,10 @@ def _train_prompts(task: Any, init_checkpoint: ConfigPath, seed: int) -> Iterato
 
 
 def _serve_until(stop: Preemption, server: ParamServer, persister: WeightPersister | None) -> None:
-    """Serves until a notice; then stops the persister, the server, the queue, the notices."""
+    """Serves until a notice; then stops the persister, the server, the queue, the notices.
+
+    Without a persister the spool's files are no saves: nothing in them is needed to resume.
+    """
     try:
         while not stop.wait(0.5):
             pass
@@ -130,6 +118,8 @@ def _serve_until(stop: Preemption, server: ParamServer, persister: WeightPersist
         server.stop(grace=1.0)
         server.queue.close()
         stop.close()
+        if persister is None and server.weights.spool is not None:
+            _clear_spool(pathlib.Path(server.weights.spool))
 
 
 def _queue_db(state_dir: str | None) -> QueueDB | None:
@@ -138,6 +128,22 @@ def _queue_db(state_dir: str | None) -> QueueDB | None:
         return QueueDB(pathlib.Path(state_dir) / "queue.sqlite") if state_dir else None
     except QueueDBError as err:
         raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
+
+
+def _keep_weights(server: ParamServer, port: int, state_dir: str | None,
+                  saved_weights: int) -> WeightPersister | None:  # fmt: skip
+    """The persister of ``saved_weights`` versions, or (0) just the spool; None without one."""
+    if state_dir and saved_weights > 0:
+        return _start_persister(server, port, state_dir, saved_weights)
+    if state_dir and not server.settings.weight_shards:
+        server.weights.spool_to(pathlib.Path(state_dir) / "weights" / SPOOL)
+    return None
+
+
+def _clear_spool(directory: pathlib.Path) -> None:
+    """Deletes the files pushes were received into (an open one stays readable)."""
+    for path in directory.glob("*.bin"):
+        path.unlink(missing_ok=True)
 
 
 def _start_persister(server: ParamServer, port: int, state_dir: str,
@@ -159,8 +165,13 @@ def _start_persister(server: ParamServer, port: int, state_dir: str,
     return persister
 
 
-def _check_listen(settings: ServerSettings) -> None:
-    """ConfigError unless the server has a token and its address can be bound (before any work)."""
+def _check_listen(settings: ServerSettings, saved_weights: int = 1) -> None:
+    """ConfigError unless the server has a token and its address can be bound (before any work),
+    and ``saved_weights`` is a count."""
+    if saved_weights < 0:
+        raise ConfigError(
+            f"rlax.param_server.saved_weights must be >= 0 (0: save none), got {saved_weights}"
+        )
     try:
         resolved = settings.resolved()
     except ValueError as err:

@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable, Iterable
 
 import grpc
-import numpy as np
 import xxhash
 
 log = logging.getLogger("rlax.param_server")
@@ -46,21 +45,6 @@ _FRAME = struct.Struct("<QQ")  # length, checksum
 _REPLY = struct.Struct("<BI")  # status (0 = ok, else a grpc.StatusCode value), payload length
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 _RECV_MAX = 8 << 20
-
-_PAGE = 4096
-
-
-def pull_buffer(nbytes: int) -> memoryview:
-    """Writable memory for ``nbytes`` of a pulled version, starting on a page boundary.
-
-    Taken from the heap (numpy), so memory the process freed earlier is used
-    again; a page-aligned start lets
-    :meth:`~rlax.core.param_server.wire.WirePlan.alias` share it with JAX
-    arrays. Its contents are undefined until a pull has written every byte.
-    """
-    raw = np.empty(nbytes + _PAGE, np.uint8)
-    start = -raw.ctypes.data % _PAGE
-    return raw[start : start + nbytes].data
 
 
 def checksum(data) -> int:

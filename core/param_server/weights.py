@@ -189,18 +189,6 @@ class WeightStore:
         with self._lock:
             self.spool = os.fspath(directory)
 
-    def clear_spool(self) -> None:
-        """Deletes the spool's files (a stopped server's: no pull reads them any more).
-
-        The open file of a version still served stays readable; only its name goes.
-        """
-        with self._lock:
-            spool = self.spool
-        if spool is not None and os.path.isdir(spool):
-            for name in os.listdir(spool):
-                if name.endswith(".bin"):
-                    os.unlink(os.path.join(spool, name))
-
     def note_rejected(self) -> None:
         with self._lock:
             self.rejected += 1

@@ -28,6 +28,22 @@ WIRE_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.b
 _SHARE_ALIGN = 64
 
 
+_PAGE = 4096
+
+
+def pull_buffer(nbytes: int) -> memoryview:
+    """Writable memory for ``nbytes`` of a pulled version, starting on a page boundary.
+
+    Taken from the heap (numpy), so memory the process freed earlier is used
+    again; a page-aligned start lets
+    :meth:`WirePlan.alias` share it with JAX
+    arrays. Its contents are undefined until a pull has written every byte.
+    """
+    raw = np.empty(nbytes + _PAGE, np.uint8)
+    start = -raw.ctypes.data % _PAGE
+    return raw[start : start + nbytes].data
+
+
 def leaf_name(path: tuple) -> str:
     parts = []
     for key in path:
@@ -118,7 +134,7 @@ class WirePlan:
 
         On the CPU a tensor whose wire dtype is its own and whose offset in a
         page-aligned buffer
-        (:func:`~rlax.core.param_server.transfer.pull_buffer`) is a multiple of 64 bytes
+        (:func:`pull_buffer`) is a multiple of 64 bytes
         becomes a JAX array over those very bytes: the weights then take their
         size once, not twice as with :meth:`unpack`. Other tensors (another
         dtype, an unaligned offset, an accelerator) are copied. The arrays

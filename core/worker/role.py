@@ -263,15 +263,12 @@ def worker(
     check_online_filters(curation, "rlax.worker.curation")
     check_reload_in_flight(sampler, reload_in_flight)
     stop = Preemption(preemption_notices, role="worker", hook=hook).start()
-    # The architecture and tokenizer only (an abstract model): the weights come by pull.
-    bundle = load_model(init_checkpoint, weights=False)
+    bundle = load_model(init_checkpoint, weights=False)  # no weights: they come by pull
     sampler.setup(bundle.model, bundle.tokenizer)
     plan = _wire_plan(bundle.model, settings.wire_dtype)
-    del bundle
     # After a notice (or the run's end) an unreachable server is not retried: the worker
     # has seconds left, and its leases expire and are served again (nothing is lost).
-    # Weights share the pull buffer; with in-flight reloads a pull must not overwrite the
-    # weights of the rows still decoding, so each pull gets a buffer of its own.
+    # In-flight reloads must not pull into the buffer the rows in flight read: a new one.
     client = ParamServerClient(settings, give_up=lambda: stop.requested, relay=True,
                                reuse_pull_buffer=not reload_in_flight)  # fmt: skip
     pool = RewardPool(reward, workers=reward_workers, timeout_s=reward_timeout_s)
