@@ -57,7 +57,7 @@ def test_role_and_peak_of_a_live_process():
 def test_tiny_run_prints_the_issues_keys_and_a_train_peak_above_its_floor():
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--skip-smollm2", "--tiny", "--qwen-rows=2", "--qwen-seq=16",
-         "--qwen-new=4"],
+         "--qwen-new=4", "--qwen-microbatches=2"],
         capture_output=True, text=True, check=True, timeout=280,
     )  # fmt: skip
     result = json.loads(out.stdout.strip().splitlines()[-1])
