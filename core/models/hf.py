@@ -134,13 +134,7 @@ def params_from_tensors(
 
 def tensors_from_params(params: Any, cfg: TransformerConfig) -> dict[str, np.ndarray]:
     """The model's parameters (an nnx State or pure dict) as HF-named float32 arrays."""
-    tree = params if isinstance(params, dict) else nnx.to_pure_dict(params)
-    tree = jax.device_get(tree)
-    out = {}
-    for name, path, transposed in hf_names(cfg):
-        value = np.asarray(_get(tree, path), dtype=np.float32)
-        out[name] = np.ascontiguousarray(value.T if transposed else value)
-    return out
+    return {t.name: np.ascontiguousarray(t.values()) for t in _tensors_out(params, cfg)}
 
 
 def read_safetensors(model_dir: str | pathlib.Path) -> dict[str, np.ndarray]:

@@ -26,8 +26,6 @@ WIRE_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.b
 # multiple of this; otherwise it copies (measured: 64-byte aligned views of a
 # page-aligned buffer are shared, 16- and 32-byte aligned ones are copied).
 _SHARE_ALIGN = 64
-
-
 _PAGE = 4096
 
 
@@ -35,8 +33,7 @@ def pull_buffer(nbytes: int) -> memoryview:
     """Writable memory for ``nbytes`` of a pulled version, starting on a page boundary.
 
     Taken from the heap (numpy), so memory the process freed earlier is used
-    again; a page-aligned start lets
-    :meth:`WirePlan.alias` share it with JAX
+    again; a page-aligned start lets :meth:`WirePlan.alias` share it with JAX
     arrays. Its contents are undefined until a pull has written every byte.
     """
     raw = np.empty(nbytes + _PAGE, np.uint8)
@@ -133,8 +130,7 @@ class WirePlan:
         """The tree back from a wire buffer, sharing the buffer's memory where it can.
 
         On the CPU a tensor whose wire dtype is its own and whose offset in a
-        page-aligned buffer
-        (:func:`pull_buffer`) is a multiple of 64 bytes
+        page-aligned buffer (:func:`pull_buffer`) is a multiple of 64 bytes
         becomes a JAX array over those very bytes: the weights then take their
         size once, not twice as with :meth:`unpack`. Other tensors (another
         dtype, an unaligned offset, an accelerator) are copied. The arrays

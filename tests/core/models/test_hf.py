@@ -21,6 +21,7 @@ from rlax.core.models.hf import (
     load_hf_model,
     read_safetensors,
     save_hf_model,
+    tensors_from_params,
 )
 from rlax.core.models.hf_config import HFConfigError, config_from_hf, config_to_hf
 from rlax.core.models.rope import rope_frequencies
@@ -113,6 +114,11 @@ def test_export_reloads_in_transformers(tmp_path, family):
     tokens, mask = _batch()
     diff = np.abs(_ours(ours, tokens, mask) - _theirs(reloaded, tokens, mask))[mask]
     assert diff.max() <= 1e-4
+    # The files hold exactly the arrays tensors_from_params gives (HF names, [out, in]).
+    written, want = read_safetensors(tmp_path / "out"), tensors_from_params(params, ours.cfg)
+    assert written.keys() == want.keys()
+    for name, value in want.items():
+        np.testing.assert_array_equal(written[name], value)
     # And our loader reads the sharded export back to the same parameters.
     again = load_hf_model(tmp_path / "out")
     np.testing.assert_array_equal(
