@@ -123,7 +123,7 @@ def child_speed(a: argparse.Namespace) -> dict:
     bundle = load_model(MODEL)
     cfg = bundle.config
     shape = argparse.Namespace(batch=a.rows, seq=a.seq, prompt=a.seq - a.new, vocab=cfg.vocab_size)
-    batch = step_bench.make_batch(shape)
+    batch = step_bench.near_policy(step_bench.make_batch(shape), bundle.model)
     weights = {
         param_name(p): np.asarray(x)
         for p, x in jax.tree_util.tree_flatten_with_path(nnx.split(bundle.model)[1])[0]
@@ -133,6 +133,8 @@ def child_speed(a: argparse.Namespace) -> dict:
     arrays = trainer.device_batch(batch)
     ours_loss = trainer.step(arrays)["loss"]
     torch_step, torch_loss, device = step_bench.make_torch_step(cfg, weights, batch)
+    if abs(ours_loss - torch_loss) > 1e-4:  # the timings compare one computation or none
+        raise SystemExit(f"torch step's first loss {torch_loss} != rlax's {ours_loss}")
     ours_s = min(step_bench.timed(lambda: trainer.step(arrays)) for _ in range(a.repeats))
     torch_s = min(step_bench.timed(torch_step) for _ in range(a.repeats))
     sample_args = argparse.Namespace(batch=a.rows, new_tokens=a.new, repeats=a.repeats)

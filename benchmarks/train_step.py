@@ -15,8 +15,9 @@ fp32, 64 sequences x 96 tokens (32 prompt + 64 completion), the GRPO loss
   run, on the same devices, with the same matmul precision.
 - ``torch_tok_s`` / ``vs_torch``: the same model, batch, loss and optimiser
   written directly in torch (SDPA attention, ``torch.optim.Adam``), started
-  from the same weights (its first loss is checked against ours), when torch
-  is importable; ``null`` otherwise.
+  from the same weights, when torch is importable; ``null`` otherwise. Its
+  first loss is checked against ours on a batch whose old logprobs lie near
+  the policy's (:func:`near_policy`), so the check reaches the forward pass.
 
 The trainer runs with ``post_update_kl=False`` so both steps do the same work
 (forward, loss, backward, adam, the loss's metrics); ``--kl-old`` also times
@@ -49,6 +50,7 @@ from rlax.core.models.transformer import Transformer
 from rlax.core.parallel.host_memory import reuse_freed_memory
 from rlax.core.parallel.mesh import MeshConfig, make_mesh, param_name
 from rlax.core.trainer.step import Trainer, TrainerSettings
+from rlax.core.trainer.teacher import Teacher
 from rlax.plugins.algorithms.grpo import grpo
 
 
@@ -114,6 +116,23 @@ def make_batch(a: argparse.Namespace, seed: int = 0) -> dict[str, np.ndarray]:
         "old_logprobs": old,
         "advantages": adv,
     }
+
+
+def near_policy(
+    batch: dict[str, np.ndarray], model: Transformer, *, spread: float = 0.4, seed: int = 1
+) -> dict[str, np.ndarray]:
+    """``batch`` with ``old_logprobs`` within ``spread`` nats of ``model``'s own logprobs.
+
+    The ratios new/old then lie in [e^-0.4, e^0.4] = [0.67, 1.49], on both sides of
+    GRPO's clip range [0.8, 1.2]: the first step's loss depends on the policy's
+    logprobs, clipped tokens and unclipped ones, so comparing two steps' first losses
+    checks their forward passes. (Old logprobs drawn at random, far from the policy's,
+    clip almost every token: the loss is then the advantages' alone.)
+    """
+    logp = Teacher(model).logprobs(batch)
+    noise = np.random.default_rng(seed).uniform(-spread, spread, size=logp.shape)
+    old = ((logp + noise) * batch["loss_mask"]).astype(np.float32)
+    return {**batch, "old_logprobs": old}
 
 
 def timed(fn) -> float:
@@ -239,7 +258,7 @@ def main(argv: list[str]) -> dict:
     a = parse_args(argv)
     host_malloc = reuse_freed_memory()  # as `rlax run` does, before JAX starts its backend
     cfg = model_config(a)
-    batch = make_batch(a)
+    batch = near_policy(make_batch(a), Transformer(cfg, rngs=nnx.Rngs(0)))  # the steps' weights
     backend = jax.default_backend()
     tokens = a.batch * a.seq
     fpt = flops_per_token(cfg, a.seq)
@@ -271,7 +290,9 @@ def main(argv: list[str]) -> dict:
             }
             probes["torch"], loss, result["torch_device"] = make_torch_step(cfg, weights, batch)
             result["torch_loss_step0"] = loss
-            if not math.isclose(loss, result["jax_loss_step0"], abs_tol=1e-4):
+            # torch runs in fp32; a bf16 step's logprobs carry bf16's rounding (2^-8)
+            tol = 1e-4 if a.dtype == "float32" else 2.0**-8
+            if not math.isclose(loss, result["jax_loss_step0"], abs_tol=tol):
                 raise SystemExit(f"torch step's loss {loss} != rlax's {result['jax_loss_step0']}")
     # Rounds of one of each, best time of each: on a shared machine every probe
     # gets the same chances of a quiet moment. A pause after each probe lets its
