@@ -340,10 +340,29 @@ def _join_trainer_processes() -> None:
         settings = copy.deepcopy(gin.query_parameter("rlax.train.distributed"))  # evaluates it
     except ValueError:  # not bound: the environment may still ask for several processes
         settings = None
+    processes = (settings or distributed.DistributedSettings()).resolved().num_processes or 1
+    _check_weights_kept(processes)
     try:
         distributed.initialize(settings)
     except ValueError as err:
         raise ConfigError(f"rlax.train.distributed: {err}") from err
+
+
+def _check_weights_kept(processes: int) -> None:
+    """ConfigError: several trainer processes and a server that keeps no weights.
+
+    Restarted, such a server serves nothing until the trainer publishes again, and
+    only a one-process trainer does (docs/preemption.md)."""
+    try:
+        kept = gin.query_parameter("rlax.param_server.saved_weights")
+    except ValueError:  # not bound: the default keeps one version
+        return
+    if processes > 1 and kept == 0:
+        raise ConfigError(
+            f"rlax.param_server.saved_weights = 0 needs a one-process trainer, this one has "
+            f"{processes}: after a server restart only one process publishes its weights "
+            "again; keep saved_weights >= 1"
+        )
 
 
 def _eval(args: argparse.Namespace, bindings: list[str]) -> int:

@@ -65,3 +65,24 @@ def test_the_environment_alone_asks_for_several_processes(train_calls, monkeypat
 def test_one_process_starts_no_distributed_runtime(train_calls):
     assert cli.main(["run", *GIN, "--role", "trainer"]) == cli.EXIT_OK
     assert len(train_calls) == 1 and not jax.distributed.is_initialized()
+
+
+def test_several_processes_with_a_server_that_keeps_no_weights_are_refused(train_calls, capsys):
+    # A restarted server would wait for weights only a one-process trainer publishes again.
+    status = cli.main(["run", *GIN, "--role", "trainer",
+                       "--gin.rlax.train.distributed=@rlax.distributed()",
+                       "--gin.rlax.distributed.num_processes=2",
+                       "--gin.rlax.param_server.saved_weights=0"])  # fmt: skip
+    assert status == cli.EXIT_USAGE
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.endswith(
+        "rlax.param_server.saved_weights = 0 needs a one-process trainer, this one has 2: "
+        "after a server restart only one process publishes its weights again; "
+        "keep saved_weights >= 1"
+    )
+    assert train_calls == []
+
+
+def test_one_process_may_keep_no_weights(train_calls):
+    status = cli.main(["run", *GIN, "--role", "trainer", "--gin.rlax.param_server.saved_weights=0"])
+    assert status == cli.EXIT_OK and len(train_calls) == 1
