@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import re
 import signal
 import sqlite3
 import time
 
 import pytest
-from cluster import BASE, finish, kill, metrics, small, start, wait_until
+from cluster import BASE, children, finish, kill, metrics, small, start, wait_until
 
 from rlax.core.param_server import rlax_pb2 as pb
 
@@ -29,6 +30,26 @@ def leases_of(db, worker):
         return [pb.PromptMsg.FromString(r[0]).id for r in rows]
 
 
+def kill_while_leasing(proc, db, worker, tries=20):
+    """SIGKILLs ``worker`` at a moment it holds leases: (its pid, the prompts it held).
+
+    It is stopped first, so that nothing it sends changes its leases between their
+    reading and the kill (seen leasing, a worker may submit before a plain kill lands:
+    under load it then died holding none). Stopped without leases, it goes on and
+    the wait starts again."""
+    for _ in range(tries):
+        wait_until(lambda: leases_of(db, worker), what=f"{worker} leasing", proc=proc)
+        pid = children(proc.pid)[worker]
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.5)  # a request it had already sent is answered
+        held = leases_of(db, worker)
+        if held:
+            os.kill(pid, signal.SIGKILL)
+            return pid, held
+        os.kill(pid, signal.SIGCONT)
+    raise AssertionError(f"{worker} was never stopped holding a lease in {tries} tries")
+
+
 @pytest.fixture(scope="module")
 def chaos(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("chaos") / "run"
@@ -37,12 +58,8 @@ def chaos(tmp_path_factory):
     rows = lambda: len(metrics(run_dir))
     events = {}
     # (c) a worker holding leases, i.e. generating, is killed.
-    wait_until(
-        lambda: rows() >= 2 and leases_of(db, "worker-1"), what="worker-1 leasing", proc=proc
-    )
-    events["worker"] = kill(proc, "worker-1", signal.SIGKILL)
-    time.sleep(0.5)
-    events["worker_leases"] = leases_of(db, "worker-1")  # what it held when it died
+    wait_until(lambda: rows() >= 2, what="step 2", proc=proc)
+    events["worker"], events["worker_leases"] = kill_while_leasing(proc, db, "worker-1")
     # (d) the parameter server is killed.
     wait_until(lambda: rows() >= 5, what="step 5", proc=proc)
     events["param_server"] = kill(proc, "param_server", signal.SIGKILL)
