@@ -123,7 +123,7 @@ def near_policy(
 ) -> dict[str, np.ndarray]:
     """``batch`` with ``old_logprobs`` within ``spread`` nats of ``model``'s own logprobs.
 
-    The ratios new/old then lie in [e^-0.4, e^0.4] = [0.67, 1.49], on both sides of
+    The ratios new/old then lie in [e^-spread, e^spread] ([0.67, 1.49] at 0.4), around
     GRPO's clip range [0.8, 1.2]: the first step's loss depends on the policy's
     logprobs, clipped tokens and unclipped ones, so comparing two steps' first losses
     checks their forward passes. (Old logprobs drawn at random, far from the policy's,
@@ -258,7 +258,8 @@ def main(argv: list[str]) -> dict:
     a = parse_args(argv)
     host_malloc = reuse_freed_memory()  # as `rlax run` does, before JAX starts its backend
     cfg = model_config(a)
-    batch = near_policy(make_batch(a), Transformer(cfg, rngs=nnx.Rngs(0)))  # the steps' weights
+    start_model = Transformer(cfg, rngs=nnx.Rngs(0))  # the weights both steps start from
+    batch = near_policy(make_batch(a), start_model)
     backend = jax.default_backend()
     tokens = a.batch * a.seq
     fpt = flops_per_token(cfg, a.seq)
@@ -283,10 +284,9 @@ def main(argv: list[str]) -> dict:
         except ImportError:
             result["torch"] = "not installed"
         else:
-            initial = Trainer(Transformer(cfg, rngs=nnx.Rngs(0)), grpo(), optax.adam(1e-5))
             weights = {
                 param_name(p): np.asarray(x)
-                for p, x in jax.tree_util.tree_flatten_with_path(initial.state.params)[0]
+                for p, x in jax.tree_util.tree_flatten_with_path(nnx.split(start_model)[1])[0]
             }
             probes["torch"], loss, result["torch_device"] = make_torch_step(cfg, weights, batch)
             result["torch_loss_step0"] = loss
