@@ -5,12 +5,172 @@ that command), so what the suite needs from the environment is set here: no
 model or dataset hub is ever reached, and a developer's ``XLA_FLAGS`` (a fake
 device count, say) cannot change what the tests see. Tests that need fake
 devices set ``XLA_FLAGS`` for the subprocesses they start.
+
+The suite runs on every core (pytest-xdist, ``-n auto`` in the README's
+command) and shares three things between its processes, through one folder
+made for the session (``RLAX_TEST_SHARED``, inherited by xdist's workers and
+every process a test starts):
+
+- JAX's persistent compilation cache: a program one test (or one role of a
+  test's cluster) compiled is loaded, not compiled again, by every later one.
+  The executables are the ones XLA compiled, so nothing a test measures changes.
+- the ``shared_run`` fixture: a whole run that tests in several modules look at is made
+  once for the session, whichever worker asks first.
+- The machine: a test marked ``serial`` (it needs the whole machine: core
+  pinning, memory peaks, tight deadlines, chaos) runs alone; the other workers
+  wait at their next test until it ends.
+
+Markers: ``e2e`` for whole runs (a cluster, an inline run, an installed wheel);
+``-m "not e2e"`` is the fast inner loop of the README's developer section.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import pathlib
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+
+import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.pop("XLA_FLAGS", None)
+
+SHARED_ENV = "RLAX_TEST_SHARED"
+_OWNER = SHARED_ENV not in os.environ  # the process that made the folder removes it
+if _OWNER:
+    os.environ[SHARED_ENV] = tempfile.mkdtemp(prefix="rlax-tests-")
+SHARED = pathlib.Path(os.environ[SHARED_ENV])
+
+# Set before anything imports JAX, so in-process tests use it as their subprocesses do.
+os.environ.update(
+    JAX_COMPILATION_CACHE_DIR=str(SHARED / "jax-cache"),
+    # Programs that take half a second to compile: every one worth keeping, and few
+    # enough files that a lookup stays cheap. No size limit: with one, every write scans
+    # the whole folder (measured: a module 1.6x slower than with no cache at all).
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+)
+
+MARKERS = {
+    "e2e": "a whole run (a cluster, an inline run, an installed wheel); "
+    "deselect with -m 'not e2e' for the fast inner loop",
+    "serial": "needs the whole machine (core pinning, memory peaks, tight deadlines, chaos): "
+    "runs while no other test does",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _OWNER and not hasattr(config, "workerinput"):
+        shutil.rmtree(SHARED, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules with whole runs first (a stable sort), so no long run starts last and
+    keeps one core busy while the other has finished."""
+    heavy = {item.module.__name__ for item in items if item.get_closest_marker("e2e")}
+    items.sort(key=lambda item: item.module.__name__ not in heavy)
+
+
+# -- the machine: shared by the workers, taken whole by a serial test ------------------
+
+
+@contextlib.contextmanager
+def _flock(path: pathlib.Path, mode: int) -> Iterator[None]:
+    with open(path, "a+") as f:
+        fcntl.flock(f, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def machine(serial: bool) -> Iterator[None]:
+    """Held around each test: shared by ordinary tests, exclusive for a serial one.
+
+    A readers-writer lock on two files: a serial test holds the turnstile while it
+    waits for the machine and while it runs, so ordinary tests queue at the
+    turnstile instead of overtaking it."""
+    turnstile, whole = SHARED / "turnstile.lock", SHARED / "machine.lock"
+    if serial:
+        with _flock(turnstile, fcntl.LOCK_EX), _flock(whole, fcntl.LOCK_EX):
+            yield
+        return
+    with _flock(turnstile, fcntl.LOCK_EX):
+        pass
+    with _flock(whole, fcntl.LOCK_SH):
+        yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return (yield)
+    with machine(item.get_closest_marker("serial") is not None):
+        return (yield)
+
+
+# -- whole runs made once for the session -------------------------------------------------
+
+
+def make_once(name: str, make: Callable[[pathlib.Path], None]) -> pathlib.Path:
+    """The folder ``name`` that ``make(folder)`` filled, made once for the whole session.
+
+    Whichever process asks first makes it (the others wait); later callers get the
+    same folder, so what they do with it must not change it (copy it first).
+    A ``make`` that raised leaves nothing, and the next caller tries again.
+    """
+    folder = SHARED / "runs" / name
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _flock(folder.parent / f"{name}.lock", fcntl.LOCK_EX):
+        if (folder / ".made").exists():
+            return folder
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        try:
+            make(folder)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        (folder / ".made").touch()
+    return folder
+
+
+@pytest.fixture(scope="session")
+def shared_run() -> Callable[[str, Callable[[pathlib.Path], None]], pathlib.Path]:
+    """:func:`make_once`, for module fixtures whose run other modules look at too."""
+    return make_once
+
+
+# -- whole runs that modules share ----------------------------------------------------------
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))  # cli_runs, for the test modules too
+from cli_runs import CLUSTER_STEPS, quickstart_cluster, rlax_process
+
+
+@pytest.fixture(scope="session")
+def cluster_run_sync(shared_run) -> pathlib.Path:
+    """A finished quickstart run through its processes, synchronous (max_staleness 0):
+    its run directory (checkpointed at the end), shared read-only by every module.
+
+    12 steps: enough versions that "every group came from the current version" is
+    tested on runs of batches, not one; the local-cluster tests read its metrics and
+    the bad-input tests its exported policy and its checkpoint."""
+
+    def make(folder: pathlib.Path) -> None:
+        args = quickstart_cluster(CLUSTER_STEPS, "--gin.MAX_STALENESS=0")
+        proc = rlax_process(*args, "--run-dir", str(folder / "run"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return shared_run("cluster-sync", make) / "run"

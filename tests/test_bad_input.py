@@ -1,6 +1,6 @@
 """Bad input, as a new user types it: one line, exit status 2, within seconds, nothing left behind.
 
-Each case runs the real command line (``python -m rlax.core.cli``) in a fresh
+Each case runs the command line's entry point (``rlax.core.cli.main``) in a fresh
 working directory, the way the README's quickstart is run, and checks:
 
 - exit status 2 and one line on stderr, ``rlax: error: ...``, that says what
@@ -9,10 +9,17 @@ working directory, the way the README's quickstart is run, and checks:
 - no traceback anywhere in the output;
 - it took seconds (before any evaluation or training), not minutes;
 - nothing was left behind: no run directory, or the run's files unchanged.
+
+The entry point runs in this process (what a case checks is the command's
+logic, not the interpreter's start); stderr is read at the file descriptor, so
+the lines of any process it starts count too. What only a real process shows
+is checked through one: the exit status a shell sees, warnings in rlax's format
+on a process's stderr, and a port another process holds.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import socket
@@ -21,6 +28,7 @@ import sys
 import time
 
 import pytest
+from cli_runs import CLUSTER_STEPS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SECONDS = 60  # generous for a loaded 2-core machine; each case takes a few seconds quietly
@@ -29,12 +37,52 @@ FAST = ["--gin.rlax.train.progress=False", "--gin.tasks.arithmetic.num_eval=16",
 
 
 def rlax(*args: str, cwd: pathlib.Path, env: dict[str, str] | None = None):
+    """``python -m rlax.core.cli ARGS`` as a process: (its result, seconds)."""
     start = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "rlax.core.cli", *args], cwd=cwd, capture_output=True, text=True,
         env={**os.environ, **(env or {})}, timeout=600, check=False,
     )  # fmt: skip
     return result, time.monotonic() - start
+
+
+class Ran:
+    """What :func:`rlax_main` saw: like a finished process's ``returncode``, ``stdout``, ``stderr``."""
+
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def rlax_main(monkeypatch, capfd):
+    """``rlax ARGS`` through the entry point in this process: (what it printed and returned,
+    seconds). Its working directory and environment are set for the call only; its log
+    records reach stderr in rlax's format, as a process's do (``terminal.Lines``)."""
+    import gin
+
+    from rlax.core import cli
+    from rlax.core.launch import terminal
+
+    def call(*args: str, cwd: pathlib.Path, env: dict[str, str] | None = None):
+        with monkeypatch.context() as patch:
+            patch.chdir(cwd)
+            for name, value in (env or {}).items():
+                patch.setenv(name, value)
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(terminal.Lines())
+            logging.root.addHandler(handler)
+            capfd.readouterr()
+            start = time.monotonic()
+            try:
+                status = cli.main(list(args))
+            finally:
+                logging.root.removeHandler(handler)
+                gin.clear_config()
+            seconds = time.monotonic() - start
+            out, err = capfd.readouterr()
+        return Ran(status, out, err), seconds
+
+    return call
 
 
 def write(path: pathlib.Path, text: str) -> str:
@@ -179,14 +227,13 @@ CASES = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_bad_input_is_one_line_exit_2_in_seconds_and_leaves_nothing(name, tmp_path):
+def check_one_case(name: str, tmp_path: pathlib.Path, run) -> None:
     case = CASES[name]
     args, expected = case(tmp_path) if callable(case) else case
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     env = {"RLAX_PS_TOKEN": ""} if "param_server" in args else None
 
-    result, seconds = rlax(*args, cwd=tmp_path, env=env)
+    result, seconds = run(*args, cwd=tmp_path, env=env)
 
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr + result.stdout
@@ -197,6 +244,20 @@ def test_bad_input_is_one_line_exit_2_in_seconds_and_leaves_nothing(name, tmp_pa
     assert all(line.startswith("rlax: warning: ") for line in warned), result.stderr
     assert seconds < SECONDS
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_is_one_line_exit_2_in_seconds_and_leaves_nothing(name, tmp_path, rlax_main):
+    check_one_case(name, tmp_path, rlax_main)
+
+
+@pytest.mark.parametrize(
+    "name", ["a string for an int", "a misspelt config", "a parameter server without a token"]
+)
+def test_a_real_process_exits_2_with_the_same_one_line(name, tmp_path):
+    """The status a shell sees: rejected before (the parser), while (gin) and after
+    (a role's own check) the configuration is read."""
+    check_one_case(name, tmp_path, rlax)
 
 
 def test_a_busy_port_for_the_parameter_server_is_one_line(tmp_path):
@@ -214,19 +275,14 @@ def test_a_busy_port_for_the_parameter_server_is_one_line(tmp_path):
     )
 
 
-@pytest.fixture(scope="module")
-def cluster_run(tmp_path_factory) -> pathlib.Path:
-    """A --role all run stopped after 2 of 4 steps: its checkpoint is at step 2."""
-    cwd = tmp_path_factory.mktemp("cluster-run")
-    run_dir = cwd / "run"
-    result, _ = rlax("run", "--gin", "quickstart", "--run-dir", str(run_dir), *FAST,
-                     "--gin.rlax.train.steps=2", "--gin.rlax.train.checkpoint_every=1",
-                     cwd=cwd)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
+@pytest.fixture
+def cluster_run(cluster_run_sync) -> pathlib.Path:
+    """A finished --role all run (shared with the local-cluster tests: read, never changed)."""
+    return cluster_run_sync
 
 
-def test_a_damaged_exported_model_is_one_line_naming_the_file(cluster_run, tmp_path):
+@pytest.mark.e2e
+def test_a_damaged_exported_model_is_one_line_naming_the_file(cluster_run, tmp_path, rlax_main):
     import shutil
 
     model = tmp_path / "checkpoint"
@@ -239,8 +295,8 @@ def test_a_damaged_exported_model_is_one_line_naming_the_file(cluster_run, tmp_p
     )
     damaged.write_bytes(bytes(data))
 
-    result, seconds = rlax("eval", "--gin", "quickstart", "--checkpoint", str(model), *FAST,
-                           cwd=tmp_path)  # fmt: skip
+    result, seconds = rlax_main("eval", "--gin", "quickstart", "--checkpoint", str(model), *FAST,
+                                cwd=tmp_path)  # fmt: skip
 
     assert result.returncode == 2
     assert result.stderr == (
@@ -250,16 +306,17 @@ def test_a_damaged_exported_model_is_one_line_naming_the_file(cluster_run, tmp_p
     assert seconds < SECONDS
 
 
-def test_resuming_a_cluster_run_inline_is_one_line_and_changes_nothing(cluster_run):
+@pytest.mark.e2e
+def test_resuming_a_cluster_run_inline_is_one_line_and_changes_nothing(cluster_run, rlax_main):
     files = {p: p.stat().st_mtime_ns for p in cluster_run.rglob("*") if p.is_file()}
 
-    result, seconds = rlax("run", "--gin", "quickstart", "--role", "inline", "--resume",
-                           str(cluster_run), *FAST, "--gin.rlax.train.steps=4",
-                           cwd=cluster_run.parent)  # fmt: skip
+    result, seconds = rlax_main("run", "--gin", "quickstart", "--role", "inline", "--resume",
+                                str(cluster_run), *FAST, f"--gin.rlax.train.steps={CLUSTER_STEPS + 2}",
+                                cwd=cluster_run.parent)  # fmt: skip
 
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.splitlines()[-1] == (
-        f"rlax: error: {cluster_run}: its checkpoint at step 2 was trained with a parameter "
+        f"rlax: error: {cluster_run}: its checkpoint at step {CLUSTER_STEPS} was trained with a parameter "
         "server and workers (--role all, or trainer); resume it the same way"
     )
     assert "Traceback" not in result.stderr

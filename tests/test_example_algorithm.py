@@ -97,6 +97,7 @@ def installed(tmp_path_factory) -> pathlib.Path:
     return target
 
 
+@pytest.mark.e2e
 def test_gin_selects_the_installed_algorithm_for_a_real_run(installed):
     run_dir = installed.parent / "run"
     env = {**os.environ, "PYTHONPATH": str(installed)}

@@ -27,7 +27,7 @@ def test_both_commands_set_up_the_same_way_with_the_extras_the_tests_need():
     setup = "python3.11 -m venv .venv && . .venv/bin/activate && pip install -e "
 
     assert quickstart.startswith(setup + ". && ")
-    assert tests == setup + "'.[test,hf]' && python -m pytest -q"
+    assert tests == setup + "'.[test,hf]' && python -m pytest -q -n auto"
 
 
 def test_the_quickstart_command_names_a_packaged_config():

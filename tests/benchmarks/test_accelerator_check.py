@@ -7,9 +7,12 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.e2e
 def test_the_check_runs_on_cpu_with_a_tiny_shape_and_prints_one_json_line():
     out = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "accelerator_check.sh"), "--shape", "tiny",

@@ -9,6 +9,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from rlax.core.models.config import TransformerConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -54,6 +56,7 @@ def test_role_and_peak_of_a_live_process():
     assert m.vm_hwm_bytes(child.pid) == 0  # gone
 
 
+@pytest.mark.e2e
 def test_tiny_run_prints_the_issues_keys_and_a_train_peak_above_its_floor():
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--skip-smollm2", "--tiny", "--qwen-rows=2", "--qwen-seq=16",

@@ -14,6 +14,8 @@ from flax import nnx
 from rlax.core import cli
 from rlax.core.models.bundle import load_model
 
+pytestmark = pytest.mark.e2e
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARGS = [
     "--gin", str(ROOT / "configs" / "quickstart.gin"),

@@ -11,6 +11,8 @@ import pytest
 from rlax.core import cli
 from rlax.core.models.bundle import load_model
 
+pytestmark = pytest.mark.e2e
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BASE = ROOT / "assets" / "quickstart-base"
 STEPS = 100

@@ -16,6 +16,8 @@ import pytest
 from rlax.core import cli
 from rlax.core.parallel import host_memory
 
+pytestmark = pytest.mark.serial  # counts page faults: another process's load moves them
+
 # A program whose scratch buffer is SIZE**2 floats (the [SIZE, SIZE] product
 # must exist for the matmul that reads it). Prints what reuse_freed_memory did,
 # the scratch size and the minor page faults of CALLS calls.

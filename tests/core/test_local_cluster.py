@@ -3,35 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
-import pathlib
 import re
-import subprocess
-import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-BASE = ROOT / "assets" / "quickstart-base"
-STEPS = 25
+import pytest
+from cli_runs import CLUSTER_STEPS, quickstart_cluster, rlax_process
 
-
-def rlax_run(*args, timeout=300):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLAX_PS_")}
-    cmd = [
-        sys.executable, "-m", "rlax.core.cli", "run", "--gin", str(ROOT / "configs" / "quickstart.gin"),
-        f"--gin.INIT_CHECKPOINT='{BASE}'", f"--gin.rlax.train.steps={STEPS}",
-        "--gin.tasks.arithmetic.num_eval=24", "--gin.rlax.train.progress=False", *args,
-    ]  # fmt: skip
-    return subprocess.run(
-        cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
+pytestmark = pytest.mark.e2e
 
 
-def test_processes_run_through_the_parameter_server(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = rlax_run("--run-dir", str(run_dir), "--gin.MAX_STALENESS=0")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_processes_run_through_the_parameter_server(cluster_run_sync):
+    run_dir = cluster_run_sync
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["version"] for r in rows] == list(range(1, STEPS + 1))
+    assert [r["version"] for r in rows] == list(range(1, CLUSTER_STEPS + 1))
     for r in rows:
         # Synchronous mode (max_staleness 0): every group trained on came from the current version.
         assert r["groups_kept"] == r.get("staleness_0", 0)
@@ -44,8 +27,11 @@ def test_processes_run_through_the_parameter_server(tmp_path):
 
 
 def test_async_mode_trains_on_groups_at_most_max_staleness_old(tmp_path):
+    """12 steps: the workers run ahead from the second step on, so a dozen is plenty to
+    see groups one and two versions old, and none older."""
     run_dir = tmp_path / "run"
-    proc = rlax_run("--run-dir", str(run_dir), "--gin.MAX_STALENESS=2")
+    proc = rlax_process(*quickstart_cluster(CLUSTER_STEPS, "--gin.MAX_STALENESS=2"),
+                        "--run-dir", str(run_dir))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     ages = {k for r in rows for k in r if k.startswith("staleness_")}
@@ -58,9 +44,13 @@ def test_async_mode_trains_on_groups_at_most_max_staleness_old(tmp_path):
 def test_a_dead_worker_is_reported_and_fails_the_run(tmp_path):
     # A worker that crashes at start (its reward pool refuses -1 processes); a model path
     # for the workers alone is refused before anything starts (the roles must agree).
-    proc = rlax_run("--run-dir", str(tmp_path / "run"), "--gin.rlax.worker.reward_workers=-1")
+    # No restarts: the first death fails the run (restarts are the preemption tests').
+    proc = rlax_process(*quickstart_cluster(CLUSTER_STEPS, "--gin.rlax.worker.reward_workers=-1",
+                                            "--gin.rlax.local_cluster.max_restarts=0"),
+                        "--run-dir", str(tmp_path / "run"))  # fmt: skip
     assert proc.returncode == 1
     # Both workers fail at start; whichever the supervisor sees first is named.
     assert re.search(r"worker-[01] \(pid \d+\) died with status [1-9]", proc.stderr), proc.stderr[
         -2000:
     ]
+    assert "restarted 0 times already (max_restarts); stopping the run" in proc.stderr

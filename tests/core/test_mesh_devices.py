@@ -16,6 +16,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+pytestmark = pytest.mark.e2e
+
 CHECKS = pathlib.Path(__file__).with_name("mesh_device_checks.py")
 NAMES = [
     node.name

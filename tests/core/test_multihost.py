@@ -103,6 +103,7 @@ def test_process_rows_cover_the_batch_once():
     assert distributed.process_rows(mesh, 6, process=1).tolist() == []
 
 
+@pytest.mark.e2e
 def test_two_processes_equal_one_and_their_push_pulls_back_whole(
     tmp_path, make_ps, single_process_run
 ):

@@ -36,6 +36,8 @@ from rlax.core.plugins import build_plugin_manager
 from rlax.core.trainer.phases import WALL_CLOCK
 from rlax.core.trainer.step import Trainer
 
+pytestmark = pytest.mark.e2e
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HERE = pathlib.Path(__file__).parent
 BASE = ROOT / "assets" / "quickstart-base"

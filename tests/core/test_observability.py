@@ -22,6 +22,8 @@ import pytest
 from rlax.core import cli
 from rlax.core.trainer.phases import PHASES, PhaseClock
 
+pytestmark = pytest.mark.e2e
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BASE = ROOT / "assets" / "quickstart-base"
 TINY = [

@@ -73,6 +73,7 @@ def metric_steps(run_dir: pathlib.Path) -> list[int]:
     return [json.loads(line)["step"] for line in lines]
 
 
+@pytest.mark.e2e
 def test_one_step_number_in_hooks_metrics_and_checkpoints_across_a_resume(
     tmp_path, recorder, capsys
 ):
@@ -116,6 +117,7 @@ ALWAYS_ONE = """
 """
 
 
+@pytest.mark.e2e
 def test_steps_that_keep_no_group_are_reported_in_the_log(tmp_path, monkeypatch, caplog):
     # Every sample scores 1, so the quickstart's zero_variance filter drops every group.
     (tmp_path / "rlax_test_always_one.py").write_text(textwrap.dedent(ALWAYS_ONE))
@@ -180,6 +182,7 @@ def finished(tmp_path_factory) -> tuple[pathlib.Path, str]:
     return run_dir, out.getvalue()
 
 
+@pytest.mark.e2e
 def test_the_run_directory_is_printed_first_before_base_evaluation(finished):
     run_dir, out = finished
     lines = out.splitlines()
@@ -189,6 +192,7 @@ def test_the_run_directory_is_printed_first_before_base_evaluation(finished):
     )
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "where",
     [["--resume"], ["--resume", "DIR"], ["--run-dir", "DIR"], ["--role", "all", "--resume"]],
@@ -258,6 +262,7 @@ def test_resume_and_run_dir_are_exclusive(capsys):
 # -- preemption: the command that resumes -------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_a_preempted_run_prints_the_command_that_resumes_it(tmp_path, capsys):
     notice = tmp_path / "notice"
     notice.write_text("")  # a notice from the start: the trainer stops at its first safe point
@@ -318,6 +323,7 @@ def rows_without_timing(run_dir: pathlib.Path) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in lines]
 
 
+@pytest.mark.e2e
 def test_the_saved_config_alone_reproduces_the_run(finished, tmp_path, capsys):
     run_dir, _ = finished
     config = str(run_dir / "operative_config.gin")

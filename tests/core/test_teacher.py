@@ -88,6 +88,7 @@ def test_a_run_without_its_teacher_is_a_one_line_error(capsys):
     assert err[-1].startswith("rlax: error: rlax.train.teacher: the algorithm distils")
 
 
+@pytest.mark.e2e
 def test_an_inline_run_distils_from_the_teacher_it_names(tmp_path):
     base = ROOT / "assets" / "quickstart-base"
     gin.clear_config()

@@ -140,6 +140,7 @@ def test_reference_policy_is_the_base():
                                   logits(model))  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_resumed_run_equals_the_uninterrupted_one(tmp_path):
     from rlax.core.trainer.checkpoint import Checkpointer
     from rlax.core.trainer.loop import apply_restored, state_tree

@@ -34,10 +34,6 @@ def small(steps: int, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-# One persistent JAX compilation cache for every process of this test session: each role
-# compiles the same programs, and restarted processes compile them again.
-JAX_CACHE = tempfile.mkdtemp(prefix="rlax-test-jax-cache-")
-
 DETERMINISTIC = (
     "--gin.MAX_STALENESS=0",
     "--gin.rlax.train.deterministic=True",
@@ -46,22 +42,30 @@ DETERMINISTIC = (
 
 
 def start(run_dir: pathlib.Path, args: list[str], role: str = "all") -> subprocess.Popen:
+    """``rlax run ARGS --run-dir RUN_DIR`` started; its stdout and stderr go to files beside
+    the run directory (a pipe nobody reads while the test waits could fill and block it),
+    read with :func:`output` at any time."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLAX_PS_")}
-    env.update(
-        JAX_COMPILATION_CACHE_DIR=JAX_CACHE,
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
     cmd = [sys.executable, "-m", "rlax.core.cli", "run", *args, "--run-dir", str(run_dir)]
     if role != "all":
         cmd += ["--role", role]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    logs = tempfile.mkdtemp(prefix=f"{run_dir.name}-output-", dir=run_dir.parent)
+    with open(f"{logs}/stdout", "w") as out, open(f"{logs}/stderr", "w") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, text=True)
+    proc.logs = pathlib.Path(logs)  # type: ignore[attr-defined]
+    return proc
+
+
+def output(proc: subprocess.Popen) -> tuple[str, str]:
+    """What ``proc`` (from :func:`start`) has written so far: (stdout, stderr)."""
+    logs = proc.logs  # type: ignore[attr-defined]
+    return (logs / "stdout").read_text(), (logs / "stderr").read_text()
 
 
 def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
+    proc.wait(timeout=timeout)
+    return proc.returncode, *output(proc)
 
 
 def children(pid: int) -> dict[str, int]:
@@ -88,6 +92,19 @@ def kill(supervisor: subprocess.Popen, role: str, sig: signal.Signals) -> int:
     return pid
 
 
+def leases_of(db: pathlib.Path, worker: str) -> list[str]:
+    """The ids of the prompts ``worker`` holds leases on, read off the queue's database."""
+    import sqlite3
+
+    from rlax.core.param_server import rlax_pb2 as pb
+
+    if not db.exists():
+        return []
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        rows = conn.execute("SELECT prompt FROM leases WHERE worker = ?", (worker,))
+        return [pb.PromptMsg.FromString(r[0]).id for r in rows]
+
+
 def metrics(run_dir: pathlib.Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
@@ -100,7 +117,7 @@ def wait_until(condition, timeout: float = 240, what: str = "condition", proc=No
     while not condition():
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"run ended (status {proc.returncode}) before {what}:\n"
-                                 + proc.stderr.read()[-3000:])  # fmt: skip
+                                 + output(proc)[1][-3000:])  # fmt: skip
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)

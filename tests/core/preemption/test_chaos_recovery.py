@@ -13,21 +13,15 @@ import sqlite3
 import time
 
 import pytest
-from cluster import BASE, children, finish, kill, metrics, small, start, wait_until
+from cluster import BASE, children, finish, kill, leases_of, metrics, small, start, wait_until
 
 from rlax.core.param_server import rlax_pb2 as pb
+
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # kills processes on a clock
 
 N = 12
 EVERY = 2  # checkpoint_every in `small`
 PER_STEP = 16
-
-
-def leases_of(db, worker):
-    if not db.exists():
-        return []
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        rows = conn.execute("SELECT prompt FROM leases WHERE worker = ?", (worker,))
-        return [pb.PromptMsg.FromString(r[0]).id for r in rows]
 
 
 def kill_while_leasing(proc, db, worker, tries=20):

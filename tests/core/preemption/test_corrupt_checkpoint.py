@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from cluster import finish, metrics, small, start, training_metrics
+
+pytestmark = pytest.mark.e2e
 
 
 def run(run_dir, steps):

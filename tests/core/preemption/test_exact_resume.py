@@ -25,6 +25,8 @@ from cluster import (
     wait_until,
 )
 
+pytestmark = pytest.mark.e2e
+
 N = 6
 ONE_WORKER = "--gin.rlax.local_cluster.num_workers=1"
 ARGS = small(N, *DETERMINISTIC, ONE_WORKER)
