@@ -46,6 +46,7 @@ _OWNER = SHARED_ENV not in os.environ  # the process that made the folder remove
 if _OWNER:
     os.environ[SHARED_ENV] = tempfile.mkdtemp(prefix="rlax-tests-")
 SHARED = pathlib.Path(os.environ[SHARED_ENV])
+SHARED.mkdir(parents=True, exist_ok=True)  # a folder named by a caller's environment, too
 
 # Set before anything imports JAX, so in-process tests use it as their subprocesses do.
 os.environ.update(
