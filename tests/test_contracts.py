@@ -365,6 +365,7 @@ def test_entry_points_are_typed_with_the_contracts(core_configurables, selector,
 
 
 def test_gin_accepts_built_components_and_refuses_a_literal_for_a_protocol(builtins):
+    config.register_core_configurables()  # as the CLI does; not left to an earlier test
     ok = [
         "rlax.train.task = @tasks.arithmetic()",
         "rlax.train.curation = [@curation.dynamic_sampling(), @curation.zero_variance()]",
