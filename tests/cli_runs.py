@@ -12,10 +12,13 @@ QUICKSTART_BASE = ROOT / "assets" / "quickstart-base"
 CLUSTER_STEPS = 12
 
 
-def rlax_process(*args: str, cwd: pathlib.Path = ROOT, timeout: float = 600):
+def rlax_process(
+    *args: str, cwd: pathlib.Path = ROOT, env: dict[str, str] | None = None, timeout: float = 600
+):
     """``python -m rlax.core.cli ARGS`` as a process, with no parameter-server address or
-    token of the caller's; its CompletedProcess (text)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLAX_PS_")}
+    token of the caller's (only those in ``env``, which is added to this environment); its
+    CompletedProcess (text)."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RLAX_PS_")}, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "rlax.core.cli", *args], check=False, cwd=cwd, env=env,
         capture_output=True, text=True, timeout=timeout,

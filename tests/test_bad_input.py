@@ -20,7 +20,6 @@ on a process's stderr, and a port another process holds.
 from __future__ import annotations
 
 import logging
-import os
 import pathlib
 import socket
 import subprocess
@@ -28,7 +27,7 @@ import sys
 import time
 
 import pytest
-from cli_runs import CLUSTER_STEPS
+from cli_runs import CLUSTER_STEPS, rlax_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SECONDS = 60  # generous for a loaded 2-core machine; each case takes a few seconds quietly
@@ -39,24 +38,14 @@ FAST = ["--gin.rlax.train.progress=False", "--gin.tasks.arithmetic.num_eval=16",
 def rlax(*args: str, cwd: pathlib.Path, env: dict[str, str] | None = None):
     """``python -m rlax.core.cli ARGS`` as a process: (its result, seconds)."""
     start = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "rlax.core.cli", *args], cwd=cwd, capture_output=True, text=True,
-        env={**os.environ, **(env or {})}, timeout=600, check=False,
-    )  # fmt: skip
+    result = rlax_process(*args, cwd=cwd, env=env)
     return result, time.monotonic() - start
-
-
-class Ran:
-    """What :func:`rlax_main` saw: like a finished process's ``returncode``, ``stdout``, ``stderr``."""
-
-    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
-        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
 @pytest.fixture
 def rlax_main(monkeypatch, capfd):
-    """``rlax ARGS`` through the entry point in this process: (what it printed and returned,
-    seconds). Its working directory and environment are set for the call only; its log
+    """``rlax ARGS`` through the entry point in this process: (a CompletedProcess of what it
+    printed and returned, seconds). Its working directory and environment are set for the call only; its log
     records reach stderr in rlax's format, as a process's do (``terminal.Lines``)."""
     import gin
 
@@ -80,7 +69,7 @@ def rlax_main(monkeypatch, capfd):
                 gin.clear_config()
             seconds = time.monotonic() - start
             out, err = capfd.readouterr()
-        return Ran(status, out, err), seconds
+        return subprocess.CompletedProcess(list(args), status, out, err), seconds
 
     return call
 
