@@ -20,7 +20,7 @@ pytestmark = pytest.mark.serial  # counts page faults: another process's load mo
 
 # A program whose scratch buffer is SIZE**2 floats (the [SIZE, SIZE] product
 # must exist for the matmul that reads it). Prints what reuse_freed_memory did,
-# the scratch size and the minor page faults of CALLS calls.
+# the scratch size and the minor page faults of each of CALLS calls.
 FAULTS_SCRIPT = textwrap.dedent(
     """
     import json, resource, sys
@@ -37,10 +37,11 @@ FAULTS_SCRIPT = textwrap.dedent(
     x, w = jnp.linspace(0, 1, SIZE), jnp.ones((SIZE, 4))
     scratch = f.lower(x, w).compile().memory_analysis().temp_size_in_bytes
     f(x, w).block_until_ready()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    faults = []
     for _ in range(CALLS):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         value = float(f(x, w))
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     print(json.dumps({"applied": applied, "scratch": scratch, "faults": faults, "value": value}))
     """
 )
@@ -63,6 +64,11 @@ def _faults(mode: str, *more: str, size: int = 4096, calls: int = CALLS) -> dict
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _refaulted(run: dict, pages: int) -> int:
+    """How many calls faulted in more than a tenth of the scratch's pages."""
+    return sum(faults > pages / 10 for faults in run["faults"])
+
+
 @pytest.fixture
 def fresh(monkeypatch):
     """host_memory as if never called in this process."""
@@ -82,12 +88,12 @@ def test_reused_scratch_is_not_faulted_in_again_on_every_call():
     assert reused["applied"] == "reused"
     pages = reused["scratch"] // 4096
     assert pages >= 16384  # the 64 MB product is scratch
-    # Left alone, glibc maps each call's scratch afresh: every page faults in again.
-    assert system["faults"] >= CALLS * pages * 0.9
+    # Left alone, glibc maps each call's scratch afresh: every call faults it all in again.
+    assert all(faults >= 0.9 * pages for faults in system["faults"])
     # Kept, the calls reuse the same memory. Not every call: until the heap has
     # room for the scratch beside JAX's small allocations it grows by one
-    # scratch now and then (measured: 5-9 growths in 60 calls, mostly early).
-    assert reused["faults"] < 0.5 * system["faults"]
+    # scratch now and then (measured: 1-2 growths in 30 calls, 5-9 in 60).
+    assert _refaulted(reused, pages) < CALLS / 2
 
 
 def test_a_parameter_server_client_in_the_process_keeps_a_large_scratch_reused():
@@ -100,8 +106,11 @@ def test_a_parameter_server_client_in_the_process_keeps_a_large_scratch_reused()
     assert run["applied"] == "reused"
     pages = run["scratch"] // 4096
     assert pages > (1 << 30) // 4096
-    # Handed back, all 12 calls fault it in again (measured); kept, 2-4 did.
-    assert run["faults"] < 8 * pages
+    # Handed back, every call faults it all in again (as the test above shows for
+    # glibc's own settings). Kept, the heap grows by a scratch on some calls and the
+    # others reuse it: how many grow depends on how XLA's threads interleave their
+    # small allocations (measured: 2-8 of 12), but some calls always reuse it.
+    assert _refaulted(run, pages) <= 12 - 2
 
 
 class FakeLibc:
