@@ -66,17 +66,6 @@ MARKERS = {
 }
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: two workers per core (at most ``--maxprocesses``).
-
-    A good part of the suite waits rather than computes (a sandboxed program's
-    deadline, a role's start-up, a cluster's steps handed between processes), and a
-    second worker per core fills those waits: measured on two cores, a third of the
-    suite took 213 s with two workers and 172 s with four. Tests that need the
-    machine to themselves are marked ``serial`` and still run alone."""
-    return 2 * (os.cpu_count() or 1)
-
-
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
