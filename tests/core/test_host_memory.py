@@ -99,7 +99,8 @@ def test_reused_scratch_is_not_faulted_in_again_on_every_call():
 def test_a_parameter_server_client_in_the_process_keeps_a_large_scratch_reused():
     # A trainer holds a client, whose message-buffer setting (a 1 GB trim
     # threshold) would hand a freed scratch of over 1 GB back to the kernel.
-    run = _faults("reuse", "client", size=17000, calls=12)  # 1.1 GB of scratch
+    calls = 12
+    run = _faults("reuse", "client", size=17000, calls=calls)  # 1.1 GB of scratch
     if platform.libc_ver()[0] != "glibc":
         assert run["applied"] == "unsupported"
         return
@@ -110,7 +111,7 @@ def test_a_parameter_server_client_in_the_process_keeps_a_large_scratch_reused()
     # glibc's own settings). Kept, the heap grows by a scratch on some calls and the
     # others reuse it: how many grow depends on how XLA's threads interleave their
     # small allocations (measured: 2-8 of 12), but some calls always reuse it.
-    assert _refaulted(run, pages) <= 12 - 2
+    assert _refaulted(run, pages) <= calls - 2
 
 
 class FakeLibc:
