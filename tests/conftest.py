@@ -51,10 +51,12 @@ SHARED.mkdir(parents=True, exist_ok=True)  # a folder named by a caller's enviro
 # Set before anything imports JAX, so in-process tests use it as their subprocesses do.
 os.environ.update(
     JAX_COMPILATION_CACHE_DIR=str(SHARED / "jax-cache"),
-    # Programs that take half a second to compile: every one worth keeping, and few
-    # enough files that a lookup stays cheap. No size limit: with one, every write scans
-    # the whole folder (measured: a module 1.6x slower than with no cache at all).
-    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
+    # Every program, however quick to compile: the suite's tiny models make thousands of
+    # small programs, many of them the same in several tests and roles (measured on the six
+    # most compile-bound modules: 167 s keeping programs over 0.5 s, 155 s keeping all).
+    # No size limit: with one, every write scans the whole folder (measured: a module
+    # 1.6x slower than with no cache at all).
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
 )
 
