@@ -7,6 +7,9 @@
   only through the contracts (``core/contracts.py``) and the plugin manager.
 - No module is over 400 lines and no function over 60 (generated protobuf
   code excepted).
+- No module imports a package that only the ``hf`` extra installs (torch,
+  transformers, accelerate, peft): they are for parity tests, not a dependency,
+  and the type check skips them (pyproject.toml), so an import would go unchecked.
 - Every path the "where is X" table of docs/architecture.md names exists.
 """
 
@@ -136,6 +139,32 @@ def test_the_core_never_imports_a_plugin():
         if name.startswith("rlax.core")
     }
     assert {name: deps for name, deps in offenders.items() if deps} == {}
+
+
+TEST_ONLY = {"torch", "transformers", "accelerate", "peft"}  # the hf extra
+
+
+def top_level_imports(path: pathlib.Path) -> set[str]:
+    """The first component of every absolute import in ``path``, in functions too."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module.partition(".")[0])
+    return out
+
+
+def test_the_import_walk_sees_imports_in_functions(tmp_path):
+    (tmp_path / "m.py").write_text("import os.path\ndef f():\n    from torch import nn\n")
+    assert top_level_imports(tmp_path / "m.py") == {"os", "torch"}
+
+
+def test_no_module_imports_a_test_only_package():
+    offenders = {
+        name: sorted(top_level_imports(path) & TEST_ONLY) for name, path in modules().items()
+    }
+    assert {name: found for name, found in offenders.items() if found} == {}
 
 
 def _sources() -> list[pathlib.Path]:
