@@ -10,6 +10,22 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART_BASE = ROOT / "assets" / "quickstart-base"
 CLUSTER_STEPS = 12
+# The sizes every whole quickstart run of the suite shares (the local cluster, bad input,
+# the preemption tests), so that what one run compiles -- a worker's sampler over a
+# lease of 8 prompts x 8, the evaluation's over 16 problems x 2, the train step over 16
+# groups of 8 -- the next takes from JAX's persistent cache instead of compiling again.
+# (The quickstart's own sizes, 32 prompts in leases of 16 and 24 problems x 16 samples,
+# cost a cold run 88 CPU-s against these sizes' 63.)
+SMALL_SIZES = (
+    "--gin.PROMPTS_PER_STEP=16", "--gin.rlax.worker.prompts_per_lease=8",
+    "--gin.tasks.arithmetic.num_eval=16", "--gin.rlax.train.eval_samples=2",
+    "--gin.rlax.train.eval_ks=(1,)",
+)  # fmt: skip
+# Scoring in each worker's own process, for runs whose subject is not the reward pool
+# (tests/core/test_reward_pool.py's is): the quickstart's one verifier process per worker
+# costs a run two more interpreters, 4 of its 36 CPU-s. The installed quickstart
+# (test_packaging) keeps them.
+IN_PROCESS_REWARDS = "--gin.rlax.worker.reward_workers=0"
 
 
 def rlax_process(
@@ -27,8 +43,9 @@ def rlax_process(
 
 def quickstart_cluster(steps: int, *extra: str) -> list[str]:
     """``run`` arguments: the quickstart's processes (--role all) from its base policy,
-    ``steps`` steps, held-out evaluation on 24 problems."""
+    ``steps`` steps, at the suite's shared sizes (:data:`SMALL_SIZES`), scoring in the
+    workers (:data:`IN_PROCESS_REWARDS`)."""
     return ["run", "--gin", str(ROOT / "configs" / "quickstart.gin"),
             f"--gin.INIT_CHECKPOINT='{QUICKSTART_BASE}'", f"--gin.rlax.train.steps={steps}",
-            "--gin.tasks.arithmetic.num_eval=24", "--gin.rlax.train.progress=False",
+            *SMALL_SIZES, IN_PROCESS_REWARDS, "--gin.rlax.train.progress=False",
             *extra]  # fmt: skip

@@ -14,6 +14,7 @@ import tomllib
 import zipfile
 
 import pytest
+from cli_runs import SMALL_SIZES
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -188,13 +189,12 @@ def test_the_installed_wheel_imports_every_module_of_the_tree(installed, tmp_pat
 
 @pytest.mark.e2e
 def test_the_installed_quickstart_trains_from_outside_the_clone(installed, tmp_path):
-    """Three steps, and held-out evaluation on 16 problems x 2 samples: what is tested is
+    """Three steps at the suite's shared sizes (cli_runs.SMALL_SIZES): what is tested is
     that the installed package runs its own config from anywhere, not what it learns."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    small = ["--gin.rlax.train.steps=3", "--gin.tasks.arithmetic.num_eval=16",
-             "--gin.EVAL_SAMPLES=2", "--gin.EVAL_KS=(1, 2)"]  # fmt: skip
     result = subprocess.run(
-        [installed / "bin" / "rlax", "run", "--gin", "quickstart", *small],
+        [installed / "bin" / "rlax", "run", "--gin", "quickstart", "--gin.rlax.train.steps=3",
+         *SMALL_SIZES],
         cwd=tmp_path, capture_output=True, text=True, check=False, env=env, timeout=600,
     )  # fmt: skip
 
