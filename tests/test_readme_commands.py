@@ -24,7 +24,7 @@ def test_ci_runs_exactly_the_readme_s_test_command():
 
 def test_both_commands_set_up_the_same_way_with_the_extras_the_tests_need():
     quickstart, tests = readme_commands()
-    setup = "python3.11 -m venv .venv && . .venv/bin/activate && pip install --no-compile -e "
+    setup = "python3.11 -m venv .venv && . .venv/bin/activate && pip install -e "
 
     assert quickstart.startswith(setup + ". && ")
     assert tests == setup + "'.[test,hf]' && python -m pytest -q -n auto"
