@@ -58,19 +58,24 @@ def imported(path: pathlib.Path, known: dict[str, pathlib.Path]) -> set[str]:
             name = name.rpartition(".")[0]
         return name or None
 
+    names = imported_names(path, type_checking=False)
+    return {m for m in map(owner, (n for n in names if n.startswith("rlax."))) if m}
+
+
+def imported_names(path: pathlib.Path, *, type_checking: bool = True) -> set[str]:
+    """Every absolute name ``path`` imports (``a.b`` for ``import a.b``, ``a.b`` for
+    ``from a import b``), in functions too; ``type_checking=False`` leaves out those under
+    ``if TYPE_CHECKING:``."""
     tree = ast.parse(path.read_text())
-    skip = _type_checking_only(tree)
+    skip = set() if type_checking else _type_checking_only(tree)
     out = set()
     for node in ast.walk(tree):
         if getattr(node, "lineno", None) in skip:
             continue
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [f"{node.module}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        out.update(m for m in map(owner, (n for n in names if n.startswith("rlax."))) if m)
+            out.update(f"{node.module}.{alias.name}" for alias in node.names)
     return out
 
 
@@ -145,19 +150,17 @@ TEST_ONLY = {"torch", "transformers", "accelerate", "peft"}  # the hf extra
 
 
 def top_level_imports(path: pathlib.Path) -> set[str]:
-    """The first component of every absolute import in ``path``, in functions too."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out.update(alias.name.partition(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.add(node.module.partition(".")[0])
-    return out
+    """The package of every absolute import in ``path``, in functions and under
+    ``if TYPE_CHECKING:`` too (the type check follows those)."""
+    return {name.partition(".")[0] for name in imported_names(path)}
 
 
-def test_the_import_walk_sees_imports_in_functions(tmp_path):
-    (tmp_path / "m.py").write_text("import os.path\ndef f():\n    from torch import nn\n")
-    assert top_level_imports(tmp_path / "m.py") == {"os", "torch"}
+def test_the_import_walk_sees_imports_in_functions_and_for_types(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "import os.path\nfrom typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import peft\ndef f():\n    from torch import nn\n"
+    )
+    assert top_level_imports(tmp_path / "m.py") == {"os", "typing", "peft", "torch"}
 
 
 def test_no_module_imports_a_test_only_package():
