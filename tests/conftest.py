@@ -3,8 +3,9 @@
 The README's test command is all a fresh machine runs (``.ci/run`` runs exactly
 that command), so what the suite needs from the environment is set here: no
 model or dataset hub is ever reached, and a developer's ``XLA_FLAGS`` (a fake
-device count, say) cannot change what the tests see. Tests that need fake
-devices set ``XLA_FLAGS`` for the subprocesses they start.
+device count, say) cannot change what the tests see: the suite sets its own
+(``cli_runs.XLA_FLAGS``, which says why). Tests that need fake devices give the
+subprocesses they start ``cli_runs.fake_devices(n)``.
 
 The suite runs on every core (pytest-xdist, ``-n auto`` in the README's
 command) and shares three things between its processes, through one folder
@@ -39,7 +40,10 @@ import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
-os.environ.pop("XLA_FLAGS", None)
+sys.path.insert(0, str(pathlib.Path(__file__).parent))  # cli_runs, for the test modules too
+import cli_runs
+
+os.environ["XLA_FLAGS"] = cli_runs.XLA_FLAGS  # the suite's own, whatever the caller set
 
 SHARED_ENV = "RLAX_TEST_SHARED"
 _OWNER = SHARED_ENV not in os.environ  # the process that made the folder removes it
@@ -158,7 +162,6 @@ def shared_run() -> Callable[[str, Callable[[pathlib.Path], None]], pathlib.Path
 
 # -- whole runs that modules share ----------------------------------------------------------
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))  # cli_runs, for the test modules too
 from cli_runs import CLUSTER_STEPS, quickstart_cluster, rlax_process
 
 

@@ -15,6 +15,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
+from cli_runs import fake_devices
 
 pytestmark = pytest.mark.e2e
 
@@ -29,9 +30,7 @@ NAMES = [
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
     report = tmp_path_factory.mktemp("mesh") / "report.xml"
-    env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
-    )
+    env = dict(os.environ, XLA_FLAGS=fake_devices(8), JAX_PLATFORMS="cpu")
     proc = subprocess.run(
         [
             sys.executable,

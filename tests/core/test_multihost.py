@@ -23,6 +23,7 @@ from rlax.core.param_server.wire import WirePlan, leaf_name
 HERE = pathlib.Path(__file__).parent
 sys.path.insert(0, str(HERE))
 import multihost_case as case
+from cli_runs import fake_devices
 
 sys.path.remove(str(HERE))
 
@@ -35,9 +36,7 @@ def free_port() -> int:
 
 def run_two_processes(out: pathlib.Path, ps=None) -> None:
     coordinator = f"127.0.0.1:{free_port()}"
-    env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu"
-    )
+    env = dict(os.environ, XLA_FLAGS=fake_devices(4), JAX_PLATFORMS="cpu")
     extra = [ps.settings.address, ps.settings.token] if ps is not None else []
     procs = [
         subprocess.Popen(

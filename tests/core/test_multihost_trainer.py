@@ -25,6 +25,7 @@ import gin
 import jax
 import numpy as np
 import pytest
+from cli_runs import fake_devices
 from flax import nnx
 
 from rlax.core import config
@@ -104,7 +105,7 @@ class Cluster:
         for pid in range(2):
             env = dict(
                 self.env, RLAX_COORDINATOR=coordinator, RLAX_NUM_PROCESSES="2",
-                RLAX_PROCESS_ID=str(pid), XLA_FLAGS="--xla_force_host_platform_device_count=4",
+                RLAX_PROCESS_ID=str(pid), XLA_FLAGS=fake_devices(4),
             )  # fmt: skip
             if notice_after and pid in notice_after:
                 env["RLAX_TEST_NOTICE_AFTER_STEP"] = str(notice_after[pid])
