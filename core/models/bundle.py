@@ -40,7 +40,7 @@ from flax import nnx
 
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.tokenizer import CharTokenizer
-from rlax.core.models.transformer import Transformer
+from rlax.core.models.transformer import Transformer, abstract_transformer
 
 FORMAT = "rlax-model/1"
 HF_INFO = "rlax_info.json"
@@ -68,7 +68,7 @@ def new_model(cfg: TransformerConfig, seed: int) -> Transformer:
 
 def abstract_model(cfg: TransformerConfig) -> Transformer:
     """A model of ``cfg`` whose parameters are shapes and dtypes only (no memory)."""
-    return nnx.eval_shape(lambda: new_model(cfg, 0))
+    return abstract_transformer(cfg)
 
 
 def save_params(path: pathlib.Path, state: nnx.State) -> None:

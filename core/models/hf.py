@@ -33,7 +33,7 @@ from flax import nnx
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.hf_config import config_from_hf, config_to_hf
 from rlax.core.models.safetensors_stream import TensorOut, write_safetensors
-from rlax.core.models.transformer import Transformer
+from rlax.core.models.transformer import Transformer, abstract_transformer
 
 __all__ = [
     "WeightsError",
@@ -106,7 +106,7 @@ def params_from_tensors(
     Raises:
       WeightsError: a tensor is missing or has the wrong shape (names both).
     """
-    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    model = abstract_transformer(cfg)
     shapes = nnx.to_pure_dict(nnx.state(model))
     out: dict = {}
     missing = []
@@ -186,7 +186,7 @@ def model_from_params(cfg: TransformerConfig, params: dict) -> Transformer:
     no other reference): the peak is one copy of the weights plus one tensor,
     not two copies.
     """
-    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    model = abstract_transformer(cfg)
     state = nnx.state(model)
     _to_device_in_place(params)
     nnx.replace_by_pure_dict(state, params)

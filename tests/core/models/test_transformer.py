@@ -1,5 +1,7 @@
 """The decoder: cached decoding equals the full forward pass; RoPE is relative."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +9,13 @@ from flax import nnx
 
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.rope import apply_rope
-from rlax.core.models.transformer import Transformer, causal_mask, init_cache, positions_from_mask
+from rlax.core.models.transformer import (
+    Transformer,
+    abstract_transformer,
+    causal_mask,
+    init_cache,
+    positions_from_mask,
+)
 
 CFG = TransformerConfig(
     vocab_size=11, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=48
@@ -85,3 +93,15 @@ def test_config_validation():
     with pytest.raises(ValueError, match="unknown"):
         TransformerConfig.from_dict({**CFG.to_dict(), "bogus": 1})
     assert TransformerConfig.from_dict(CFG.to_dict()) == CFG
+
+
+def test_the_abstract_model_has_the_initialised_models_structure_shapes_and_dtypes():
+    for cfg in (CFG, dataclasses.replace(CFG, num_layers=3, tie_embeddings=False)):
+        real = Transformer(cfg, rngs=nnx.Rngs(0))
+        abstract = abstract_transformer(cfg)
+        assert nnx.graphdef(abstract) == nnx.graphdef(real)
+        leaves = jax.tree.leaves(nnx.state(abstract))
+        assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)  # no memory
+        assert [(x.shape, x.dtype) for x in leaves] == [
+            (x.shape, x.dtype) for x in jax.tree.leaves(nnx.state(real))
+        ]
