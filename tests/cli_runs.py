@@ -26,6 +26,10 @@ SMALL_SIZES = (
 # costs a run two more interpreters, 4 of its 36 CPU-s. The installed quickstart
 # (test_packaging) keeps them.
 IN_PROCESS_REWARDS = "--gin.rlax.worker.reward_workers=0"
+# No curves.png, for runs whose tests do not look at it (test_experiment and
+# test_observability do): drawing it costs a trainer 1.3-1.7 s of a CPU core at the end of
+# every run and at every preemption.
+NO_CURVES = "--gin.rlax.train.curves=False"
 # XLA's flags for every process of the suite (tests/conftest.py sets them before JAX is
 # imported; children inherit them). LLVM's optimisation level 1 instead of its default 2:
 # the suite compiles thousands of small programs and runs each a few times, so compiling
@@ -61,5 +65,5 @@ def quickstart_cluster(steps: int, *extra: str) -> list[str]:
     workers (:data:`IN_PROCESS_REWARDS`)."""
     return ["run", "--gin", str(ROOT / "configs" / "quickstart.gin"),
             f"--gin.INIT_CHECKPOINT='{QUICKSTART_BASE}'", f"--gin.rlax.train.steps={steps}",
-            *SMALL_SIZES, IN_PROCESS_REWARDS, "--gin.rlax.train.progress=False",
+            *SMALL_SIZES, IN_PROCESS_REWARDS, NO_CURVES, "--gin.rlax.train.progress=False",
             *extra]  # fmt: skip

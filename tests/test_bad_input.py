@@ -27,11 +27,11 @@ import sys
 import time
 
 import pytest
-from cli_runs import CLUSTER_STEPS, rlax_process
+from cli_runs import CLUSTER_STEPS, NO_CURVES, rlax_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SECONDS = 60  # generous for a loaded 2-core machine; each case takes a few seconds quietly
-FAST = ["--gin.rlax.train.progress=False", "--gin.tasks.arithmetic.num_eval=16",
+FAST = ["--gin.rlax.train.progress=False", NO_CURVES, "--gin.tasks.arithmetic.num_eval=16",
         "--gin.EVAL_SAMPLES=2", "--gin.EVAL_KS=(1, 2)"]  # fmt: skip
 
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from cli_runs import SMALL_SIZES
+from cli_runs import NO_CURVES, SMALL_SIZES
 
 from rlax.plugins import algorithms
 
@@ -108,7 +108,7 @@ def test_gin_selects_the_installed_algorithm_for_a_real_run(installed):
          "--gin", str(ROOT / "configs" / "quickstart.gin"), "--gin", str(EXAMPLE / "lite_ppo.gin"),
          f"--gin.INIT_CHECKPOINT='{ROOT / 'assets' / 'quickstart-base'}'",
          "--gin.rlax.train.steps=3", *SMALL_SIZES, "--gin.algorithms.lite_ppo.clip_eps=0.25",
-         "--gin.rlax.train.progress=False", "--gin.rlax.evaluate.progress=False",
+         "--gin.rlax.train.progress=False", NO_CURVES, "--gin.rlax.evaluate.progress=False",
          "--run-dir", str(run_dir)],
         check=False, capture_output=True, text=True, env=env, cwd=installed,
     )  # fmt: skip

@@ -10,7 +10,8 @@ calls between steps; its process 0 does the writing. It
   ``RUN/rollouts.jsonl`` (:mod:`rlax.core.evaluation.traces`) and to the loggers;
 - every ``eval_every`` steps, evaluates the policy on the held-out set, whose
   pass@k goes into that step's metrics as ``heldout/pass_at_<k>``;
-- every ``plot_every`` steps, and at a preemption, redraws ``RUN/curves.png``;
+- every ``plot_every`` steps, and at a preemption, redraws ``RUN/curves.png``
+  (``curves = False``: never, for runs watched through their loggers alone);
   at a preemption it also writes ``RUN/eval.json`` with what was measured so far.
 """
 
@@ -33,7 +34,7 @@ _log = logging.getLogger("rlax.trainer")
 
 
 def check_observe_settings(*, eval_every: int = 0, trace_every: int = 10, trace_groups: int = 2,
-                           plot_every: int = 50, **_) -> None:  # fmt: skip
+                           plot_every: int = 50, curves: bool = True, **_) -> None:  # fmt: skip
     """BadSetting for a period below 0 (0 turns the thing off) or fewer than one traced group."""
     for name, every in (("eval_every", eval_every), ("trace_every", trace_every),
                         ("plot_every", plot_every)):  # fmt: skip
@@ -106,11 +107,11 @@ class Observer:
     def __init__(self, run_dir: pathlib.Path, loggers: Sequence[Logger] = (), *,
                  evaluate: Callable[[], dict[str, float]] | None = None, reward: Reward | None = None,
                  eval_every: int = 0, trace_every: int = 0, trace_groups: int = 2,
-                 plot_every: int = 0, lead: bool = True):  # fmt: skip
+                 plot_every: int = 0, curves: bool = True, lead: bool = True):  # fmt: skip
         self.run_dir, self.loggers, self.lead = run_dir, Loggers(loggers), lead
         self._evaluate, self.reward = evaluate, reward
         self.eval_every, self.trace_every, self.trace_groups = eval_every, trace_every, trace_groups
-        self.plot_every = plot_every
+        self.plot_every, self.curves = plot_every, curves
 
     @property
     def traces_path(self) -> pathlib.Path:
@@ -148,7 +149,7 @@ class Observer:
 
     def plot(self, rows: Sequence[dict], before: dict | None = None,
              after: dict | None = None) -> None:  # fmt: skip
-        if self.lead and rows:
+        if self.lead and self.curves and rows:
             plot_curves(rows, self.run_dir / "curves.png", title=self.run_dir.name,
                         before=before, after=after)  # fmt: skip
 

@@ -54,7 +54,7 @@ every step's metrics and the rollout traces; every ``eval_every`` steps (0:
 never) the held-out pass@k joins that step's metrics; every ``trace_every``
 steps ``trace_groups`` of the batch's groups are written to
 ``rollouts.jsonl``; ``curves.png`` is redrawn every ``plot_every`` steps and
-at a preemption, when ``eval.json`` is written too
+at a preemption (``curves = False``: never), when ``eval.json`` is written too
 (:mod:`rlax.core.trainer.observe`).
 
 An algorithm that distils from a teacher (``needs_teacher``) needs
@@ -297,7 +297,7 @@ def train(*, hook: Any = None, run_dir: pathlib.Path | None = None, inline: bool
           mesh: MeshConfig | None = None, trainer_settings: TrainerSettings | None = None,
           distributed: DistributedSettings | None = None, loggers: Sequence[Logger] = (),
           eval_every: int = 0, trace_every: int = 10, trace_groups: int = 2,
-          plot_every: int = 50, teacher: ConfigPath | None = None,
+          plot_every: int = 50, curves: bool = True, teacher: ConfigPath | None = None,
           lora: LoraConfig | None = None) -> int:  # fmt: skip
     """The trainer role: RL from ``init_checkpoint`` for ``steps`` steps (see the module doc).
 
@@ -307,7 +307,7 @@ def train(*, hook: Any = None, run_dir: pathlib.Path | None = None, inline: bool
     hook = hook or _NoHooks()
     initialize_distributed(distributed)  # before anything touches a device (the CLI did it first)
     watch = {"eval_every": eval_every, "trace_every": trace_every, "trace_groups": trace_groups,
-             "plot_every": plot_every}  # fmt: skip
+             "plot_every": plot_every, "curves": curves}  # fmt: skip
     _check_settings(inline=inline, deterministic=deterministic, max_staleness=max_staleness,
                     eval_samples=eval_samples, eval_ks=eval_ks, curation=curation,
                     **watch)  # fmt: skip
@@ -342,7 +342,7 @@ def train(*, hook: Any = None, run_dir: pathlib.Path | None = None, inline: bool
 
 
 def _observer(run: TrainingRun, held_out: _HeldOut, loggers: Sequence[Logger], reward: Reward,
-              watch: dict[str, int]) -> Observer:  # fmt: skip
+              watch: dict[str, Any]) -> Observer:  # fmt: skip
     """The run's observer: its loggers, traces, curves, and the held-out evaluation of now."""
     params = lambda: multihost.gather_tree(merged_state(run.trainer.state.params))  # whole
     return Observer(run.run_dir, loggers, reward=reward, lead=multihost.is_lead(),

@@ -9,6 +9,7 @@ import pathlib
 import gin
 import numpy as np
 import pytest
+from cli_runs import NO_CURVES
 from flax import nnx
 
 from rlax.core import cli
@@ -25,7 +26,7 @@ ARGS = [
     "--gin.tasks.arithmetic.num_eval=8",
     "--gin.rlax.train.eval_samples=2",
     "--gin.rlax.train.eval_ks=(1,)",
-    "--gin.rlax.train.progress=False",
+    "--gin.rlax.train.progress=False", NO_CURVES,
     "--gin.rlax.train.checkpoint_every=1",
     "--gin.rlax.train.deterministic=True",
     "--gin.MAX_STALENESS=0",

@@ -25,7 +25,7 @@ import gin
 import jax
 import numpy as np
 import pytest
-from cli_runs import fake_devices
+from cli_runs import NO_CURVES, fake_devices
 from flax import nnx
 
 from rlax.core import config
@@ -55,7 +55,7 @@ ARGS = [
     # rounding size (adam's normalisation can blow it up where a gradient is ~0).
     "--gin.rlax.clipped_optimizer.inner=@optax.sgd()", "--gin.optax.sgd.learning_rate=0.5",
     "--gin.tasks.arithmetic.num_eval=4", "--gin.rlax.train.eval_samples=2",
-    "--gin.rlax.train.eval_ks=(1,)", "--gin.rlax.train.progress=False",
+    "--gin.rlax.train.eval_ks=(1,)", "--gin.rlax.train.progress=False", NO_CURVES,
     "--gin.rlax.train.checkpoint_every=2",
 ]  # fmt: skip
 MESH = [

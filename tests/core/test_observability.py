@@ -241,3 +241,15 @@ def test_the_phase_clock_adds_up_and_tells_each_phase_as_it_starts():
     assert told == ["waiting for rollouts", "training", "waiting for rollouts"]
     assert sum(metrics[f"{p}_s"] for p in PHASES) <= metrics["step_s"]
     assert set(metrics) == {"step_s", "time", *(f"{p}_s" for p in PHASES)}
+
+
+def test_curves_false_draws_no_png_where_the_default_draws_one(tmp_path):
+    from rlax.core.trainer.observe import Observer
+
+    rows = [{"step": s, "reward": 0.1 * s, "loss": 1.0 / s} for s in (1, 2, 3)]
+    drawn, undrawn = tmp_path / "drawn", tmp_path / "undrawn"
+    drawn.mkdir(), undrawn.mkdir()
+    Observer(drawn).stopped(rows, None)  # a preemption's safe point: curves and eval.json
+    Observer(undrawn, curves=False).stopped(rows, None)
+    assert (drawn / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in undrawn.iterdir()) == ["eval.json"]

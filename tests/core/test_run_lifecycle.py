@@ -13,6 +13,7 @@ import textwrap
 
 import gin
 import pytest
+from cli_runs import NO_CURVES
 
 from rlax.core import cli
 from rlax.core.trainer.phases import WALL_CLOCK
@@ -26,7 +27,7 @@ TINY = [
     "--gin.tasks.arithmetic.num_eval=8",
     "--gin.rlax.train.eval_samples=2",
     "--gin.rlax.train.eval_ks=(1,)",
-    "--gin.rlax.train.progress=False",
+    "--gin.rlax.train.progress=False", NO_CURVES,
     "--gin.rlax.evaluate.eval_samples=2",
     "--gin.rlax.evaluate.eval_ks=(1,)",
     "--gin.rlax.evaluate.progress=False",

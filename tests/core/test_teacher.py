@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from cli_runs import NO_CURVES
 from flax import nnx
 
 from rlax.core import cli
@@ -97,7 +98,7 @@ def test_an_inline_run_distils_from_the_teacher_it_names(tmp_path):
         "--gin.rlax.train.algorithm=@algorithms.distill()", f"--gin.rlax.train.teacher='{base}'",
         "--gin.PROMPTS_PER_STEP=8", "--gin.GROUP_SIZE=2", "--gin.tasks.arithmetic.num_eval=4",
         "--gin.rlax.train.eval_samples=1", "--gin.rlax.train.eval_ks=(1,)",
-        "--gin.rlax.train.progress=False", "--gin.rlax.train.steps=1", "--gin.CURATION=[]",
+        "--gin.rlax.train.progress=False", NO_CURVES, "--gin.rlax.train.steps=1", "--gin.CURATION=[]",
         "--run-dir", str(tmp_path / "run"), "--role", "inline",
     ])  # fmt: skip
     gin.clear_config()

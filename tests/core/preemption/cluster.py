@@ -12,7 +12,7 @@ import tempfile
 import time
 
 import numpy as np
-from cli_runs import IN_PROCESS_REWARDS, SMALL_SIZES
+from cli_runs import IN_PROCESS_REWARDS, NO_CURVES, SMALL_SIZES
 
 from rlax.core.trainer.phases import WALL_CLOCK
 
@@ -27,7 +27,7 @@ def small(steps: int, *extra: str) -> list[str]:
     return [
         "--gin", str(ROOT / "configs" / "quickstart.gin"),
         f"--gin.INIT_CHECKPOINT='{BASE}'", f"--gin.rlax.train.steps={steps}",
-        *SMALL_SIZES, IN_PROCESS_REWARDS, "--gin.rlax.train.progress=False",
+        *SMALL_SIZES, IN_PROCESS_REWARDS, "--gin.rlax.train.progress=False", NO_CURVES,
         "--gin.rlax.train.checkpoint_every=2", "--gin.rlax.param_server.lease_ttl_s=5.0",
         *extra,
     ]  # fmt: skip
