@@ -44,6 +44,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))  # cli_runs, for the test
 import cli_runs
 
 os.environ["XLA_FLAGS"] = cli_runs.XLA_FLAGS  # the suite's own, whatever the caller set
+# Bytecode is written, whatever the caller's PYTHONDONTWRITEBYTECODE says: the README's test
+# command installs without compiling (pip's compiling torch and transformers is half of the
+# install), and the suite's hundreds of processes would otherwise each compile every module
+# they import from its source (rlax's own: 0.2 CPU-s a process; collecting the tests: 17 ->
+# 12.5 CPU-s). The first process to import a module writes its bytecode; the rest read it.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 SHARED_ENV = "RLAX_TEST_SHARED"
 _OWNER = SHARED_ENV not in os.environ  # the process that made the folder removes it
