@@ -34,7 +34,7 @@ _log = logging.getLogger("rlax.trainer")
 
 
 def check_observe_settings(*, eval_every: int = 0, trace_every: int = 10, trace_groups: int = 2,
-                           plot_every: int = 50, curves: bool = True, **_) -> None:  # fmt: skip
+                           plot_every: int = 50, **_) -> None:  # fmt: skip
     """BadSetting for a period below 0 (0 turns the thing off) or fewer than one traced group."""
     for name, every in (("eval_every", eval_every), ("trace_every", trace_every),
                         ("plot_every", plot_every)):  # fmt: skip
