@@ -59,8 +59,16 @@ def _die_with_parent() -> None:
         _PRCTL(1, signal.SIGTERM)
 
 
+_SIGTERM = signal.SIGTERM  # for _Child, whose own `signal` method hides the module
+
+
 class _Child:
-    """One supervised process; ``start`` (re)launches it with the same command."""
+    """One supervised process; ``start`` (re)launches it with the same command.
+
+    Each process it starts is sent one stop signal at most (:meth:`signal`): a process
+    that has handled its notice puts the default handlers back while it exits, so a
+    second SIGTERM would kill it before it says why it stopped.
+    """
 
     def __init__(
         self, name: str, argv: list[str], env: dict[str, str], cores: Sequence[int] | None
@@ -71,16 +79,20 @@ class _Child:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(self.argv, env=self.env, preexec_fn=_die_with_parent)  # noqa: PLW1509 -- no locks taken in it
+        self.signalled: int | None = None  # the stop signal this process was sent
         if self.cores:
             os.sched_setaffinity(self.proc.pid, set(self.cores))
 
     def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
+        """Sends ``sig`` unless the process has exited or was already sent a stop signal."""
+        if self.signalled is None and self.proc.poll() is None:
+            self.signalled = sig
             self.proc.send_signal(sig)
 
-    def stop(self, timeout: float = 10.0, sig: int | None = None) -> None:
+    def stop(self, timeout: float = 10.0, sig: int = _SIGTERM) -> None:
+        """Signals the process (:meth:`signal`), waits ``timeout`` seconds, then kills it."""
+        self.signal(sig)
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM if sig is None else sig)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
