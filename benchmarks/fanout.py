@@ -3,7 +3,7 @@
 One parameter server and N pullers (threads standing in for worker
 processes, each with its own client, relay and links) on loopback. Every
 node's uplink is rate-limited in user space to ``--mb-s`` by a token bucket
-shared by all its connections (:class:`rlax.core.param_server.relay.Limiter`):
+shared by all its connections (:class:`rlax.core.param_server.transport.relay.Limiter`):
 the server's, and each worker relay's. The bandwidth and the model size are
 chosen so that the links, not the CPU, bound the run (the defaults move at
 most a few hundred MB/s in total through this process, a fraction of what
@@ -45,10 +45,10 @@ import grpc
 import numpy as np
 
 from rlax.core.param_server.client import ParamServerClient
-from rlax.core.param_server.relay import Limiter
 from rlax.core.param_server.server import ParamServer
 from rlax.core.param_server.settings import MB, ServerSettings
-from rlax.core.param_server.wire import WirePlan
+from rlax.core.param_server.transport.relay import Limiter
+from rlax.core.wire import WirePlan
 
 TOKEN = "bench-token"
 

@@ -111,8 +111,8 @@ def child(args) -> dict:
     from rlax.core.models.bundle import load_model
     from rlax.core.models.lora import LoraConfig
     from rlax.core.models.lora_wire import wire_tree
-    from rlax.core.param_server.wire import WirePlan
     from rlax.core.trainer.step import Trainer
+    from rlax.core.wire import WirePlan
     from rlax.plugins.algorithms.grpo import grpo
 
     bundle = load_model(args.model)

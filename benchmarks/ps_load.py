@@ -9,7 +9,7 @@ drew must be consumed exactly once or still be accounted for in the queue
 (pool, leased, queued, taken), and the server's resident memory must stay
 flat from the end of a 10 s warm-up to the end of the run.
 
-The queue is persisted in SQLite (core/param_server/persist.py) as ``rlax run``
+The queue is persisted in SQLite (core/param_server/queue/store.py) as ``rlax run``
 does, one transaction per state change; ``--in-memory`` measures it without.
 
     python benchmarks/ps_load.py [--seconds 30] [--workers 32] [--in-memory]
@@ -43,7 +43,7 @@ def _prompts():
 
 
 def _server(port_q, stop_evt, capacity, db_path):
-    from rlax.core.param_server.persist import QueueDB
+    from rlax.core.param_server.queue.store import QueueDB
     from rlax.core.param_server.server import ParamServer
     from rlax.core.param_server.settings import ServerSettings
 
@@ -121,7 +121,7 @@ def main() -> None:
     server.start()
     port = port_q.get()
     trainer = _client(port)
-    from rlax.core.param_server.wire import WirePlan
+    from rlax.core.wire import WirePlan
 
     tree = {"w": np.zeros(4, np.float32)}
     trainer.push(WirePlan.for_tree(tree), tree, 0)

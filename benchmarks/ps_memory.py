@@ -210,7 +210,7 @@ def run(args, cli: str | None, spool: bool) -> dict:
 
     from rlax.core.param_server.client import ParamServerClient
     from rlax.core.param_server.settings import ServerSettings
-    from rlax.core.param_server.wire import WirePlan
+    from rlax.core.wire import WirePlan
 
     tree = smollm2_tree(args.tiny)
     plan = WirePlan.for_tree(tree)

@@ -52,8 +52,8 @@ import time
 
 import numpy as np
 
+from rlax.core.rollout.reward_pool import RewardPool
 from rlax.core.types import Prompt
-from rlax.core.worker.reward_pool import RewardPool
 from rlax.plugins.rewards.code_verifier import CodeReward
 from rlax.plugins.rewards.math_verifier import MathReward
 

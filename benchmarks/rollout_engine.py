@@ -239,8 +239,8 @@ def _worker(client, sampler, name, plan, **kwargs) -> int:
 
 
 def bench_preemption(args) -> dict:
-    from rlax.core.launch.preemption import Preemption
-    from rlax.core.param_server.wire import WirePlan
+    from rlax.core.runtime.preemption import Preemption
+    from rlax.core.wire import WirePlan
 
     model, chunk, new = reference_model(), 32, 256
     state = nnx.state(model)

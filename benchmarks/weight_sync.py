@@ -128,7 +128,7 @@ def main() -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
     from rlax.core.param_server.client import ParamServerClient
-    from rlax.core.param_server.wire import WirePlan
+    from rlax.core.wire import WirePlan
 
     n_tensors = 32
     per = args.mb * 2**20 // 4 // n_tensors

@@ -53,7 +53,6 @@ from rlax.core.errors import (
     Preempted,
     RunFinished,
 )
-from rlax.core.launch import runs, terminal
 from rlax.core.parallel import host_memory
 from rlax.core.plugins import (
     BUILTIN_DISTRIBUTION,
@@ -62,6 +61,7 @@ from rlax.core.plugins import (
     build_plugin_manager,
     installed_entry_points,
 )
+from rlax.core.runtime import runs, terminal
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE", "main"]
 
@@ -300,7 +300,7 @@ def _remove_fresh(run_dir: pathlib.Path, made_root: pathlib.Path | None) -> None
 
 def _new_run_dir() -> pathlib.Path:
     """A new run directory as ``rlax.train`` would make it (its run_root and run_name)."""
-    from rlax.core.launch.runs import make_run_dir
+    from rlax.core.runtime.runs import make_run_dir
 
     return make_run_dir(_train_setting("run_root"), _train_setting("run_name"))
 

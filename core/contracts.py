@@ -210,7 +210,7 @@ class Resumable(Protocol):
 class Reward(Protocol):
     """What the workers, the inline trainer and the evaluation need of a reward.
 
-    Workers call it in a :class:`rlax.core.worker.reward_pool.RewardPool`
+    Workers call it in a :class:`rlax.core.rollout.reward_pool.RewardPool`
     (other processes, a timeout per call), so the object must be picklable.
     """
 

@@ -34,7 +34,7 @@ from typing import Any
 import pluggy
 
 from rlax.core import PROJECT_NAME, hookspecs
-from rlax.core.config import register_configurables
+from rlax.core.configurables import register_configurables
 from rlax.core.errors import DuplicatePluginError, PluginError, PluginLoadError, UnknownPluginError
 
 __all__ = [

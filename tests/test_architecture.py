@@ -5,12 +5,15 @@
   imports under ``if TYPE_CHECKING:`` are for annotations only and do not count.
 - No module under ``core/`` imports ``rlax.plugins``: the core knows plugins
   only through the contracts (``core/contracts.py``) and the plugin manager.
+- Every module belongs to a layer (:data:`LAYERS`) and imports only from its own
+  layer or the ones below it, in functions too (``TYPE_CHECKING`` imports excepted).
 - No module is over 400 lines and no function over 60 (generated protobuf
   code excepted).
 - No module imports a package that only the ``hf`` extra installs (torch,
   transformers, accelerate, peft): they are for parity tests, not a dependency,
   and the type check skips them (pyproject.toml), so an import would go unchecked.
-- Every path the "where is X" table of docs/architecture.md names exists.
+- Every path the "where is X" table of docs/architecture.md names exists, and the
+  folder table names every module of each folder it lists, and no other.
 """
 
 from __future__ import annotations
@@ -136,6 +139,72 @@ def test_the_import_graph_has_no_cycle():
     assert cycles(graph) == []
 
 
+# Bottom first. A module is in the layer of the longest prefix that names it.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "base",
+        (
+            "rlax.core",
+            "rlax.core.types",
+            "rlax.core.errors",
+            "rlax.core.episodes",
+            "rlax.core.contracts",
+            "rlax.core.hookspecs",
+            "rlax.core.plugins",
+            "rlax.core.configurables",
+            "rlax.core.wire",
+        ),
+    ),
+    ("models", ("rlax.core.models", "rlax.core.parallel", "rlax.core.runtime")),
+    ("rollout", ("rlax.core.rollout",)),
+    ("plugins", ("rlax.plugins",)),
+    ("services", ("rlax.core.param_server", "rlax.core.evaluation")),
+    ("roles", ("rlax.core.worker", "rlax.core.trainer")),
+    ("launch", ("rlax.core.launch",)),
+    ("config", ("rlax.core.config",)),
+    ("cli", ("rlax.core.cli",)),
+)
+
+
+def layer_of(module: str) -> int | None:
+    """The index in :data:`LAYERS` of ``module``'s layer (None: in no layer)."""
+    best: tuple[int, int] | None = None  # (length of the prefix, layer)
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                best = max(best or (0, 0), (len(prefix), i))
+    return None if best is None else best[1]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``"a (layer) -> b (layer)"`` for every import of a module in a higher layer."""
+    found = []
+    for name, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            low, high = layer_of(name), layer_of(dep)
+            if low is not None and high is not None and high > low:
+                found.append(f"{name} ({LAYERS[low][0]}) -> {dep} ({LAYERS[high][0]})")
+    return found
+
+
+def test_a_module_is_in_its_longest_prefix_layer_and_an_upward_import_is_found():
+    assert LAYERS[layer_of("rlax.core")][0] == "base"
+    assert LAYERS[layer_of("rlax.core.param_server.queue.state")][0] == "services"
+    assert LAYERS[layer_of("rlax.core.cli")][0] == "cli"
+    assert layer_of("rlax.elsewhere") is None
+    graph = {
+        "rlax.core.wire": {"rlax.core.trainer.step"},
+        "rlax.core.trainer.step": {"rlax.core.wire"},
+    }
+    assert upward_imports(graph) == ["rlax.core.wire (base) -> rlax.core.trainer.step (roles)"]
+
+
+def test_every_module_is_in_a_layer_and_no_import_runs_up_a_layer():
+    graph = import_graph()
+    assert [name for name in graph if layer_of(name) is None] == []
+    assert upward_imports(graph) == []
+
+
 def test_the_core_never_imports_a_plugin():
     graph = import_graph()
     offenders = {
@@ -202,3 +271,26 @@ def test_every_path_in_the_where_is_table_exists():
         )
         if member:
             assert re.search(rf"^    def {member}\b", source, re.MULTILINE), (path, name)
+
+
+def test_the_folder_table_names_every_module_of_each_folder():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    table = doc.split("## One folder per layer, role or concern", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(core/[\w/]+)/` \| (.*) \|$", table, re.MULTILINE)
+    listed = {folder for folder, _ in rows}
+    on_disk = {
+        p.parent.relative_to(ROOT).as_posix()
+        for p in (ROOT / "core").rglob("__init__.py")
+        if "__pycache__" not in p.parts and p.parent != ROOT / "core"
+    }
+    assert listed == on_disk
+    for folder, text in rows:
+        named = set(re.findall(r"\(`(\w+)`|`(\w+)`", text))
+        named = {a or b for a, b in named} - {"__init__"}
+        present = {
+            p.stem if p.is_file() else p.name
+            for p in (ROOT / folder).iterdir()
+            if (p.suffix == ".py" and p.stem != "__init__" and p.name not in GENERATED)
+            or (p.is_dir() and (p / "__init__.py").is_file())
+        }
+        assert named == present, folder

@@ -50,7 +50,7 @@ def rlax_main(monkeypatch, capfd):
     import gin
 
     from rlax.core import cli
-    from rlax.core.launch import terminal
+    from rlax.core.runtime import terminal
 
     def call(*args: str, cwd: pathlib.Path, env: dict[str, str] | None = None):
         with monkeypatch.context() as patch:

@@ -41,17 +41,17 @@ from rlax.core import config
 from rlax.core.errors import ConfigError, Preempted
 from rlax.core.evaluation.curate import curate
 from rlax.core.evaluation.evaluate import evaluate_pass_at_k
-from rlax.core.launch import preemption
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.tokenizer import CharTokenizer
 from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.plugins import PluginManager, build_plugin_manager
+from rlax.core.rollout.groups import kept_by_filters, rollout
+from rlax.core.rollout.reward_pool import RewardPool, score_one
+from rlax.core.runtime import preemption
 from rlax.core.trainer.batches import make_batch
 from rlax.core.trainer.checkpoint import Checkpointer
 from rlax.core.trainer.step import Trainer, batch_arrays
 from rlax.core.types import Completion, Group, Prompt, RewardResult
-from rlax.core.worker.reward_pool import RewardPool, score_one
-from rlax.core.worker.rollout import kept_by_filters, rollout
 from rlax.plugins.rewards.arithmetic import ArithmeticReward
 from rlax.plugins.tasks.dataset import DatasetTask
 
@@ -573,8 +573,8 @@ CHECKS: dict[str, Callable[..., None]] = {
     HOOKS + "rlax_on_preemption(role: str, reason: str) -> None": check_preemption,
     "docs/environments.md § Writing an environment": check_writing_an_environment,
     "docs/algorithms.md § Writing a new algorithm": check_public_algorithm,
-    "docs/preemption.md § Notices (`core/launch/preemption.py`)": check_notice_source,
-    "docs/rewards_and_data.md § Scoring in a pool: `rlax.core.worker.reward_pool.RewardPool`": (
+    "docs/preemption.md § Notices (`core/runtime/preemption.py`)": check_notice_source,
+    "docs/rewards_and_data.md § Scoring in a pool: `rlax.core.rollout.reward_pool.RewardPool`": (
         check_reward_pool
     ),
 }

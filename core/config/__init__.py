@@ -6,9 +6,8 @@ The start-up order (t5x's): build the plugin manager and load its plugins
 command-line bindings with unknown names as errors. Library code never reads
 gin; only the CLI calls :func:`configured` to get the configured entry point.
 
-gin keeps one registry per process. :func:`register_configurables` therefore
-replaces an entry whose factory changed, so a new plugin manager built in the
-same process (tests build many) takes over its kinds cleanly.
+Registering a factory under a gin name is :mod:`rlax.core.configurables` (below the
+plugin manager, which registers each plugin kind through it); re-exported here.
 """
 
 from __future__ import annotations
@@ -18,13 +17,14 @@ import os
 import pathlib
 import re
 import tokenize
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 import gin
 
 from rlax.core.config import bindings as bindings_mod
 from rlax.core.config import checks as binding_checks
+from rlax.core.configurables import gin_registry, register_configurables
 from rlax.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -56,47 +56,6 @@ _OPTAX_NAMES = (
 # -------------------------------------------------------------------------
 
 
-def _gin_registry() -> Any:
-    """gin's process-global registry of configurables (a ``SelectorMap``)."""
-    registry = getattr(gin.config, "_REGISTRY", None)
-    if not all(hasattr(registry, attr) for attr in ("pop", "get", "items")):
-        raise RuntimeError(
-            "gin.config._REGISTRY is not the SelectorMap rlax expects (pop/get/items); "
-            "this gin-config version is unsupported for re-registering configurables"
-        )
-    return registry
-
-
-def register_configurables(
-    module: str, factories: Mapping[str, Callable[..., Any]], *, exclusive: bool = False
-) -> None:
-    """Makes each factory the gin configurable ``<module>.<name>``; idempotent.
-
-    An entry already registered under that selector is kept if it wraps the
-    same factory and replaced otherwise. Registration works even after the
-    config was finalized (locked): it adds names, it binds no values.
-
-    Args:
-      module: the gin module, e.g. ``"rewards"`` or ``"optax"``.
-      factories: configurable name -> class or function.
-      exclusive: also drop every other configurable of ``module``, so the
-        module holds exactly ``factories`` (used for the plugin kinds).
-    """
-    registry = _gin_registry()
-    with gin.unlock_config():
-        if exclusive:
-            for selector, info in list(registry.items()):
-                if info.module == module and info.name not in factories:
-                    registry.pop(selector)
-        for name, factory in factories.items():
-            current = registry.get(f"{module}.{name}")
-            if current is not None and current.wrapped is factory:
-                continue
-            if current is not None:
-                registry.pop(f"{module}.{name}")
-            gin.external_configurable(factory, name=name, module=module)
-
-
 def register_core_configurables() -> None:
     """Registers optax optimisers/schedules (``optax.*``), ``rlax.train``/``rlax.evaluate``
     and ``rlax.clipped_optimizer``.
@@ -107,12 +66,12 @@ def register_core_configurables() -> None:
 
     from rlax.core.evaluation import evaluate as evaluation
     from rlax.core.launch import local_cluster as roles
-    from rlax.core.launch import preemption
     from rlax.core.models import lora
     from rlax.core.parallel import mesh
     from rlax.core.parallel import multihost as distributed
     from rlax.core.param_server import role as ps_role
     from rlax.core.param_server import settings
+    from rlax.core.runtime import preemption
     from rlax.core.trainer import optimizer as optim
     from rlax.core.trainer import role as experiment
     from rlax.core.trainer import step as trainer
@@ -152,7 +111,7 @@ def configured(module: str, name: str) -> Callable[..., Any]:
       ConfigError: nothing is registered under that name.
     """
     selector = f"{module}.{name}"
-    if _gin_registry().get(selector) is None:
+    if gin_registry().get(selector) is None:
         raise ConfigError(f"no gin configurable {selector!r} is registered")
     return gin.get_configurable(selector)
 

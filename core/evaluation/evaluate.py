@@ -15,8 +15,8 @@ from rlax.core.contracts import Reward, Sampler, Task
 from rlax.core.errors import BadSetting, ConfigError
 from rlax.core.evaluation.metrics import mean_pass_at_k
 from rlax.core.models.bundle import ModelBundle, load_model
+from rlax.core.rollout.groups import rollout, task_prompts
 from rlax.core.types import Prompt
-from rlax.core.worker.rollout import rollout, task_prompts
 
 
 def checked(validate, selector: str, **settings) -> None:

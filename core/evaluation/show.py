@@ -17,7 +17,7 @@ from typing import Any
 
 from rlax.core.evaluation import traces
 from rlax.core.evaluation.plot import HELDOUT, PHASE_NAMES
-from rlax.core.launch import runs
+from rlax.core.runtime import runs
 
 #: The metrics shown first in "last metrics", when a row has them.
 MAIN = ("reward", "pass_rate", "loss", "kl_old", "entropy", "groups_kept", "queue_depth",

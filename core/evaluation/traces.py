@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlax.core.contracts import Reward
+from rlax.core.rollout.reward_pool import score_one
 from rlax.core.types import Completion, Group
-from rlax.core.worker.reward_pool import score_one
 
 FILE = "rollouts.jsonl"
 

@@ -34,9 +34,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlax.core.errors import EXIT_PREEMPTED, EXIT_USAGE, ConfigError
-from rlax.core.launch.preemption import FINISH_SIGNAL, Preemption
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ADDRESS_ENV, TOKEN_ENV, ServerSettings
+from rlax.core.runtime.preemption import FINISH_SIGNAL, Preemption
 from rlax.core.worker.role import WORKER_ID_ENV
 
 

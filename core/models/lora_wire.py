@@ -1,7 +1,7 @@
 """Adapter-only weight versions: what a LoRA trainer pushes and how a worker applies it.
 
 Under LoRA the trainer pushes only the adapters, on the same wire and
-protocol as whole models (:mod:`rlax.core.param_server.wire`). An adapter
+protocol as whole models (:mod:`rlax.core.wire`). An adapter
 version is told apart by its tensor names: every one starts with ``lora/``
 (``lora/blocks/0/attn/q/a``), and three small float32 tensors describe it:
 
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlax.core.models import lora
-from rlax.core.param_server.wire import WIRE_DTYPES, WirePlan
+from rlax.core.wire import WIRE_DTYPES, WirePlan
 
 __all__ = ["PREFIX", "AdapterApplier", "is_adapter_version", "unpacked", "wire_tree"]
 

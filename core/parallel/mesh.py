@@ -33,7 +33,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from rlax.core.param_server.wire import leaf_name
+from rlax.core.wire import leaf_name
 
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -42,7 +42,7 @@ Spec = tuple[str | tuple[str, ...] | None, ...]
 Rule = tuple[str, Spec]
 
 # Llama, Qwen2 (q/k/v bias) and Qwen3 (q/k norm) decoders and the critics of
-# rlax.core.trainer.critic. FSDP splits the dimension that is not split by heads.
+# rlax.core.models.critic. FSDP splits the dimension that is not split by heads.
 DEFAULT_RULES: tuple[Rule, ...] = (
     (r"(^|/)embed/embedding$", ("tensor", "fsdp")),  # [V, D]
     (r"(^|/)attn/(q|k|v)/kernel$", ("fsdp", "tensor")),  # [D, N*H] / [D, K*H]

@@ -5,7 +5,7 @@ bounded exponential backoff while the server is unreachable (a restarting
 server is normal), a line in the log per retry; every mutating call is
 idempotent on the server, so a retry after a lost reply is safe. Weight
 bytes go over the bulk lane (a plain TCP transfer beside gRPC, see
-transfer.py) unless TLS is configured or the server has it off; then over gRPC
+transport/transfer.py) unless TLS is configured or the server has it off; then over gRPC
 streams of hand-encoded chunks (those are not retried here: the trainer
 repeats a whole push, :mod:`rlax.core.trainer.client`).
 """
@@ -23,15 +23,16 @@ import grpc
 import numpy as np
 
 from rlax.core.parallel.host_memory import keep_message_buffers
-from rlax.core.param_server import codec, transfer
+from rlax.core.param_server import codec
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server.relay import Relay, pull_relayed
 from rlax.core.param_server.retry import RetryPolicy
 from rlax.core.param_server.settings import MB, ServerSettings
-from rlax.core.param_server.sharded import ShardedWeights
-from rlax.core.param_server.transfer import checksum, decode_chunk, encode_chunk
-from rlax.core.param_server.wire import WirePlan, chunks, pull_buffer, stream
+from rlax.core.param_server.transport import transfer
+from rlax.core.param_server.transport.relay import Relay, pull_relayed
+from rlax.core.param_server.transport.transfer import checksum, decode_chunk, encode_chunk
+from rlax.core.param_server.weights.split import ShardedWeights
 from rlax.core.types import Group, PartialGroup, Prompt
+from rlax.core.wire import WirePlan, chunks, pull_buffer, stream
 
 log = logging.getLogger("rlax.client")
 
@@ -54,7 +55,7 @@ class ParamServerClient:
         run has finished, so the server it waits for is gone for good);
         ``relay``: serve what this client pulls to other pullers when the
         settings' ``relay_fanout`` is above 0 (workers do, see relay.py);
-        ``shard_address``: a client of that weight-only server (sharded.py);
+        ``shard_address``: a client of that weight-only server (weights/split.py);
         ``reuse_pull_buffer``: pull into the last pull's buffer (False: a new one
         each time, so arrays sharing the last one, :meth:`WirePlan.alias`, stay)."""
         self.settings = settings.resolved()
@@ -129,7 +130,7 @@ class ParamServerClient:
               retry: RetryPolicy | None = None) -> bytes:  # fmt: skip
         """A raw call (bytes both ways) to ``method`` of a service served beside the protocol's.
 
-        Used by :mod:`rlax.core.param_server.recovery`; sent with this client's
+        Used by :mod:`rlax.core.param_server.queue.recovery`; sent with this client's
         connection and token, retried by ``retry`` (None: this client's policy).
         """
         call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = self._channel.unary_unary(
@@ -176,7 +177,7 @@ class ParamServerClient:
         (``slice_start``/``slice_shape`` set); the version is committed when
         every part has arrived, and pulled as whole tensors. With
         ``weight_shards`` the part is split by tensor over the servers
-        (sharded.py; ``sizes``: each whole tensor's bytes, for a part that
+        (weights/split.py; ``sizes``: each whole tensor's bytes, for a part that
         does not name every tensor).
         Raises grpc.RpcError (transfer.BulkError on the bulk lane) if refused.
         """
@@ -220,7 +221,7 @@ class ParamServerClient:
         """(version, tensor list, buffer) of the newest version, or None if we have it.
 
         The buffer holds whole tensors (the server assembles multi-host pushes)
-        and is page-aligned (:func:`~rlax.core.param_server.wire.pull_buffer`);
+        and is page-aligned (:func:`~rlax.core.wire.pull_buffer`);
         it is reused between pulls of the same size unless the client was made
         with ``reuse_pull_buffer=False``.
         """

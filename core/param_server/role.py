@@ -16,15 +16,15 @@ from typing import Any
 
 from rlax.core.contracts import Curriculum, Task
 from rlax.core.errors import ConfigError
-from rlax.core.launch.preemption import Preemption
 from rlax.core.models.tokenizer import load_tokenizer
-from rlax.core.param_server import shard_server
-from rlax.core.param_server.persist import QueueDB, QueueDBError
+from rlax.core.param_server.queue.store import QueueDB, QueueDBError
 from rlax.core.param_server.server import ParamServer
 from rlax.core.param_server.settings import ADDRESS_ENV, ServerSettings
-from rlax.core.param_server.weight_persist import WeightPersister
+from rlax.core.param_server.weights import split_servers
+from rlax.core.param_server.weights.persist import WeightPersister
+from rlax.core.rollout.groups import task_prompts
+from rlax.core.runtime.preemption import Preemption
 from rlax.core.types import ConfigPath, Prompt
-from rlax.core.worker.rollout import task_prompts
 
 SPOOL = ".spool"  # in RUN/param_server/weights: the files pushes are received into
 
@@ -83,12 +83,12 @@ def param_server(
     except QueueDBError as err:  # the saved queue does not fit this task (a different seed?)
         stop.close()
         raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
-    shards = shard_server.start_local(server.settings)  # weight_shards on this host
+    shards = split_servers.start_local(server.settings)  # weight_shards on this host
     port = server.start()
     try:
         _serve_until(stop, server, _keep_weights(server, port, state_dir, saved_weights))
     finally:
-        shard_server.stop_local(shards)
+        split_servers.stop_local(shards)
     stop.stop_now()
     return 0
 

@@ -1,8 +1,8 @@
 """One gRPC server process hosting WeightStore and RolloutQueue, and the bulk lane.
 
 Weight chunks on the gRPC path travel as raw serialized messages (identity
-(de)serializers, the chunk codec of transfer.py). Without TLS the server also
-runs the bulk lane (transfer.py): ``Stage`` and ``OpenPull`` hand out tickets
+(de)serializers, the chunk codec of transport/transfer.py). Without TLS the server also
+runs the bulk lane (transport/transfer.py): ``Stage`` and ``OpenPull`` hand out tickets
 for a plain TCP transfer of the bytes, which is what clients use by default.
 Mutating calls need the shared token in the ``authorization`` metadata;
 a missing or wrong token is UNAUTHENTICATED and touches nothing.
@@ -22,15 +22,16 @@ from typing import NoReturn
 import grpc
 
 from rlax.core.parallel.host_memory import keep_message_buffers
-from rlax.core.param_server import recovery, transfer
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server.parts import Part, PushRejected
-from rlax.core.param_server.queue import RolloutQueue
-from rlax.core.param_server.queue_state import QueueError
-from rlax.core.param_server.relay import Limiter, relay_key, send_file, send_view
-from rlax.core.param_server.relays import RelayDirectory
+from rlax.core.param_server.queue import recovery
+from rlax.core.param_server.queue.service import RolloutQueue
+from rlax.core.param_server.queue.state import QueueError
 from rlax.core.param_server.settings import MB, ServerSettings
-from rlax.core.param_server.weights import Served, WeightStore
+from rlax.core.param_server.transport import transfer
+from rlax.core.param_server.transport.relay import Limiter, relay_key, send_file, send_view
+from rlax.core.param_server.transport.relay_routes import RelayDirectory
+from rlax.core.param_server.weights.parts import Part, PushRejected
+from rlax.core.param_server.weights.store import Served, WeightStore
 from rlax.core.types import Prompt
 
 log = logging.getLogger("rlax.param_server")

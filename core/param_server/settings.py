@@ -45,9 +45,9 @@ class ServerSettings:
       max_version_mb: the largest weight version the server accepts.
       wire_dtype: dtype of weights on the wire: "float32" or "bfloat16".
       bulk_lane: move weight bytes over the bulk lane (a plain TCP connection
-        beside gRPC, see transfer.py) when TLS is off; gRPC streams otherwise.
+        beside gRPC, see transport/transfer.py) when TLS is off; gRPC streams otherwise.
       relay_fanout: workers relay the version they pull to up to this many
-        other workers each (a tree, see relays.py); 0: every worker pulls
+        other workers each (a tree, see transport/relay_routes.py); 0: every worker pulls
         from the server. Bulk lane only.
       relay_direct: how many pullers of a version the server feeds itself
         while relays have room.
@@ -55,7 +55,7 @@ class ServerSettings:
         (``RLAX_RELAY_HOST`` wins).
       weight_shards: addresses of further weight-only servers: the weight
         store is split by tensor over the server at ``address`` and these
-        (sharded.py); the rollout queue stays at ``address``.
+        (weights/split.py); the rollout queue stays at ``address``.
     """
 
     address: str = "127.0.0.1:50051"

@@ -52,7 +52,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from rlax.core.parallel import multihost as distributed
-from rlax.core.param_server.wire import leaf_name
+from rlax.core.wire import leaf_name
 
 FORMAT = "rlax-train-state/1"
 # A checkpoint is read back for its checksums in groups of leaves of about this many bytes

@@ -27,13 +27,13 @@ from typing import Any
 import grpc
 
 from rlax.core.errors import LostStep, Preempted
-from rlax.core.launch.preemption import Preemption
-from rlax.core.param_server import recovery
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.client import ParamServerClient
+from rlax.core.param_server.queue import recovery
 from rlax.core.param_server.retry import RetryPolicy
 from rlax.core.param_server.settings import ServerSettings
-from rlax.core.param_server.wire import WirePlan
+from rlax.core.runtime.preemption import Preemption
+from rlax.core.wire import WirePlan
 
 
 class TrainerClient:

@@ -17,6 +17,7 @@ import numpy as np
 
 from rlax.core.contracts import RolloutSource
 from rlax.core.parallel import multihost
+from rlax.core.rollout.groups import episode_metrics, generated_tokens
 from rlax.core.trainer.batches import make_batch
 from rlax.core.trainer.epochs import update_on_batch
 from rlax.core.trainer.filling import Entry
@@ -24,7 +25,6 @@ from rlax.core.trainer.phases import PhaseClock
 from rlax.core.trainer.step import Trainer, batch_arrays
 from rlax.core.trainer.teacher import Teacher
 from rlax.core.types import Group, TrainBatch
-from rlax.core.worker.rollout import episode_metrics, generated_tokens
 
 
 def entry_order(entry: Entry) -> tuple:

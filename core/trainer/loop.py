@@ -33,8 +33,8 @@ from tqdm import tqdm
 from rlax.core.contracts import RolloutSource
 from rlax.core.errors import ConfigError, LostStep, Preempted, SourceMismatch
 from rlax.core.evaluation.metrics import MetricsLog
-from rlax.core.launch.preemption import Preemption
 from rlax.core.parallel import multihost as distributed
+from rlax.core.runtime.preemption import Preemption
 from rlax.core.trainer.checkpoint import Checkpointer, Restored
 from rlax.core.trainer.iteration import train_step
 from rlax.core.trainer.observe import Observer

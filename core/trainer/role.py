@@ -28,7 +28,7 @@ steps the checkpoint covers. The whole trainer state is checkpointed every
 ``checkpoint_every`` steps (0: only on a preemption notice and at the end),
 keeping the newest ``keep_checkpoints``. On a preemption notice (from
 ``preemption_notices``; None: SIGTERM and SIGINT,
-:mod:`rlax.core.launch.preemption`) the trainer finishes its step,
+:mod:`rlax.core.runtime.preemption`) the trainer finishes its step,
 checkpoints and exits with status 75 (``Preempted``). With ``deterministic``
 (needs ``max_staleness = 0``; workers set it too) every batch is put in a
 fixed order, so a run stopped and resumed ends with the same parameters as one
@@ -78,7 +78,6 @@ import jax
 import optax
 from flax import nnx
 
-from rlax.core.config.run_files import save_run_config
 from rlax.core.contracts import (
     Algorithm,
     Logger,
@@ -96,9 +95,6 @@ from rlax.core.evaluation.evaluate import (
     format_eval_table,
     load_policy,
 )
-from rlax.core.launch import runs
-from rlax.core.launch.preemption import Preemption
-from rlax.core.launch.runs import make_run_dir
 from rlax.core.models.bundle import ModelBundle, abstract_model, save_model
 from rlax.core.models.lora import LoraConfig, LoraParams, merged_state
 from rlax.core.models.lora_wire import wire_tree
@@ -110,7 +106,11 @@ from rlax.core.parallel.multihost import DistributedSettings
 from rlax.core.parallel.multihost import initialize as initialize_distributed
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
-from rlax.core.param_server.wire import WirePlan
+from rlax.core.rollout.groups import check_online_filters, task_prompts
+from rlax.core.runtime import runs
+from rlax.core.runtime.preemption import Preemption
+from rlax.core.runtime.run_files import save_run_config
+from rlax.core.runtime.runs import make_run_dir
 from rlax.core.trainer.checkpoint import Checkpointer, Restored
 from rlax.core.trainer.client import TrainerClient
 from rlax.core.trainer.epochs import check_processes
@@ -125,7 +125,7 @@ from rlax.core.trainer.sources import InlineRollouts, RemoteRollouts
 from rlax.core.trainer.step import Trainer, TrainerSettings
 from rlax.core.trainer.teacher import Teacher, check_teacher
 from rlax.core.types import ConfigPath
-from rlax.core.worker.rollout import check_online_filters, task_prompts
+from rlax.core.wire import WirePlan
 
 
 class _NoHooks:

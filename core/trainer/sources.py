@@ -12,7 +12,7 @@ Each source owns its data position. The inline one records the prompts it
 drew and its sampling-seed counter, and on resume skips those prompts and
 continues the seeds; the remote one's position is the server's queue (its
 consumed count is recorded for the record), and on resume it rolls the queue
-back to the checkpoint (:mod:`rlax.core.param_server.recovery`). A position
+back to the checkpoint (:mod:`rlax.core.param_server.queue.recovery`). A position
 recorded by one kind is refused by the other (:func:`check_same_source`).
 
 ``next_batch`` returns one entry per prompt: a scored :class:`Group`, or just
@@ -39,13 +39,14 @@ from rlax.core.errors import LostStep, Preempted, SourceMismatch
 from rlax.core.models.lora import merged_state
 from rlax.core.models.lora_wire import wire_tree
 from rlax.core.parallel import multihost as distributed
-from rlax.core.param_server import recovery, shards
 from rlax.core.param_server.client import ParamServerClient
-from rlax.core.param_server.wire import WirePlan
+from rlax.core.param_server.queue import recovery
+from rlax.core.rollout.groups import kept_by_filters, rollout
+from rlax.core.trainer import publish_shards
 from rlax.core.trainer.client import TrainerClient
 from rlax.core.trainer.filling import Entry, extra_rounds, fill_batch
 from rlax.core.types import Group, Prompt
-from rlax.core.worker.rollout import kept_by_filters, rollout
+from rlax.core.wire import WirePlan
 
 # The key under which each kind of source records its position, and how a run of
 # that kind is started (for the error when a run is resumed the other way).
@@ -232,7 +233,7 @@ class RemoteRollouts(_Curated):
         """This process's part of ``version``; raises on every process if any part failed."""
         error: Exception | None = None
         try:
-            reply = shards.push_local_shards(
+            reply = publish_shards.push_local_shards(
                 self.client, params, version, wire_dtype=self.plan.wire_dtype.name,
                 chunk_bytes=self.client.settings.chunk_mb << 20,
             )  # fmt: skip

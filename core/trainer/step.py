@@ -13,7 +13,7 @@ on which algorithm it runs, only on the algorithm's declared needs:
 - ``needs_reference``: the trainer keeps the initial policy frozen and adds
   its logprobs as ``ref_logprobs`` (unless the batch brings its own);
 - ``needs_critic``: the trainer builds the critic named by
-  ``algorithm.value_model`` (:mod:`rlax.core.trainer.critic`), trains it with the same
+  ``algorithm.value_model`` (:mod:`rlax.core.models.critic`), trains it with the same
   optimiser on the same loss, and adds ``values`` (with gradient) and
   ``old_values`` (without).
 
@@ -45,10 +45,10 @@ from jax.sharding import Mesh, NamedSharding
 
 from rlax.core.contracts import Algorithm
 from rlax.core.models import lora as loralib
+from rlax.core.models.critic import build_critic, forward_with_values
 from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.parallel import mesh as meshlib
 from rlax.core.parallel import multihost as distributed
-from rlax.core.trainer.critic import build_critic, forward_with_values
 from rlax.core.trainer.microbatch import (
     ModuleT,
     accumulate_grads,

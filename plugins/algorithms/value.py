@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from rlax.core.trainer.critic import VALUE_MODELS  # the architectures the trainer builds
+from rlax.core.models.critic import VALUE_MODELS  # the architectures the trainer builds
 from rlax.plugins.algorithms.aggregation import masked_mean
 
 

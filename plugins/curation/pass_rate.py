@@ -41,7 +41,7 @@ class PassRateFilter:
       max_rate: the highest pass rate kept.
       pass_threshold: a completion passes when its reward is at least this.
       batch_prompts: prompts per ``generate`` call.
-      reward_workers: score in a :class:`~rlax.core.worker.reward_pool.RewardPool` of
+      reward_workers: score in a :class:`~rlax.core.rollout.reward_pool.RewardPool` of
         this many processes (0: in this process).
       seed: sampling seed.
     """
@@ -90,7 +90,7 @@ class PassRateFilter:
 
     def pass_rates(self, prompts: Sequence[Prompt]) -> np.ndarray:
         """The pass rate of each prompt over ``samples`` completions, float [M]."""
-        from rlax.core.worker.reward_pool import RewardPool
+        from rlax.core.rollout.reward_pool import RewardPool
 
         self._setup()
         pool = RewardPool(self.reward, workers=self.reward_workers)

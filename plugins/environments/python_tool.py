@@ -21,8 +21,8 @@ from typing import Any
 from rlax.core import hookimpl
 from rlax.core.contracts import Reward, ToolParser
 from rlax.core.episodes import EpisodeLimits, Observation, ToolCall
+from rlax.core.rollout.reward_pool import score_one
 from rlax.core.types import Prompt, RewardResult
-from rlax.core.worker.reward_pool import score_one
 from rlax.plugins.environments.chat import observation_ids
 from rlax.plugins.environments.tool_calls import HermesToolParser
 from rlax.plugins.rewards.code_sandbox import Limits, run_sandboxed

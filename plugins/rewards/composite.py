@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlax.core import hookimpl
+from rlax.core.rollout.reward_pool import score_one
 from rlax.core.types import Prompt, RewardResult
-from rlax.core.worker.reward_pool import score_one
 
 __all__ = ["CompositeReward"]
 

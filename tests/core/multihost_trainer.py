@@ -40,9 +40,9 @@ def main(argv: list[str]) -> int:
     from rlax.core import cli
     from rlax.core.parallel import multihost as distributed
     from rlax.core.param_server.client import ParamServerClient
-    from rlax.core.param_server.wire import leaf_name
     from rlax.core.trainer.loop import TrainingRun
     from rlax.core.trainer.step import Trainer
+    from rlax.core.wire import leaf_name
 
     record: dict = {"steps": [], "takes": []}
     batches: dict[str, np.ndarray] = {}

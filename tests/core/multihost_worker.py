@@ -22,7 +22,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 def main(argv: list[str]) -> int:
     pid, nproc, coordinator, out = int(argv[0]), int(argv[1]), argv[2], pathlib.Path(argv[3])
     from rlax.core.parallel import multihost as distributed
-    from rlax.core.param_server import shards as shardlib
+    from rlax.core.trainer import publish_shards
 
     assert distributed.initialize(
         distributed.DistributedSettings(coordinator, nproc, pid, initialization_timeout_s=120)
@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
         batch = case.batch(step)
         rows = distributed.process_rows(trainer.mesh, case.ROWS)
         metrics.append(trainer.step({k: v[rows] for k, v in batch.items()}))
-    shards = shardlib.local_shards(trainer.state.params)
+    shards = publish_shards.local_shards(trainer.state.params)
     np.savez(
         out / f"shards_{pid}.npz",
         **{f"{i}": s.data for i, s in enumerate(shards)},
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
         from rlax.core.param_server.settings import ServerSettings
 
         client = ParamServerClient(ServerSettings(address=argv[4], token=argv[5]), retry_s=10)
-        reply = shardlib.push_local_shards(client, trainer.state.params, version=1)
+        reply = publish_shards.push_local_shards(client, trainer.state.params, version=1)
         (out / f"push_{pid}.json").write_text(
             json.dumps({"version": reply.version, "committed": reply.committed})
         )

@@ -12,7 +12,7 @@ import pytest
 from rlax.core import cli, config
 from rlax.core.errors import Preempted
 from rlax.core.evaluation import evaluate as evaluation
-from rlax.core.launch import terminal
+from rlax.core.runtime import terminal
 from rlax.core.trainer import role as experiment
 
 RECORDER = """

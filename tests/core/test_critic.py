@@ -8,19 +8,19 @@ import pytest
 from flax import nnx
 
 from rlax.core.models.config import TransformerConfig
-from rlax.core.models.transformer import (
-    Transformer,
-    causal_mask,
-    positions_from_mask,
-    sequence_logprobs,
-)
-from rlax.core.trainer.critic import (
+from rlax.core.models.critic import (
     ValueHead,
     ValueModel,
     build_critic,
     forward_with_values,
     hidden_states,
     logits_from_hidden,
+)
+from rlax.core.models.transformer import (
+    Transformer,
+    causal_mask,
+    positions_from_mask,
+    sequence_logprobs,
 )
 
 CFG = TransformerConfig(

@@ -15,7 +15,7 @@ from rlax.core.models.hf import model_from_params
 from rlax.core.models.lora_wire import AdapterApplier
 from rlax.core.models.transformer import Transformer
 from rlax.core.param_server.client import ParamServerClient
-from rlax.core.param_server.wire import WirePlan, pull_buffer
+from rlax.core.wire import WirePlan, pull_buffer
 from rlax.core.worker.role import Worker
 from rlax.plugins.samplers.jax_sampler import JaxSampler
 

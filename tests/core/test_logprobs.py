@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from rlax.core.models.config import TransformerConfig
+from rlax.core.models.critic import build_critic, forward_with_values
 from rlax.core.models.logprobs import chunk_positions, chunked_token_logprobs
 from rlax.core.models.transformer import (
     Transformer,
@@ -18,7 +19,6 @@ from rlax.core.models.transformer import (
     sequence_logprobs,
     token_logprobs,
 )
-from rlax.core.trainer.critic import build_critic, forward_with_values
 from rlax.core.trainer.microbatch import cast_floats
 
 V = 97  # a vocabulary size no other dimension has, so [.., V] arrays are easy to spot

@@ -12,9 +12,9 @@ from flax import nnx
 from rlax.core.models import lora
 from rlax.core.models.lora_wire import AdapterApplier, wire_tree
 from rlax.core.models.transformer import Transformer, causal_mask, positions_from_mask
-from rlax.core.param_server.wire import WirePlan
 from rlax.core.trainer.sources import InlineRollouts, RemoteRollouts
 from rlax.core.trainer.step import Trainer
+from rlax.core.wire import WirePlan
 from rlax.core.worker.role import Worker
 from rlax.plugins.algorithms.grpo import grpo
 

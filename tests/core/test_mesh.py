@@ -11,6 +11,7 @@ from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 from rlax.core.models.config import TransformerConfig
+from rlax.core.models.critic import build_critic
 from rlax.core.models.transformer import Transformer
 from rlax.core.parallel.mesh import (
     AXES,
@@ -23,7 +24,6 @@ from rlax.core.parallel.mesh import (
     spec_for,
     tree_specs,
 )
-from rlax.core.trainer.critic import build_critic
 
 MESH = AbstractMesh((2, 4, 2), AXES)  # data 2, fsdp 4, tensor 2
 

@@ -17,8 +17,8 @@ import pytest
 
 from rlax.core.parallel import multihost as distributed
 from rlax.core.parallel.mesh import MeshConfig, make_mesh
-from rlax.core.param_server import shards as shardlib
-from rlax.core.param_server.wire import WirePlan, leaf_name
+from rlax.core.trainer import publish_shards
+from rlax.core.wire import WirePlan, leaf_name
 
 HERE = pathlib.Path(__file__).parent
 sys.path.insert(0, str(HERE))
@@ -68,14 +68,14 @@ def run_two_processes(out: pathlib.Path, ps=None) -> None:
         assert p.returncode == 0, f"process {pid} exited {p.returncode}:\n{log[-6000:]}"
 
 
-def load_shards(out: pathlib.Path) -> tuple[list[shardlib.LocalShard], list[dict]]:
+def load_shards(out: pathlib.Path) -> tuple[list[publish_shards.LocalShard], list[dict]]:
     shards, metas = [], []
     for pid in range(2):
         meta = json.loads((out / f"meta_{pid}.json").read_text())
         data = np.load(out / f"shards_{pid}.npz")
         for i, m in enumerate(meta["shards"]):
             shards.append(
-                shardlib.LocalShard(
+                publish_shards.LocalShard(
                     m["name"], m["index"], tuple(m["shape"]), tuple(m["start"]), data[str(i)]
                 )
             )
@@ -121,7 +121,7 @@ def test_two_processes_equal_one_and_their_push_pulls_back_whole(
     assert covered == {name: x.size for name, x in want.items()}
     assert {s.name for s in shards if s.data.shape != s.shape}  # something really is sharded
     # Same parameters and metrics as one process running the same steps.
-    got = shardlib.assemble(shards)
+    got = publish_shards.assemble(shards)
     for name, x in want.items():
         np.testing.assert_allclose(got[name], x, atol=1e-5, rtol=0, err_msg=name)
     for m in metas:

@@ -32,10 +32,10 @@ from rlax.core import config
 from rlax.core.models.bundle import load_model
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
-from rlax.core.param_server.wire import leaf_name
 from rlax.core.plugins import build_plugin_manager
 from rlax.core.trainer.phases import WALL_CLOCK
 from rlax.core.trainer.step import Trainer
+from rlax.core.wire import leaf_name
 
 pytestmark = pytest.mark.e2e
 

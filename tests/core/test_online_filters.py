@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from rlax.core.errors import ConfigError
+from rlax.core.rollout.groups import check_online_filters
 from rlax.core.trainer.role import train
 from rlax.core.worker.role import worker
-from rlax.core.worker.rollout import check_online_filters
 from rlax.plugins.curation.dedup import Dedup
 from rlax.plugins.curation.zero_variance import ZeroVarianceFilter
 

@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
+from rlax.core.rollout.reward_pool import RewardPool
 from rlax.core.types import Prompt
-from rlax.core.worker.reward_pool import RewardPool
 
 DOUBLES = """
     import os, time

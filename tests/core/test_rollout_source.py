@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from rlax.core.param_server.client import ParamServerClient
-from rlax.core.param_server.wire import WirePlan
 from rlax.core.trainer.sources import InlineRollouts, RemoteRollouts
 from rlax.core.types import Completion, Group, Prompt
+from rlax.core.wire import WirePlan
 from rlax.plugins.curation.dynamic_sampling import DynamicSampling
 from rlax.plugins.curation.zero_variance import ZeroVarianceFilter
 

@@ -214,7 +214,7 @@ def test_rerunning_a_finished_run_says_so_and_changes_nothing(finished, capsys, 
 
 
 def test_resume_without_a_directory_takes_the_newest_run_of_that_name(tmp_path):
-    from rlax.core.launch import runs
+    from rlax.core.runtime import runs
 
     def make(name: str, marker: str = "operative_config.gin") -> pathlib.Path:
         (tmp_path / name).mkdir()
@@ -303,7 +303,7 @@ def test_a_preempted_local_cluster_prints_the_command_that_resumes_it(
 
 
 def test_the_resume_command_keeps_plugins_and_quotes_what_the_shell_would_split():
-    from rlax.core.launch import runs
+    from rlax.core.runtime import runs
 
     command = runs.resume_command(
         ["a b.gin"], ["rlax.train.seed=1"], ["my_plugin", "no:grpo"], "inline", pathlib.Path("r")

@@ -19,13 +19,13 @@ import pytest
 
 from rlax.core.contracts import RolloutSource
 from rlax.core.errors import ConfigError, SourceMismatch
-from rlax.core.launch.preemption import Preemption
 from rlax.core.param_server.client import ParamServerClient
-from rlax.core.param_server.wire import WirePlan
+from rlax.core.runtime.preemption import Preemption
 from rlax.core.trainer.checkpoint import Restored
 from rlax.core.trainer.loop import TrainingRun
 from rlax.core.trainer.sources import MADE_WITH, InlineRollouts, RemoteRollouts
 from rlax.core.types import Completion, Prompt
+from rlax.core.wire import WirePlan
 from rlax.plugins.curation.dynamic_sampling import DynamicSampling
 
 TREE = {"w": np.zeros((4,), np.float32)}

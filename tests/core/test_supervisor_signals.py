@@ -18,7 +18,7 @@ import pytest
 
 from rlax.core.errors import EXIT_PREEMPTED
 from rlax.core.launch.local_cluster import _Child, _end_children, _stop_all
-from rlax.core.launch.preemption import FINISH_SIGNAL
+from rlax.core.runtime.preemption import FINISH_SIGNAL
 
 # A role's exit as the roles make it: the first stop signal is taken, the default
 # handlers are back, and closing takes a while; every signal received is written down.

@@ -12,9 +12,9 @@ import pytest
 from flax import nnx
 
 from rlax.core.models.config import TransformerConfig
+from rlax.core.models.critic import ValueHead, ValueModel, forward_with_values
 from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.trainer.batches import make_batch
-from rlax.core.trainer.critic import ValueHead, ValueModel, forward_with_values
 from rlax.core.trainer.step import Trainer, batch_arrays
 from rlax.core.types import Completion, Group, Prompt
 from rlax.plugins.algorithms.grpo import grpo

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlax.core.launch.preemption import Preemption
 from rlax.core.models.bundle import load_model
-from rlax.core.param_server.wire import WirePlan
+from rlax.core.runtime.preemption import Preemption
+from rlax.core.wire import WirePlan
 from rlax.core.worker.role import Worker, _serve
 from rlax.plugins.curation.zero_variance import ZeroVarianceFilter
 from rlax.plugins.rewards.arithmetic import ArithmeticReward
@@ -87,7 +87,7 @@ def test_a_lease_that_expired_during_generation_is_counted_not_fatal(make_ps, bu
 
 
 def test_a_failing_verifier_scores_zero_and_is_reported_to_the_trainer(ps, bundle):
-    from rlax.core.worker.reward_pool import RewardPool
+    from rlax.core.rollout.reward_pool import RewardPool
 
     class Flaky(ArithmeticReward):
         def score(self, prompt, text):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from flax import nnx
 
-from rlax.core.launch.preemption import Preemption
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.tokenizer import CharTokenizer
 from rlax.core.models.transformer import Transformer
-from rlax.core.param_server.wire import WirePlan
+from rlax.core.runtime.preemption import Preemption
+from rlax.core.wire import WirePlan
 from rlax.core.worker.role import Worker
 from rlax.plugins.samplers.engine import SlotEngine
 

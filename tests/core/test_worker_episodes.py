@@ -11,10 +11,10 @@ from rlax.core.episodes import Observation
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.tokenizer import CharTokenizer
 from rlax.core.models.transformer import Transformer, sequence_logprobs
-from rlax.core.param_server.wire import WirePlan
+from rlax.core.rollout.groups import episode_metrics
 from rlax.core.trainer.batches import make_batch
+from rlax.core.wire import WirePlan
 from rlax.core.worker.role import Worker
-from rlax.core.worker.rollout import episode_metrics
 from rlax.plugins.environments.guess import ALPHABET, GuessEnvironment, GuessReward
 from rlax.plugins.environments.runner import EpisodeSampler
 from rlax.plugins.samplers.jax_sampler import JaxSampler

@@ -11,10 +11,10 @@ import pytest
 
 from rlax.core.contracts import Resumable
 from rlax.core.errors import ConfigError
-from rlax.core.launch.preemption import Preemption
 from rlax.core.param_server.client import ParamServerClient
-from rlax.core.param_server.wire import WirePlan
+from rlax.core.runtime.preemption import Preemption
 from rlax.core.types import PARTIAL, Completion, Group, PartialGroup
+from rlax.core.wire import WirePlan
 from rlax.core.worker.role import Worker, worker
 
 TREE = {"w": np.zeros((4,), np.float32)}

@@ -13,10 +13,10 @@ import pytest
 import xxhash
 
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server import transfer
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
-from rlax.core.param_server.wire import WirePlan, chunks
+from rlax.core.param_server.transport import transfer
+from rlax.core.wire import WirePlan, chunks
 
 from ..conftest import TOKEN
 

@@ -10,11 +10,11 @@ import pytest
 
 from rlax.core.param_server import codec
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server.persist import QueueDB
-from rlax.core.param_server.queue import RolloutQueue
-from rlax.core.param_server.queue_state import QueueError
-from rlax.core.param_server.wire import WirePlan
+from rlax.core.param_server.queue.service import RolloutQueue
+from rlax.core.param_server.queue.state import QueueError
+from rlax.core.param_server.queue.store import QueueDB
 from rlax.core.types import PARTIAL, Completion, Group, PartialGroup, Prompt
+from rlax.core.wire import WirePlan
 
 TREE = {"w": np.zeros((4,), np.float32)}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlax.core.param_server.weight_persist import WeightPersister
-from rlax.core.param_server.wire import WirePlan
+from rlax.core.param_server.weights.persist import WeightPersister
+from rlax.core.wire import WirePlan
 
 TREE = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.full(5, 7, np.float32)}
 PLAN = WirePlan.for_tree(TREE)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from rlax.core.param_server.client import ParamServerClient
-from rlax.core.param_server.wire import WirePlan
 from rlax.core.types import Completion, Group
+from rlax.core.wire import WirePlan
 
 TREE = {"w": np.zeros((4,), np.float32)}
 
@@ -199,7 +199,7 @@ def test_a_curriculum_on_the_server_retires_prompts_every_worker_solved():
 
     from rlax.core.param_server import codec
     from rlax.core.param_server import rlax_pb2 as pb
-    from rlax.core.param_server.queue import RolloutQueue
+    from rlax.core.param_server.queue.service import RolloutQueue
     from rlax.core.types import Prompt
     from rlax.plugins.curation.pass_rate import PassRateCurriculum
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from rlax.core.param_server.client import ParamServerClient
-from rlax.core.param_server.relay import Limiter, relay_hello, relay_key
-from rlax.core.param_server.relays import RelayDirectory
 from rlax.core.param_server.settings import ServerSettings
-from rlax.core.param_server.wire import WirePlan
+from rlax.core.param_server.transport.relay import Limiter, relay_hello, relay_key
+from rlax.core.param_server.transport.relay_routes import RelayDirectory
+from rlax.core.wire import WirePlan
 
 from ..conftest import TOKEN
 

@@ -14,10 +14,10 @@ import grpc
 import pytest
 
 from rlax.core.errors import LostStep, Preempted
-from rlax.core.launch.preemption import Preemption
-from rlax.core.param_server import recovery
 from rlax.core.param_server import rlax_pb2 as pb
+from rlax.core.param_server.queue import recovery
 from rlax.core.param_server.retry import RETRYABLE, RetryPolicy
+from rlax.core.runtime.preemption import Preemption
 from rlax.core.trainer.client import TrainerClient
 
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from rlax.core.param_server.client import ParamServerClient
-from rlax.core.param_server.parts import PushRejected
-from rlax.core.param_server.relay import Limiter
-from rlax.core.param_server.weight_persist import WeightPersister
-from rlax.core.param_server.wire import WirePlan
+from rlax.core.param_server.transport.relay import Limiter
+from rlax.core.param_server.weights.parts import PushRejected
+from rlax.core.param_server.weights.persist import WeightPersister
+from rlax.core.wire import WirePlan
 
 rng = np.random.default_rng(3)
 TREE = {

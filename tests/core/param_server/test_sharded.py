@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server import shard_server
 from rlax.core.param_server.server import ParamServer
 from rlax.core.param_server.settings import ServerSettings
-from rlax.core.param_server.sharded import split_header, split_points
-from rlax.core.param_server.wire import WirePlan
+from rlax.core.param_server.weights import split_servers
+from rlax.core.param_server.weights.split import split_header, split_points
+from rlax.core.wire import WirePlan
 
 from ..conftest import TOKEN
 from .test_bulk import _host
@@ -126,7 +126,7 @@ def test_the_role_starts_local_shards_as_processes_and_they_serve_their_run(make
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
     settings = ServerSettings(address="127.0.0.1:0", weight_shards=(address,), **BASE)
-    procs = shard_server.start_local(settings)
+    procs = split_servers.start_local(settings)
     try:
         assert len(procs) == 1 and procs[0].is_alive()
         two = _sharded(make_ps, (address,))
@@ -137,7 +137,7 @@ def test_the_role_starts_local_shards_as_processes_and_they_serve_their_run(make
         assert bytes(two.client.pull(-1)[2]) == PLAN.pack(TREE).tobytes()
         assert 0 < two.server.weights.version_bytes < PLAN.nbytes  # the rest is in the child
     finally:
-        shard_server.stop_local(procs)
+        split_servers.stop_local(procs)
     assert not procs[0].is_alive()
 
 

@@ -15,7 +15,7 @@ import xxhash
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.client import ParamServerClient, decode_chunk, encode_chunk
 from rlax.core.param_server.settings import ServerSettings
-from rlax.core.param_server.wire import WirePlan
+from rlax.core.wire import WirePlan
 
 from ..conftest import TOKEN
 
@@ -217,7 +217,7 @@ def test_same_push_id_twice_is_a_duplicate(ps):
 
 
 def test_streamed_chunks_cover_the_packed_buffer_exactly():
-    from rlax.core.param_server.wire import stream
+    from rlax.core.wire import stream
 
     tree = {"a": np.arange(10, dtype=np.float32), "b": np.ones((300, 300), np.float32),
             "c": np.full(7, 2.0, np.float32), "d": np.zeros(3, np.float32)}  # fmt: skip

@@ -10,7 +10,7 @@ import typing
 import pytest
 
 from rlax.core.errors import Preempted
-from rlax.core.launch.preemption import FileNotice, GceMetadataNotice, Preemption, SignalNotice
+from rlax.core.runtime.preemption import FileNotice, GceMetadataNotice, Preemption, SignalNotice
 
 
 def test_sigterm_sets_the_event_and_the_old_handler_comes_back():
@@ -91,7 +91,7 @@ def test_the_supervisors_finish_signal_stops_quietly_with_status_0(capfd, monkey
     """At the end of a run the supervisor sends FINISH_SIGNAL: a safe-point stop, not a preemption."""
     from rlax.core import cli
     from rlax.core.errors import RunFinished
-    from rlax.core.launch.preemption import FINISH_SIGNAL
+    from rlax.core.runtime.preemption import FINISH_SIGNAL
 
     with Preemption([], role="worker") as stop:
         signal.raise_signal(FINISH_SIGNAL)

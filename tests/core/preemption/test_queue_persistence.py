@@ -10,8 +10,8 @@ import pytest
 
 from rlax.core.param_server import codec
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server.persist import QueueDB, QueueDBError, read_consumed_log
-from rlax.core.param_server.queue import RolloutQueue
+from rlax.core.param_server.queue.service import RolloutQueue
+from rlax.core.param_server.queue.store import QueueDB, QueueDBError, read_consumed_log
 from rlax.core.types import Completion, Group, Prompt
 
 
@@ -181,7 +181,7 @@ def test_a_call_after_close_is_unavailable_and_changes_nothing(tmp_path):
     """The server stopping with calls still running: none succeeds without being on disk."""
     import grpc
 
-    from rlax.core.param_server.queue_state import QueueError
+    from rlax.core.param_server.queue.state import QueueError
 
     db = tmp_path / "queue.sqlite"
     q = make(db)

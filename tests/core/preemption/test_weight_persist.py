@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from rlax.core.param_server.weight_persist import WeightPersister
-from rlax.core.param_server.wire import WirePlan
+from rlax.core.param_server.weights.persist import WeightPersister
+from rlax.core.wire import WirePlan
 
 TREE = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(4, np.float32)}
 PLAN = WirePlan.for_tree(TREE)

@@ -15,9 +15,9 @@ from rlax.core.models.config import TransformerConfig
 from rlax.core.models.tokenizer import CharTokenizer
 from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.param_server import codec
+from rlax.core.rollout.groups import episode_metrics, score_groups
 from rlax.core.trainer.batches import make_batch
 from rlax.core.types import Group
-from rlax.core.worker.rollout import episode_metrics, score_groups
 from rlax.plugins.environments.guess import ALPHABET, GuessEnvironment, GuessReward, GuessTask
 from rlax.plugins.environments.runner import EpisodeSampler
 from rlax.plugins.samplers.jax_sampler import JaxSampler

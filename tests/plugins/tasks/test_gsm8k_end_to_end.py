@@ -14,7 +14,7 @@ from rlax.core.models.bundle import ModelBundle, new_model, save_model
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.tokenizer import CharTokenizer
 from rlax.core.plugins import build_plugin_manager
-from rlax.core.worker.reward_pool import RewardPool
+from rlax.core.rollout.reward_pool import RewardPool
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "configs" / "gsm8k_tiny.gin"

@@ -1,6 +1,6 @@
 """A committed version as pullers see it, and the pool of spare buffers versions land in.
 
-Used by the weight store (:mod:`rlax.core.param_server.weights`).
+Used by the weight store (:mod:`rlax.core.param_server.weights.store`).
 """
 
 from __future__ import annotations

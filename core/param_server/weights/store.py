@@ -2,8 +2,8 @@
 
 A version is made of ``num_parts`` parts (one per trainer host), received
 from a gRPC ``Push`` stream or over the bulk lane
-(core/param_server/transfer.py) and verified as they arrive
-(:mod:`rlax.core.param_server.parts`). When every part of a version is
+(core/param_server/transport/transfer.py) and verified as they arrive
+(:mod:`rlax.core.param_server.weights.parts`). When every part of a version is
 complete, the version is committed atomically as the newest one. Parts that
 carry shards (a multi-host push) are assembled into whole tensors at commit,
 so a puller always receives one buffer of whole tensors, in the model's
@@ -17,7 +17,7 @@ pool once no pull is reading it, so steady-state pushes write into memory
 that is already mapped.
 
 A version can also be served from a file holding its bytes (the weight
-persister's save, :mod:`rlax.core.param_server.weight_persist`):
+persister's save, :mod:`rlax.core.param_server.weights.persist`):
 :meth:`WeightStore.serve_from_file` swaps the served version for the same
 version read from the file, and the memory buffer goes back to the pool once
 no pull reads it; :meth:`WeightStore.restore_file` serves a saved version
@@ -42,7 +42,8 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server.parts import (
+from rlax.core.param_server.transport.transfer import checksum, decode_chunk, encode_chunk
+from rlax.core.param_server.weights.parts import (
     BAD,
     Part,
     PushRejected,
@@ -51,8 +52,7 @@ from rlax.core.param_server.parts import (
     is_whole,
     layout,
 )
-from rlax.core.param_server.served import Pool, Served
-from rlax.core.param_server.transfer import checksum, decode_chunk, encode_chunk
+from rlax.core.param_server.weights.served import Pool, Served
 
 __all__ = ["Served", "WeightStore"]
 

@@ -7,7 +7,7 @@ holds those places, the lock and condition every call waits on, and the
 helpers that move a prompt between them under that lock (return it to the
 pool, expire leases, draw the next prompt past the curricula).
 
-With a database (``db``, :mod:`rlax.core.param_server.persist`) every call
+With a database (``db``, :mod:`rlax.core.param_server.queue.store`) every call
 that changes state is one SQLite transaction (:meth:`QueueState._tx`), and a
 queue built on an existing database resumes where the last one stopped: the
 data cursor (the task's prompts are drawn again up to it and checked), the
@@ -21,7 +21,7 @@ for that prompt is submitted. The last partial work handed in for a prompt
 replaces the one before (it continued from it), and one with no token at all
 leaves the earlier one attached.
 
-The calls that change it are :class:`rlax.core.param_server.queue.RolloutQueue`'s.
+The calls that change it are :class:`rlax.core.param_server.queue.service.RolloutQueue`'s.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import grpc
 from rlax.core.contracts import Curriculum, Stateful
 from rlax.core.param_server import codec
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server.persist import QueueDB, QueueDBError
+from rlax.core.param_server.queue.store import QueueDB, QueueDBError
 from rlax.core.types import Prompt
 
 log = logging.getLogger("rlax.queue")

@@ -1,6 +1,6 @@
 """A worker's relay: it serves the version it holds, or is receiving, to other workers.
 
-The parameter server decides who pulls from whom (:mod:`rlax.core.param_server.relays`);
+The parameter server decides who pulls from whom (:mod:`rlax.core.param_server.transport.relay_routes`);
 this module is the worker's side. :class:`Relay` listens beside the worker
 and streams its pull buffer to each puller the server sent, **as the bytes
 arrive** (cut-through): a chain or tree of relays then moves a version at the
@@ -35,7 +35,7 @@ from collections.abc import Callable
 import grpc
 
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server import transfer
+from rlax.core.param_server.transport import transfer
 
 log = logging.getLogger("rlax.relay")
 

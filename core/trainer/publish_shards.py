@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from rlax.core.param_server.wire import WIRE_DTYPES, leaf_name
+from rlax.core.wire import WIRE_DTYPES, leaf_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +23,7 @@ class LocalShard:
     """One block of one tensor, held by this process.
 
     Attributes:
-      name: the tensor's name on the wire (:func:`rlax.core.param_server.wire.leaf_name`,
+      name: the tensor's name on the wire (:func:`rlax.core.wire.leaf_name`,
         ``"blocks/0/attn/q/kernel/value"``), as in a whole-model push.
       index: the tensor's position in the model's flattened tree.
       shape: the whole tensor's shape.
@@ -103,7 +103,7 @@ def push_local_shards(
     as whole tensors, once all ``process_count`` parts have arrived. Needs the
     parameter-server client's ``push_part(header, pieces)``.
     """
-    from rlax.core.param_server.wire import chunks
+    from rlax.core.wire import chunks
 
     shards = local_shards(tree, wire_dtype)
     header = part_header(

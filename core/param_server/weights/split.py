@@ -33,7 +33,7 @@ import grpc
 import numpy as np
 
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server import transfer
+from rlax.core.param_server.transport import transfer
 
 log = logging.getLogger("rlax.client")
 
@@ -58,7 +58,7 @@ def split_points(sizes: list[int], shards: int) -> list[int]:
 
 def whole_sizes(header: pb.PartHeader) -> list[int]:
     """Each whole tensor's bytes, by ``index``, from a part that names every tensor."""
-    from rlax.core.param_server.parts import DTYPE_BYTES
+    from rlax.core.param_server.weights.parts import DTYPE_BYTES
 
     sizes: dict[int, int] = {}
     for t in header.tensors:

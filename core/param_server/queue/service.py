@@ -1,6 +1,6 @@
 """The RolloutQueue service: prompt leases, submitted groups, takes and acks.
 
-Each call is one transaction over :class:`~rlax.core.param_server.queue_state.QueueState`
+Each call is one transaction over :class:`~rlax.core.param_server.queue.state.QueueState`
 (where every prompt is, in memory and on disk). Capacity bounds leases + queue
 + takes together, so producers wait at ``Lease`` when the trainer falls
 behind — nothing is ever dropped to make room. An expired lease returns its
@@ -34,7 +34,7 @@ import numpy as np
 
 from rlax.core.param_server import codec
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server.queue_state import (
+from rlax.core.param_server.queue.state import (
     Lease,
     QueueError,
     QueueState,

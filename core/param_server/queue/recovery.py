@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import grpc
 
-from rlax.core.param_server.queue import RolloutQueue
-from rlax.core.param_server.queue_state import QueueError
+from rlax.core.param_server.queue.service import RolloutQueue
+from rlax.core.param_server.queue.state import QueueError
 from rlax.core.param_server.retry import RetryPolicy
 
 SERVICE = "rlax.v1.Recovery"

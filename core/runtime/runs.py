@@ -1,7 +1,7 @@
 """Run directories: the one to resume, whether a run is finished, the command that resumes it.
 
 ``rlax.train`` makes a run directory ``RUN_ROOT/RUN_NAME-YYYYmmdd-HHMMSS[-i]``
-(:func:`rlax.core.launch.runs.make_run_dir`) and writes ``operative_config.gin``
+(:func:`rlax.core.runtime.runs.make_run_dir`) and writes ``operative_config.gin``
 into it before anything else, so a directory holding that file (or a
 ``train_state/``) is a run that can be resumed. A run is finished once it has
 exported its final policy (``checkpoint/``, whose info records the last step)

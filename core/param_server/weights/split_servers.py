@@ -1,10 +1,10 @@
-"""Weight-only servers: the shards of a weight store split by tensor (sharded.py).
+"""Weight-only servers: the shards of a weight store split by tensor (weights/split.py).
 
 The parameter-server role starts one child process per address in
 ``rlax.ps_settings.weight_shards`` on its own host (:func:`start_local`);
 a shard meant for another machine is started there with
 
-    RLAX_PS_TOKEN=... python -m rlax.core.param_server.shard_server --address HOST:PORT
+    RLAX_PS_TOKEN=... python -m rlax.core.param_server.weights.split_servers --address HOST:PORT
 
 A shard is an ordinary server (the same checks, the same bulk lane) whose
 rollout queue is never used; it keeps nothing on disk (the main server's
@@ -21,7 +21,7 @@ import signal
 import threading
 
 from rlax.core.param_server.settings import ADDRESS_ENV, ServerSettings
-from rlax.core.param_server.transfer import split_address
+from rlax.core.param_server.transport.transfer import split_address
 
 
 def serve(settings: ServerSettings, address: str, parent: int | None = None) -> None:

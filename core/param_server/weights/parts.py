@@ -7,7 +7,7 @@ arrives (:class:`Part`). :func:`check_header` decides whether a header may
 start a part; :func:`assemble` turns the shards of a multi-host push into
 whole tensors in the model's order. Every failure is a :class:`PushRejected`
 with the gRPC status the push fails with. The store that stages, commits and
-serves the versions is :mod:`rlax.core.param_server.weights`.
+serves the versions is :mod:`rlax.core.param_server.weights.store`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server.transfer import checksum
+from rlax.core.param_server.transport.transfer import checksum
 
 # Bytes per element of each dtype a part may carry.
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4}

@@ -12,7 +12,7 @@ next push get the weights the server last served. A saved version that cannot
 be read, or whose bytes do not match their checksum, is skipped with a
 warning naming it; a version saved by an older rlax (orbax) is still read.
 
-Given the server's own :class:`~rlax.core.param_server.weights.WeightStore`
+Given the server's own :class:`~rlax.core.param_server.weights.store.WeightStore`
 (``store``, as the parameter-server role does), it writes the served buffer
 in place, held for reading while the write runs, then has the store serve
 that version from the saved file (its memory buffer goes back to the pool
@@ -44,10 +44,10 @@ import xxhash
 
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.client import ParamServerClient
-from rlax.core.param_server.parts import PushRejected
 from rlax.core.param_server.settings import ServerSettings
-from rlax.core.param_server.transfer import checksum
-from rlax.core.param_server.wire import WIRE_DTYPES, TensorSpec, WirePlan
+from rlax.core.param_server.transport.transfer import checksum
+from rlax.core.param_server.weights.parts import PushRejected
+from rlax.core.wire import WIRE_DTYPES, TensorSpec, WirePlan
 
 log = logging.getLogger("rlax.param_server")
 

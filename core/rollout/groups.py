@@ -24,8 +24,8 @@ from rlax.core.contracts import (
     Task,
 )
 from rlax.core.errors import ConfigError
+from rlax.core.rollout.reward_pool import RewardPool, score_one
 from rlax.core.types import Completion, Group, PartialGroup, Prompt
-from rlax.core.worker.reward_pool import RewardPool, score_one
 
 
 def task_prompts(

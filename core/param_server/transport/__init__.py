@@ -1,0 +1,1 @@
+"""How weight bytes travel: the gRPC chunk codec, the bulk lane, relays between workers."""

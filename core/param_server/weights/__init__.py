@@ -1,0 +1,1 @@
+"""Versioned weights: the store, arriving parts, served versions, weights on disk, a store split by tensor."""

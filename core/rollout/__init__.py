@@ -1,0 +1,1 @@
+"""Prompts -> scored groups, shared by the worker, the trainer, evaluation and the parameter server."""

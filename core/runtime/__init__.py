@@ -1,0 +1,1 @@
+"""What every rlax process does the same way: preemption notices, the terminal, its run directory."""
