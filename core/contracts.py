@@ -8,9 +8,11 @@ built-in component satisfies its kind's Protocols). Shapes follow the legend
 in :mod:`rlax.core.types`.
 
 Data members are read-only properties, so an attribute or a property
-satisfies them. Optional capabilities (the curation filters', Dataset) are
-runtime-checkable: the core asks with ``isinstance``, never ``hasattr``. The
-environment contract lives in :mod:`rlax.core.episodes`, re-exported here.
+satisfies them. Optional capabilities (the curation filters', Dataset, an
+algorithm's BatchTerms and Distils, a sampler's Resumable) are runtime-checkable:
+the core asks with ``isinstance``, never ``hasattr`` or ``getattr``. The
+environment contract lives in :mod:`rlax.core.episodes` and the curation
+filters' in :mod:`rlax.core.filters`, both re-exported here.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import jax
 import numpy as np
 
 from rlax.core.episodes import Environment, Episode, ToolParser
-from rlax.core.types import Completion, Curated, Group, PartialGroup, Prompt, RewardResult
+from rlax.core.filters import Curriculum, OfflineFilter, OnlineFilter, Refilling, Stateful
+from rlax.core.types import Completion, Group, PartialGroup, Prompt, RewardResult
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -30,9 +33,9 @@ if TYPE_CHECKING:
     from rlax.core.models.transformer import Transformer
 
 __all__ = [
-    "Algorithm", "Curriculum", "Dataset", "Encoder", "Environment", "Episode", "Logger",
-    "OfflineFilter", "OnlineFilter", "Refilling", "Reward", "RolloutSource", "Sampler",
-    "Stateful", "Task", "Tokenizer", "ToolParser",
+    "Algorithm", "BatchTerms", "Curriculum", "Dataset", "Distils", "Encoder", "Environment",
+    "Episode", "Logger", "OfflineFilter", "OnlineFilter", "Refilling", "Resumable", "Reward",
+    "RolloutSource", "Sampler", "Stateful", "Task", "Tokenizer", "ToolParser",
 ]  # fmt: skip
 
 # -------------------------------------------------------------------------
@@ -124,6 +127,17 @@ class BatchTerms(Protocol):
     def batch_terms(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
         """Per-token arrays [B, L] of the whole batch (traced; anchors included): each
         minibatch's ``batch`` carries its rows by key; ``loss`` uses them, not its own."""
+
+
+@runtime_checkable
+class Distils(Protocol):
+    """An algorithm that may learn from a teacher (on-policy distillation)."""
+
+    @property
+    def needs_teacher(self) -> bool:
+        """True: the trainer loads ``rlax.train.teacher`` (refusing to start without
+        one) and adds its logprobs of the batch's tokens as ``ref_logprobs``
+        [B, L] (:mod:`rlax.core.trainer.teacher`)."""
 
 
 # -------------------------------------------------------------------------
@@ -259,65 +273,6 @@ class Dataset(Protocol):
     def malformed(self) -> Sequence[Any]:
         """The rows ``load`` skipped so far, each with ``source`` (a file or
         hub name), ``index`` (the row's) and ``reason``, for the report."""
-
-
-# -------------------------------------------------------------------------
-# Curation filters (rlax_register_curation_filters)
-# -------------------------------------------------------------------------
-# A filter has one or more of these capabilities; the core asks which with
-# ``isinstance`` (the Protocols are runtime-checkable), never with ``hasattr``.
-
-
-@runtime_checkable
-class OnlineFilter(Protocol):
-    """A filter of scored groups, run by the workers and the trainer each round."""
-
-    def online(self, groups: Sequence[Group]) -> list[Group]:
-        """The groups it keeps, the same objects, in order (a dropped group's
-        rewards still count in the step's metrics)."""
-
-
-@runtime_checkable
-class OfflineFilter(Protocol):
-    """A filter of a whole dataset before training, run by ``rlax curate``."""
-
-    def offline(self, prompts: Sequence[Prompt]) -> Curated:
-        """The prompts it keeps, in order, in ``.kept``; the others in
-        ``.dropped``, each a :class:`~rlax.core.types.Dropped` with its reason."""
-
-
-@runtime_checkable
-class Curriculum(Protocol):
-    """A prompt curriculum, run by the parameter server (and the inline trainer)."""
-
-    def admit(self, prompts: Sequence[Prompt]) -> list[Prompt]:
-        """The prompts that may be served now (called before leasing or sampling them)."""
-
-    def observe(self, prompt_id: str, rewards: np.ndarray) -> bool:
-        """Records one scored attempt, float32 rewards [G] (also of a group a
-        filter dropped); False if the prompt was already retired."""
-
-
-@runtime_checkable
-class Refilling(Protocol):
-    """An online filter that wants the groups it drops replaced (DAPO's dynamic sampling)."""
-
-    @property
-    def extra_rounds(self) -> int:
-        """How many more rounds of sampling per update may replace dropped
-        groups (:func:`rlax.core.trainer.filling.fill_batch`); the loop takes
-        the largest over its filters."""
-
-
-@runtime_checkable
-class Stateful(Protocol):
-    """A filter with state a checkpoint must keep (a curriculum's history)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """Its state as JSON-serialisable values, saved with each checkpoint."""
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores what ``state_dict`` returned, on resume."""
 
 
 # -------------------------------------------------------------------------

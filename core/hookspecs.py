@@ -40,7 +40,8 @@ def rlax_register_algorithms() -> dict[str, Callable[..., object]]:
     host) and ``loss(new_logprobs, batch) -> (loss, metrics)`` (inside the
     jitted step; ``batch`` is a dict of arrays). An algorithm may also be a
     ``rlax.core.contracts.BatchTerms`` (``batch_terms``: per-token terms of
-    the whole rollout batch, for several updates per batch).
+    the whole rollout batch, for several updates per batch) and a
+    ``rlax.core.contracts.Distils`` (``needs_teacher``: it learns from a teacher).
 
     Called once per plugin when the plugin manager loads; not firstresult, not
     historic.

@@ -139,19 +139,21 @@ def test_the_import_graph_has_no_cycle():
     assert cycles(graph) == []
 
 
-# Bottom first. A module is in the layer of the longest prefix that names it.
+# Bottom first. A module is in the layer of the longest prefix that names it (a prefix
+# names itself and what is under it); the root package itself (the hook markers) is base.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "base",
         (
-            "rlax.core",
             "rlax.core.types",
             "rlax.core.errors",
             "rlax.core.episodes",
+            "rlax.core.filters",
             "rlax.core.contracts",
             "rlax.core.hookspecs",
             "rlax.core.plugins",
             "rlax.core.configurables",
+            "rlax.core.masked",
             "rlax.core.wire",
         ),
     ),
@@ -164,10 +166,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("config", ("rlax.core.config",)),
     ("cli", ("rlax.core.cli",)),
 )
+ROOT_PACKAGE = "rlax.core"
 
 
 def layer_of(module: str) -> int | None:
     """The index in :data:`LAYERS` of ``module``'s layer (None: in no layer)."""
+    if module == ROOT_PACKAGE:
+        return 0
     best: tuple[int, int] | None = None  # (length of the prefix, layer)
     for i, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
@@ -192,6 +197,7 @@ def test_a_module_is_in_its_longest_prefix_layer_and_an_upward_import_is_found()
     assert LAYERS[layer_of("rlax.core.param_server.queue.state")][0] == "services"
     assert LAYERS[layer_of("rlax.core.cli")][0] == "cli"
     assert layer_of("rlax.elsewhere") is None
+    assert layer_of("rlax.core.new_root_module") is None  # a new module must be placed
     graph = {
         "rlax.core.wire": {"rlax.core.trainer.step"},
         "rlax.core.trainer.step": {"rlax.core.wire"},

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import gin
 import pytest
 
-from rlax.core import config, contracts, episodes, hookspecs
+from rlax.core import config, contracts, episodes, filters, hookspecs
 from rlax.core.config import bindings
 from rlax.core.errors import ConfigError
 from rlax.core.plugins import KINDS, build_plugin_manager
@@ -29,7 +29,7 @@ DOC = ROOT / "docs" / "plugin_hooks.md"
 # the kind must be; the others are optional capabilities (curation filters
 # have at least one of OnlineFilter, OfflineFilter, Curriculum).
 KIND_PROTOCOLS: dict[str, tuple[str, ...]] = {
-    "algorithms": ("Algorithm", "BatchTerms"),
+    "algorithms": ("Algorithm", "BatchTerms", "Distils"),
     "rewards": ("Reward",),
     "samplers": ("Sampler", "Resumable"),
     "tasks": ("Task", "Dataset"),
@@ -40,8 +40,8 @@ KIND_PROTOCOLS: dict[str, tuple[str, ...]] = {
 }
 # Protocols of what the core hands to components, or of its own parts: no plugin kind.
 NOT_PLUGIN_KINDS = {"Encoder", "Tokenizer", "RolloutSource", "Episode"}
-# The modules whose Protocols are the contracts (rlax.core.contracts re-exports the second's).
-CONTRACT_MODULES = {contracts.__name__, episodes.__name__}
+# The modules whose Protocols are the contracts (rlax.core.contracts re-exports the others').
+CONTRACT_MODULES = {contracts.__name__, episodes.__name__, filters.__name__}
 # A member a component may lack, and when it must have it.
 CONDITIONAL = {("Algorithm", "value_model"): lambda component: component.needs_critic}
 

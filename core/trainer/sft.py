@@ -15,9 +15,10 @@ import optax
 from flax import nnx
 from tqdm import tqdm
 
+from rlax.core.masked import masked_mean
 from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.trainer.batches import make_batch
-from rlax.core.trainer.step import batch_arrays, masked_mean
+from rlax.core.trainer.step import batch_arrays
 from rlax.core.types import Completion, Group, Prompt
 
 

@@ -44,6 +44,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from rlax.core.contracts import Algorithm
+from rlax.core.masked import masked_mean
 from rlax.core.models import lora as loralib
 from rlax.core.models.critic import build_critic, forward_with_values
 from rlax.core.models.transformer import Transformer, sequence_logprobs
@@ -59,11 +60,7 @@ from rlax.core.trainer.microbatch import (
 from rlax.core.trainer.settings import COMPUTE_DTYPES, PLACEMENTS, TrainerSettings
 from rlax.core.types import TrainBatch
 
-__all__ = ["PLACEMENTS", "TrainState", "Trainer", "TrainerSettings", "batch_arrays", "masked_mean"]
-
-
-def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
-    return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+__all__ = ["PLACEMENTS", "TrainState", "Trainer", "TrainerSettings", "batch_arrays"]
 
 
 def batch_arrays(batch: TrainBatch) -> dict[str, np.ndarray]:

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rlax.core.contracts import Distils
 from rlax.core.errors import ConfigError
 from rlax.core.models.transformer import Transformer, sequence_logprobs
 
@@ -66,8 +67,9 @@ class Teacher:
 
 
 def needs_teacher(algorithm) -> bool:
-    """The algorithm's optional ``needs_teacher`` flag (False when it has none)."""
-    return bool(getattr(algorithm, "needs_teacher", False))
+    """Whether the algorithm distils from a teacher (:class:`~rlax.core.contracts.Distils`;
+    an algorithm without the capability does not)."""
+    return isinstance(algorithm, Distils) and algorithm.needs_teacher
 
 
 def check_teacher(algorithm, teacher: object | None, setting: str = "rlax.train.teacher") -> None:

@@ -47,7 +47,6 @@ from rlax.plugins.algorithms.aggregation import (
     Aggregation,
     aggregate,
     completion_width,
-    masked_mean,
 )
 from rlax.plugins.algorithms.alignment import ALIGNMENTS, Alignment
 from rlax.plugins.algorithms.cispo import cispo
@@ -111,7 +110,6 @@ __all__ = [
     "k3_kl",
     "kl_estimate",
     "leave_one_out",
-    "masked_mean",
     "ppo",
     "raw_returns",
     "reinforcepp",

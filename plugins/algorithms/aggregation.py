@@ -22,17 +22,14 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from rlax.core.masked import masked_mean
+
 AGGREGATIONS = (
     "token-mean",
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
     "seq-mean-token-sum",
 )
-
-
-def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean of ``x`` over the positions where ``mask`` is 1 (0 when the mask is empty)."""
-    return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
 def completion_width(mask: jax.Array) -> jax.Array:

@@ -35,7 +35,7 @@ def test_every_factory_and_building_block_is_public():
     factories = {"grpo", "dapo", "drgrpo", "gspo", "cispo", "rloo", "reinforcepp",
                  "reinforcepp_baseline", "ppo", "distill"}  # fmt: skip
     pieces = {"group_normalized", "group_centered", "leave_one_out", "raw_returns",
-              "Aggregation", "aggregate", "masked_mean", "Alignment", "ClippedSurrogate",
+              "Aggregation", "aggregate", "Alignment", "ClippedSurrogate",
               "SequenceClippedSurrogate", "ClippedISWeight", "clipped_surrogate", "k3_kl",
               "kl_estimate", "Distillation", "completion_width",
               "Returns", "gae", "whiten", "ValueLoss", "PolicyGradient", "alignment_of",
