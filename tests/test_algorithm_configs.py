@@ -55,7 +55,9 @@ REQUIRED = {"distill": ["TEACHER = '/path/to/teacher'"]}
 
 
 def parsed(pm, name: str) -> dict[str, Any]:
-    config.parse([ROOT / "configs" / EXPERIMENTS[name]], REQUIRED.get(name, []), plugins=pm)
+    config.parse(
+        [ROOT / "configs/experiments" / EXPERIMENTS[name]], REQUIRED.get(name, []), plugins=pm
+    )
     return {
         key: build(gin.query_parameter(f"rlax.train.{key}"))
         for key in ("algorithm", "curation", "reward", "run_name")
@@ -72,7 +74,9 @@ def test_each_experiment_builds_its_algorithm(pm, name):
 
 def test_every_registered_algorithm_has_an_experiment(pm):
     assert set(pm.names("algorithms")) >= set(EXPERIMENTS)
-    assert {p.name for p in (ROOT / "configs").glob("*.gin")} >= set(EXPERIMENTS.values())
+    assert {p.name for p in (ROOT / "configs/experiments").glob("*.gin")} >= set(
+        EXPERIMENTS.values()
+    )
 
 
 def test_dapo_puts_its_four_pieces_together(pm):
@@ -116,4 +120,4 @@ def test_distill_names_its_teacher_and_keeps_every_group(pm):
     assert run["algorithm"].needs_teacher and run["curation"] == []
     assert build(gin.query_parameter("rlax.train.teacher")) == "/path/to/teacher"
     with pytest.raises(ConfigError, match="TEACHER is required"):
-        config.parse([ROOT / "configs" / "distill.gin"], plugins=pm)
+        config.parse([ROOT / "configs/experiments/distill.gin"], plugins=pm)

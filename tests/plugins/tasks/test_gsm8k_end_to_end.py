@@ -1,4 +1,4 @@
-"""The GSM8K-format fixture end to end through configs/gsm8k_tiny.gin with the math verifier."""
+"""The GSM8K-format fixture end to end through configs/experiments/gsm8k_tiny.gin with the math verifier."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from rlax.core.plugins import build_plugin_manager
 from rlax.core.worker.reward_pool import RewardPool
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
-CONFIG = ROOT / "configs" / "gsm8k_tiny.gin"
+CONFIG = ROOT / "configs/experiments/gsm8k_tiny.gin"
 FIXTURES = ROOT / "tests" / "fixtures"
 FILES = ("gsm8k_tiny_train.jsonl", "gsm8k_tiny_test.jsonl")
 
