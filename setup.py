@@ -4,7 +4,7 @@ The user's layout keeps ``core/``, ``plugins/``, ``configs/`` and ``assets/`` at
 the repository root; they install as ``rlax.core``, ``rlax.plugins``,
 ``rlax.configs`` and ``rlax.assets`` (``rlax`` itself is a namespace
 package). Every folder under ``core/`` and ``plugins/`` that holds a ``.py``
-file is a package; ``configs/`` ships its gin files and ``assets/`` the
+file is a package; ``configs/`` ships the gin files of its folders and ``assets/`` the
 quickstart's base policy, as package data. Everything else about the
 distribution is in ``pyproject.toml``.
 """
@@ -17,7 +17,7 @@ from setuptools import setup
 
 ROOT = pathlib.Path(__file__).resolve().parent
 CODE = {"rlax.core": "core", "rlax.plugins": "plugins"}
-DATA = {"rlax.configs": ("configs", ["*.gin"]), "rlax.assets": ("assets", ["**/*"])}
+DATA = {"rlax.configs": ("configs", ["*/*.gin"]), "rlax.assets": ("assets", ["**/*"])}
 _SKIP = {"__pycache__"}
 
 

@@ -95,7 +95,11 @@ def settle(a: argparse.Namespace, backend: str) -> argparse.Namespace:
     if a.rl_steps < 0:
         a.rl_steps = 2 if tiny else 20
     if not a.rl_config:
-        a.rl_config = "configs/quickstart.gin" if tiny else "configs/smollm2_arithmetic.gin"
+        a.rl_config = (
+            "configs/experiments/quickstart.gin"
+            if tiny
+            else "configs/experiments/smollm2_arithmetic.gin"
+        )
     a.rl_role = a.rl_role or ("inline" if tiny else "all")
     # Tiny: one process and a small held-out set, so the whole check takes a minute or two.
     a.rl_bindings = TINY_RL_BINDINGS if tiny else ()

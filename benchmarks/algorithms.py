@@ -1,7 +1,7 @@
 """Every algorithm of the suite on the quickstart task, with the same budget.
 
-Runs ``rlax run --role inline --gin configs/<algorithm>.gin`` (GRPO's experiment
-is ``configs/quickstart.gin``) one after another, each in a subprocess from
+Runs ``rlax run --role inline --gin configs/experiments/<algorithm>.gin`` (GRPO's
+experiment is ``quickstart.gin``) one after another, each in a subprocess from
 the quickstart's base policy, with the same number of RL steps, prompts per
 step, group size, learning rate, seed and held-out evaluation (200 problems
 never trained on, 16 samples each, unbiased pass@k). ``--role inline`` keeps
@@ -96,7 +96,7 @@ def run_one(name: str, steps: int, prompts: int, learning_rate: float, extra: li
     run_dir = tmp / name
     cmd = [
         sys.executable, "-m", "rlax.core.cli", "run", "--role", "inline",
-        "--gin", str(ROOT / "configs" / EXPERIMENTS[name]), "--run-dir", str(run_dir),
+        "--gin", str(ROOT / "configs" / "experiments" / EXPERIMENTS[name]), "--run-dir", str(run_dir),
         f"--gin.INIT_CHECKPOINT='{ROOT / 'assets' / 'quickstart-base'}'",
         f"--gin.rlax.train.steps={steps}", f"--gin.PROMPTS_PER_STEP={prompts}",
         f"--gin.LEARNING_RATE={row_learning_rate(name, learning_rate):g}",

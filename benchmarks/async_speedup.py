@@ -1,6 +1,6 @@
 """Synchronous vs asynchronous RL on the quickstart: time and learning, same steps.
 
-Runs ``rlax run --gin configs/quickstart.gin`` twice — ``MAX_STALENESS = 0``
+Runs ``rlax run --gin configs/experiments/quickstart.gin`` twice — ``MAX_STALENESS = 0``
 (on-policy: workers wait for each new version) and ``MAX_STALENESS = 2``
 (workers run up to two versions ahead) — with the trainer pinned to CPU core
 0 and both workers to core 1 in both runs, as if they were separate
@@ -30,7 +30,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def run(max_staleness: int, steps: int, tmp: pathlib.Path) -> dict:
     run_dir = tmp / f"staleness-{max_staleness}"
     cmd = [
-        sys.executable, "-m", "rlax.core.cli", "run", "--gin", "configs/quickstart.gin",
+        sys.executable, "-m", "rlax.core.cli", "run", "--gin", "configs/experiments/quickstart.gin",
         "--run-dir", str(run_dir), f"--gin.rlax.train.steps={steps}",
         f"--gin.MAX_STALENESS={max_staleness}", "--gin.RELOAD_STALENESS=0",
         "--gin.rlax.local_cluster.trainer_cores=(0,)", "--gin.rlax.local_cluster.worker_cores=(1,)",

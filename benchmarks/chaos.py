@@ -1,6 +1,6 @@
 """The quickstart under chaos: random roles get SIGTERM or SIGKILL every few seconds.
 
-Runs the README's quickstart (``rlax run --gin configs/quickstart.gin``: parameter
+Runs the README's quickstart (``rlax run --gin configs/experiments/quickstart.gin``: parameter
 server, trainer, two workers under the local supervisor) twice from the
 repository root, with the same settings:
 
@@ -51,7 +51,7 @@ ROLES = ("param_server", "trainer", "worker-0", "worker-1")
 
 def command(run_dir: pathlib.Path, args: argparse.Namespace, extra: list[str]) -> list[str]:
     return [
-        sys.executable, "-m", "rlax.core.cli", "run", "--gin", "configs/quickstart.gin",
+        sys.executable, "-m", "rlax.core.cli", "run", "--gin", "configs/experiments/quickstart.gin",
         "--run-dir", str(run_dir), f"--gin.rlax.train.steps={args.steps}",
         f"--gin.rlax.train.checkpoint_every={args.checkpoint_every}",
         f"--gin.rlax.param_server.lease_ttl_s={args.lease_ttl}",
@@ -151,7 +151,7 @@ def audit(db: pathlib.Path) -> tuple[int, int, int]:
                 for r in conn.execute(f"SELECT grp FROM {table}")
             ]
         consumed = conn.execute("SELECT COUNT(*) FROM consumed").fetchone()[0]
-    # configs/quickstart.gin's task (the chaos run uses it unchanged), seed 0.
+    # configs/experiments/quickstart.gin's task (the chaos run uses it unchanged), seed 0.
     task = ArithmeticTask(digits=2, operations="+", eval_fraction=0.1, num_eval=200)
     stream = task.prompts(
         "train", tokenizer=load_model(ROOT / "assets/quickstart-base").tokenizer, seed=0

@@ -14,7 +14,7 @@ Two sections, one JSON line at the end:
   hold is included), plus the growth over the loaded model.
 - **learning**: a LoRA GRPO run of the quickstart's task, two-digit addition
   (``--learning smollm2``, the default): ``rlax run --gin
-  configs/smollm2_arithmetic.gin`` (parameter server, trainer and a worker
+  configs/experiments/smollm2_arithmetic.gin`` (parameter server, trainer and a worker
   that merges each pushed adapter version into its own base) with
   ``rlax.train.lora = @rlax.lora()`` at rank 16 (alpha 32, lr 1e-4) for
   ``--steps`` steps (40), asked in chat ("What is 34+52?"); held-out pass@8
@@ -182,14 +182,16 @@ def _free_port() -> int:
 
 
 # The learning run's model and its defaults. "smollm2": the quickstart's task (two-digit
-# addition, arithmetic.gin's digits) asked of SmolLM2-135M in chat (configs/smollm2_arithmetic.gin),
-# where rank 16 is small against the 576-wide projections. "quickstart": the quickstart's own
+# addition, tasks/arithmetic.gin's digits) asked of SmolLM2-135M in chat
+# (configs/experiments/smollm2_arithmetic.gin), where rank 16 is small against the 576-wide projections. "quickstart": the quickstart's own
 # 128-wide model, where no rank below its width reached the bar (docs/lora.md).
 LEARNING = {
     "smollm2": {"steps": 40, "rank_rl": 16, "lr": 1e-4},
     "quickstart": {"steps": 800, "rank_rl": 128, "lr": 3e-4},
 }
-SMOLLM2_GIN = pathlib.Path(__file__).resolve().parents[1] / "configs" / "smollm2_arithmetic.gin"
+SMOLLM2_GIN = (
+    pathlib.Path(__file__).resolve().parents[1] / "configs/experiments/smollm2_arithmetic.gin"
+)
 
 
 def _learning_command(args, run_dir: pathlib.Path) -> list[str]:

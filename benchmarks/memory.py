@@ -4,7 +4,7 @@ Two sections, each role in its own process, one process at a time under
 ``flock /tmp/rlax-smollm2.lock`` (a shared 24 GB machine: two big runs at once
 end in the OOM killer):
 
-1. ``configs/smollm2_arithmetic.gin`` for ``--steps`` steps (``rlax run``
+1. ``configs/experiments/smollm2_arithmetic.gin`` for ``--steps`` steps (``rlax run``
    with every role: parameter server, trainer, one worker). The benchmark
    polls every process of the run's tree and keeps each role's ``VmHWM``
    (the kernel's peak resident set of that process) from ``/proc``.
@@ -51,8 +51,8 @@ import time
 GB = 1e9
 LOCK = "/tmp/rlax-smollm2.lock"
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SMOLLM2_GIN = ROOT / "configs" / "smollm2_arithmetic.gin"
-# What configs/smollm2_arithmetic.gin asks of a worker: a lease of 8 prompts x 4
+SMOLLM2_GIN = ROOT / "configs/experiments/smollm2_arithmetic.gin"
+# What configs/experiments/smollm2_arithmetic.gin asks of a worker: a lease of 8 prompts x 4
 # samples, prompts padded to 16 tokens (the chat template makes them ~48), 24 new.
 SMOLLM2_WORKER_ROWS = 32
 SMOLLM2_CACHE_LEN = 64 + 24

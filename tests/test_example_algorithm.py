@@ -105,7 +105,7 @@ def test_gin_selects_the_installed_algorithm_for_a_real_run(installed):
     env.pop("RLAX_DISABLE_PLUGIN_AUTOLOAD", None)
     result = subprocess.run(
         [sys.executable, "-m", "rlax.core.cli", "run", "--role", "inline",
-         "--gin", str(ROOT / "configs" / "quickstart.gin"), "--gin", str(EXAMPLE / "lite_ppo.gin"),
+         "--gin", str(ROOT / "configs/experiments/quickstart.gin"), "--gin", str(EXAMPLE / "lite_ppo.gin"),
          f"--gin.INIT_CHECKPOINT='{ROOT / 'assets' / 'quickstart-base'}'",
          "--gin.rlax.train.steps=3", *SMALL_SIZES, "--gin.algorithms.lite_ppo.clip_eps=0.25",
          "--gin.rlax.train.progress=False", NO_CURVES, "--gin.rlax.evaluate.progress=False",

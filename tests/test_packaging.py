@@ -143,8 +143,8 @@ def test_every_folder_of_code_is_a_package_of_the_wheel(wheel):
 def test_the_wheel_ships_the_configs_and_the_base_policy(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
 
-    for config in (ROOT / "configs").glob("*.gin"):
-        assert f"rlax/configs/{config.name}" in names
+    for config in (ROOT / "configs").rglob("*.gin"):
+        assert f"rlax/{config.relative_to(ROOT).as_posix()}" in names
     for path in (ROOT / "assets" / "quickstart-base").rglob("*"):
         if path.is_file():
             assert f"rlax/{path.relative_to(ROOT).as_posix()}" in names

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pathlib
 import re
 
+from rlax.core import config
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -36,7 +38,8 @@ def test_the_quickstart_command_names_a_packaged_config():
     quickstart, _ = readme_commands()
 
     (name,) = re.findall(r"rlax run --gin (\S+)$", quickstart)
-    assert (ROOT / "configs" / f"{name}.gin").is_file()
+    assert (ROOT / "configs" / "experiments" / f"{name}.gin").is_file()
+    assert config.find_gin_file(name) == str(config.packaged_configs()[name])
 
 
 def test_every_extra_we_ask_of_a_dependency_is_one_it_provides():

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pathlib
 import re
 import tokenize
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +23,7 @@ import gin
 
 from rlax.core.config import bindings as bindings_mod
 from rlax.core.config import checks as binding_checks
+from rlax.core.config.finder import find_gin_file, find_packaged, packaged_configs
 from rlax.core.configurables import gin_registry, register_configurables
 from rlax.core.errors import ConfigError
 
@@ -144,7 +144,8 @@ def parse(
 
     ``include`` paths resolve against the including file's directory first,
     then the working directory, then rlax's packaged configs (so a file of
-    your own can ``include 'quickstart.gin'`` from anywhere). Unknown
+    your own can ``include 'quickstart.gin'`` or ``'algorithms/dapo.gin'`` from
+    anywhere: :mod:`rlax.core.config.finder`). Unknown
     configurables and parameters are errors, and so is a ``%gin.REQUIRED``
     value left unset; then the bound values are checked
     (:mod:`rlax.core.config.checks`).
@@ -179,7 +180,7 @@ def parse(
         gin.finalize()
 
 
-# What the roles of one run must agree on (configs/roles.gin binds each from one macro).
+# What the roles of one run must agree on (configs/base/roles.gin binds each from one macro).
 SHARED_SETTINGS: dict[str, tuple[str, ...]] = {
     "task": ("rlax.train", "rlax.param_server"),
     "reward": ("rlax.train", "rlax.worker"),
@@ -207,40 +208,6 @@ def _validators() -> dict[str, Callable[..., None]]:
     }
 
 
-def packaged_configs() -> dict[str, pathlib.Path]:
-    """``{name: path}`` of the gin files that ship with rlax (``rlax.configs``)."""
-    import rlax.configs
-
-    folder = pathlib.Path(rlax.configs.__file__).parent
-    return {p.stem: p for p in sorted(folder.glob("*.gin"))}
-
-
-def find_gin_file(ref: str | os.PathLike[str]) -> str:
-    """A gin file given as a path, or as the name of a packaged config (``quickstart``).
-
-    Raises:
-      ConfigError: neither a file nor a packaged config; the message lists the packaged names.
-    """
-    path = os.fspath(ref)
-    if os.path.isfile(path):
-        return path
-    packaged = _packaged(path)
-    if packaged is not None:
-        return packaged
-    raise ConfigError(
-        f"{path}: no such gin file, nor a packaged config of that name "
-        f"(packaged: {', '.join(packaged_configs())})"
-    )
-
-
-def _packaged(name: str) -> str | None:
-    """The packaged config called ``name`` (``quickstart`` or ``quickstart.gin``), if any."""
-    if os.sep in name:
-        return None
-    path = packaged_configs().get(name.removesuffix(".gin"))
-    return str(path) if path is not None else None
-
-
 _INCLUDING_DIRS: list[str] = []  # directory of each gin file being parsed, innermost last
 
 
@@ -254,7 +221,7 @@ def _resolve(path: str) -> str | None:
             return candidate
     if os.path.isfile(path):
         return path
-    return _packaged(path)
+    return find_packaged(path)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ the task reads. The output directory::
     OUT/<split>.jsonl   the kept rows, in their original order and fields
     OUT/report.json     counts per filter, every malformed and dropped row with its reason
 
-Configured in gin as ``rlax.curate`` (see ``configs/curate_gsm8k_tiny.gin``).
+Configured in gin as ``rlax.curate`` (see ``configs/experiments/curate_gsm8k_tiny.gin``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ ingredients are separate plugins, reusable with any algorithm:
 - overlong reward shaping: ``@rewards.overlong()``
   (:mod:`rlax.plugins.rewards.overlong`).
 
-``configs/dapo.gin`` puts the four together.
+``configs/algorithms/dapo.gin`` puts the first three together and
+``configs/experiments/dapo.gin`` adds the fourth for the quickstart's task.
 
 Reference: Yu et al., 2025, DAPO, https://arxiv.org/abs/2503.14476 (eq. 8-13).
 """

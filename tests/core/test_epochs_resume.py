@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARGS = [
-    "--gin", str(ROOT / "configs" / "quickstart.gin"),
+    "--gin", str(ROOT / "configs/experiments/quickstart.gin"),
     f"--gin.INIT_CHECKPOINT='{ROOT / 'assets' / 'quickstart-base'}'",
     "--gin.PROMPTS_PER_STEP=8",
     "--gin.GROUP_SIZE=4",

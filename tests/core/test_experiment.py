@@ -21,7 +21,7 @@ BASE = ROOT / "assets" / "quickstart-base"
 # steps (last 10 over first 10) +0.016.
 STEPS = 100
 SHORT = [
-    "--gin", str(ROOT / "configs" / "quickstart.gin"),
+    "--gin", str(ROOT / "configs/experiments/quickstart.gin"),
     f"--gin.INIT_CHECKPOINT='{BASE}'",
     f"--gin.rlax.train.steps={STEPS}",
     "--gin.PROMPTS_PER_STEP=32",

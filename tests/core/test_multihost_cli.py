@@ -20,7 +20,7 @@ from rlax.core import cli
 from rlax.core.trainer import role as experiment
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-GIN = ["--gin", str(ROOT / "configs" / "quickstart.gin")]
+GIN = ["--gin", str(ROOT / "configs/experiments/quickstart.gin")]
 
 
 @pytest.fixture(autouse=True)

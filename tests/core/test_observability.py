@@ -27,7 +27,7 @@ pytestmark = pytest.mark.e2e
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BASE = ROOT / "assets" / "quickstart-base"
 TINY = [
-    "--gin", str(ROOT / "configs" / "quickstart.gin"), f"--gin.INIT_CHECKPOINT='{BASE}'",
+    "--gin", str(ROOT / "configs/experiments/quickstart.gin"), f"--gin.INIT_CHECKPOINT='{BASE}'",
     "--gin.PROMPTS_PER_STEP=8", "--gin.tasks.arithmetic.num_eval=8",
     "--gin.rlax.train.eval_samples=2", "--gin.rlax.train.eval_ks=(1, 2)",
     "--gin.rlax.train.progress=False", "--gin.rlax.train.steps=3",

@@ -21,7 +21,7 @@ from rlax.core.trainer.phases import WALL_CLOCK
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BASE = ROOT / "assets" / "quickstart-base"
 TINY = [
-    "--gin", str(ROOT / "configs" / "quickstart.gin"),
+    "--gin", str(ROOT / "configs/experiments/quickstart.gin"),
     f"--gin.INIT_CHECKPOINT='{BASE}'",
     "--gin.PROMPTS_PER_STEP=8",
     "--gin.tasks.arithmetic.num_eval=8",

@@ -81,7 +81,7 @@ def test_a_distilling_algorithm_needs_a_teacher_of_the_same_vocabulary():
 
 def test_a_run_without_its_teacher_is_a_one_line_error(capsys):
     gin.clear_config()
-    status = cli.main(["run", "--gin", str(ROOT / "configs" / "quickstart.gin"),
+    status = cli.main(["run", "--gin", str(ROOT / "configs/experiments/quickstart.gin"),
                        "--gin.rlax.train.algorithm=@algorithms.distill()", "--role", "inline"])  # fmt: skip
     gin.clear_config()
     assert status == 2
@@ -94,7 +94,7 @@ def test_an_inline_run_distils_from_the_teacher_it_names(tmp_path):
     base = ROOT / "assets" / "quickstart-base"
     gin.clear_config()
     status = cli.main([
-        "run", "--gin", str(ROOT / "configs" / "quickstart.gin"), f"--gin.INIT_CHECKPOINT='{base}'",
+        "run", "--gin", str(ROOT / "configs/experiments/quickstart.gin"), f"--gin.INIT_CHECKPOINT='{base}'",
         "--gin.rlax.train.algorithm=@algorithms.distill()", f"--gin.rlax.train.teacher='{base}'",
         "--gin.PROMPTS_PER_STEP=8", "--gin.GROUP_SIZE=2", "--gin.tasks.arithmetic.num_eval=4",
         "--gin.rlax.train.eval_samples=1", "--gin.rlax.train.eval_ks=(1,)",

@@ -75,7 +75,13 @@ def test_rlax_eval_of_a_damaged_export_exits_2_with_one_line(copy, capsys):
     damaged = largest_file(copy / "params")
     flip(damaged)  # 64 bytes, as in the issue: once 0.0% pass@k with exit 0
     gin.clear_config()
-    argv = ["eval", "--gin", str(ROOT / "configs" / "quickstart.gin"), "--checkpoint", str(copy)]
+    argv = [
+        "eval",
+        "--gin",
+        str(ROOT / "configs/experiments/quickstart.gin"),
+        "--checkpoint",
+        str(copy),
+    ]
     assert cli.main(argv) == cli.EXIT_USAGE
     gin.clear_config()
     out, err = capsys.readouterr()

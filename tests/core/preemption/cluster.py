@@ -25,7 +25,7 @@ TIMING = {"take_wait_s", "weight_sync_s", "weight_sync_mb_s", "worker_idle_fract
 
 def small(steps: int, *extra: str) -> list[str]:
     return [
-        "--gin", str(ROOT / "configs" / "quickstart.gin"),
+        "--gin", str(ROOT / "configs/experiments/quickstart.gin"),
         f"--gin.INIT_CHECKPOINT='{BASE}'", f"--gin.rlax.train.steps={steps}",
         *SMALL_SIZES, IN_PROCESS_REWARDS, "--gin.rlax.train.progress=False", NO_CURVES,
         "--gin.rlax.train.checkpoint_every=2", "--gin.rlax.param_server.lease_ttl_s=5.0",

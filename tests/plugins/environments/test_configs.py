@@ -15,7 +15,7 @@ from rlax.plugins.environments.runner import EpisodeSampler
 from rlax.plugins.environments.tool_calls import HermesToolParser
 from rlax.plugins.rewards.math_verifier import MathReward
 
-CONFIGS = pathlib.Path(__file__).resolve().parents[3] / "configs"
+CONFIGS = pathlib.Path(__file__).resolve().parents[3] / "configs" / "experiments"
 
 
 @pytest.fixture

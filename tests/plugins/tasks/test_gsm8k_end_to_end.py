@@ -1,4 +1,5 @@
-"""The GSM8K-format fixture end to end through configs/gsm8k_tiny.gin with the math verifier."""
+"""The GSM8K-format fixture end to end through configs/experiments/gsm8k_tiny.gin with the
+math verifier, and with another algorithm's file on it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from rlax.core.plugins import build_plugin_manager
 from rlax.core.rollout.reward_pool import RewardPool
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
-CONFIG = ROOT / "configs" / "gsm8k_tiny.gin"
+CONFIG = ROOT / "configs/experiments/gsm8k_tiny.gin"
 FIXTURES = ROOT / "tests" / "fixtures"
 FILES = ("gsm8k_tiny_train.jsonl", "gsm8k_tiny_test.jsonl")
 
@@ -97,3 +98,24 @@ def test_rlax_eval_runs_the_fixture_through_the_gin_config(model_dir, monkeypatc
     (row,) = [line.split() for line in out.splitlines() if line.startswith("model")]
     pass1, pass2 = (float(cell.rstrip("%")) for cell in row[1:])
     assert 0.0 <= pass1 <= pass2 <= 100.0
+
+
+def test_dapo_runs_on_the_fixture_as_the_experiment_and_dapo_s_file(model_dir, tmp_path):
+    """`rlax run --gin gsm8k_tiny --gin algorithms/dapo`: DAPO on GSM8K, no line copied."""
+    run_dir = tmp_path / "run"
+    files = ["--gin", "gsm8k_tiny", "--gin", "algorithms/dapo"]
+    settings = [
+        f"--gin.INIT_CHECKPOINT='{model_dir}'",
+        "--gin.rlax.train.steps=1",
+        "--gin.samplers.jax.max_new_tokens=8",
+        "--gin.rlax.train.progress=False",
+        "--gin.rlax.train.curves=False",
+    ]
+    status = cli.main(["run", "--role", "inline", *files, *settings, "--run-dir", str(run_dir)])
+
+    assert status == cli.EXIT_OK
+    operative = (run_dir / "operative_config.gin").read_text()
+    assert "train.algorithm = @algorithms.dapo()" in operative
+    assert "CURATION = [@curation.dynamic_sampling()]" in operative
+    assert "TASK = @tasks.dataset()" in operative and "REWARD = @rewards.math()" in operative
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
