@@ -1,16 +1,15 @@
 """What the core calls on each kind of component: one Protocol per contract.
 
-A plugin implements these; the core's signatures are typed with them. Each
-member is documented once, here, and ``docs/plugin_hooks.md`` lists the same
-members under the hook that registers the component
-(``tests/test_contracts.py`` checks that the two agree, and that every
-built-in component satisfies its kind's Protocols). Shapes follow the legend
-in :mod:`rlax.core.types`.
+A plugin implements these; the core's signatures are typed with them. Each member is
+documented once, here, and ``docs/plugin_hooks.md`` lists the same members under the
+hook that registers the component (``tests/test_contracts.py`` checks that the two
+agree, and that every built-in component satisfies its kind's Protocols). Shapes
+follow the legend in :mod:`rlax.core.types`.
 
-Data members are read-only properties, so an attribute or a property
-satisfies them. Optional capabilities (the curation filters', Dataset) are
-runtime-checkable: the core asks with ``isinstance``, never ``hasattr``. The
-environment contract lives in :mod:`rlax.core.episodes`, re-exported here.
+Data members are read-only properties, so an attribute or a property satisfies them.
+Optional capabilities (the curation filters', Dataset) are runtime-checkable: the core
+asks with ``isinstance``, never ``hasattr``. The environment contract (in
+:mod:`rlax.core.episodes`) and the weight lane's (:mod:`rlax.core.weight_lane`) are re-exported.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import numpy as np
 
 from rlax.core.episodes import Environment, Episode, ToolParser
 from rlax.core.types import Completion, Curated, Group, PartialGroup, Prompt, RewardResult
+from rlax.core.weight_lane import LaneLink, StepAside, WeightLane
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     from rlax.core.models.transformer import Transformer
 
 __all__ = [
-    "Algorithm", "Curriculum", "Dataset", "Encoder", "Environment", "Episode", "Logger",
-    "OfflineFilter", "OnlineFilter", "Refilling", "Reward", "RolloutSource", "Sampler",
-    "Stateful", "Task", "Tokenizer", "ToolParser",
+    "Algorithm", "Curriculum", "Dataset", "Encoder", "Environment", "Episode", "LaneLink",
+    "Logger", "OfflineFilter", "OnlineFilter", "Refilling", "Reward", "RolloutSource",
+    "Sampler", "Stateful", "StepAside", "Task", "Tokenizer", "ToolParser", "WeightLane",
 ]  # fmt: skip
 
 # -------------------------------------------------------------------------

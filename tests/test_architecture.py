@@ -148,6 +148,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rlax.core.types",
             "rlax.core.errors",
             "rlax.core.episodes",
+            "rlax.core.weight_lane",
             "rlax.core.contracts",
             "rlax.core.hookspecs",
             "rlax.core.plugins",
