@@ -89,8 +89,8 @@ def one_round(n: int, fanout: int, tree: dict, rate: float) -> tuple[float, int]
     trainer = ParamServerClient(local, retry_s=5)
     pullers = [ParamServerClient(local, retry_s=5, relay=True) for _ in range(n)]
     for p in pullers:
-        if p.relay is not None:
-            p.relay.egress = Limiter(rate)  # each worker's uplink
+        if p.lane("relay") is not None:
+            p.lane("relay").relay.egress = Limiter(rate)  # each worker's uplink
     plan = WirePlan.for_tree(tree)
     try:
         trainer.push(plan, tree, 0)

@@ -85,7 +85,8 @@ def _server(port_q, stop_evt):
 def _settings(port, bulk_lane=True):
     from rlax.core.param_server.settings import ServerSettings
 
-    return ServerSettings(address=f"127.0.0.1:{port}", token=TOKEN, bulk_lane=bulk_lane)
+    lanes = ("bulk", "grpc") if bulk_lane else ("grpc",)
+    return ServerSettings(address=f"127.0.0.1:{port}", token=TOKEN, weight_lanes=lanes)
 
 
 def _push_pull(client, plan, tree, packed, versions, warmup):

@@ -14,7 +14,7 @@ from typing import Any
 
 import gin
 
-__all__ = ["gin_registry", "register_configurables"]
+__all__ = ["configurables", "gin_registry", "register_configurables"]
 
 
 def gin_registry() -> Any:
@@ -56,3 +56,15 @@ def register_configurables(
             if current is not None:
                 registry.pop(f"{module}.{name}")
             gin.external_configurable(factory, name=name, module=module)
+
+
+def configurables(module: str) -> dict[str, Callable[..., Any]]:
+    """The gin-wrapped callables of ``module`` by name (bindings applied on call).
+
+    For a plugin kind: the components of the plugin manager loaded last.
+    """
+    return {
+        info.name: gin.get_configurable(selector)
+        for selector, info in list(gin_registry().items())
+        if info.module == module
+    }

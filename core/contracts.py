@@ -1,18 +1,18 @@
 """What the core calls on each kind of component: one Protocol per contract.
 
-A plugin implements these; the core's signatures are typed with them. Each
-member is documented once, here, and ``docs/plugin_hooks.md`` lists the same
-members under the hook that registers the component
-(``tests/test_contracts.py`` checks that the two agree, and that every
-built-in component satisfies its kind's Protocols). Shapes follow the legend
-in :mod:`rlax.core.types`.
+A plugin implements these; the core's signatures are typed with them. Each member is
+documented once, here, and ``docs/plugin_hooks.md`` lists the same members under the
+hook that registers the component (``tests/test_contracts.py`` checks that the two
+agree, and that every built-in component satisfies its kind's Protocols). Shapes
+follow the legend in :mod:`rlax.core.types`.
 
 Data members are read-only properties, so an attribute or a property
 satisfies them. Optional capabilities (the curation filters', Dataset, an
 algorithm's BatchTerms and Distils, a sampler's Resumable) are runtime-checkable:
 the core asks with ``isinstance``, never ``hasattr`` or ``getattr``. The
-environment contract lives in :mod:`rlax.core.episodes` and the curation
-filters' in :mod:`rlax.core.filters`, both re-exported here.
+environment contract lives in :mod:`rlax.core.episodes`, the curation filters'
+in :mod:`rlax.core.filters` and the weight lane's in :mod:`rlax.core.weight_lane`,
+all re-exported here.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import numpy as np
 from rlax.core.episodes import Environment, Episode, ToolParser
 from rlax.core.filters import Curriculum, OfflineFilter, OnlineFilter, Refilling, Stateful
 from rlax.core.types import Completion, Group, PartialGroup, Prompt, RewardResult
+from rlax.core.weight_lane import LaneLink, StepAside, WeightLane
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -34,8 +35,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Algorithm", "BatchTerms", "Curriculum", "Dataset", "Distils", "Encoder", "Environment",
-    "Episode", "Logger", "OfflineFilter", "OnlineFilter", "Refilling", "Resumable", "Reward",
-    "RolloutSource", "Sampler", "Stateful", "Task", "Tokenizer", "ToolParser",
+    "Episode", "LaneLink", "Logger", "OfflineFilter", "OnlineFilter", "Refilling", "Resumable",
+    "Reward", "RolloutSource", "Sampler", "Stateful", "StepAside", "Task", "Tokenizer",
+    "ToolParser", "WeightLane",
 ]  # fmt: skip
 
 # -------------------------------------------------------------------------

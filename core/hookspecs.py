@@ -191,6 +191,29 @@ def rlax_register_tool_parsers() -> dict[str, Callable[..., object]]:
     """
 
 
+@hookspec
+def rlax_register_weight_lanes() -> dict[str, Callable[..., object]]:
+    """Register weight lanes: ways of carrying weight bytes between a client and a server.
+
+    Each factory builds a ``rlax.core.contracts.WeightLane`` as configured;
+    every parameter-server client calls ``open(link) -> WeightLane | None``
+    with its ``rlax.core.contracts.LaneLink`` (settings, gRPC channel, token
+    metadata, ``call``, ``onward``), then ``push(header, pieces, sizes) ->
+    PushReply``, ``pull(have_version, buffer) -> (version, tensors, buffer) |
+    None`` and ``close()`` on what it returned. A lane that cannot carry a
+    transfer raises ``rlax.core.contracts.StepAside`` before reading it, and the
+    next lane of ``rlax.ps_settings.weight_lanes`` carries it. The built-ins
+    are ``split``, ``relay``, ``bulk`` and ``grpc``.
+
+    Called once per plugin when the plugin manager loads; not firstresult, not
+    historic.
+
+    Returns:
+      A dict mapping each lane name to its factory. The gin configurable is
+      ``weight_lanes.<name>``; ``rlax.ps_settings.weight_lanes`` lists names.
+    """
+
+
 # -------------------------------------------------------------------------
 # Lifecycle hooks: notifications from a running experiment.
 #

@@ -64,6 +64,7 @@ KINDS: dict[str, str] = {
     "loggers": "rlax_register_loggers",
     "environments": "rlax_register_environments",
     "tool_parsers": "rlax_register_tool_parsers",
+    "weight_lanes": "rlax_register_weight_lanes",
 }
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")

@@ -149,6 +149,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rlax.core.errors",
             "rlax.core.episodes",
             "rlax.core.filters",
+            "rlax.core.weight_lane",
             "rlax.core.contracts",
             "rlax.core.hookspecs",
             "rlax.core.plugins",

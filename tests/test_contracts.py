@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import gin
 import pytest
 
-from rlax.core import config, contracts, episodes, filters, hookspecs
+from rlax.core import config, contracts, episodes, filters, hookspecs, weight_lane
 from rlax.core.config import bindings
 from rlax.core.errors import ConfigError
 from rlax.core.plugins import KINDS, build_plugin_manager
@@ -37,11 +37,12 @@ KIND_PROTOCOLS: dict[str, tuple[str, ...]] = {
     "loggers": ("Logger",),
     "environments": ("Environment",),
     "tool_parsers": ("ToolParser",),
+    "weight_lanes": ("WeightLane",),
 }
 # Protocols of what the core hands to components, or of its own parts: no plugin kind.
-NOT_PLUGIN_KINDS = {"Encoder", "Tokenizer", "RolloutSource", "Episode"}
+NOT_PLUGIN_KINDS = {"Encoder", "Tokenizer", "RolloutSource", "Episode", "LaneLink"}
 # The modules whose Protocols are the contracts (rlax.core.contracts re-exports the others').
-CONTRACT_MODULES = {contracts.__name__, episodes.__name__, filters.__name__}
+CONTRACT_MODULES = {contracts.__name__, episodes.__name__, filters.__name__, weight_lane.__name__}
 # A member a component may lack, and when it must have it.
 CONDITIONAL = {("Algorithm", "value_model"): lambda component: component.needs_critic}
 

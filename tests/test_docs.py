@@ -441,6 +441,30 @@ def check_tool_parser(b: Block, tmp_path: pathlib.Path) -> None:
     assert parser.format_result(ToolCall("add", {}), "3") == "RESULT add: 3"
 
 
+def check_weight_lane(b: Block, tmp_path: pathlib.Path) -> None:
+    from rlax.core.param_server.client import ParamServerClient
+    from rlax.core.param_server.server import ParamServer
+    from rlax.core.param_server.settings import ServerSettings
+    from rlax.core.wire import WirePlan
+
+    config.parse([], [f"weight_lanes.files.root = '{tmp_path}'"], plugins=manager(run(b)))
+    server = ParamServer(ServerSettings(address="127.0.0.1:0", token="t"), iter(()), capacity=1)
+    address = f"127.0.0.1:{server.start()}"
+    settings = ServerSettings(address=address, token="t", weight_lanes=("files", "grpc"))
+    trainer, worker = ParamServerClient(settings, retry_s=0), ParamServerClient(settings, retry_s=0)
+    try:
+        tree = {"w": np.arange(12, dtype=np.float32).reshape(3, 4)}
+        plan = WirePlan.for_tree(tree)
+        assert trainer.push(plan, tree, 0).committed
+        version, _, buf = worker.pull(-1)
+        assert version == 0 and bytes(buf) == plan.pack(tree).tobytes()
+        assert worker.pull(0) is None and trainer.stat().version == -1  # all through the files
+    finally:
+        trainer.close()
+        worker.close()
+        server.stop(grace=None)
+
+
 def check_writing_an_environment(b: Block, tmp_path: pathlib.Path, capsys) -> None:
     module = run(b)
     lines = printed(capsys).strip().splitlines()
@@ -567,6 +591,7 @@ CHECKS: dict[str, Callable[..., None]] = {
     HOOKS + "rlax_register_loggers() -> dict[str, Callable[..., object]]": check_logger,
     HOOKS + "rlax_register_environments() -> dict[str, Callable[..., object]]": check_environment,
     HOOKS + "rlax_register_tool_parsers() -> dict[str, Callable[..., object]]": check_tool_parser,
+    HOOKS + "rlax_register_weight_lanes() -> dict[str, Callable[..., object]]": check_weight_lane,
     HOOKS + "rlax_on_step_end(step: int, metrics: dict[str, float]) -> None": check_step_end,
     HOOKS + "rlax_on_weights_published(version: int) -> None": check_weights_published,
     HOOKS + "rlax_on_checkpoint(step: int, path: str) -> None": check_checkpoint,

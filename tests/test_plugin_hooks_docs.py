@@ -57,7 +57,7 @@ def example(name: str) -> str:
 
 
 def test_hooks_are_found():
-    assert len(HOOKS) == 12
+    assert len(HOOKS) == 13
 
 
 @pytest.mark.parametrize("name", HOOKS)

@@ -4,20 +4,20 @@ Unary calls follow the one retry policy (:mod:`rlax.core.param_server.retry`):
 bounded exponential backoff while the server is unreachable (a restarting
 server is normal), a line in the log per retry; every mutating call is
 idempotent on the server, so a retry after a lost reply is safe. Weight
-bytes go over the bulk lane (a plain TCP transfer beside gRPC, see
-transport/transfer.py) unless TLS is configured or the server has it off; then over gRPC
-streams of hand-encoded chunks (those are not retried here: the trainer
+bytes go through the client's weight lanes (``rlax.ps_settings.weight_lanes``,
+transport/lanes.py): each push or pull through the first lane that carries it,
+and the client never asks which (pushes are not retried here: the trainer
 repeats a whole push, :mod:`rlax.core.trainer.client`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import socket
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 import numpy as np
@@ -27,10 +27,7 @@ from rlax.core.param_server import codec
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.retry import RetryPolicy
 from rlax.core.param_server.settings import MB, ServerSettings
-from rlax.core.param_server.transport import transfer
-from rlax.core.param_server.transport.relay import Relay, pull_relayed
-from rlax.core.param_server.transport.transfer import checksum, decode_chunk, encode_chunk
-from rlax.core.param_server.weights.split import ShardedWeights
+from rlax.core.param_server.transport import grpc_lane, lanes
 from rlax.core.types import Group, PartialGroup, Prompt
 from rlax.core.wire import WirePlan, chunks, pull_buffer, stream
 
@@ -47,36 +44,21 @@ class ParamServerClient:
         retry_s: float = 60.0,
         give_up: Callable[[], bool] | None = None,
         relay: bool = False,
-        shard_address: str | None = None,
         reuse_pull_buffer: bool = True,
     ):
         """``retry_s``: how long a call retries an unreachable server; ``give_up``:
         when it returns True a failing call stops retrying at once (a worker's
         run has finished, so the server it waits for is gone for good);
         ``relay``: serve what this client pulls to other pullers when the
-        settings' ``relay_fanout`` is above 0 (workers do, see relay.py);
-        ``shard_address``: a client of that weight-only server (weights/split.py);
+        settings' ``relay_fanout`` is above 0 (workers do, see transport/relay_lane.py);
         ``reuse_pull_buffer``: pull into the last pull's buffer (False: a new one
         each time, so arrays sharing the last one, :meth:`WirePlan.alias`, stay)."""
         self.settings = settings.resolved()
-        if shard_address is not None:  # not the environment's address: a weight shard's
-            self.settings = dataclasses.replace(
-                self.settings, address=shard_address, weight_shards=()
-            )
         self.retry = RetryPolicy(deadline_s=retry_s, give_up=give_up or (lambda: False))
         keep_message_buffers()
         self._channel = self.settings.channel()
         self._auth = (("authorization", f"Bearer {self.settings.token}"),)
         ch = self._channel
-        self._push: grpc.StreamUnaryMultiCallable[bytes, pb.PushReply] = ch.stream_unary(
-            "/rlax.v1.WeightStore/Push",
-            request_serializer=None,
-            response_deserializer=pb.PushReply.FromString,
-        )
-        self._pull: grpc.UnaryStreamMultiCallable[pb.PullRequest, bytes] = ch.unary_stream(
-            "/rlax.v1.WeightStore/Pull", request_serializer=pb.PullRequest.SerializeToString,
-            response_deserializer=None,
-        )  # fmt: skip
         self._calls = {
             name: ch.unary_unary(
                 f"/rlax.v1.{service}/{name}",
@@ -97,30 +79,17 @@ class ParamServerClient:
         }
         self._buffers: dict[int, memoryview] = {}
         self.reuse_pull_buffer = reuse_pull_buffer
-        self.bulk = self.settings.bulk_lane and not self.settings.tls_cert
-        self._host = transfer.split_address(self.settings.address)
-        self._fleet(relay, retry_s)
-
-    def _fleet(self, relay: bool, retry_s: float) -> None:
-        """The sharded weight store's other servers, and this client's relay (if any)."""
-        settings = self.settings
-        self.shards: ShardedWeights | None = None
-        if settings.weight_shards:
-            self.shards = ShardedWeights(self, settings.weight_shards, lambda address:
-                ParamServerClient(settings, retry_s=retry_s, shard_address=address))  # fmt: skip
-        self.relay: Relay | None = None
         self.relay_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        if relay and settings.relay_fanout > 0 and self.bulk and self.shards is None:
-            assert settings.token is not None  # resolved() raises without one
-            self.relay = Relay(settings.token, settings.relay_host,
-                               max_connections=settings.relay_fanout + 4)  # fmt: skip
+        link = lanes.Link(self.settings, ch, self._auth, self.retry, relay, self.relay_id)
+        self.lanes = lanes.open_lanes(link, self.settings.weight_lanes)
 
     def close(self) -> None:
-        if self.relay is not None:
-            self.relay.close()
-        if self.shards is not None:
-            self.shards.close()
+        self.lanes.close()
         self._channel.close()
+
+    def lane(self, name: str) -> Any:
+        """The opened weight lane ``name`` (None: not listed, or nothing to carry here)."""
+        return self.lanes.get(name)
 
     def _call(self, name: str, request, timeout: float | None = None):
         call = self._calls[name]
@@ -161,9 +130,7 @@ class ParamServerClient:
 
     def push_messages(self, plan: WirePlan, tree_or_buffer, version: int) -> Iterator[bytes]:
         """The gRPC wire messages of one whole-model push (part 0 of 1)."""
-        yield pb.WeightChunk(header=self.header(plan, version), part=0).SerializeToString()
-        for offset, view in self._pieces(plan, tree_or_buffer):
-            yield encode_chunk(0, offset, view)
+        return grpc_lane.messages(self.header(plan, version), self._pieces(plan, tree_or_buffer))
 
     def push(self, plan: WirePlan, tree_or_buffer, version: int) -> pb.PushReply:
         """Publishes a parameter tree (or its packed uint8 buffer) as ``version``."""
@@ -178,35 +145,10 @@ class ParamServerClient:
         every part has arrived, and pulled as whole tensors. With
         ``weight_shards`` the part is split by tensor over the servers
         (weights/split.py; ``sizes``: each whole tensor's bytes, for a part that
-        does not name every tensor).
-        Raises grpc.RpcError (transfer.BulkError on the bulk lane) if refused.
+        does not name every tensor). Goes through the first weight lane that
+        carries it. Raises grpc.RpcError (transfer.BulkError on the bulk lane) if refused.
         """
-        if self.shards is not None:
-            return self.shards.push_part(header, pieces, sizes)
-        return self.push_one(header, pieces)
-
-    def push_one(self, header: pb.PartHeader, pieces) -> pb.PushReply:
-        """:meth:`push_part` to this client's server alone."""
-        if self.bulk:
-            try:
-                ticket = self._call("Stage", header, timeout=60)
-            except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    raise
-                log.info("parameter server has no bulk lane; pushing over gRPC")
-                self.bulk = False
-            else:
-                if ticket.duplicate:
-                    return pb.PushReply(version=ticket.version, duplicate=True)
-                reply = transfer.send_part(self._host, ticket.port, ticket.ticket, pieces)
-                return pb.PushReply.FromString(reply)
-
-        def messages():
-            yield pb.WeightChunk(header=header, part=header.part).SerializeToString()
-            for offset, view in pieces:
-                yield encode_chunk(header.part, offset, view)
-
-        return self._push(messages(), metadata=self._auth)
+        return self.lanes.push(header, pieces, sizes)
 
     def _buffer(self, nbytes: int) -> memoryview:
         if not self.reuse_pull_buffer:
@@ -223,78 +165,9 @@ class ParamServerClient:
         The buffer holds whole tensors (the server assembles multi-host pushes)
         and is page-aligned (:func:`~rlax.core.wire.pull_buffer`);
         it is reused between pulls of the same size unless the client was made
-        with ``reuse_pull_buffer=False``.
+        with ``reuse_pull_buffer=False``. Goes through the first weight lane that carries it.
         """
-        if self.shards is not None:
-            pulled = self.shards.pull(have_version)
-            return None if pulled is None else (pulled[0], _tensor_list(pulled[1]), pulled[2])
-        if self.bulk and self.relay is not None:
-            try:
-                relayed = pull_relayed(self, have_version)
-            except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    raise
-                log.info("parameter server has no bulk lane; pulling over gRPC (no relay)")
-                self.bulk = False
-                return self._pull_grpc(have_version)
-            if relayed is None:
-                return None
-            return relayed[0].header.version, _tensor_list(relayed[0].header), relayed[1]
-        if self.bulk:
-            try:
-                ticket = self._call(
-                    "OpenPull", pb.PullRequest(have_version=have_version), timeout=60
-                )
-            except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    raise
-                log.info("parameter server has no bulk lane; pulling over gRPC")
-                self.bulk = False
-            else:
-                if not ticket.ticket:
-                    return None
-                header = ticket.header
-                buf = self._buffer(header.nbytes)
-                segments = self.segments_of(ticket)
-                transfer.receive_into(self._host, ticket.port, ticket.ticket, buf, segments)
-                return header.version, _tensor_list(header), buf
-        return self._pull_grpc(have_version)
-
-    @staticmethod
-    def segments_of(ticket: pb.PullTicket) -> list[tuple[int, int, int]]:
-        """A pull ticket's (offset, length, checksum) segments, checked to tile its buffer."""
-        header = ticket.header
-        segments = [(s.offset, s.length, s.checksum) for s in ticket.segments]
-        if [o for o, _, _ in segments] != list(
-            np.cumsum([0] + [n for _, n, _ in segments])[:-1]
-        ) or sum(n for _, n, _ in segments) != header.nbytes:
-            raise ValueError(f"pull of version {header.version}: segments do not cover "
-                             f"its {header.nbytes} bytes")  # fmt: skip
-        return segments
-
-    def _pull_grpc(self, have_version: int):
-        header, buf, received = None, None, 0
-        for raw in self._pull(pb.PullRequest(have_version=have_version)):
-            decoded = decode_chunk(raw)
-            if decoded is None:
-                header = pb.WeightChunk.FromString(raw).header
-                buf = self._buffer(header.nbytes)
-                continue
-            _, offset, data, digest = decoded
-            if (header is None or buf is None or offset != received
-                    or offset + len(data) > header.nbytes):  # fmt: skip
-                raise ValueError(f"pull: chunk at {offset}, expected {received}")
-            if checksum(data) != digest:
-                raise ValueError(f"pull of version {header.version}: checksum mismatch at {offset}")
-            buf[offset : offset + len(data)] = data
-            received += len(data)
-        if header is None:
-            return None
-        if received != header.nbytes:
-            raise ValueError(
-                f"pull of version {header.version}: {received} of {header.nbytes} bytes"
-            )
-        return header.version, _tensor_list(header), buf
+        return self.lanes.pull(have_version, self._buffer)
 
     def wait_for_version(self, after_version: int, timeout_s: float) -> int:
         req = pb.WaitRequest(after_version=after_version, timeout_s=timeout_s)
@@ -370,11 +243,3 @@ class Leases(list[tuple[str, Prompt]]):
     def __init__(self, pairs=()):
         super().__init__(pairs)
         self.partials: dict[str, PartialGroup] = {}
-
-
-def _tensor_list(header: pb.PartHeader) -> list[dict]:
-    return [
-        {"name": t.name, "shape": list(t.shape), "offset": t.offset, "nbytes": t.nbytes,
-         "dtype": t.dtype}
-        for t in header.tensors
-    ]  # fmt: skip

@@ -188,3 +188,17 @@ def check_partial(
 def msg_to_group(m: pb.GroupMsg) -> Group:
     completions = tuple(msg_to_completion(c) for c in m.completions)
     return Group(msg_to_prompt(m.prompt), completions, np.asarray(m.rewards, np.float32))
+
+
+def tensor_list(header: pb.PartHeader) -> list[dict]:
+    """A pulled version's tensors as dicts: name, shape, offset, nbytes, dtype."""
+    return [
+        {
+            "name": t.name,
+            "shape": list(t.shape),
+            "offset": t.offset,
+            "nbytes": t.nbytes,
+            "dtype": t.dtype,
+        }
+        for t in header.tensors
+    ]

@@ -123,7 +123,7 @@ class ParamServer:
             self.port = self._server.add_secure_port(address, creds)
         if not self.port:
             raise OSError(f"parameter server: cannot bind {address}")
-        if creds is None and self.settings.bulk_lane:
+        if self.settings.bulk_lane:
             self.bulk = transfer.BulkLane(transfer.split_address(address))
             self.bulk.start()
         self._server.start()
@@ -156,7 +156,7 @@ class ParamServer:
     def _no_bulk(self, context: grpc.ServicerContext) -> NoReturn:
         context.abort(
             grpc.StatusCode.UNIMPLEMENTED,
-            "the bulk lane is off (TLS is configured, or bulk_lane = False): use Push/Pull",
+            "the bulk lane is off (TLS is configured, or weight_lanes omits it): use Push/Pull",
         )
 
     def _stage(self, header: pb.PartHeader, context):

@@ -44,11 +44,15 @@ class ServerSettings:
       max_message_mb: gRPC message limit, both directions.
       max_version_mb: the largest weight version the server accepts.
       wire_dtype: dtype of weights on the wire: "float32" or "bfloat16".
-      bulk_lane: move weight bytes over the bulk lane (a plain TCP connection
-        beside gRPC, see transport/transfer.py) when TLS is off; gRPC streams otherwise.
+      weight_lanes: the weight lanes clients use, in order (transport/lanes.py): each
+        push and pull goes through the first that carries it. Built-ins: ``split``
+        (over ``weight_shards``), ``relay`` (``relay_fanout``, workers only), ``bulk``
+        (a plain TCP connection beside gRPC, transport/transfer.py; off under TLS) and
+        ``grpc`` (streams; always available). The server serves the bulk lane
+        when it is listed and TLS is off.
       relay_fanout: workers relay the version they pull to up to this many
         other workers each (a tree, see transport/relay_routes.py); 0: every worker pulls
-        from the server. Bulk lane only.
+        from the server. Needs the bulk lane.
       relay_direct: how many pullers of a version the server feeds itself
         while relays have room.
       relay_host: the address a worker's relay binds and is reached at
@@ -68,7 +72,7 @@ class ServerSettings:
     max_message_mb: int = 64
     max_version_mb: int = 16_384
     wire_dtype: str = "float32"
-    bulk_lane: bool = True
+    weight_lanes: tuple[str, ...] = ("split", "relay", "bulk", "grpc")
     relay_fanout: int = 0
     relay_direct: int = 1
     relay_host: str = "127.0.0.1"
@@ -99,8 +103,13 @@ class ServerSettings:
         relay_host = os.environ.get(RELAY_HOST_ENV) or self.relay_host
         return dataclasses.replace(
             self, address=address, token=token, token_file=token_file, relay_host=relay_host,
-            weight_shards=tuple(self.weight_shards),
+            weight_shards=tuple(self.weight_shards), weight_lanes=tuple(self.weight_lanes),
         )  # fmt: skip
+
+    @property
+    def bulk_lane(self) -> bool:
+        """Whether the server serves the bulk lane (listed, and TLS off)."""
+        return "bulk" in self.weight_lanes and not self.tls_cert
 
     def grpc_options(self) -> list[tuple[str, int | str]]:
         limit = self.max_message_mb * MB

@@ -255,7 +255,7 @@ def test_unknown_kind_lists_the_valid_kinds(site):
 
     assert str(info.value) == (
         "unknown plugin kind 'reward'; valid kinds: algorithms, curation, environments, "
-        "loggers, rewards, samplers, tasks, tool_parsers"
+        "loggers, rewards, samplers, tasks, tool_parsers, weight_lanes"
     )
 
 

@@ -10,7 +10,7 @@ handed out with the server's pull ticket); a relay that does not hold that
 version, or a wrong key, closes the connection at once.
 
 Integrity never depends on the relay: the puller checks every segment
-against the checksums the *server* gave it (:func:`pull_relayed`), so a relay
+against the checksums the *server* gave it (relay_lane.py), so a relay
 that dies mid-transfer, serves another version or corrupts a byte costs the
 puller a retry from another source (which it reports, so the server stops
 pointing to that relay), never a corrupt version. A relay whose own pull
@@ -32,9 +32,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import grpc
-
-from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.transport import transfer
 
 log = logging.getLogger("rlax.relay")
@@ -42,7 +39,6 @@ log = logging.getLogger("rlax.relay")
 RELAY_MAGIC = b"RLXR"
 _HELLO = struct.Struct("<4sQ16s")  # magic, version, key
 _STEP = 64 << 10  # bytes per send between checks (and per limiter grant)
-MAX_SOURCES = 4  # sources a pull tries (relays, then whatever the server says) before failing
 
 
 def relay_key(token: str, version: int) -> bytes:
@@ -248,47 +244,3 @@ class Relay:
     def _count(self, n: int) -> None:
         with self._cond:
             self.bytes_sent += n
-
-
-def pull_relayed(client, have_version: int) -> tuple[pb.PullTicket, memoryview] | None:
-    """A bulk-lane pull that offers ``client.relay`` and takes bytes where the server says.
-
-    Returns (ticket, buffer) of a verified version, or None if the caller has
-    the newest. A relay that fails (connection lost, wrong bytes) is reported
-    on the next ``OpenPull``, which points elsewhere; after ``MAX_SOURCES``
-    tries it raises the last error (UNAVAILABLE: the caller's retry policy
-    takes over).
-    """
-    relay: Relay = client.relay
-    failed, error = "", None
-    for _ in range(MAX_SOURCES):
-        request = pb.PullRequest(
-            have_version=have_version, worker=client.relay_id, relay_host=relay.host,
-            relay_port=relay.port, failed_source=failed,
-        )  # fmt: skip
-        ticket = client._call("OpenPull", request, timeout=60)
-        if not ticket.ticket and not ticket.relay_port:
-            return None
-        segments = client.segments_of(ticket)
-        buf = client._buffer(ticket.header.nbytes)
-        relay.begin(ticket.header.version, buf)
-        try:
-            if ticket.relay_port:
-                hello = relay_hello(ticket.header.version, ticket.relay_key)
-                transfer.receive_into(ticket.relay_host, ticket.relay_port, b"", buf, segments,
-                                      hello=hello, on_progress=relay.progress)  # fmt: skip
-            else:
-                transfer.receive_into(client._host, ticket.port, ticket.ticket, buf, segments,
-                                      on_progress=relay.progress)  # fmt: skip
-        except transfer.BulkError as err:
-            relay.fail()
-            if not ticket.relay_port:
-                raise  # the server itself: the caller's policy retries
-            log.warning("pull of version %d from relay %s failed (%s); asking for another source",
-                        ticket.header.version, ticket.source, err.details())  # fmt: skip
-            failed, error = ticket.source, err
-            continue
-        relay.done()
-        return ticket, buf
-    assert error is not None
-    raise transfer.BulkError(grpc.StatusCode.UNAVAILABLE, f"relayed pull: {error.details()}")

@@ -29,7 +29,7 @@ def serve(settings: ServerSettings, address: str, parent: int | None = None) -> 
     from rlax.core.param_server.server import ParamServer
 
     os.environ.pop(ADDRESS_ENV, None)  # the main server's address is not this shard's
-    local = dataclasses.replace(settings, address=address, weight_shards=(), relay_fanout=0)
+    local = dataclasses.replace(settings, address=address, weight_shards=())
     server = ParamServer(local, iter(()), capacity=1)
     server.start()
     stop = threading.Event()

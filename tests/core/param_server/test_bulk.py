@@ -37,14 +37,18 @@ def _pull(client, plan, have=-1):
 @pytest.mark.parametrize("bulk_lane", [True, False])
 def test_round_trip_on_either_path_is_bit_identical(make_ps, bulk_lane):
     settings = ServerSettings(
-        address="127.0.0.1:0", token=TOKEN, max_message_mb=8, chunk_mb=1, bulk_lane=bulk_lane
+        address="127.0.0.1:0",
+        token=TOKEN,
+        max_message_mb=8,
+        chunk_mb=1,
+        weight_lanes=("bulk", "grpc") if bulk_lane else ("grpc",),
     )
     running = make_ps(settings=settings)
     assert (running.server.bulk is not None) == bulk_lane
     client = running.client
     plan = WirePlan.for_tree(TREE)
     assert client.push(plan, TREE, 0).committed
-    assert client.bulk == bulk_lane  # a server without the lane switches the client to gRPC
+    assert (client.lane("bulk") is not None) == bulk_lane
     version, back = _pull(client, plan)
     assert version == 0
     for k, value in TREE.items():
@@ -55,8 +59,8 @@ def test_round_trip_on_either_path_is_bit_identical(make_ps, bulk_lane):
 def test_a_bulk_push_and_a_grpc_pull_see_the_same_bytes(ps):
     plan = WirePlan.for_tree(TREE)
     ps.client.push(plan, TREE, 0)
-    grpc_client = _client(ps, bulk_lane=False)
-    via_grpc = grpc_client._pull_grpc(-1)[2]
+    grpc_client = _client(ps, weight_lanes=("grpc",))
+    via_grpc = grpc_client.pull(-1)[2]
     assert bytes(via_grpc) == bytes(ps.client.pull(-1)[2]) == plan.pack(TREE).tobytes()
     grpc_client.close()
 
@@ -206,7 +210,7 @@ def _host(i, version=0):
 
 @pytest.mark.parametrize("bulk_lane", [True, False])
 def test_two_hosts_push_shards_and_workers_pull_whole_tensors(ps, bulk_lane):
-    client = _client(ps, bulk_lane=bulk_lane)
+    client = _client(ps, weight_lanes=("bulk", "grpc") if bulk_lane else ("grpc",))
     first = client.push_part(*_host(1))
     assert not first.committed and client.stat().version == -1  # waits for host 0
     assert client.push_part(*_host(0)).committed
@@ -266,7 +270,7 @@ def test_shards_that_do_not_tile_their_tensor_are_refused(ps, kind):
 
 @pytest.mark.parametrize("bulk_lane", [True, False])
 def test_a_host_with_no_blocks_pushes_an_empty_part(ps, bulk_lane):
-    client = _client(ps, bulk_lane=bulk_lane)
+    client = _client(ps, weight_lanes=("bulk", "grpc") if bulk_lane else ("grpc",))
     header, pieces = _part(0, 0, [("r", 0, R, (0,), (3,))])
     assert not client.push_part(header, pieces).committed
     assert client.push_part(_part(0, 1, [])[0], []).committed

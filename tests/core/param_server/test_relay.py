@@ -77,7 +77,7 @@ def test_a_fleet_pulls_through_a_tree_and_the_server_sends_the_version_once(make
     nodes = running.server.relays.nodes()
     assert len(nodes) == 7 and sum(n.parent == "" for n in nodes) == 1
     assert max(sum(m.parent == n.worker for m in nodes) for n in nodes) == 2  # fanout bound
-    assert sum(c.relay.bytes_sent for c in pullers) == 6 * NBYTES
+    assert sum(c.lane("relay").relay.bytes_sent for c in pullers) == 6 * NBYTES
     assert pullers[0].pull(0) is None  # already current: nothing is sent
 
 
@@ -101,7 +101,8 @@ def test_a_relay_killed_mid_transfer_costs_its_pullers_a_retry_never_a_corrupt_v
     a, b, c = (_puller(running) for _ in range(3))
     pullers += [a, b, c]
     assert a.pull(-1)[0] == 0  # fed by the server: A is the tree's root
-    a.relay.egress = Limiter(1 << 20)  # ~1 s for the version: B is caught mid-transfer
+    # ~1 s for the version: B is caught mid-transfer
+    a.lane("relay").relay.egress = Limiter(1 << 20)
     out_b: dict = {}
     tb = _pull_in_thread(b, out_b)  # B pulls from A ...
     deadline = time.monotonic() + 10
@@ -109,10 +110,10 @@ def test_a_relay_killed_mid_transfer_costs_its_pullers_a_retry_never_a_corrupt_v
         time.sleep(0.01)
     out_c: dict = {}
     tc = _pull_in_thread(c, out_c)  # ... and C from B, as B receives
-    while a.relay.bytes_sent < NBYTES // 4 and time.monotonic() < deadline:
+    while a.lane("relay").relay.bytes_sent < NBYTES // 4 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert 0 < a.relay.bytes_sent < NBYTES
-    a.relay.close()  # A dies mid-transfer
+    assert 0 < a.lane("relay").relay.bytes_sent < NBYTES
+    a.lane("relay").relay.close()  # A dies mid-transfer
     tb.join(30)
     tc.join(30)
     expected = PLAN.pack(TREE).tobytes()
@@ -151,12 +152,12 @@ def test_a_stale_relay_is_never_served_as_new(make_ps, pullers):
     assert running.client.stat().bytes_served == 2 * NBYTES
     assert running.client.stat().relay_assignments == 0
     # Asked for version 1 directly, A (holding 0) closes without a byte.
-    a.relay.begin_wait_s = 0.2
-    with socket.create_connection(("127.0.0.1", a.relay.port), timeout=5) as sock:
+    a.lane("relay").relay.begin_wait_s = 0.2
+    with socket.create_connection(("127.0.0.1", a.lane("relay").relay.port), timeout=5) as sock:
         sock.sendall(relay_hello(1, relay_key(TOKEN, 1)))
         assert sock.recv(1 << 16) == b""
     # A wrong key is refused even for the version A holds.
-    with socket.create_connection(("127.0.0.1", a.relay.port), timeout=5) as sock:
+    with socket.create_connection(("127.0.0.1", a.lane("relay").relay.port), timeout=5) as sock:
         sock.sendall(relay_hello(0, relay_key("another token", 0)))
         assert sock.recv(1 << 16) == b""
 
@@ -188,7 +189,7 @@ def test_without_relays_every_pull_is_direct_and_nothing_listens(make_ps, puller
     running = make_ps(settings=_settings(fanout=0))
     running.client.push(PLAN, TREE, 0)
     pullers += [_puller(running) for _ in range(2)]
-    assert all(p.relay is None for p in pullers)
+    assert all(p.lane("relay") is None for p in pullers)
     for p in pullers:
         assert bytes(p.pull(-1)[2]) == PLAN.pack(TREE).tobytes()
     assert running.client.stat().bytes_served == 2 * NBYTES
@@ -202,12 +203,12 @@ def test_relay_settings_are_checked():
 
 
 def test_a_relaying_client_of_a_server_without_the_bulk_lane_pulls_over_grpc(make_ps, pullers):
-    settings = dataclasses.replace(_settings(fanout=2), bulk_lane=False)
+    settings = dataclasses.replace(_settings(fanout=2), weight_lanes=("relay", "grpc"))
     running = make_ps(settings=settings)
     running.client.push(PLAN, TREE, 0)
-    client = ParamServerClient(dataclasses.replace(running.settings, bulk_lane=True), retry_s=0,
+    client = ParamServerClient(dataclasses.replace(running.settings, weight_lanes=("relay", "bulk", "grpc")), retry_s=0,
                                relay=True)  # fmt: skip
     pullers.append(client)
-    assert client.relay is not None
+    assert client.lane("relay") is not None
     version, _, buf = client.pull(-1)
-    assert version == 0 and bytes(buf) == PLAN.pack(TREE).tobytes() and not client.bulk
+    assert version == 0 and bytes(buf) == PLAN.pack(TREE).tobytes() and client.lane("bulk").absent

@@ -42,7 +42,7 @@ def push(running, k: int) -> None:
 
 
 def pulled(running, *, bulk_lane: bool = True) -> tuple[int, bytes]:
-    client = ParamServerClient(dataclasses.replace(running.settings, bulk_lane=bulk_lane),
+    client = ParamServerClient(dataclasses.replace(running.settings, weight_lanes=("bulk", "grpc") if bulk_lane else ("grpc",)),
                                retry_s=0)  # fmt: skip
     try:
         version, _, buf = client.pull(-1)
@@ -178,7 +178,9 @@ def spool_files(tmp_path) -> list[str]:
 @pytest.mark.parametrize("bulk_lane", [True, False])
 def test_a_spooled_push_never_holds_the_bytes_and_its_save_is_a_link(tmp_path, make_ps, bulk_lane):
     running, persister = spooled(make_ps, tmp_path)
-    settings = dataclasses.replace(running.settings, bulk_lane=bulk_lane)
+    settings = dataclasses.replace(
+        running.settings, weight_lanes=("bulk", "grpc") if bulk_lane else ("grpc",)
+    )
     running.client = ParamServerClient(settings, retry_s=0)  # pushes over this lane too
     store = running.server.weights
     push(running, 1)

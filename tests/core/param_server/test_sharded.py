@@ -47,6 +47,15 @@ def _sharded(make_ps, addresses):
     return make_ps(settings=ServerSettings(address="127.0.0.1:0", weight_shards=addresses, **BASE))
 
 
+def _servers(running):
+    """The split lane's onward lanes to each server, the main one first."""
+    return running.client.lane("split").servers
+
+
+def _stat(server):
+    return server.link.call("Stat", pb.StatRequest(), 30)
+
+
 def test_a_sharded_pull_equals_the_one_server_pull_bit_for_bit(make_ps, shards):
     servers, addresses = shards
     one, three = make_ps(), _sharded(make_ps, addresses)
@@ -88,15 +97,15 @@ def test_a_pull_waits_until_every_server_holds_the_same_version(make_ps, shards)
     points = split_points([t.nbytes for t in header.tensors], 3)
     buf = PLAN.pack(newer)
     subs = split_header(header, points)
-    for client, (sub, base) in zip(three.client.shards.clients[:2], subs):  # not the last yet
-        client.push_one(sub, [(0, memoryview(buf[base : base + sub.nbytes]))])
+    for server, (sub, base) in zip(_servers(three)[:2], subs):  # not the last yet
+        server.push(sub, [(0, memoryview(buf[base : base + sub.nbytes]))], None)
     out: dict = {}
     t = threading.Thread(target=lambda: out.update(pulled=three.client.pull(0)))
     t.start()
     time.sleep(0.5)
     assert t.is_alive()  # two servers serve version 1, one still 0: no mixed version
     sub, base = subs[2]
-    three.client.shards.clients[2].push_one(sub, [(0, memoryview(buf[base : base + sub.nbytes]))])
+    _servers(three)[2].push(sub, [(0, memoryview(buf[base : base + sub.nbytes]))], None)
     t.join(10)
     version, _, got = out["pulled"]
     assert version == 1 and bytes(got) == buf.tobytes()
@@ -130,9 +139,9 @@ def test_the_role_starts_local_shards_as_processes_and_they_serve_their_run(make
     try:
         assert len(procs) == 1 and procs[0].is_alive()
         two = _sharded(make_ps, (address,))
-        shard = two.client.shards.clients[1]
-        shard.retry = dataclasses.replace(shard.retry, deadline_s=60.0)  # the child is starting
-        two.client.shards.clients[1].stat()
+        shard = _servers(two)[1]
+        retry = dataclasses.replace(shard.link.retry, deadline_s=60.0)  # the child is starting
+        retry.call("Stat", lambda: _stat(shard))
         assert two.client.push(PLAN, TREE, 0).committed
         assert bytes(two.client.pull(-1)[2]) == PLAN.pack(TREE).tobytes()
         assert 0 < two.server.weights.version_bytes < PLAN.nbytes  # the rest is in the child
@@ -148,9 +157,9 @@ def test_a_push_retried_after_reaching_some_servers_completes_the_rest(make_ps, 
     points = split_points([t.nbytes for t in header.tensors], 3)
     buf = PLAN.pack(TREE)
     sub, base = split_header(header, points)[0]
-    three.client.shards.clients[0].push_one(sub, [(0, memoryview(buf[base : base + sub.nbytes]))])
+    _servers(three)[0].push(sub, [(0, memoryview(buf[base : base + sub.nbytes]))], None)
     # The first try reached server 0 only; the retry (a new push id) completes servers 1 and 2.
     reply = three.client.push(PLAN, TREE, 0)
     assert reply.committed
-    assert [c.stat().version for c in three.client.shards.clients] == [0, 0, 0]
+    assert [_stat(s).version for s in _servers(three)] == [0, 0, 0]
     assert bytes(three.client.pull(-1)[2]) == buf.tobytes()

@@ -13,8 +13,9 @@ import pytest
 import xxhash
 
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server.client import ParamServerClient, decode_chunk, encode_chunk
+from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
+from rlax.core.param_server.transport.transfer import decode_chunk, encode_chunk
 from rlax.core.wire import WirePlan
 
 from ..conftest import TOKEN
@@ -99,7 +100,7 @@ def _messages(client, plan, tree, version):
 
 
 def _raw_push(client, messages):
-    return client._push(iter(messages), metadata=client._auth)
+    return client.lane("grpc")._push(iter(messages), metadata=client._auth)
 
 
 def _state(client, plan):
@@ -202,7 +203,7 @@ def test_nothing_is_pushed_without_the_token(ps, token):
     messages = _messages(ps.client, plan, TREE, 0)
     metadata = () if token is None else (("authorization", f"Bearer {token}"),)
     with pytest.raises(grpc.RpcError) as err:
-        ps.client._push(iter(messages), metadata=metadata)
+        ps.client.lane("grpc")._push(iter(messages), metadata=metadata)
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert ps.client.stat().version == -1
     assert ps.client.pull() is None

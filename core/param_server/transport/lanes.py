@@ -1,0 +1,176 @@
+"""A client's weight lanes: found by name, opened on a server, tried in order.
+
+``rlax.ps_settings.weight_lanes`` names the lanes (the contract:
+:mod:`rlax.core.weight_lane`); :func:`open_lanes` opens each on a
+:class:`Link` to one server and chains the ones that apply into
+:class:`Lanes`, itself a lane, which the client holds. A push or a pull goes
+through the first lane that carries it; one that steps aside
+(:class:`~rlax.core.weight_lane.StepAside`) says why, logged once per lane and
+reason, and the next one carries it. Nothing here knows a lane's kind.
+
+Lanes are plugin components (``rlax_register_weight_lanes``); the built-ins
+(``grpc_lane``, ``bulk_lane``, ``relay_lane``, ``split_lane`` beside this
+module) are entry points of rlax's own distribution like every built-in
+plugin. :func:`factories` reads the plugin manager loaded last through gin
+(so ``weight_lanes.<name>.<param>`` bindings apply); a process that has
+loaded none (a script, a benchmark, a unit test) gets the built-ins by their
+own registration hooks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import grpc
+
+from rlax.core.configurables import configurables
+from rlax.core.errors import ConfigError
+from rlax.core.param_server import rlax_pb2 as pb
+from rlax.core.param_server.retry import RetryPolicy
+from rlax.core.param_server.settings import ServerSettings
+from rlax.core.param_server.transport import bulk_lane, grpc_lane, relay_lane, split_lane
+from rlax.core.weight_lane import Pulled, StepAside, WeightLane
+
+log = logging.getLogger("rlax.client")
+
+KIND = "weight_lanes"  # the plugin kind, also the gin module
+BUILTINS = (split_lane, relay_lane, bulk_lane, grpc_lane)
+_REPLIES: dict[str, Any] = {  # a call's reply message class
+    "Stage": pb.BulkTicket,
+    "OpenPull": pb.PullTicket,
+    "Stat": pb.StatReply,
+    "WaitForVersion": pb.VersionInfo,
+}
+
+
+def factories() -> dict[str, Callable[..., Any]]:
+    """The weight lanes by name: the manager's loaded last, or the built-ins if none was."""
+    found = configurables(KIND)
+    if not found:
+        for module in BUILTINS:
+            found.update(module.rlax_register_weight_lanes())
+    return found
+
+
+def check_names(names: Sequence[str], known: Iterable[str] | None = None) -> None:
+    """Raises ConfigError unless ``names`` is a non-empty list of known lanes."""
+    valid = sorted(factories() if known is None else known)
+    unknown = [n for n in names if n not in valid]
+    if unknown or not names:
+        what = f"unknown weight lane {unknown[0]!r}" if unknown else "no weight lane"
+        raise ConfigError(
+            f"rlax.ps_settings.weight_lanes: {what}; valid weight lanes: "
+            f"{', '.join(valid) or '(none registered)'}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """A client's way to one server, as its lanes see it (the contract's ``LaneLink``).
+
+    ``after``: the lane names listed after the lane this link was handed to
+    (what :meth:`onward` opens).
+    """
+
+    settings: ServerSettings
+    channel: grpc.Channel
+    metadata: tuple[tuple[str, str], ...]
+    retry: RetryPolicy
+    relay: bool = False
+    relay_id: str = ""
+    after: tuple[str, ...] = ()
+    _stubs: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+
+    def call(self, name: str, request: Any, timeout: float) -> Any:
+        stub = self._stubs.get(name)
+        if stub is None:
+            stub = self._stubs[name] = self.channel.unary_unary(
+                f"/rlax.v1.WeightStore/{name}",
+                request_serializer=type(request).SerializeToString,
+                response_deserializer=_REPLIES[name].FromString,
+            )
+        return self.retry.call(name, lambda: stub(request, metadata=self.metadata, timeout=timeout))
+
+    def onward(self, address: str | None) -> Lanes:
+        if address is None:
+            return open_lanes(dataclasses.replace(self, _stubs={}), self.after)
+        settings = dataclasses.replace(self.settings, address=address, weight_shards=())
+        channel = settings.channel()
+        link = dataclasses.replace(self, settings=settings, channel=channel, _stubs={})
+        lanes = open_lanes(link, self.after)
+        lanes.owned.append(channel)
+        return lanes
+
+
+def open_lanes(link: Link, names: Sequence[str]) -> Lanes:
+    """``names``' lanes opened on ``link``'s server, in order (those that apply)."""
+    found = factories()
+    check_names(names, found)
+    opened: list[tuple[str, WeightLane]] = []
+    try:
+        for i, name in enumerate(names):
+            lane = found[name]().open(dataclasses.replace(link, after=tuple(names[i + 1 :])))
+            if lane is not None:
+                opened.append((name, lane))
+    except BaseException:
+        Lanes(opened, link).close()
+        raise
+    return Lanes(opened, link)
+
+
+class Lanes:
+    """Opened lanes in order, one lane to the client: each transfer goes to the first
+    that carries it. ``link``: the server they reach (for a lane's control calls)."""
+
+    def __init__(self, lanes: list[tuple[str, WeightLane]], link: Link):
+        self.lanes, self.link = lanes, link
+        self.owned: list[grpc.Channel] = []  # connections opened for these lanes alone
+        self._told: set[tuple[str, str]] = set()
+
+    def get(self, name: str) -> Any:
+        """The opened lane ``name``, or None (not listed, or nothing to carry here)."""
+        return dict(self.lanes).get(name)
+
+    def open(self, link: Any) -> Lanes:
+        return self
+
+    def push(
+        self,
+        header: pb.PartHeader,
+        pieces: Iterable[tuple[int, memoryview]],
+        sizes: list[int] | None = None,
+    ) -> pb.PushReply:
+        for name, lane in self.lanes:
+            try:
+                return lane.push(header, pieces, sizes)
+            except StepAside as aside:
+                self._aside(name, aside)
+        raise StepAside(
+            f"no weight lane carries a push to {self.link.settings.address} "
+            f"(opened: {', '.join(n for n, _ in self.lanes) or 'none'})"
+        )
+
+    def pull(self, have_version: int, buffer: Callable[[int], memoryview]) -> Pulled | None:
+        for name, lane in self.lanes:
+            try:
+                return lane.pull(have_version, buffer)
+            except StepAside as aside:
+                self._aside(name, aside)
+        raise StepAside(
+            f"no weight lane carries a pull from {self.link.settings.address} "
+            f"(opened: {', '.join(n for n, _ in self.lanes) or 'none'})"
+        )
+
+    def _aside(self, name: str, aside: StepAside) -> None:
+        if (name, str(aside)) not in self._told:
+            self._told.add((name, str(aside)))
+            log.info("weight lane %s steps aside: %s", name, aside)
+
+    def close(self) -> None:
+        for _, lane in reversed(self.lanes):
+            lane.close()
+        for channel in self.owned:
+            channel.close()
