@@ -56,6 +56,7 @@ def prompt(text: str = "p") -> Prompt:
     return Prompt(id="p", text=text, tokens=np.zeros(1, np.int32), answer=None)
 
 
+@pytest.mark.serial  # a wall-clock bound (tests/test_suite_rules.py)
 def test_failures_are_counted_zeros_with_reasons_and_the_rest_is_scored(doubles):
     texts = ["1", "hang", "2", "crash", "raise", "nan", "spin", "3"]
     with RewardPool(doubles, workers=2, timeout_s=1.0) as pool:
@@ -86,6 +87,7 @@ def test_the_pool_keeps_serving_after_killing_workers(doubles):
     assert third.scores.tolist() == [5.0] and not third.failed.any()
 
 
+@pytest.mark.serial  # a wall-clock bound (tests/test_suite_rules.py)
 def test_calls_queued_behind_a_hung_one_are_handed_out_again(doubles):
     texts = ["1", "hang", "2", "3", "4"]
     with RewardPool(doubles, workers=1, timeout_s=1.0, prefetch=4) as pool:

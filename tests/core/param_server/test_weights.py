@@ -230,6 +230,7 @@ def test_streamed_chunks_cover_the_packed_buffer_exactly():
     assert all(len(v) <= 64 * 1024 for _, v in pieces)
 
 
+@pytest.mark.serial  # a wall-clock bound (tests/test_suite_rules.py)
 def test_an_unreachable_server_is_retried_until_the_client_gives_up():
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))

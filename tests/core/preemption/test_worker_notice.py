@@ -9,9 +9,11 @@ import subprocess
 import sys
 import time
 
+import pytest
 from cluster import ROOT, small, wait_until
 
 
+@pytest.mark.serial  # a wall-clock bound (tests/test_suite_rules.py)
 def test_a_worker_retrying_an_unreachable_server_stops_within_seconds_of_a_notice(tmp_path):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

@@ -128,6 +128,7 @@ _HOSTILE_CASES = [
 
 
 @pytest.mark.parametrize(("name", "namespaces"), _HOSTILE_CASES)
+@pytest.mark.serial  # a wall-clock bound (tests/test_suite_rules.py)
 def test_hostile_program_is_contained_and_scores_zero(
     name, namespaces, canary, listener, monkeypatch
 ):

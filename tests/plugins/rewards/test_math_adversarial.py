@@ -48,6 +48,7 @@ def reward() -> MathReward:
 @pytest.mark.parametrize(
     ("name", "completion", "gold"), ADVERSARIAL, ids=[a[0] for a in ADVERSARIAL]
 )
+@pytest.mark.serial  # a wall-clock bound (tests/test_suite_rules.py)
 def test_every_adversarial_input_is_wrong_within_its_timeout(reward, name, completion, gold):
     # The garbage of earlier tests first: a full collection inside the timed call (2.9 s
     # once in CI, under load, its alarm raised in a weakref callback, where Python ignores
@@ -66,6 +67,7 @@ def test_there_are_enough_and_some_are_100k_characters():
 
 
 @pytest.mark.parametrize("answer", UNBOUNDED_BEFORE)
+@pytest.mark.serial  # a wall-clock bound (tests/test_suite_rules.py)
 def test_the_deadline_alone_stops_what_the_prefilter_refuses(monkeypatch, answer):
     # With the pre-filter off, math-verify itself runs on them: its `except
     # Exception` blocks must not swallow the timeout.
@@ -88,6 +90,7 @@ def test_the_timeout_is_no_exception_and_passes_except_exception():
     assert not swallowed
 
 
+@pytest.mark.serial  # a wall-clock bound (tests/test_suite_rules.py)
 def test_an_inner_deadline_ends_first_and_the_outer_still_fires():
     handler = signal.getsignal(signal.SIGALRM)
     start = time.perf_counter()
@@ -103,6 +106,7 @@ def test_an_inner_deadline_ends_first_and_the_outer_still_fires():
     assert signal.getsignal(signal.SIGALRM) is handler  # restored
 
 
+@pytest.mark.serial  # a wall-clock bound (tests/test_suite_rules.py)
 def test_an_outer_deadline_shorter_than_the_inner_one_wins():
     # The inner call does not catch the outer's timeout: it reaches its owner.
     start = time.perf_counter()
@@ -129,6 +133,7 @@ def test_a_foreign_timer_fires_on_time_through_its_own_handler():
         signal.signal(signal.SIGALRM, previous)
 
 
+@pytest.mark.serial  # a wall-clock bound (tests/test_suite_rules.py)
 def test_a_child_process_is_killed_at_its_deadline():
     start = time.perf_counter()
     with pytest.raises(VerifierTimeout, match="child process killed"):

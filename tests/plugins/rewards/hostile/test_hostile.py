@@ -100,6 +100,7 @@ _RUNS = [
 
 
 @pytest.mark.parametrize(("name", "namespaces"), _RUNS)
+@pytest.mark.serial  # a wall-clock bound (tests/test_suite_rules.py)
 def test_hostile_program_scores_zero_and_leaves_nothing(name, namespaces, host, monkeypatch):
     monkeypatch.setenv("RLAX_RED_TEAM_SECRET", SECRET)
     _, problem, source = HOSTILE[name]
