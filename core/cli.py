@@ -296,7 +296,7 @@ def _train(
         return status
     train = config.configured("rlax", "train")
     extra = {"inline": True} if args.role == "inline" else {}
-    return _status(train(hook=pm.hook, run_dir=run_dir and run_dir.path, **extra))
+    return _status(train(hook=pm.hook, run_dir=run_dir.path if run_dir else None, **extra))
 
 
 def _says_finished(run_dir: RunDir, lead: bool) -> bool:

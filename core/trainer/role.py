@@ -7,8 +7,9 @@ to the sampler — for ``steps`` steps from ``init_checkpoint``. With
 otherwise weights go to and groups come from the parameter server
 (``settings``). ``task``, ``reward`` and ``sampler`` also serve the held-out
 evaluation (``eval_samples`` samples per problem, pass@k for ``eval_ks``)
-before and after training. It writes a run directory (``run_dir``, or a new
-one under ``run_root`` named after ``run_name``)::
+before and after training. It writes a run directory (``run_dir``, handed
+over by ``rlax run``, or a new one under ``run_root`` named after ``run_name``;
+:class:`rlax.core.runtime.run_dir.RunDir` names its files)::
 
     RUN/operative_config.gin           the whole gin config, every role: `rlax run --gin` it
     RUN/trainer_operative_config.gin   every value the trainer used, defaults included
