@@ -26,23 +26,22 @@ before any code touches a device.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import importlib.metadata
 import inspect
 import json
 import pathlib
-import shutil
 import sys
 import traceback
 import warnings
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import gin
 
 from rlax.core import config
 from rlax.core.config.bindings import closest_names
+from rlax.core.config.checks import check_weights_kept
 from rlax.core.errors import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -61,7 +60,8 @@ from rlax.core.plugins import (
     build_plugin_manager,
     installed_entry_points,
 )
-from rlax.core.runtime import runs, terminal
+from rlax.core.runtime import terminal
+from rlax.core.runtime.run_dir import RunDir
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE", "main"]
 
@@ -260,49 +260,58 @@ def _status(result: object) -> int:
 def _run(args: argparse.Namespace, bindings: list[str]) -> int:
     pm = _configure(args, bindings)
     role = args.role
-    run_dir = _resumed_run_dir(args.resume) if args.resume else args.run_dir
-    if role == "all":
-        if run_dir is not None and runs.finished_steps(run_dir) is not None:
-            finished = runs.finished_message(run_dir, _train_setting("steps"))
-            if finished:  # before any process starts
-                print(finished, flush=True)
-                return EXIT_OK
+    given = _given_run_dir(args)
+    if role in ("trainer", "inline"):
+        _join_trainer_processes()
+    if role not in ("all", "trainer", "inline"):
+        where = {"run_dir": given.path} if role == "param_server" and given else {}
+        return _status(config.configured("rlax", role)(hook=pm.hook, **where))
+    if given is not None:
+        lead = role == "all" or _multihost().is_lead()  # the supervisor never starts JAX
+        if _says_finished(given, lead):  # before any role starts
+            return EXIT_OK
+        return _train(args, bindings, pm, given)
+    if role != "all":  # trainer process 0 makes it, once the trainer's settings are checked
+        return _train(args, bindings, pm, None)
+    # One run directory for every child and every restart: resuming needs it.
+    run_dir = RunDir.make(_train_setting("run_root"), _train_setting("run_name"))
+    status = _train(args, bindings, pm, run_dir)
+    if status == EXIT_USAGE:  # a child refused its settings before any step
+        run_dir.remove_fresh()
+    return status
+
+
+def _train(
+    args: argparse.Namespace, bindings: list[str], pm: PluginManager, run_dir: RunDir | None
+) -> int:
+    """Every role on this machine (``all``), or the trainer in this process, in ``run_dir``."""
+    if args.role == "all":
+        assert run_dir is not None
         child_argv = [a for f in args.gin for a in ("--gin", f)]
         child_argv += [f"--gin.{b}" for b in bindings] + [f"-p{p}" for p in args.plugins]
-        # One run directory for every child and every restart: resuming needs it.
-        fresh = run_dir is None
-        root = pathlib.Path(_train_setting("run_root"))
-        made_root = fresh and not root.exists()
-        run_dir = run_dir or _new_run_dir()
         child_argv += ["--run-dir", str(run_dir)]
         status = _status(config.configured("rlax", "local_cluster")(argv=child_argv))
-        if status == EXIT_USAGE and fresh:  # a child refused its settings before any step
-            _remove_fresh(run_dir, root if made_root else None)
         if status == EXIT_PREEMPTED:
             _say_how_to_resume(args, bindings, run_dir)
         return status
-    if role in ("trainer", "inline"):
-        _join_trainer_processes()
-        train = config.configured("rlax", "train")
-        extra = {"inline": True} if role == "inline" else {}
-        return _status(train(hook=pm.hook, run_dir=run_dir, **extra))
-    where = {"run_dir": run_dir} if role == "param_server" and run_dir else {}
-    return _status(config.configured("rlax", role)(hook=pm.hook, **where))
+    train = config.configured("rlax", "train")
+    extra = {"inline": True} if args.role == "inline" else {}
+    return _status(train(hook=pm.hook, run_dir=run_dir.path if run_dir else None, **extra))
 
 
-def _remove_fresh(run_dir: pathlib.Path, made_root: pathlib.Path | None) -> None:
-    """Removes a run directory made a moment ago (nothing trained in it), and its new root."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    if made_root is not None:
-        with contextlib.suppress(OSError):  # only if nothing else is in it
-            made_root.rmdir()
+def _says_finished(run_dir: RunDir, lead: bool) -> bool:
+    """The one place a run is found finished: True (and process 0 says so) if it has
+    nothing left to do at ``rlax.train.steps``; then no role starts."""
+    finished = run_dir.finished_message(_train_setting("steps"))
+    if finished and lead:
+        print(finished, flush=True)
+    return finished is not None
 
 
-def _new_run_dir() -> pathlib.Path:
-    """A new run directory as ``rlax.train`` would make it (its run_root and run_name)."""
-    from rlax.core.runtime.runs import make_run_dir
+def _multihost() -> Any:
+    from rlax.core.parallel import multihost  # imports JAX: only where a trainer runs
 
-    return make_run_dir(_train_setting("run_root"), _train_setting("run_name"))
+    return multihost
 
 
 def _train_setting(name: str) -> Any:
@@ -315,54 +324,37 @@ def _train_setting(name: str) -> Any:
         return inspect.signature(experiment.train).parameters[name].default
 
 
-def _resumed_run_dir(resume: pathlib.Path | Literal[True]) -> pathlib.Path:
-    """``--resume DIR``: DIR, checked; bare ``--resume``: the newest run of that name."""
-    if resume is not True:
-        return runs.resumable(resume)
-    return runs.newest_run(_train_setting("run_root"), _train_setting("run_name"))
+def _given_run_dir(args: argparse.Namespace) -> RunDir | None:
+    """``--run-dir DIR``; ``--resume DIR``: DIR, checked; bare ``--resume``: the newest run
+    of that name; neither: None."""
+    if args.resume:
+        return RunDir.resumed(args.resume, _train_setting("run_root"), _train_setting("run_name"))
+    return RunDir(args.run_dir) if args.run_dir else None
 
 
 def _say_how_to_resume(
-    args: argparse.Namespace, bindings: list[str], run_dir: pathlib.Path | None
+    args: argparse.Namespace, bindings: list[str], run_dir: RunDir | pathlib.Path | None
 ) -> None:
     # Only the roles a person starts by hand: a cluster's scheduler restarts the others.
     if getattr(args, "role", None) not in ("all", "inline") or run_dir is None:
         return
-    command = runs.resume_command(args.gin, bindings, args.plugins, args.role, run_dir)
+    command = RunDir.of(run_dir).resume_command(args.gin, bindings, args.plugins, args.role)
     print(f"rlax: resume with: {command}", file=sys.stderr, flush=True)
 
 
 def _join_trainer_processes() -> None:
     """``jax.distributed.initialize`` with ``rlax.train.distributed`` (a no-op for one process)."""
-    from rlax.core.parallel import multihost as distributed
-
+    distributed = _multihost()
     try:
         settings = copy.deepcopy(gin.query_parameter("rlax.train.distributed"))  # evaluates it
     except ValueError:  # not bound: the environment may still ask for several processes
         settings = None
     processes = (settings or distributed.DistributedSettings()).resolved().num_processes or 1
-    _check_weights_kept(processes)
+    check_weights_kept(processes)
     try:
         distributed.initialize(settings)
     except ValueError as err:
         raise ConfigError(f"rlax.train.distributed: {err}") from err
-
-
-def _check_weights_kept(processes: int) -> None:
-    """ConfigError: several trainer processes and a server that keeps no weights.
-
-    Restarted, such a server serves nothing until the trainer publishes again, and
-    only a one-process trainer does (docs/preemption.md)."""
-    try:
-        kept = gin.query_parameter("rlax.param_server.saved_weights")
-    except ValueError:  # not bound: the default keeps one version
-        return
-    if processes > 1 and kept == 0:
-        raise ConfigError(
-            f"rlax.param_server.saved_weights = 0 needs a one-process trainer, this one has "
-            f"{processes}: after a server restart only one process publishes its weights "
-            "again; keep saved_weights >= 1"
-        )
 
 
 def _eval(args: argparse.Namespace, bindings: list[str]) -> int:
@@ -389,10 +381,8 @@ def _curate(args: argparse.Namespace, bindings: list[str]) -> int:
 def _show(args: argparse.Namespace, bindings: list[str]) -> int:
     from rlax.core.evaluation.show import show_run
 
-    if not runs.holds_run(args.run_dir):
-        raise ConfigError(f"{args.run_dir}: not a run directory (no operative_config.gin or "
-                          "train_state/)")  # fmt: skip
-    print(show_run(args.run_dir, traces_shown=args.traces))
+    run_dir = RunDir(args.run_dir).checked(str(args.run_dir))
+    print(show_run(run_dir, traces_shown=args.traces))
     return EXIT_OK
 
 

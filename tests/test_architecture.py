@@ -14,6 +14,8 @@
   and the type check skips them (pyproject.toml), so an import would go unchecked.
 - Every path the "where is X" table of docs/architecture.md names exists, and the
   folder table names every module of each folder it lists, and no other.
+- No module but ``core/runtime/run_dir.py`` writes the name of a file or folder of a
+  run (every name ``RunDir.names()`` lists) as a path: :func:`run_file_literals`.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from __future__ import annotations
 import ast
 import pathlib
 import re
+from collections.abc import Sequence
 
 import pytest
+
+from rlax.core.runtime.run_dir import RunDir
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = {"rlax.core": ROOT / "core", "rlax.plugins": ROOT / "plugins"}
@@ -301,3 +306,93 @@ def test_the_folder_table_names_every_module_of_each_folder():
             or (p.is_dir() and (p / "__init__.py").is_file())
         }
         assert named == present, folder
+
+
+# -- the run directory's names are RunDir's alone ----------------------------------------
+
+RUN_DIR_MODULE = ROOT / "core" / "runtime" / "run_dir.py"
+#: Calls whose string arguments are paths (``pathlib.Path("x")``, ``os.path.join(a, "x")``...).
+PATH_CALLS = {"Path", "PurePath", "PosixPath", "joinpath", "join", "open", "with_name"}
+
+
+def _as_path(node: ast.Constant, parent: dict[ast.AST, ast.AST]) -> bool:
+    """Whether the string ``node`` stands where a path (or a path's name) is made: an operand
+    of ``/``, an argument of a :data:`PATH_CALLS` call, the value of an assignment (a
+    named constant), or an item of a literal a loop or comprehension runs over."""
+    up = parent.get(node)
+    if isinstance(up, ast.BinOp):
+        return isinstance(up.op, ast.Div)
+    if isinstance(up, ast.Call):
+        func = up.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        return node in up.args and name in PATH_CALLS
+    if isinstance(up, ast.Assign | ast.AnnAssign):
+        return up.value is node
+    if isinstance(up, ast.Tuple | ast.List | ast.Set):
+        loop = parent.get(up)
+        return isinstance(loop, ast.For | ast.comprehension) and loop.iter is up
+    return False
+
+
+def _in_a_written_path(text: str, names: Sequence[str]) -> bool:
+    """Whether ``text`` has one of ``names`` right after or before a ``/``."""
+    return any(
+        re.search(rf"/{re.escape(n)}(?![\w.])|(?<![\w.]){re.escape(n)}/", text) for n in names
+    )
+
+
+def run_file_literals(path: pathlib.Path, names: Sequence[str]) -> list[str]:
+    """``"LINE: 'text'"`` for each string literal of ``path`` that writes one of ``names``:
+    the whole literal where a path is made (:func:`_as_path`), or anywhere as a part of a
+    path written out (``"RUN/eval.json"``, ``f"{run}/eval.json"``, ``"train_state/"``). Docstrings and
+    other bare strings are documentation and do not count; nor does the same word with
+    another meaning (the ``"checkpoint"`` phase, the ``"param_server"`` role)."""
+    tree = ast.parse(path.read_text())
+    parent = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            continue
+        if isinstance(parent.get(node), ast.Expr):  # a docstring
+            continue
+        if _in_a_written_path(node.value, names) or (
+            node.value in names and _as_path(node, parent)
+        ):
+            found.append((node.lineno, node.col_offset, f"{node.lineno}: {node.value!r}"))
+    return [text for *_, text in sorted(found)]
+
+
+def test_the_run_file_rule_finds_a_name_written_as_a_path_and_only_then(tmp_path):
+    (tmp_path / "m.py").write_text(
+        '"""RUN/eval.json: a docstring documents it."""\n'
+        'FILE = "eval.json"\n'
+        'a = run / "eval.json"\n'
+        'b = pathlib.Path(run, "train_state")\n'
+        'c = f"{run}/train_state/0"\n'
+        'f = "no train_state/ here"\n'
+        'g = "the train_state of it is prose"\n'
+        'd = [run / n for n in ("checkpoint", "x")]\n'
+        'clock("checkpoint")\n'
+        'PHASES = ("train", "checkpoint")\n'
+        'start(role="param_server")\n'
+        'e = {"checkpoint": str(path)}\n'
+    )
+    assert run_file_literals(tmp_path / "m.py", ["eval.json", "train_state", "checkpoint"]) == [
+        "2: 'eval.json'",
+        "3: 'eval.json'",
+        "4: 'train_state'",
+        "5: '/train_state/0'",
+        "6: 'no train_state/ here'",
+        "8: 'checkpoint'",
+    ]
+
+
+def test_no_module_but_run_dir_writes_a_run_file_name():
+    names = RunDir.names()
+    assert {"operative_config.gin", "eval.json", "checkpoint", "param_server"} <= set(names)
+    offenders = {
+        str(path.relative_to(ROOT)): found
+        for path in _sources()
+        if path != RUN_DIR_MODULE and (found := run_file_literals(path, names))
+    }
+    assert offenders == {}

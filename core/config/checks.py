@@ -11,7 +11,9 @@ names the binding, where it was written (``FILE:LINE`` or
 - :func:`check_values`: a component's own checks of its settings taken
   together (a validator raising :class:`BadSetting`);
 - :func:`check_roles_agree`: two roles of one run bound to different values of
-  a setting they share (the workers' reward and the trainer's).
+  a setting they share (the workers' reward and the trainer's);
+- :func:`check_weights_kept` (called by ``rlax run`` once it knows how many trainer
+  processes there are): a parameter server that keeps no weights with several.
 
 References (``@rewards.math()``) are not evaluated here: what they build is
 checked by its own parameters' bindings.
@@ -44,7 +46,14 @@ from rlax.core.config.bindings import (
 )
 from rlax.core.errors import BadSetting, ConfigError
 
-__all__ = ["arguments", "check_required", "check_roles_agree", "check_types", "check_values"]
+__all__ = [
+    "arguments",
+    "check_required",
+    "check_roles_agree",
+    "check_types",
+    "check_values",
+    "check_weights_kept",
+]
 
 
 # -------------------------------------------------------------------------
@@ -250,3 +259,20 @@ def check_roles_agree(origins: Origins, shared: Mapping[str, Sequence[str]]) -> 
                 f"({origins.get('', role_b, arg) or 'its default'}): the roles would disagree; "
                 f"{fix}"
             )
+
+
+def check_weights_kept(processes: int) -> None:
+    """ConfigError: several trainer processes and a server that keeps no weights.
+
+    Restarted, such a server serves nothing until the trainer publishes again, and
+    only a one-process trainer does (docs/preemption.md)."""
+    try:
+        kept = gin.query_parameter("rlax.param_server.saved_weights")
+    except ValueError:  # not bound: the default keeps one version
+        return
+    if processes > 1 and kept == 0:
+        raise ConfigError(
+            f"rlax.param_server.saved_weights = 0 needs a one-process trainer, this one has "
+            f"{processes}: after a server restart only one process publishes its weights "
+            "again; keep saved_weights >= 1"
+        )

@@ -17,7 +17,7 @@ from typing import Any
 
 from rlax.core.evaluation import traces
 from rlax.core.evaluation.plot import HELDOUT, PHASE_NAMES
-from rlax.core.runtime import runs
+from rlax.core.runtime.run_dir import RunDir
 
 #: The metrics shown first in "last metrics", when a row has them.
 MAIN = ("reward", "pass_rate", "loss", "kl_old", "entropy", "groups_kept", "queue_depth",
@@ -28,9 +28,9 @@ def _rows(path: pathlib.Path) -> list[dict[str, Any]]:
     return traces.read(path)  # the same JSON-lines reading: a torn last line is skipped
 
 
-def checkpoint_meta(run_dir: pathlib.Path) -> dict[str, Any] | None:
+def checkpoint_meta(run_dir: RunDir) -> dict[str, Any] | None:
     """The metadata of the newest complete checkpoint under ``RUN/train_state``, if any."""
-    states = run_dir / "train_state"
+    states = run_dir.train_state
     steps = sorted((int(p.name) for p in states.iterdir() if p.name.isdigit()), reverse=True) \
         if states.is_dir() else []  # fmt: skip
     for step in steps:
@@ -43,21 +43,20 @@ def checkpoint_meta(run_dir: pathlib.Path) -> dict[str, Any] | None:
     return None
 
 
-def state_lines(run_dir: pathlib.Path, rows: Sequence[dict], meta: dict | None) -> Iterator[str]:
+def state_lines(run_dir: RunDir, rows: Sequence[dict], meta: dict | None) -> Iterator[str]:
     done = rows[-1]["step"] if rows else 0
-    finished = runs.finished_steps(run_dir)
+    finished = run_dir.finished()
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rows[-1]["time"])) \
         if rows and "time" in rows[-1] else "-"  # fmt: skip
     if finished is not None and finished >= done:
-        yield f"state: finished after step {finished} (its final policy is in checkpoint/)"
+        policy = f"{run_dir.FINAL_POLICY}/"
+        yield f"state: finished after step {finished} (its final policy is in {policy})"
     else:
         saved = f"step {meta['step']}" if meta else "none yet"
         yield f"state: {done} steps done, last at {when}; newest checkpoint: {saved}"
     if finished is None and meta is not None:
         role = "inline" if "drawn" in (meta.get("data") or {}) else "all"
-        command = runs.resume_command(
-            [str(run_dir / "operative_config.gin")], [], [], role, run_dir
-        )
+        command = run_dir.resume_command([str(run_dir.operative_config)], [], [], role)
         yield f"resume with: {command}  (add -p for plugins loaded with -p)"
 
 
@@ -73,9 +72,8 @@ def metric_lines(rows: Sequence[dict]) -> Iterator[str]:
         yield f"  step {last['step_s']:.2f} s: " + ", ".join(phases)
 
 
-def eval_lines(run_dir: pathlib.Path, rows: Sequence[dict]) -> Iterator[str]:
-    path = run_dir / "eval.json"
-    results = json.loads(path.read_text()) if path.is_file() else {}
+def eval_lines(run_dir: RunDir, rows: Sequence[dict]) -> Iterator[str]:
+    results = run_dir.read_eval()
     history: list[tuple[str, dict]] = []
     if results.get("before"):
         history.append(("before", results["before"]))
@@ -113,11 +111,12 @@ def trace_lines(rows: Sequence[dict], count: int, width: int = 100) -> Iterator[
                    f"v{c['policy_version']}  {text!r}  {c['reason']}").rstrip()  # fmt: skip
 
 
-def show_run(run_dir: pathlib.Path, *, traces_shown: int = 2) -> str:
+def show_run(run_dir: RunDir | pathlib.Path, *, traces_shown: int = 2) -> str:
     """The report of ``run_dir`` as text (see the module doc)."""
-    rows = _rows(run_dir / "metrics.jsonl")
+    run_dir = RunDir.of(run_dir)
+    rows = _rows(run_dir.metrics)
     meta = checkpoint_meta(run_dir)
     lines = [f"run: {run_dir}", *state_lines(run_dir, rows, meta), *metric_lines(rows),
              *eval_lines(run_dir, rows),
-             *trace_lines(_rows(run_dir / traces.FILE), traces_shown)]  # fmt: skip
+             *trace_lines(_rows(run_dir.rollouts), traces_shown)]  # fmt: skip
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""Rollout traces: what the policy wrote, a few groups every few steps, in ``RUN/rollouts.jsonl``.
+"""Rollout traces: what the policy wrote, a few groups every few steps, in ``RUN/rollouts.jsonl``
+(:attr:`rlax.core.runtime.run_dir.RunDir.rollouts`).
 
 One JSON object per line, one sampled group each::
 
@@ -26,8 +27,6 @@ from typing import Any
 from rlax.core.contracts import Reward
 from rlax.core.rollout.reward_pool import score_one
 from rlax.core.types import Completion, Group
-
-FILE = "rollouts.jsonl"
 
 
 def _reason(reward: Reward | None, group: Group, completion: Completion) -> str:

@@ -24,6 +24,7 @@ from rlax.core.param_server.weights import split_servers
 from rlax.core.param_server.weights.persist import WeightPersister
 from rlax.core.rollout.groups import task_prompts
 from rlax.core.runtime.preemption import Preemption
+from rlax.core.runtime.run_dir import RunDir
 from rlax.core.types import ConfigPath, Prompt
 
 SPOOL = ".spool"  # in RUN/param_server/weights: the files pushes are received into
@@ -46,7 +47,7 @@ def param_server(
     seed: int = 0,
     state_dir: str | None = None,
     saved_weights: int = 1,
-    run_dir: pathlib.Path | None = None,
+    run_dir: RunDir | pathlib.Path | None = None,
     preemption_notices: Sequence[Any] | None = None,
 ) -> int:
     """Serves weights and the rollout queue until a notice (SIGTERM/SIGINT by default).
@@ -71,7 +72,7 @@ def param_server(
     _check_listen(settings, saved_weights)
     prompts = _train_prompts(task, init_checkpoint, seed)
     if state_dir is None and run_dir is not None:
-        state_dir = str(pathlib.Path(run_dir) / "param_server")
+        state_dir = str(RunDir.of(run_dir).param_server)
     db = _queue_db(state_dir)
     stop = Preemption(preemption_notices, role="param_server", hook=hook).start()
     try:

@@ -35,6 +35,7 @@ from rlax.core.errors import ConfigError, LostStep, Preempted, SourceMismatch
 from rlax.core.evaluation.metrics import MetricsLog
 from rlax.core.parallel import multihost as distributed
 from rlax.core.runtime.preemption import Preemption
+from rlax.core.runtime.run_dir import RunDir
 from rlax.core.trainer.checkpoint import Checkpointer, Restored
 from rlax.core.trainer.iteration import train_step
 from rlax.core.trainer.observe import Observer
@@ -111,11 +112,11 @@ def saved_position(meta: dict[str, Any]) -> dict[str, Any]:
 class TrainingRun:
     """The trainer loop's state between steps: what a checkpoint saves and a resume restores."""
 
-    def __init__(self, run_dir: pathlib.Path, trainer: Trainer, source: RolloutSource,
+    def __init__(self, run_dir: RunDir | pathlib.Path, trainer: Trainer, source: RolloutSource,
                  ckpt: Checkpointer, preemption: Preemption, restored: Restored | None,
                  deterministic: bool, seed: int, observer: Observer | None = None):  # fmt: skip
-        self.run_dir, self.trainer, self.source = run_dir, trainer, source
-        self.observer = observer or Observer(run_dir, lead=distributed.is_lead())
+        self.run_dir, self.trainer, self.source = RunDir.of(run_dir), trainer, source
+        self.observer = observer or Observer(self.run_dir, lead=distributed.is_lead())
         self.ckpt, self.preemption = ckpt, preemption
         self.deterministic, self.seed = deterministic, seed
         meta = restored.meta if restored is not None else {}
@@ -126,7 +127,7 @@ class TrainingRun:
         self.eval_before = meta.get("eval_before")
         self.lead = distributed.is_lead()  # process 0 of the trainer (always, with one process)
         # Every process keeps the rows (the same on each); process 0 writes the file.
-        self.log = MetricsLog(run_dir / "metrics.jsonl" if self.lead else pathlib.Path(os.devnull))
+        self.log = MetricsLog(self.run_dir.metrics if self.lead else pathlib.Path(os.devnull))
         self.empty_steps = EmptyStepWatch(source.curation)
 
     @property

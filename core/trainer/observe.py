@@ -12,13 +12,13 @@ calls between steps; its process 0 does the writing. It
   pass@k goes into that step's metrics as ``heldout/pass_at_<k>``;
 - every ``plot_every`` steps, and at a preemption, redraws ``RUN/curves.png``
   (``curves = False``: never, for runs watched through their loggers alone);
-  at a preemption it also writes ``RUN/eval.json`` with what was measured so far.
+  at a preemption it also writes ``RUN/eval.json`` with what was measured so far
+  (:meth:`Observer.save_eval`, which writes it at the end too: its one writer).
 """
 
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import pathlib
 from collections.abc import Callable, Sequence
@@ -28,6 +28,7 @@ from rlax.core.contracts import Logger, Reward
 from rlax.core.errors import BadSetting
 from rlax.core.evaluation import traces
 from rlax.core.evaluation.plot import HELDOUT, plot_curves
+from rlax.core.runtime.run_dir import RunDir
 from rlax.core.types import Group
 
 _log = logging.getLogger("rlax.trainer")
@@ -104,18 +105,18 @@ class Loggers:
 class Observer:
     """The loop's observer of one run (see the module doc); ``lead``: process 0, which writes."""
 
-    def __init__(self, run_dir: pathlib.Path, loggers: Sequence[Logger] = (), *,
+    def __init__(self, run_dir: RunDir | pathlib.Path, loggers: Sequence[Logger] = (), *,
                  evaluate: Callable[[], dict[str, float]] | None = None, reward: Reward | None = None,
                  eval_every: int = 0, trace_every: int = 0, trace_groups: int = 2,
                  plot_every: int = 0, curves: bool = True, lead: bool = True):  # fmt: skip
-        self.run_dir, self.loggers, self.lead = run_dir, Loggers(loggers), lead
+        self.run_dir, self.loggers, self.lead = RunDir.of(run_dir), Loggers(loggers), lead
         self._evaluate, self.reward = evaluate, reward
         self.eval_every, self.trace_every, self.trace_groups = eval_every, trace_every, trace_groups
         self.plot_every, self.curves = plot_every, curves
 
     @property
     def traces_path(self) -> pathlib.Path:
-        return self.run_dir / traces.FILE
+        return self.run_dir.rollouts
 
     def open(self, step: int) -> None:
         """Before the first step; ``step``: the last step done (a resumed run's)."""
@@ -150,7 +151,7 @@ class Observer:
     def plot(self, rows: Sequence[dict], before: dict | None = None,
              after: dict | None = None) -> None:  # fmt: skip
         if self.lead and self.curves and rows:
-            plot_curves(rows, self.run_dir / "curves.png", title=self.run_dir.name,
+            plot_curves(rows, self.run_dir.curves, title=self.run_dir.path.name,
                         before=before, after=after)  # fmt: skip
 
     def stopped(self, rows: Sequence[dict], before: dict | None) -> None:
@@ -158,8 +159,15 @@ class Observer:
         if not self.lead:
             return
         self.plot(rows, before)
-        (self.run_dir / "eval.json").write_text(json.dumps(eval_results(before, rows), indent=2)
-                                                + "\n")  # fmt: skip
+        self.save_eval(rows, before)
+
+    def save_eval(
+        self, rows: Sequence[dict], before: dict | None, after: dict | None = None
+    ) -> dict:
+        """Writes ``eval.json`` (:func:`eval_results`) and returns it; process 0 alone calls it."""
+        results = eval_results(before, rows, after)
+        self.run_dir.write_eval(results)
+        return results
 
     def close(self) -> None:
         if self.lead:

@@ -7,8 +7,9 @@ to the sampler — for ``steps`` steps from ``init_checkpoint``. With
 otherwise weights go to and groups come from the parameter server
 (``settings``). ``task``, ``reward`` and ``sampler`` also serve the held-out
 evaluation (``eval_samples`` samples per problem, pass@k for ``eval_ks``)
-before and after training. It writes a run directory (``run_dir``, or a new
-one under ``run_root`` named after ``run_name``)::
+before and after training. It writes a run directory (``run_dir``, handed
+over by ``rlax run``, or a new one under ``run_root`` named after ``run_name``;
+:class:`rlax.core.runtime.run_dir.RunDir` names its files)::
 
     RUN/operative_config.gin           the whole gin config, every role: `rlax run --gin` it
     RUN/trainer_operative_config.gin   every value the trainer used, defaults included
@@ -68,9 +69,7 @@ it runs; their contracts are the Protocols in ``core/contracts.py``.
 from __future__ import annotations
 
 import functools
-import json
 import pathlib
-import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -107,10 +106,9 @@ from rlax.core.parallel.multihost import initialize as initialize_distributed
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.rollout.groups import check_online_filters, task_prompts
-from rlax.core.runtime import runs
 from rlax.core.runtime.preemption import Preemption
+from rlax.core.runtime.run_dir import RunDir
 from rlax.core.runtime.run_files import save_run_config
-from rlax.core.runtime.runs import make_run_dir
 from rlax.core.trainer.checkpoint import Checkpointer, Restored
 from rlax.core.trainer.client import TrainerClient
 from rlax.core.trainer.epochs import check_processes
@@ -118,7 +116,6 @@ from rlax.core.trainer.loop import TrainingRun, apply_restored, state_tree
 from rlax.core.trainer.observe import (
     Observer,
     check_observe_settings,
-    eval_results,
     heldout_metrics,
 )
 from rlax.core.trainer.sources import InlineRollouts, RemoteRollouts
@@ -135,19 +132,19 @@ class _NoHooks:
         return lambda **kwargs: []
 
 
-def _open_run_dir(run_dir: pathlib.Path | None, run_root: str, run_name: str) -> pathlib.Path:
-    """The run directory, made if needed; process 0 says where it is.
+def _open_run_dir(run_dir: RunDir | pathlib.Path | None, run_root: str, run_name: str) -> RunDir:
+    """The run directory ``rlax run`` hands over (made here only for a caller without one);
+    process 0 says where it is.
 
     The config is saved once the checkpoint in it (if any) has been found
     resumable, so a refused resume leaves the run's files as they were.
     """
     if not run_dir:
-        run_dir = multihost.run_on_lead(lambda: make_run_dir(run_root, run_name))
-    run_dir = pathlib.Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = multihost.run_on_lead(lambda: RunDir.make(run_root, run_name))
+    opened = RunDir.of(run_dir).open()
     if multihost.is_lead():
-        print(f"run directory: {run_dir}", flush=True)  # at start: a preempted run resumes there
-    return run_dir
+        print(f"run directory: {opened}", flush=True)  # at start: a preempted run resumes there
+    return opened
 
 
 def _check_settings(*, inline: bool, deterministic: bool, max_staleness: int,
@@ -163,19 +160,11 @@ def _check_settings(*, inline: bool, deterministic: bool, max_staleness: int,
     checked(check_observe_settings, "rlax.train", **observe)
 
 
-def _finished(run_dir: pathlib.Path | None, steps: int) -> bool:
-    """True (and says so) if ``run_dir`` holds a run finished at ``steps``: nothing to redo."""
-    finished = runs.finished_message(pathlib.Path(run_dir), steps) if run_dir else None
-    if finished and multihost.is_lead():
-        print(finished, flush=True)
-    return bool(finished)
-
-
-def _restore(trainer: Trainer, run_dir: pathlib.Path, hook, *, every: int,
+def _restore(trainer: Trainer, run_dir: RunDir, hook, *, every: int,
              keep: int) -> tuple[Checkpointer, Restored | None]:  # fmt: skip
     """The run's checkpointer and the newest good checkpoint (applied to ``trainer``), if any."""
     on_saved = lambda step, path: hook.rlax_on_checkpoint(step=step, path=path)
-    ckpt = Checkpointer(run_dir / "train_state", every=every, keep=keep,
+    ckpt = Checkpointer(run_dir.train_state, every=every, keep=keep,
                         on_saved=on_saved if multihost.is_lead() else None)  # fmt: skip
     restored = ckpt.restore_latest(state_tree(trainer.state))
     if restored is not None:
@@ -277,7 +266,7 @@ def _run(run: TrainingRun, held_out: _HeldOut, hook, *, steps: int, progress: bo
                       f"{format_eval_table({'before': run.eval_before})}", flush=True)  # fmt: skip
             run.loop(steps, hook, progress, **step_args)
     except Preempted as err:
-        err.run_dir = run.run_dir  # for the CLI's resume command
+        err.run_dir = run.run_dir.path  # for the CLI's resume command
         raise
     finally:
         run.source.close()
@@ -285,7 +274,7 @@ def _run(run: TrainingRun, held_out: _HeldOut, hook, *, steps: int, progress: bo
     return run.eval_before
 
 
-def train(*, hook: Any = None, run_dir: pathlib.Path | None = None, inline: bool = False,
+def train(*, hook: Any = None, run_dir: RunDir | pathlib.Path | None = None, inline: bool = False,
           task: Task, reward: Reward, sampler: Sampler, algorithm: Algorithm,
           optimizer: optax.GradientTransformation, init_checkpoint: ConfigPath,
           settings: ServerSettings | None = None, curation: Sequence[OnlineFilter] = (),
@@ -313,8 +302,6 @@ def train(*, hook: Any = None, run_dir: pathlib.Path | None = None, inline: bool
                     **watch)  # fmt: skip
     check_teacher(algorithm, teacher)
     check_processes(trainer_settings, jax.process_count())
-    if _finished(run_dir, steps):  # re-running a finished run redoes nothing and overwrites nothing
-        return 0
     bundle = load_policy(init_checkpoint, "rlax.train.init_checkpoint")
     held_out = _HeldOut(task, sampler, reward, bundle.tokenizer, seed=seed, samples=eval_samples,
                         ks=eval_ks, progress=progress)  # fmt: skip
@@ -370,26 +357,21 @@ def _finish(run: TrainingRun, hook, bundle: ModelBundle, held_out: _HeldOut,
     run_dir, step, log = run.run_dir, run.step, run.log
     lead = multihost.is_lead()
     # Written beside, then swapped in: a resumed run replaces the final policy of an earlier one.
-    final, new, old = (run_dir / n for n in ("checkpoint", "checkpoint.new", "checkpoint.old"))
     if lead:
-        for stale in (new, old):
-            shutil.rmtree(stale, ignore_errors=True)
+        run_dir.clear_staged_final_policy()
     multihost.barrier("rlax-export")
-    _export(new, ModelBundle(model, bundle.tokenizer, {"step": step}))
+    _export(
+        run_dir.staged_final_policy("new"), ModelBundle(model, bundle.tokenizer, {"step": step})
+    )
     multihost.barrier("rlax-exported")
     if not lead:
         return
-    if final.exists():
-        final.rename(old)
-    new.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    run_dir.swap_in_final_policy()
     if isinstance(run.trainer.state.params, LoraParams):  # the adapters alone, as PEFT loads them
         lora_params = multihost.gather_tree(run.trainer.state.params)
-        save_peft_adapter(run_dir / "adapter", lora_params, model.cfg)
-    ckpt = final
-    hook.rlax_on_checkpoint(step=step, path=str(ckpt))
-    results = eval_results(results["before"], log.rows, results["after"])
-    (run_dir / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
+        save_peft_adapter(run_dir.adapter, lora_params, model.cfg)
+    hook.rlax_on_checkpoint(step=step, path=str(run_dir.final_policy))
+    results = run.observer.save_eval(log.rows, results["before"], results["after"])
     run.observer.loggers.call("log_metrics", step, heldout_metrics(results["after"]))
     run.observer.plot(log.rows, results["before"], results["after"])
     table = format_eval_table({k: results[k] for k in ("before", "after")})

@@ -214,7 +214,7 @@ def test_rerunning_a_finished_run_says_so_and_changes_nothing(finished, capsys, 
 
 
 def test_resume_without_a_directory_takes_the_newest_run_of_that_name(tmp_path):
-    from rlax.core.runtime import runs
+    from rlax.core.runtime.run_dir import RunDir
 
     def make(name: str, marker: str = "operative_config.gin") -> pathlib.Path:
         (tmp_path / name).mkdir()
@@ -226,8 +226,8 @@ def test_resume_without_a_directory_takes_the_newest_run_of_that_name(tmp_path):
     make("tiny-20250102-090000-1")
     make("tiny-big-20991231-000000")  # another run name
     (tmp_path / "tiny-20991231-000000").mkdir()  # not a run: nothing in it
-    assert runs.newest_run(tmp_path, "tiny") == newest
-    assert runs.newest_run(tmp_path, "tiny-big") == tmp_path / "tiny-big-20991231-000000"
+    assert RunDir.newest(tmp_path, "tiny").path == newest
+    assert RunDir.newest(tmp_path, "tiny-big").path == tmp_path / "tiny-big-20991231-000000"
 
 
 @pytest.mark.parametrize(
@@ -303,10 +303,10 @@ def test_a_preempted_local_cluster_prints_the_command_that_resumes_it(
 
 
 def test_the_resume_command_keeps_plugins_and_quotes_what_the_shell_would_split():
-    from rlax.core.runtime import runs
+    from rlax.core.runtime.run_dir import RunDir
 
-    command = runs.resume_command(
-        ["a b.gin"], ["rlax.train.seed=1"], ["my_plugin", "no:grpo"], "inline", pathlib.Path("r")
+    command = RunDir(pathlib.Path("r")).resume_command(
+        ["a b.gin"], ["rlax.train.seed=1"], ["my_plugin", "no:grpo"], "inline"
     )
     assert command == (
         "rlax run --gin 'a b.gin' --gin.rlax.train.seed=1 -p my_plugin -p no:grpo "
