@@ -78,7 +78,7 @@ def _module_marks(tree: ast.Module) -> set[str]:
     return set()
 
 
-def unserial_wall_clock_tests(path: pathlib.Path) -> list[str]:
+def unserial_wall_clock_tests(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[str]:
     tree = ast.parse(path.read_text())
     module_serial = any("serial" in m for m in _module_marks(tree))
     found = []
@@ -86,7 +86,7 @@ def unserial_wall_clock_tests(path: pathlib.Path) -> list[str]:
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
             serial = module_serial or "serial" in _marks(node.decorator_list)
             if not serial and bounds_wall_time(node):
-                found.append(f"{path.relative_to(ROOT)}::{node.name}")
+                found.append(f"{path.relative_to(root)}::{node.name}")
     return found
 
 
@@ -101,16 +101,11 @@ def test_the_rule_finds_a_wall_clock_bound_and_accepts_cpu_time_or_serial(tmp_pa
         "@pytest.mark.serial\n"
         "def test_marked():\n    s = time.perf_counter()\n    assert time.perf_counter() - s < 1\n"
     )
-    global ROOT
-    saved, ROOT = ROOT, tmp_path
-    try:
-        assert unserial_wall_clock_tests(tmp_path / "m.py") == [
-            "m.py::test_wall",
-            "m.py::test_reversed",
-            "m.py::test_named",
-        ]
-    finally:
-        ROOT = saved
+    assert unserial_wall_clock_tests(tmp_path / "m.py", tmp_path) == [
+        "m.py::test_wall",
+        "m.py::test_reversed",
+        "m.py::test_named",
+    ]
 
 
 def test_every_test_that_bounds_wall_time_runs_serially():
