@@ -60,15 +60,23 @@ from rlax.plugins.algorithms.grpo import grpo
 from rlax.plugins.samplers.jax_sampler import JaxSampler
 
 TINY = TransformerConfig(
-    vocab_size=512, num_layers=2, embed_dim=64, num_heads=2, num_kv_heads=1, head_dim=32,
-    mlp_dim=128, qkv_bias=True,
-)  # fmt: skip
+    vocab_size=512,
+    num_layers=2,
+    embed_dim=64,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=32,
+    mlp_dim=128,
+    qkv_bias=True,
+)
 
 
 TINY_RL_BINDINGS = (
-    "--gin.EVAL_SAMPLES=1", "--gin.EVAL_KS=(1,)", "--gin.PROMPTS_PER_STEP=8",
+    "--gin.EVAL_SAMPLES=1",
+    "--gin.EVAL_KS=(1,)",
+    "--gin.PROMPTS_PER_STEP=8",
     "--gin.tasks.arithmetic.num_eval=8",
-)  # fmt: skip
+)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -147,9 +155,12 @@ def train_probe(cfg: TransformerConfig, a: argparse.Namespace) -> dict:
     seconds = best_seconds(lambda: trainer.step(arrays), a.repeats)
     tokens = a.rows * a.seq
     return {
-        "train_loss": loss, "train_compile_s": compile_s, "train_s": seconds,
-        "train_flops": flops_per_token(cfg, a.seq) * tokens, "train_tok_s": tokens / seconds,
-    }  # fmt: skip
+        "train_loss": loss,
+        "train_compile_s": compile_s,
+        "train_s": seconds,
+        "train_flops": flops_per_token(cfg, a.seq) * tokens,
+        "train_tok_s": tokens / seconds,
+    }
 
 
 class _Ids:
@@ -180,9 +191,12 @@ def sample_probe(cfg: TransformerConfig, a: argparse.Namespace) -> dict:
     cache = prompt_len + a.new / 2
     per_token = 2 * matmul_params(cfg) + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * cache
     return {
-        "sample_compile_s": compile_s, "sample_s": seconds, "sample_tokens": generated,
-        "sample_flops": per_token * generated, "sample_tok_s": generated / seconds,
-    }  # fmt: skip
+        "sample_compile_s": compile_s,
+        "sample_s": seconds,
+        "sample_tokens": generated,
+        "sample_flops": per_token * generated,
+        "sample_tok_s": generated / seconds,
+    }
 
 
 def peak_device_bytes() -> int | None:
@@ -201,23 +215,36 @@ def rl_probe(a: argparse.Namespace) -> dict:
     if a.rl_steps == 0:
         return {"rl_steps": 0}
     run_dir = pathlib.Path(tempfile.mkdtemp(prefix="rlax-accel-")) / "run"
-    cmd = [sys.executable, "-m", "rlax.core.cli", "run", "--gin", a.rl_config,
-           f"--gin.rlax.train.steps={a.rl_steps}", "--run-dir", str(run_dir), "--role", a.rl_role,
-           *a.rl_bindings]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlax.core.cli",
+        "run",
+        "--gin",
+        a.rl_config,
+        f"--gin.rlax.train.steps={a.rl_steps}",
+        "--run-dir",
+        str(run_dir),
+        "--role",
+        a.rl_role,
+        *a.rl_bindings,
+    ]
     env = dict(os.environ, RLAX_PS_ADDRESS=f"127.0.0.1:{free_port()}")
     start = time.perf_counter()
-    out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, check=False,
-                         timeout=a.rl_timeout_s)  # fmt: skip
+    out = subprocess.run(
+        cmd, env=env, cwd=ROOT, capture_output=True, text=True, check=False, timeout=a.rl_timeout_s
+    )
     seconds = time.perf_counter() - start
     if out.returncode != 0:
         raise SystemExit(f"rlax run failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["reward"] for r in rows if "reward" in r]
     return {
-        "rl_steps": len(rows), "rl_s": round(seconds, 1),
+        "rl_steps": len(rows),
+        "rl_s": round(seconds, 1),
         "rl_reward_first": round(rewards[0], 4) if rewards else None,
         "rl_reward_last": round(rewards[-1], 4) if rewards else None,
-    }  # fmt: skip
+    }
 
 
 def main(argv: list[str]) -> dict:

@@ -89,22 +89,40 @@ def row_learning_rate(name: str, learning_rate: float) -> float:
     return learning_rate * LEARNING_RATE_SCALE.get(name, 1.0)
 
 
-def run_one(name: str, steps: int, prompts: int, learning_rate: float, extra: list[str],
-            tmp: pathlib.Path, eval_problems: int = EVAL_PROBLEMS,
-            eval_samples: int = EVAL_SAMPLES):  # fmt: skip
+def run_one(
+    name: str,
+    steps: int,
+    prompts: int,
+    learning_rate: float,
+    extra: list[str],
+    tmp: pathlib.Path,
+    eval_problems: int = EVAL_PROBLEMS,
+    eval_samples: int = EVAL_SAMPLES,
+):
     """One experiment in a subprocess; returns its figures, or None if it failed."""
     run_dir = tmp / name
     cmd = [
-        sys.executable, "-m", "rlax.core.cli", "run", "--role", "inline",
-        "--gin", str(ROOT / "configs" / "experiments" / EXPERIMENTS[name]), "--run-dir", str(run_dir),
+        sys.executable,
+        "-m",
+        "rlax.core.cli",
+        "run",
+        "--role",
+        "inline",
+        "--gin",
+        str(ROOT / "configs" / "experiments" / EXPERIMENTS[name]),
+        "--run-dir",
+        str(run_dir),
         f"--gin.INIT_CHECKPOINT='{ROOT / 'assets' / 'quickstart-base'}'",
-        f"--gin.rlax.train.steps={steps}", f"--gin.PROMPTS_PER_STEP={prompts}",
+        f"--gin.rlax.train.steps={steps}",
+        f"--gin.PROMPTS_PER_STEP={prompts}",
         f"--gin.LEARNING_RATE={row_learning_rate(name, learning_rate):g}",
         f"--gin.tasks.arithmetic.num_eval={eval_problems}",
         f"--gin.rlax.train.eval_samples={eval_samples}",
-        "--gin.rlax.train.progress=False", "--gin.rlax.evaluate.progress=False",
-        *SETTINGS.get(name, []), *extra,
-    ]  # fmt: skip
+        "--gin.rlax.train.progress=False",
+        "--gin.rlax.evaluate.progress=False",
+        *SETTINGS.get(name, []),
+        *extra,
+    ]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     start = time.perf_counter()
     # cwd outside the checkout: a stale *.egg-info at its root would shadow the entry points.
@@ -154,8 +172,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rlax-algorithms-") as tmp:
         for name in args.only:
             print(f"running {name} ({args.steps} steps) ...", flush=True)
-            result = run_one(name, args.steps, args.prompts, args.learning_rate, extra,
-                             pathlib.Path(tmp), args.eval_problems, args.eval_samples)  # fmt: skip
+            result = run_one(
+                name,
+                args.steps,
+                args.prompts,
+                args.learning_rate,
+                extra,
+                pathlib.Path(tmp),
+                args.eval_problems,
+                args.eval_samples,
+            )
             if result is None:
                 failed.append(name)
             else:
@@ -163,9 +189,11 @@ def main() -> int:
     if not figures:
         return 1
     base = next(iter(figures.values()))["before"]
-    print(f"\nalgorithms on the quickstart task: {args.steps} steps x {args.prompts} prompts x 8 "
-          f"samples, lr {args.learning_rate:g} (a row's own lr where shown); held-out pass@k ({args.eval_problems} problems, "
-          f"{args.eval_samples} samples)")  # fmt: skip
+    print(
+        f"\nalgorithms on the quickstart task: {args.steps} steps x {args.prompts} prompts x 8 "
+        f"samples, lr {args.learning_rate:g} (a row's own lr where shown); held-out pass@k ({args.eval_problems} problems, "
+        f"{args.eval_samples} samples)"
+    )
     print(
         f"{'':<22}{'pass@1':>8}{'pass@8':>8}{'Δpass@8':>9}{'wall s':>8}{'tok/s':>8}{'updates':>9}"
         f"{'lr':>9}"
@@ -192,18 +220,25 @@ def main() -> int:
     improved = all(v["pass8_gain"] > 0 for v in out.values()) and not failed
     epochs = _epochs_vs_one(out)
     if epochs:
-        print(f"\ngrpo_2x4 vs grpo (same rollouts): Δpass@8 {100 * epochs['pass8_gain_delta']:+.1f}"
-              f" points, wall x{epochs['wall_ratio']:.2f}, updates x{epochs['updates_ratio']:.1f}")  # fmt: skip
+        print(
+            f"\ngrpo_2x4 vs grpo (same rollouts): Δpass@8 {100 * epochs['pass8_gain_delta']:+.1f}"
+            f" points, wall x{epochs['wall_ratio']:.2f}, updates x{epochs['updates_ratio']:.1f}"
+        )
     summary = {
-        "budget": {"steps": args.steps, "prompts_per_step": args.prompts, "group_size": 8,
-                   "learning_rate": args.learning_rate, "eval_problems": args.eval_problems,
-                   "eval_samples": args.eval_samples},
+        "budget": {
+            "steps": args.steps,
+            "prompts_per_step": args.prompts,
+            "group_size": 8,
+            "learning_rate": args.learning_rate,
+            "eval_problems": args.eval_problems,
+            "eval_samples": args.eval_samples,
+        },
         "base": {k: round(v, 4) for k, v in base.items()},
         "algorithms": out,
         **({"epochs_vs_one_update": epochs} if epochs else {}),
         "failed": failed,
         "all_improve_pass8": improved,
-    }  # fmt: skip
+    }
     print(json.dumps(summary))
     return 0 if improved else 1
 

@@ -30,12 +30,21 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def run(max_staleness: int, steps: int, tmp: pathlib.Path) -> dict:
     run_dir = tmp / f"staleness-{max_staleness}"
     cmd = [
-        sys.executable, "-m", "rlax.core.cli", "run", "--gin", "configs/experiments/quickstart.gin",
-        "--run-dir", str(run_dir), f"--gin.rlax.train.steps={steps}",
-        f"--gin.MAX_STALENESS={max_staleness}", "--gin.RELOAD_STALENESS=0",
-        "--gin.rlax.local_cluster.trainer_cores=(0,)", "--gin.rlax.local_cluster.worker_cores=(1,)",
+        sys.executable,
+        "-m",
+        "rlax.core.cli",
+        "run",
+        "--gin",
+        "configs/experiments/quickstart.gin",
+        "--run-dir",
+        str(run_dir),
+        f"--gin.rlax.train.steps={steps}",
+        f"--gin.MAX_STALENESS={max_staleness}",
+        "--gin.RELOAD_STALENESS=0",
+        "--gin.rlax.local_cluster.trainer_cores=(0,)",
+        "--gin.rlax.local_cluster.worker_cores=(1,)",
         "--gin.rlax.train.progress=False",
-    ]  # fmt: skip
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLAX_PS_")}
     start = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, env=env, check=True)
@@ -69,15 +78,24 @@ def main() -> None:
     print(f"\nquickstart, {args.steps} steps, trainer on core 0, 2 workers on core 1")
     print(f"{'':<22}{'RL time':>9}{'wall':>8}{'pass@8':>8}{'off-policy groups':>19}{'dropped':>9}")
     for name, r in (("max_staleness = 0", sync), ("max_staleness = 2", async_)):
-        print(f"{name:<22}{r['rl_s']:>8.1f}s{r['wall_s']:>7.1f}s{100 * r['pass8']:>7.1f}%"
-              f"{r['off_policy_groups']:>13.0f} / {r['groups']:<5}{r['dropped']:>7}")  # fmt: skip
+        print(
+            f"{name:<22}{r['rl_s']:>8.1f}s{r['wall_s']:>7.1f}s{100 * r['pass8']:>7.1f}%"
+            f"{r['off_policy_groups']:>13.0f} / {r['groups']:<5}{r['dropped']:>7}"
+        )
     print(
         f"speedup of the RL phase: {speedup:.2f}x   (base policy pass@8 {100 * sync['pass8_before']:.1f}%)"
     )
-    print(json.dumps({
-        "sync_s": round(sync["rl_s"], 1), "async_s": round(async_["rl_s"], 1), "speedup": round(speedup, 3),
-        "pass8_sync": round(sync["pass8"], 4), "pass8_async": round(async_["pass8"], 4),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "sync_s": round(sync["rl_s"], 1),
+                "async_s": round(async_["rl_s"], 1),
+                "speedup": round(speedup, 3),
+                "pass8_sync": round(sync["pass8"], 4),
+                "pass8_async": round(async_["pass8"], 4),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -51,22 +51,31 @@ ROLES = ("param_server", "trainer", "worker-0", "worker-1")
 
 def command(run_dir: pathlib.Path, args: argparse.Namespace, extra: list[str]) -> list[str]:
     return [
-        sys.executable, "-m", "rlax.core.cli", "run", "--gin", "configs/experiments/quickstart.gin",
-        "--run-dir", str(run_dir), f"--gin.rlax.train.steps={args.steps}",
+        sys.executable,
+        "-m",
+        "rlax.core.cli",
+        "run",
+        "--gin",
+        "configs/experiments/quickstart.gin",
+        "--run-dir",
+        str(run_dir),
+        f"--gin.rlax.train.steps={args.steps}",
         f"--gin.rlax.train.checkpoint_every={args.checkpoint_every}",
         f"--gin.rlax.param_server.lease_ttl_s={args.lease_ttl}",
-        "--gin.rlax.local_cluster.max_restarts=100000", "--gin.rlax.train.progress=False",
+        "--gin.rlax.local_cluster.max_restarts=100000",
+        "--gin.rlax.train.progress=False",
         *extra,
-    ]  # fmt: skip
+    ]
 
 
 def environment(cache: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLAX_PS_")}
     # Restarted processes compile the same programs again: keep them in a shared cache.
     env.update(
-        HF_HUB_OFFLINE="1", JAX_COMPILATION_CACHE_DIR=cache,
+        HF_HUB_OFFLINE="1",
+        JAX_COMPILATION_CACHE_DIR=cache,
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-    )  # fmt: skip
+    )
     return env
 
 
@@ -102,16 +111,23 @@ def rows(run_dir: pathlib.Path) -> int:
 
 
 def run_clean(run_dir, args, extra, env) -> subprocess.CompletedProcess:
-    return subprocess.run(command(run_dir, args, extra), cwd=ROOT, env=env, check=False,
-                          capture_output=True, text=True)  # fmt: skip
+    return subprocess.run(
+        command(run_dir, args, extra),
+        cwd=ROOT,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+    )
 
 
 def run_chaos(run_dir, args, extra, env) -> tuple[subprocess.Popen, list, str, str]:
     rng = random.Random(args.seed)
     log = run_dir.parent / "chaos.stderr"
     with log.open("w") as err, (run_dir.parent / "chaos.stdout").open("w") as out:
-        proc = subprocess.Popen(command(run_dir, args, extra), cwd=ROOT, env=env, stdout=out,
-                                stderr=err)  # fmt: skip
+        proc = subprocess.Popen(
+            command(run_dir, args, extra), cwd=ROOT, env=env, stdout=out, stderr=err
+        )
         events = []
         next_at = time.monotonic() + rng.uniform(*args.interval)
         while proc.poll() is None:
@@ -218,12 +234,16 @@ def main() -> int:
     )
     print(f"{'restarts by the supervisor':<34}{restarts:>8}")
     print(f"{'exits not caused by a signal':<34}{len(crashes):>8}   {', '.join(crashes)}")
-    print(f"{'steps (each once in metrics)':<34}{len(set(steps_done)):>8}   "
-          f"rows {len(steps_done)}, expected {args.steps}")  # fmt: skip
+    print(
+        f"{'steps (each once in metrics)':<34}{len(set(steps_done)):>8}   "
+        f"rows {len(steps_done)}, expected {args.steps}"
+    )
     print(f"{'prompts consumed':<34}{consumed:>8}")
     print(f"{'prompts lost / duplicated':<34}{lost:>4} / {duplicated}")
-    print(f"{'pass@8 after, chaos / clean':<34}{pass8:>8.3f} / {pass8_clean:.3f}   "
-          f"(2 s.e. over 200 problems: {noise:.3f})")  # fmt: skip
+    print(
+        f"{'pass@8 after, chaos / clean':<34}{pass8:>8.3f} / {pass8_clean:.3f}   "
+        f"(2 s.e. over 200 problems: {noise:.3f})"
+    )
     if not args.skip_clean:
         print(f"{'wall time, chaos / clean':<34}{chaos_s:>7.0f}s / {clean_s:.0f}s")
     figures = {

@@ -45,9 +45,14 @@ from rlax.core.trainer.checkpoint import Checkpointer
 
 def build_state(layers: int, width: int):
     cfg = TransformerConfig(
-        vocab_size=8192, num_layers=layers, embed_dim=width, num_heads=width // 64,
-        num_kv_heads=max(1, width // 256), head_dim=64, mlp_dim=width * 8 // 3,
-    )  # fmt: skip
+        vocab_size=8192,
+        num_layers=layers,
+        embed_dim=width,
+        num_heads=width // 64,
+        num_kv_heads=max(1, width // 256),
+        head_dim=64,
+        mlp_dim=width * 8 // 3,
+    )
     _, params = nnx.split(new_model(cfg, 0))
     opt = optax.adam(1e-4)
     opt_state = opt.init(params)
@@ -107,9 +112,11 @@ def main() -> int:
         "ratio": round(statistics.median(blocking) / statistics.median(sync), 4),
         "restore_s": round(restore_s, 3),
     }
-    print(f"\ncheckpoint of the trainer's state: {nbytes / 2**20:.0f} MB "
-          f"(params + Adam moments, {args.layers} layers x {args.width}), "
-          f"{os.cpu_count()} CPUs, median of {args.saves} saves")  # fmt: skip
+    print(
+        f"\ncheckpoint of the trainer's state: {nbytes / 2**20:.0f} MB "
+        f"(params + Adam moments, {args.layers} layers x {args.width}), "
+        f"{os.cpu_count()} CPUs, median of {args.saves} saves"
+    )
     print(f"{'':<34}{'seconds':>10}")
     print(f"{'train step (jitted update)':<34}{statistics.median(loop_steps):>10.3f}")
     print(f"{'Checkpointer.save blocks the loop':<34}{figures['blocking_s']:>10.3f}")

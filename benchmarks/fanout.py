@@ -79,8 +79,14 @@ def _pull(client: ParamServerClient, tries: int = 200):
 
 def one_round(n: int, fanout: int, tree: dict, rate: float) -> tuple[float, int]:
     """(seconds until all ``n`` pullers hold the version, bytes the server sent for it)."""
-    settings = ServerSettings(address="127.0.0.1:0", token=TOKEN, chunk_mb=1, max_message_mb=8,
-                              relay_fanout=fanout, relay_direct=1)  # fmt: skip
+    settings = ServerSettings(
+        address="127.0.0.1:0",
+        token=TOKEN,
+        chunk_mb=1,
+        max_message_mb=8,
+        relay_fanout=fanout,
+        relay_direct=1,
+    )
     server = ParamServer(settings, _prompts(), capacity=1)
     port = server.start()
     server.egress = Limiter(rate)  # the server's uplink
@@ -140,23 +146,35 @@ def main() -> int:
         base_s, base_bytes = one_round(n, 0, tree, rate)
         relay_s, relay_bytes = one_round(n, args.fanout, tree, rate)
         rows.append((n, relay_s, base_s, relay_bytes, base_bytes))
-    print(f"model {size / MB:.1f} MB, every uplink {args.mb_s:.0f} MB/s "
-          f"(S/B = {link_s:.3f} s), relay fanout {args.fanout}; threads stand in for workers")  # fmt: skip
-    print(f"{'N':>3} {'relayed s':>10} {'baseline s':>11} {'ratio':>6} {'srv MB relayed':>15} "
-          f"{'srv MB base':>12} {'N*S/B':>7} {'S/B(1+lg N)':>12} {'k*S/B':>6}")  # fmt: skip
+    print(
+        f"model {size / MB:.1f} MB, every uplink {args.mb_s:.0f} MB/s "
+        f"(S/B = {link_s:.3f} s), relay fanout {args.fanout}; threads stand in for workers"
+    )
+    print(
+        f"{'N':>3} {'relayed s':>10} {'baseline s':>11} {'ratio':>6} {'srv MB relayed':>15} "
+        f"{'srv MB base':>12} {'N*S/B':>7} {'S/B(1+lg N)':>12} {'k*S/B':>6}"
+    )
     for n, relay_s, base_s, relay_bytes, base_bytes in rows:
-        print(f"{n:>3} {relay_s:>10.3f} {base_s:>11.3f} {relay_s / base_s:>6.3f} "
-              f"{relay_bytes / MB:>15.1f} {base_bytes / MB:>12.1f} {n * link_s:>7.3f} "
-              f"{link_s * (1 + math.log2(n)):>12.3f} {args.fanout * link_s:>6.3f}")  # fmt: skip
+        print(
+            f"{n:>3} {relay_s:>10.3f} {base_s:>11.3f} {relay_s / base_s:>6.3f} "
+            f"{relay_bytes / MB:>15.1f} {base_bytes / MB:>12.1f} {n * link_s:>7.3f} "
+            f"{link_s * (1 + math.log2(n)):>12.3f} {args.fanout * link_s:>6.3f}"
+        )
     last = rows[-1]
-    print(f"N={last[0]}: server bytes/version {last[3] / size:.2f}x the model (bound 2x), "
-          f"all_have {last[1] / last[2]:.3f}x the baseline (bound 0.25x)")  # fmt: skip
-    print(json.dumps({
-        "n": [r[0] for r in rows],
-        "all_have_s": [round(r[1], 4) for r in rows],
-        "baseline_all_have_s": [round(r[2], 4) for r in rows],
-        "server_bytes_per_version": [r[3] for r in rows],
-    }))  # fmt: skip
+    print(
+        f"N={last[0]}: server bytes/version {last[3] / size:.2f}x the model (bound 2x), "
+        f"all_have {last[1] / last[2]:.3f}x the baseline (bound 0.25x)"
+    )
+    print(
+        json.dumps(
+            {
+                "n": [r[0] for r in rows],
+                "all_have_s": [round(r[1], 4) for r in rows],
+                "baseline_all_have_s": [round(r[2], 4) for r in rows],
+                "server_bytes_per_version": [r[3] for r in rows],
+            }
+        )
+    )
     return 0
 
 

@@ -95,10 +95,15 @@ def _batch(vocab: int, rows: int, prompt_len: int, completion_len: int):
     for g in range(rows // 4):
         prompt = Prompt(str(g), "", rng.integers(0, vocab, prompt_len).astype(np.int32), "")
         comps = tuple(
-            Completion(rng.integers(0, vocab, completion_len).astype(np.int32),
-                       -rng.random(completion_len).astype(np.float32), "", "length", 0)
+            Completion(
+                rng.integers(0, vocab, completion_len).astype(np.int32),
+                -rng.random(completion_len).astype(np.float32),
+                "",
+                "length",
+                0,
+            )
             for _ in range(4)
-        )  # fmt: skip
+        )
         groups.append(Group(prompt, comps, np.array([1.0, 0.0, 0.0, 0.0], np.float32)))
     return make_batch(groups, grpo().advantages(np.stack([g.rewards for g in groups])))
 
@@ -149,23 +154,45 @@ def bench_memory(args) -> dict:
     """Full fine-tuning and LoRA, each in its own process under the SmolLM2 lock."""
     rows = {}
     for mode in ("full", "lora"):
-        cmd = ["flock", LOCK, sys.executable, __file__, "--child", mode, "--model", args.model,
-               "--rank", str(args.rank), "--rows", str(args.rows), "--prompt-len",
-               str(args.prompt_len), "--completion-len", str(args.completion_len),
-               "--train-steps", str(args.train_steps)]  # fmt: skip
+        cmd = [
+            "flock",
+            LOCK,
+            sys.executable,
+            __file__,
+            "--child",
+            mode,
+            "--model",
+            args.model,
+            "--rank",
+            str(args.rank),
+            "--rows",
+            str(args.rows),
+            "--prompt-len",
+            str(args.prompt_len),
+            "--completion-len",
+            str(args.completion_len),
+            "--train-steps",
+            str(args.train_steps),
+        ]
         print(f"memory: {mode} fine-tuning on SmolLM2 ...", file=sys.stderr, flush=True)
         out = subprocess.run(cmd, check=True, capture_output=True, text=True)
         rows[mode] = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"memory: {mode}: {json.dumps(rows[mode])}", file=sys.stderr, flush=True)
     full, lora = rows["full"], rows["lora"]
-    print(f"\nSmolLM2-135M, adam, {args.rows} rows x {args.prompt_len}+{args.completion_len} "
-          f"tokens, LoRA rank {args.rank} on every attention/MLP projection")  # fmt: skip
-    print(f"{'':6} {'trainable':>12} {'push MB':>9} {'tensors':>8} {'pack s':>7} "
-          f"{'step s':>7} {'peak RSS MB':>12} {'growth MB':>10}")  # fmt: skip
+    print(
+        f"\nSmolLM2-135M, adam, {args.rows} rows x {args.prompt_len}+{args.completion_len} "
+        f"tokens, LoRA rank {args.rank} on every attention/MLP projection"
+    )
+    print(
+        f"{'':6} {'trainable':>12} {'push MB':>9} {'tensors':>8} {'pack s':>7} "
+        f"{'step s':>7} {'peak RSS MB':>12} {'growth MB':>10}"
+    )
     for r in (full, lora):
-        print(f"{r['mode']:6} {r['trainable_params']:>12,} {r['push_bytes'] / 2**20:>9.2f} "
-              f"{r['push_tensors']:>8} {r['pack_s']:>7.3f} {r['step_s']:>7.2f} "
-              f"{r['peak_rss_mb']:>12.1f} {r['growth_mb']:>10.1f}")  # fmt: skip
+        print(
+            f"{r['mode']:6} {r['trainable_params']:>12,} {r['push_bytes'] / 2**20:>9.2f} "
+            f"{r['push_tensors']:>8} {r['pack_s']:>7.3f} {r['step_s']:>7.2f} "
+            f"{r['peak_rss_mb']:>12.1f} {r['growth_mb']:>10.1f}"
+        )
     return {
         "push_bytes_ratio": round(lora["push_bytes"] / full["push_bytes"], 5),
         "trainer_peak_ratio": round(lora["peak_rss_mb"] / full["peak_rss_mb"], 3),
@@ -196,18 +223,33 @@ SMOLLM2_GIN = (
 
 def _learning_command(args, run_dir: pathlib.Path) -> list[str]:
     rlax = str(pathlib.Path(sys.executable).with_name("rlax"))
-    lora = ["--gin.rlax.train.lora=@rlax.lora()", f"--gin.rlax.lora.rank={args.rank_rl}",
-            f"--gin.rlax.lora.alpha={2.0 * args.rank_rl}", f"--gin.LEARNING_RATE={args.lr}",
-            f"--gin.rlax.train.steps={args.steps}", f"--gin.SEED={args.seed}",
-            f"--gin.rlax.ps_settings.address='127.0.0.1:{_free_port()}'"]  # fmt: skip
+    lora = [
+        "--gin.rlax.train.lora=@rlax.lora()",
+        f"--gin.rlax.lora.rank={args.rank_rl}",
+        f"--gin.rlax.lora.alpha={2.0 * args.rank_rl}",
+        f"--gin.LEARNING_RATE={args.lr}",
+        f"--gin.rlax.train.steps={args.steps}",
+        f"--gin.SEED={args.seed}",
+        f"--gin.rlax.ps_settings.address='127.0.0.1:{_free_port()}'",
+    ]
     if args.learning == "quickstart":
         return [rlax, "run", "--gin", "quickstart", "--run-dir", str(run_dir), *lora]
-    return ["flock", LOCK, rlax, "run", "--gin", str(SMOLLM2_GIN), "--run-dir", str(run_dir),
-            *lora, "--gin.tasks.arithmetic.digits=2",
-            f"--gin.tasks.arithmetic.num_eval={args.eval_problems}",
-            f"--gin.EVAL_SAMPLES={args.eval_samples}",
-            f"--gin.EVAL_KS=(1, {min(8, args.eval_samples)})",
-            "--gin.rlax.train.progress=False"]  # fmt: skip
+    return [
+        "flock",
+        LOCK,
+        rlax,
+        "run",
+        "--gin",
+        str(SMOLLM2_GIN),
+        "--run-dir",
+        str(run_dir),
+        *lora,
+        "--gin.tasks.arithmetic.digits=2",
+        f"--gin.tasks.arithmetic.num_eval={args.eval_problems}",
+        f"--gin.EVAL_SAMPLES={args.eval_samples}",
+        f"--gin.EVAL_KS=(1, {min(8, args.eval_samples)})",
+        "--gin.rlax.train.progress=False",
+    ]
 
 
 def bench_learning(args) -> dict:
@@ -226,14 +268,23 @@ def bench_learning(args) -> dict:
     k = min(8, args.eval_samples) if args.learning == "smollm2" else 8
     before, after = results["before"][f"pass@{k}"], results["after"][f"pass@{k}"]
     gain = round(100 * (after - before), 1)
-    print(f"\n{args.learning}, LoRA rank {args.rank_rl}, lr {args.lr}, {args.steps} steps, "
-          f"seed {args.seed}: held-out pass@{k} {100 * before:.1f}% -> {100 * after:.1f}% "
-          f"({gain:+.1f} points), pass@1 {100 * results['before']['pass@1']:.1f}% -> "
-          f"{100 * results['after']['pass@1']:.1f}%, {wall:.0f} s; RUN/adapter holds {adapter}")  # fmt: skip
-    return {"lora_pass8_gain": gain, "pass8_before": round(before, 4),
-            "pass8_after": round(after, 4), "learning_wall_s": round(wall, 1),
-            "learning_model": args.learning, "rank_rl": args.rank_rl, "lr": args.lr,
-            "steps": args.steps, "seed": args.seed}  # fmt: skip
+    print(
+        f"\n{args.learning}, LoRA rank {args.rank_rl}, lr {args.lr}, {args.steps} steps, "
+        f"seed {args.seed}: held-out pass@{k} {100 * before:.1f}% -> {100 * after:.1f}% "
+        f"({gain:+.1f} points), pass@1 {100 * results['before']['pass@1']:.1f}% -> "
+        f"{100 * results['after']['pass@1']:.1f}%, {wall:.0f} s; RUN/adapter holds {adapter}"
+    )
+    return {
+        "lora_pass8_gain": gain,
+        "pass8_before": round(before, 4),
+        "pass8_after": round(after, 4),
+        "learning_wall_s": round(wall, 1),
+        "learning_model": args.learning,
+        "rank_rl": args.rank_rl,
+        "lr": args.lr,
+        "steps": args.steps,
+        "seed": args.seed,
+    }
 
 
 def main() -> int:

@@ -148,14 +148,18 @@ def descendants(root: int) -> dict[int, list[str]]:
 def watch_roles(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[int, dict, str]:
     """Runs ``cmd``; (exit code, each role's peak RSS in bytes, the output's tail)."""
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                start_new_session=True)  # its own group: stopped as one  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+        )  # its own group: stopped as one
         peaks: dict[str, int] = {}
         deadline = time.monotonic() + timeout_s
         while proc.poll() is None:
             if time.monotonic() > deadline or (peaks and available_bytes() < MIN_AVAILABLE):
-                print("memory benchmark: out of time or of free memory; stopping the run",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    "memory benchmark: out of time or of free memory; stopping the run",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 os.killpg(proc.pid, signal.SIGKILL)  # the run's own session: all of its roles
                 break
             for pid, argv in descendants(proc.pid).items():
@@ -184,9 +188,18 @@ def smollm2_section(a: argparse.Namespace) -> dict:
     n = cfg.num_params()
     run_dir = tempfile.mkdtemp(prefix="rlax-memory-")
     cmd = [
-        "flock", LOCK, sys.executable, "-m", "rlax.core.cli", "run", "--gin", str(SMOLLM2_GIN),
-        f"--gin.rlax.train.steps={a.steps}", "--run-dir", run_dir,
-    ]  # fmt: skip
+        "flock",
+        LOCK,
+        sys.executable,
+        "-m",
+        "rlax.core.cli",
+        "run",
+        "--gin",
+        str(SMOLLM2_GIN),
+        f"--gin.rlax.train.steps={a.steps}",
+        "--run-dir",
+        run_dir,
+    ]
     env = dict(os.environ, RLAX_PS_ADDRESS=f"127.0.0.1:{free_port()}")
     rc, peaks, tail = watch_roles(cmd, env, a.timeout_s)
     if rc != 0:
@@ -203,8 +216,9 @@ def smollm2_section(a: argparse.Namespace) -> dict:
 
 def disk_bytes(root: pathlib.Path) -> int:
     """The bytes of the files under ``root``, a file with several names (hard links) once."""
-    inodes = {(f.stat().st_dev, f.stat().st_ino): f.stat().st_size
-              for f in root.rglob("*") if f.is_file()}  # fmt: skip
+    inodes = {
+        (f.stat().st_dev, f.stat().st_ino): f.stat().st_size for f in root.rglob("*") if f.is_file()
+    }
     return sum(inodes.values())
 
 
@@ -216,9 +230,15 @@ def qwen_config(tiny: bool):
 
     if tiny:
         return TransformerConfig(
-            vocab_size=512, num_layers=2, embed_dim=64, num_heads=2, num_kv_heads=1, head_dim=32,
-            mlp_dim=128, qkv_bias=True,
-        )  # fmt: skip
+            vocab_size=512,
+            num_layers=2,
+            embed_dim=64,
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=32,
+            mlp_dim=128,
+            qkv_bias=True,
+        )
     return TransformerConfig.qwen2_5_0_5b()
 
 
@@ -318,8 +338,12 @@ def guard_memory() -> None:
     def watch() -> None:
         while True:
             if available_bytes() < MIN_AVAILABLE:
-                print(f"memory benchmark: under {MIN_AVAILABLE / GB:.1f} GB left on the machine; "
-                      "stopping before the OOM killer does", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"memory benchmark: under {MIN_AVAILABLE / GB:.1f} GB left on the machine; "
+                    "stopping before the OOM killer does",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 os._exit(3)
             time.sleep(0.2)
 
@@ -327,10 +351,18 @@ def guard_memory() -> None:
 
 
 def run_child(a: argparse.Namespace, which: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", which, f"--qwen-rows={a.qwen_rows}",
-           f"--qwen-seq={a.qwen_seq}", f"--qwen-new={a.qwen_new}", f"--qwen-remat={a.qwen_remat}",
-           f"--qwen-microbatches={a.qwen_microbatches}",
-           *(["--tiny"] if a.tiny else [])]  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        which,
+        f"--qwen-rows={a.qwen_rows}",
+        f"--qwen-seq={a.qwen_seq}",
+        f"--qwen-new={a.qwen_new}",
+        f"--qwen-remat={a.qwen_remat}",
+        f"--qwen-microbatches={a.qwen_microbatches}",
+        *(["--tiny"] if a.tiny else []),
+    ]
     if not a.tiny:
         cmd = ["flock", LOCK, *cmd]
     out = subprocess.run(
@@ -349,8 +381,10 @@ def table(rows: list[tuple[str, float, float, float | None]]) -> str:
     for name, peak, floor, bound in rows:
         ratio = peak / floor if floor else float("nan")
         holds = "-" if bound is None else ("yes" if ratio <= bound else "NO")
-        lines.append(f"{name:<24}{peak / GB:>10.2f}{floor / GB:>10.2f}{ratio:>9.2f}"
-                     f"{'' if bound is None else bound:>7}  {holds}")  # fmt: skip
+        lines.append(
+            f"{name:<24}{peak / GB:>10.2f}{floor / GB:>10.2f}{ratio:>9.2f}"
+            f"{'' if bound is None else bound:>7}  {holds}"
+        )
     return "\n".join(lines)
 
 
@@ -372,8 +406,10 @@ def main(argv: list[str]) -> dict:
             ps_peak_gb=round(s["param_server"][0] / GB, 2),
             worker_peak_gb=round(s["worker"][0] / GB, 2),
         )
-        print(f"smollm2: {s['params']} params, run directory {s['run_dir_bytes'] / GB:.2f} GB",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"smollm2: {s['params']} params, run directory {s['run_dir_bytes'] / GB:.2f} GB",
+            file=sys.stderr,
+        )
         print(table(rows), f"\n{json.dumps(result)}", file=sys.stderr, flush=True)
     if not a.skip_qwen:
         name = "tiny" if a.tiny else "qwen0.5b"
@@ -383,9 +419,11 @@ def main(argv: list[str]) -> dict:
         sample = run_child(a, "sample")
         rows.append((f"{name} sampling batch", sample["peak"], sample["floor"], BOUNDS["worker"]))
         result["qwen05b_train_peak_gb"] = round(train["peak"] / GB, 2)
-        print(f"{name}: train step {train['seconds']:.1f} s (loss {train['loss']:.4f}), "
-              f"sampling batch {sample['seconds']:.1f} s ({sample['tokens']} tokens)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{name}: train step {train['seconds']:.1f} s (loss {train['loss']:.4f}), "
+            f"sampling batch {sample['seconds']:.1f} s ({sample['tokens']} tokens)",
+            file=sys.stderr,
+        )
     print(table(rows), file=sys.stderr)
     return result
 

@@ -94,8 +94,15 @@ def retokenized(checkpoint: pathlib.Path) -> int:
 def run(extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="rlax-multiturn-") as tmp:
         run_dir = pathlib.Path(tmp) / "run"
-        cmd = [*_rlax_command(), "run", "--gin", "multiturn_quickstart", "--run-dir",
-               str(run_dir), *extra]  # fmt: skip
+        cmd = [
+            *_rlax_command(),
+            "run",
+            "--gin",
+            "multiturn_quickstart",
+            "--run-dir",
+            str(run_dir),
+            *extra,
+        ]
         env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
         start = time.perf_counter()
         proc = subprocess.run(cmd, check=False, cwd=tmp, env=env)
@@ -134,15 +141,23 @@ def main() -> int:
     gain = 100 * (r["success_after"] - r["success_before"])
     print("\nmulti-turn quickstart: held-out success (pass@1 over every secret)")
     print(f"{'baseline (base policy)':<28} {100 * r['success_before']:>6.1f}%")
-    print(f"{'after RL (ours)':<28} {100 * r['success_after']:>6.1f}%   {gain:+.1f} points "
-          f"(target >= +{GAIN_POINTS})")  # fmt: skip
+    print(
+        f"{'after RL (ours)':<28} {100 * r['success_after']:>6.1f}%   {gain:+.1f} points "
+        f"(target >= +{GAIN_POINTS})"
+    )
     print(
         f"{'turns / tool calls per ep.':<28} {r['turns_mean']:>6.2f} / {r['tool_calls_mean']:.2f}"
     )
     print(f"{'re-tokenised ids':<28} {r['retokenized_tokens']:>6d}")
     print(f"{'wall s, steps':<28} {r['wall_s']:>6.1f}   {r['steps']} (limit {WALL_LIMIT_S} s)")
-    keys = ("success_before", "success_after", "turns_mean", "tool_calls_mean",
-            "retokenized_tokens", "wall_s")  # fmt: skip
+    keys = (
+        "success_before",
+        "success_after",
+        "turns_mean",
+        "tool_calls_mean",
+        "retokenized_tokens",
+        "wall_s",
+    )
     print(json.dumps({k: r[k] for k in keys}))
     return 0
 

@@ -48,8 +48,13 @@ def _server(port_q, stop_evt, capacity, db_path):
     from rlax.core.param_server.settings import ServerSettings
 
     db = QueueDB(db_path) if db_path else None
-    server = ParamServer(ServerSettings(address="127.0.0.1:0", token=TOKEN), _prompts(),
-                         capacity=capacity, lease_ttl_s=30.0, queue_db=db)  # fmt: skip
+    server = ParamServer(
+        ServerSettings(address="127.0.0.1:0", token=TOKEN),
+        _prompts(),
+        capacity=capacity,
+        lease_ttl_s=30.0,
+        queue_db=db,
+    )
     port_q.put(server.start())
     stop_evt.wait()
     server.stop(grace=None)
@@ -65,8 +70,10 @@ def _client(port):
 def _group(prompt):
     from rlax.core.types import Completion, Group
 
-    comps = tuple(Completion(np.array([4, 2], np.int32), np.array([-0.1, -0.2], np.float32), "2", "stop", 0)
-                  for _ in range(4))  # fmt: skip
+    comps = tuple(
+        Completion(np.array([4, 2], np.int32), np.array([-0.1, -0.2], np.float32), "2", "stop", 0)
+        for _ in range(4)
+    )
     return Group(prompt, comps, np.array([1.0, 0.0, 1.0, 0.0], np.float32))
 
 
@@ -167,8 +174,10 @@ def main() -> None:
     growth = rss[-1] - rss[0]
     tmp.cleanup()
     where = "in memory" if args.in_memory else "persisted in SQLite"
-    print(f"\nrollout queue ({where}) under load: {args.workers} workers + 1 trainer, "
-          f"{args.seconds:.0f}s")  # fmt: skip
+    print(
+        f"\nrollout queue ({where}) under load: {args.workers} workers + 1 trainer, "
+        f"{args.seconds:.0f}s"
+    )
     print(f"{'calls/s':<24}{ops:>10.0f}")
     print(
         f"{'latency p50 / p99':<24}{np.percentile(lat, 50):>8.1f} / {np.percentile(lat, 99):.1f} ms"
@@ -176,10 +185,17 @@ def main() -> None:
     print(f"{'prompts consumed':<24}{len(consumed):>10}")
     print(f"{'server RSS 10 s / end':<24}{rss[0]:>8.1f} / {rss[-1]:.1f} MB")
     print(f"{'lost / duplicated':<24}{lost:>8} / {duplicated}")
-    print(json.dumps({
-        "ops_s": round(ops, 1), "p99_ms": round(float(np.percentile(lat, 99)), 2),
-        "rss_growth_mb": round(growth, 1), "lost": int(lost), "duplicated": int(duplicated),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "ops_s": round(ops, 1),
+                "p99_ms": round(float(np.percentile(lat, 99)), 2),
+                "rss_growth_mb": round(growth, 1),
+                "lost": int(lost),
+                "duplicated": int(duplicated),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -137,14 +137,30 @@ class Server:
         self.cli = cli
         env = {**os.environ, "JAX_PLATFORMS": "cpu"}
         if cli is None:
-            argv = [sys.executable, __file__, "--serve", str(pathlib.Path(run_dir) / "param_server"),
-                    str(self.port), str(saved_weights), self.report, str(int(spool))]  # fmt: skip
+            argv = [
+                sys.executable,
+                __file__,
+                "--serve",
+                str(pathlib.Path(run_dir) / "param_server"),
+                str(self.port),
+                str(saved_weights),
+                self.report,
+                str(int(spool)),
+            ]
         else:  # the role itself, from rlax's command line, with the SmolLM2 config
             env.update(RLAX_PS_ADDRESS=f"127.0.0.1:{self.port}", RLAX_PS_TOKEN=TOKEN)
-            argv = [str(pathlib.Path(sys.executable).parent / "rlax"), "run", "--gin",
-                    str(SMOLLM2_GIN), f"--gin.INIT_CHECKPOINT={cli!r}",
-                    f"--gin.rlax.param_server.saved_weights={saved_weights}",
-                    "--role", "param_server", "--run-dir", run_dir]  # fmt: skip
+            argv = [
+                str(pathlib.Path(sys.executable).parent / "rlax"),
+                "run",
+                "--gin",
+                str(SMOLLM2_GIN),
+                f"--gin.INIT_CHECKPOINT={cli!r}",
+                f"--gin.rlax.param_server.saved_weights={saved_weights}",
+                "--role",
+                "param_server",
+                "--run-dir",
+                run_dir,
+            ]
         self.proc = subprocess.Popen(argv, env=env)
 
     def serving(self) -> list[dict]:
@@ -161,8 +177,9 @@ class Server:
                 break
             except OSError:
                 time.sleep(0.2)
-        client = ParamServerClient(ServerSettings(address=f"127.0.0.1:{self.port}", token=TOKEN),
-                                   retry_s=60.0)  # fmt: skip
+        client = ParamServerClient(
+            ServerSettings(address=f"127.0.0.1:{self.port}", token=TOKEN), retry_s=60.0
+        )
         client.stat()  # served once it answers
         client.close()
         return [{"phase": "serving", "status": self.status()}]
@@ -172,8 +189,11 @@ class Server:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited with status {self.proc.returncode}")
-            lines = pathlib.Path(self.report).read_text().splitlines() if os.path.exists(
-                self.report) else []  # fmt: skip
+            lines = (
+                pathlib.Path(self.report).read_text().splitlines()
+                if os.path.exists(self.report)
+                else []
+            )
             got = [json.loads(x) for x in lines]
             if any(m["phase"] == wait_for for m in got):
                 return got
@@ -190,8 +210,9 @@ class Server:
             os.unlink(self.report)
 
 
-def wait_saved(weights_dir: pathlib.Path, version: int, keep: int,
-               timeout_s: float = 120.0) -> None:  # fmt: skip
+def wait_saved(
+    weights_dir: pathlib.Path, version: int, keep: int, timeout_s: float = 120.0
+) -> None:
     """Until the persister has finished with ``version``: renamed into place, served from
     its file and the older saves deleted (the persister's last step)."""
     deadline = time.monotonic() + timeout_s
@@ -282,10 +303,15 @@ def run(args, cli: str | None, spool: bool) -> dict:
         server.stop()
     peak = max(p["hwm_gb"] for p in phases)
     weights = plan.nbytes / GB
-    return {"ps_peak_gb": round(peak, 3), "weights_gb": round(weights, 3),
-            "ratio": round(peak / weights, 2), "weights_bytes": plan.nbytes,
-            "phases": [{k: round(v, 3) if isinstance(v, float) else v for k, v in p.items()}
-                       for p in phases]}  # fmt: skip
+    return {
+        "ps_peak_gb": round(peak, 3),
+        "weights_gb": round(weights, 3),
+        "ratio": round(peak / weights, 2),
+        "weights_bytes": plan.nbytes,
+        "phases": [
+            {k: round(v, 3) if isinstance(v, float) else v for k, v in p.items()} for p in phases
+        ],
+    }
 
 
 def main() -> None:
@@ -296,16 +322,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--versions", type=int, default=3)
     parser.add_argument("--saved-weights", type=int, default=1)
-    parser.add_argument("--overlap", action="store_true",
-                        help="push each version after the first while a pull runs")  # fmt: skip
-    parser.add_argument("--back-to-back", action="store_true",
-                        help="end with two pushes in a row, the second before the first is saved")  # fmt: skip
-    parser.add_argument("--cli", metavar="CHECKPOINT", default=None,
-                        help="run the role from rlax's command line with the SmolLM2 config and "
-                        "this INIT_CHECKPOINT (only its tokenizer is read)")  # fmt: skip
+    parser.add_argument(
+        "--overlap", action="store_true", help="push each version after the first while a pull runs"
+    )
+    parser.add_argument(
+        "--back-to-back",
+        action="store_true",
+        help="end with two pushes in a row, the second before the first is saved",
+    )
+    parser.add_argument(
+        "--cli",
+        metavar="CHECKPOINT",
+        default=None,
+        help="run the role from rlax's command line with the SmolLM2 config and "
+        "this INIT_CHECKPOINT (only its tokenizer is read)",
+    )
     parser.add_argument("--tiny", action="store_true")
-    parser.add_argument("--no-baseline", action="store_true",
-                        help="skip the baseline (the role's parts without the spool)")  # fmt: skip
+    parser.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the baseline (the role's parts without the spool)",
+    )
     args = parser.parse_args()
     runs = {"the role" if args.cli else "the role's parts": run(args, args.cli, True)}
     if not args.no_baseline:
@@ -315,11 +352,15 @@ def main() -> None:
         print(f"\n{name} -- weights held: {result['weights_bytes']:,} bytes ({weights:.3f} GB)")
         print(f"{'phase':<34} {'RSS GB':>8} {'HWM GB':>8} {'HWM/weights':>12}")
         for p in result["phases"]:
-            print(f"{p['phase']:<34} {p['rss_gb']:>8.3f} {p['hwm_gb']:>8.3f} "
-                  f"{p['hwm_gb'] / weights:>12.2f}")  # fmt: skip
+            print(
+                f"{p['phase']:<34} {p['rss_gb']:>8.3f} {p['hwm_gb']:>8.3f} "
+                f"{p['hwm_gb'] / weights:>12.2f}"
+            )
         bound = "holds" if result["ratio"] <= 1.5 else "does not hold"
-        print(f"peak {result['ps_peak_gb']:.3f} GB = {result['ratio']:.2f}x the weights "
-              f"(bound 1.5x: {bound})")  # fmt: skip
+        print(
+            f"peak {result['ps_peak_gb']:.3f} GB = {result['ratio']:.2f}x the weights "
+            f"(bound 1.5x: {bound})"
+        )
     result, *rest = runs.values()
     if rest:
         result["baseline"] = {k: rest[0][k] for k in ("ps_peak_gb", "ratio")}

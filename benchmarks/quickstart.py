@@ -51,8 +51,16 @@ def run_once(seed: int, extra: list[str]) -> dict:
     """One quickstart run with ``SEED = seed``; returns its figures (raises on failure)."""
     with tempfile.TemporaryDirectory(prefix="rlax-quickstart-") as tmp:
         run_dir = pathlib.Path(tmp) / "run"
-        cmd = [*_rlax_command(), "run", "--gin", "quickstart", "--run-dir", str(run_dir),
-               f"--gin.SEED={seed}", *extra]  # fmt: skip
+        cmd = [
+            *_rlax_command(),
+            "run",
+            "--gin",
+            "quickstart",
+            "--run-dir",
+            str(run_dir),
+            f"--gin.SEED={seed}",
+            *extra,
+        ]
         env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
         start = time.perf_counter()
         proc = subprocess.run(cmd, check=False, cwd=tmp, env=env)
@@ -77,8 +85,10 @@ def run_once(seed: int, extra: list[str]) -> dict:
 
 
 def format_table(runs: list[dict]) -> str:
-    head = (f"{'seed':>4}  {'pass@1 before':>13} {'after':>6} {'change':>7}   "
-            f"{'pass@8 before':>13} {'after':>6} {'change':>7}   {'wall s':>6} {'steps':>5}")  # fmt: skip
+    head = (
+        f"{'seed':>4}  {'pass@1 before':>13} {'after':>6} {'change':>7}   "
+        f"{'pass@8 before':>13} {'after':>6} {'change':>7}   {'wall s':>6} {'steps':>5}"
+    )
     rows = [head]
     for r in runs:
         rows.append(
@@ -113,12 +123,16 @@ def main() -> int:
             return 1
     print("\nquickstart benchmark: held-out problems, unbiased pass@k, gains in points")
     print(format_table(runs))
-    print(json.dumps({
-        "runs": runs,
-        "min_pass8_gain": min(r["pass8_gain"] for r in runs),
-        "min_pass1_gain": min(r["pass1_gain"] for r in runs),
-        "max_wall_s": max(r["wall_s"] for r in runs),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "runs": runs,
+                "min_pass8_gain": min(r["pass8_gain"] for r in runs),
+                "min_pass1_gain": min(r["pass1_gain"] for r in runs),
+                "max_wall_s": max(r["wall_s"] for r in runs),
+            }
+        )
+    )
     return 0
 
 

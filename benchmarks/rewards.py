@@ -147,9 +147,13 @@ def red_team() -> tuple[list[tuple], dict[str, int]]:
         server.bind(("127.0.0.1", 0))
         server.listen()
         server.setblocking(False)
-        fills = {"PORT": str(server.getsockname()[1]), "HOSTDIR": hostdir,
-                 "CANARY": str(canary), "PROJECT": str(CASES.parents[4]),
-                 "SECRET": repr("red-team-secret")}  # fmt: skip
+        fills = {
+            "PORT": str(server.getsockname()[1]),
+            "HOSTDIR": hostdir,
+            "CANARY": str(canary),
+            "PROJECT": str(CASES.parents[4]),
+            "SECRET": repr("red-team-secret"),
+        }
         for name, (kind, problem, source) in cases["HOSTILE"].items():
             for key, value in fills.items():
                 source = source.replace(key, value)
@@ -201,11 +205,17 @@ def adversarial_math(timeout_s: float) -> dict[str, object]:
         print(f"{name[:39]:<40}{lengths[name]:>9}{score:>7.1f}{seconds:>7.2f}")
     name, _, seconds, _ = max(rows, key=lambda row: row[2])
     within = sum(s <= timeout_s for _, _, s, _ in rows)
-    print(f"slowest: {name} {seconds:.2f}s = {seconds / timeout_s:.2f} of the timeout; "
-          f"{within}/{len(rows)} within it")  # fmt: skip
-    return {"math_adversarial": len(rows), "math_adversarial_within_timeout": within,
-            "slowest_math_input": name, "slowest_math_s": round(seconds, 3),
-            "slowest_math_of_timeout": round(seconds / timeout_s, 3)}  # fmt: skip
+    print(
+        f"slowest: {name} {seconds:.2f}s = {seconds / timeout_s:.2f} of the timeout; "
+        f"{within}/{len(rows)} within it"
+    )
+    return {
+        "math_adversarial": len(rows),
+        "math_adversarial_within_timeout": within,
+        "slowest_math_input": name,
+        "slowest_math_s": round(seconds, 3),
+        "slowest_math_of_timeout": round(seconds / timeout_s, 3),
+    }
 
 
 def main() -> int:
@@ -216,8 +226,12 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=max(2, os.cpu_count() or 2))
     parser.add_argument("--timeout", type=float, default=2.0, help="pool per-call timeout, s")
     parser.add_argument("--no-red-team", action="store_true", help="skip the red-team table")
-    parser.add_argument("--math-timeout", type=float, default=2.0,
-                        help="in-process timeout of the adversarial math inputs, s")  # fmt: skip
+    parser.add_argument(
+        "--math-timeout",
+        type=float,
+        default=2.0,
+        help="in-process timeout of the adversarial math inputs, s",
+    )
     args = parser.parse_args()
 
     rng = random.Random(0)
@@ -242,11 +256,15 @@ def main() -> int:
             print(f"{name}: {result.errors} errors; scores agree: {agree}", file=sys.stderr)
 
     print(f"reward verifier throughput, {args.workers} pool workers, timeout {args.timeout:g}s\n")
-    print(f"{'':<6}{'items':>7}{'serial/s':>10}{'pool/s':>9}{'speedup':>9}"
-          f"{'pool start':>12}{'timeouts':>10}{'same scores':>13}")  # fmt: skip
+    print(
+        f"{'':<6}{'items':>7}{'serial/s':>10}{'pool/s':>9}{'speedup':>9}"
+        f"{'pool start':>12}{'timeouts':>10}{'same scores':>13}"
+    )
     for name, n, s, p, st, to, agree in rows:
-        print(f"{name:<6}{n:>7}{n / s:>10.1f}{n / p:>9.1f}{s / p:>8.2f}x"
-              f"{st:>11.2f}s{to:>10}{'yes' if agree else 'NO':>13}")  # fmt: skip
+        print(
+            f"{name:<6}{n:>7}{n / s:>10.1f}{n / p:>9.1f}{s / p:>8.2f}x"
+            f"{st:>11.2f}s{to:>10}{'yes' if agree else 'NO':>13}"
+        )
     figures = {
         "serial_scores_s": round(totals["items"] / totals["serial_s"], 1),
         "pool_scores_s": round(totals["items"] / totals["pool_s"], 1),

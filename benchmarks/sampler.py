@@ -41,10 +41,15 @@ from rlax.core.types import Prompt
 from rlax.plugins.samplers.jax_sampler import JaxSampler
 
 QUESTIONS = [
-    "What is 2+3?", "Name a prime number above 100.", "Write a haiku about rain.",
-    "What is the capital of France?", "Explain gravity in one sentence.",
-    "How many legs does a spider have?", "Give me a synonym of happy.", "What is 12 times 12?",
-]  # fmt: skip
+    "What is 2+3?",
+    "Name a prime number above 100.",
+    "Write a haiku about rain.",
+    "What is the capital of France?",
+    "Explain gravity in one sentence.",
+    "How many legs does a spider have?",
+    "Give me a synonym of happy.",
+    "What is 12 times 12?",
+]
 
 
 class CompileCounter:
@@ -137,10 +142,16 @@ def bench_hf(bundle, args) -> float | None:
         ids, mask = inputs(offset)
         with torch.no_grad():
             out = model.generate(
-                input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
-                top_p=1.0, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
                 pad_token_id=tok.pad_id,
-            )  # fmt: skip
+            )
         if device == "cuda":
             torch.cuda.synchronize()
         assert out.shape[1] - ids.shape[1] == args.new_tokens
@@ -182,14 +193,18 @@ def main() -> int:
     ratio = None if hf is None else ours / hf
 
     backend = jax.default_backend()
-    print(f"\nsampler benchmark: {args.model}, {args.batch} x {args.new_tokens} new tokens, "
-          f"temperature 1, backend {backend}")  # fmt: skip
+    print(
+        f"\nsampler benchmark: {args.model}, {args.batch} x {args.new_tokens} new tokens, "
+        f"temperature 1, backend {backend}"
+    )
     print(f"{'':<28}{'tokens/s':>12}")
     print(f"{'rlax JaxSampler':<28}{ours:>12.1f}")
     print(f"{'transformers generate':<28}{'n/a' if hf is None else f'{hf:.1f}':>12}")
-    print(f"ratio {'n/a' if ratio is None else f'{ratio:.2f}'} (target >= 1.5); "
-          f"MFU {mfu:.3f} of a measured {peak / 1e9:.1f} GFLOP/s matmul peak (target >= 0.4); "
-          f"recompiles after warm-up: {recompiles}")  # fmt: skip
+    print(
+        f"ratio {'n/a' if ratio is None else f'{ratio:.2f}'} (target >= 1.5); "
+        f"MFU {mfu:.3f} of a measured {peak / 1e9:.1f} GFLOP/s matmul peak (target >= 0.4); "
+        f"recompiles after warm-up: {recompiles}"
+    )
     figures = {
         "ours_tok_s": round(ours, 1),
         "hf_tok_s": None if hf is None else round(hf, 1),

@@ -66,15 +66,29 @@ def rl_part(a: argparse.Namespace) -> dict:
     run_dir = pathlib.Path(tempfile.mkdtemp(prefix="rlax-smollm2-rl-")) / "run"
     ks = (1, min(8, a.samples))
     cmd = [
-        "flock", LOCK, sys.executable, "-m", "rlax.core.cli", "run", "--gin", str(GIN),
-        "--role", "inline", "--run-dir", str(run_dir), f"--gin.rlax.train.steps={a.steps}",
+        "flock",
+        LOCK,
+        sys.executable,
+        "-m",
+        "rlax.core.cli",
+        "run",
+        "--gin",
+        str(GIN),
+        "--role",
+        "inline",
+        "--run-dir",
+        str(run_dir),
+        f"--gin.rlax.train.steps={a.steps}",
         f"--gin.SEED={a.seed}",
         f"--gin.tasks.arithmetic.digits={a.digits}",
-        f"--gin.tasks.arithmetic.num_eval={a.problems}", f"--gin.EVAL_SAMPLES={a.samples}",
-        f"--gin.EVAL_KS=({ks[0]}, {ks[1]})", "--gin.rlax.train.progress=False",
-    ]  # fmt: skip
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False,
-                         timeout=a.timeout_s)  # fmt: skip
+        f"--gin.tasks.arithmetic.num_eval={a.problems}",
+        f"--gin.EVAL_SAMPLES={a.samples}",
+        f"--gin.EVAL_KS=({ks[0]}, {ks[1]})",
+        "--gin.rlax.train.progress=False",
+    ]
+    out = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, check=False, timeout=a.timeout_s
+    )
     if out.returncode != 0:
         raise SystemExit(f"the RL run failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     evals = json.loads((run_dir / "eval.json").read_text())
@@ -178,10 +192,27 @@ def config_trainer_settings() -> dict:
 
 
 def speed_part(a: argparse.Namespace) -> dict:
-    cmd = ["flock", LOCK, sys.executable, __file__, "--child", "speed", f"--rows={a.rows}",
-           f"--seq={a.seq}", f"--new={a.new}", f"--repeats={a.repeats}"]  # fmt: skip
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False,
-                         timeout=a.timeout_s, env=dict(os.environ))  # fmt: skip
+    cmd = [
+        "flock",
+        LOCK,
+        sys.executable,
+        __file__,
+        "--child",
+        "speed",
+        f"--rows={a.rows}",
+        f"--seq={a.seq}",
+        f"--new={a.new}",
+        f"--repeats={a.repeats}",
+    ]
+    out = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=a.timeout_s,
+        env=dict(os.environ),
+    )
     if out.returncode != 0:
         raise SystemExit(f"the speed part failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -194,17 +225,25 @@ def main(argv: list[str]) -> dict:
     result: dict = {}
     if not a.skip_rl:
         rl = rl_part(a)
-        print(f"held-out ({rl['problems']} problems): before {rl['before']}, after {rl['after']}; "
-              f"reward {rl['reward_first']} -> {rl['reward_last']} over {rl['steps']} steps",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"held-out ({rl['problems']} problems): before {rl['before']}, after {rl['after']}; "
+            f"reward {rl['reward_first']} -> {rl['reward_last']} over {rl['steps']} steps",
+            file=sys.stderr,
+        )
         result.update(rl)
     if not a.skip_speed:
         speed = speed_part(a)
         print(f"{'':<10}{'rlax tok/s':>12}{'baseline':>12}{'ratio':>8}", file=sys.stderr)
-        print(f"{'train':<10}{speed['train_tok_s']:>12}{speed['torch_train_tok_s']:>12}"
-              f"{speed['train_vs_torch']:>8}", file=sys.stderr)  # fmt: skip
-        print(f"{'sample':<10}{speed['sample_tok_s']:>12}{speed['hf_sample_tok_s']!s:>12}"
-              f"{speed['sample_vs_hf']!s:>8}", file=sys.stderr)  # fmt: skip
+        print(
+            f"{'train':<10}{speed['train_tok_s']:>12}{speed['torch_train_tok_s']:>12}"
+            f"{speed['train_vs_torch']:>8}",
+            file=sys.stderr,
+        )
+        print(
+            f"{'sample':<10}{speed['sample_tok_s']:>12}{speed['hf_sample_tok_s']!s:>12}"
+            f"{speed['sample_vs_hf']!s:>8}",
+            file=sys.stderr,
+        )
         result.update(speed)
     return result
 

@@ -82,10 +82,17 @@ SETTLE_S = 0.2  # pause after each timed probe (see main)
 
 def model_config(a: argparse.Namespace) -> TransformerConfig:
     return TransformerConfig(
-        vocab_size=a.vocab, num_layers=a.layers, embed_dim=a.hidden, num_heads=a.heads,
-        num_kv_heads=a.kv_heads, head_dim=a.head_dim, mlp_dim=a.mlp, rope_theta=1_000_000.0,
-        tie_embeddings=False, qkv_bias=True,
-    )  # fmt: skip
+        vocab_size=a.vocab,
+        num_layers=a.layers,
+        embed_dim=a.hidden,
+        num_heads=a.heads,
+        num_kv_heads=a.kv_heads,
+        head_dim=a.head_dim,
+        mlp_dim=a.mlp,
+        rope_theta=1_000_000.0,
+        tie_embeddings=False,
+        qkv_bias=True,
+    )
 
 
 def flops_per_token(cfg: TransformerConfig, seq: int) -> float:
@@ -163,9 +170,11 @@ def make_jax_step(a, cfg, batch, *, post_update_kl: bool):
     """(step, the first step's loss) of rlax's step; the first step compiles."""
     mesh = make_mesh(MeshConfig(*(int(x) for x in a.mesh.split(","))), jax.local_devices())
     settings = TrainerSettings(
-        microbatches=a.microbatches, remat=a.remat, compute_dtype=a.dtype,
+        microbatches=a.microbatches,
+        remat=a.remat,
+        compute_dtype=a.dtype,
         post_update_kl=post_update_kl,
-    )  # fmt: skip
+    )
     trainer = Trainer(
         Transformer(cfg, rngs=nnx.Rngs(0)), grpo(), optax.adam(1e-5), mesh=mesh, settings=settings
     )

@@ -174,16 +174,29 @@ def main() -> None:
         f" after {args.warmup} warm-up rounds on every path"
     )
     print(f"{'path':<28}{'MB/s':>10}{'vs tcp':>9}")
-    for name, value in (("raw TCP socket (baseline)", tcp), ("rlax push", push), ("rlax pull", pull),
-                        ("rlax pull, 4 at once (sum)", pull4), ("gRPC-stream push (TLS path)", grpc_push),
-                        ("gRPC-stream pull (TLS path)", grpc_pull)):  # fmt: skip
+    for name, value in (
+        ("raw TCP socket (baseline)", tcp),
+        ("rlax push", push),
+        ("rlax pull", pull),
+        ("rlax pull, 4 at once (sum)", pull4),
+        ("gRPC-stream push (TLS path)", grpc_push),
+        ("gRPC-stream pull (TLS path)", grpc_pull),
+    ):
         print(f"{name:<28}{value:>10.0f}{value / tcp:>9.2f}")
-    print(json.dumps({
-        "tcp_mb_s": round(tcp, 1), "push_mb_s": round(push, 1), "pull_mb_s": round(pull, 1),
-        "pull4_aggregate_mb_s": round(pull4, 1), "push_vs_tcp": round(push / tcp, 3),
-        "pull_vs_tcp": round(pull / tcp, 3), "grpc_push_mb_s": round(grpc_push, 1),
-        "grpc_pull_mb_s": round(grpc_pull, 1),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "tcp_mb_s": round(tcp, 1),
+                "push_mb_s": round(push, 1),
+                "pull_mb_s": round(pull, 1),
+                "pull4_aggregate_mb_s": round(pull4, 1),
+                "push_vs_tcp": round(push / tcp, 3),
+                "pull_vs_tcp": round(pull / tcp, 3),
+                "grpc_push_mb_s": round(grpc_push, 1),
+                "grpc_pull_mb_s": round(grpc_pull, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

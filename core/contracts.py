@@ -34,11 +34,30 @@ if TYPE_CHECKING:
     from rlax.core.models.transformer import Transformer
 
 __all__ = [
-    "Algorithm", "BatchTerms", "Curriculum", "Dataset", "Distils", "Encoder", "Environment",
-    "Episode", "LaneLink", "Logger", "OfflineFilter", "OnlineFilter", "Refilling", "Resumable",
-    "Reward", "RolloutSource", "Sampler", "Stateful", "StepAside", "Task", "Tokenizer",
-    "ToolParser", "WeightLane",
-]  # fmt: skip
+    "Algorithm",
+    "BatchTerms",
+    "Curriculum",
+    "Dataset",
+    "Distils",
+    "Encoder",
+    "Environment",
+    "Episode",
+    "LaneLink",
+    "Logger",
+    "OfflineFilter",
+    "OnlineFilter",
+    "Refilling",
+    "Resumable",
+    "Reward",
+    "RolloutSource",
+    "Sampler",
+    "Stateful",
+    "StepAside",
+    "Task",
+    "Tokenizer",
+    "ToolParser",
+    "WeightLane",
+]
 
 # -------------------------------------------------------------------------
 # What the core hands to components

@@ -66,9 +66,12 @@ def main() -> None:
             )
 
     losses = supervised_finetune(
-        model, examples(), steps=args.steps, batch_size=args.batch_size,
+        model,
+        examples(),
+        steps=args.steps,
+        batch_size=args.batch_size,
         learning_rate=args.learning_rate,
-    )  # fmt: skip
+    )
     out = pathlib.Path(args.out)
     if out.exists():
         shutil.rmtree(out)

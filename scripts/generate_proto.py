@@ -40,11 +40,18 @@ def main() -> int:
         staged.mkdir(parents=True)
         shutil.copy(HERE / "rlax.proto", staged / "rlax.proto")
         status = protoc.main(
-            ["protoc", f"-I{tmp}", f"--python_out={tmp}", f"--grpc_python_out={tmp}",
-             plugin("protoc-gen-mypy"), f"--mypy_out={tmp}",
-             plugin("protoc-gen-mypy_grpc"), f"--mypy_grpc_out={tmp}",
-             "rlax/core/param_server/rlax.proto"]
-        )  # fmt: skip
+            [
+                "protoc",
+                f"-I{tmp}",
+                f"--python_out={tmp}",
+                f"--grpc_python_out={tmp}",
+                plugin("protoc-gen-mypy"),
+                f"--mypy_out={tmp}",
+                plugin("protoc-gen-mypy_grpc"),
+                f"--mypy_grpc_out={tmp}",
+                "rlax/core/param_server/rlax.proto",
+            ]
+        )
         if status:
             return status
         for name in GENERATED:

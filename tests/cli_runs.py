@@ -17,10 +17,12 @@ CLUSTER_STEPS = 12
 # (The quickstart's own sizes, 32 prompts in leases of 16 and 24 problems x 16 samples,
 # cost a cold run 88 CPU-s against these sizes' 63.)
 SMALL_SIZES = (
-    "--gin.PROMPTS_PER_STEP=16", "--gin.rlax.worker.prompts_per_lease=8",
-    "--gin.tasks.arithmetic.num_eval=16", "--gin.rlax.train.eval_samples=2",
+    "--gin.PROMPTS_PER_STEP=16",
+    "--gin.rlax.worker.prompts_per_lease=8",
+    "--gin.tasks.arithmetic.num_eval=16",
+    "--gin.rlax.train.eval_samples=2",
     "--gin.rlax.train.eval_ks=(1,)",
-)  # fmt: skip
+)
 # Scoring in each worker's own process, for runs whose subject is not the reward pool
 # (tests/core/test_reward_pool.py's is): the quickstart's one verifier process per worker
 # costs a run two more interpreters, 4 of its 36 CPU-s. The installed quickstart
@@ -54,16 +56,29 @@ def rlax_process(
     CompletedProcess (text)."""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("RLAX_PS_")}, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "rlax.core.cli", *args], check=False, cwd=cwd, env=env,
-        capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        [sys.executable, "-m", "rlax.core.cli", *args],
+        check=False,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def quickstart_cluster(steps: int, *extra: str) -> list[str]:
     """``run`` arguments: the quickstart's processes (--role all) from its base policy,
     ``steps`` steps, at the suite's shared sizes (:data:`SMALL_SIZES`), scoring in the
     workers (:data:`IN_PROCESS_REWARDS`)."""
-    return ["run", "--gin", str(ROOT / "configs/experiments/quickstart.gin"),
-            f"--gin.INIT_CHECKPOINT='{QUICKSTART_BASE}'", f"--gin.rlax.train.steps={steps}",
-            *SMALL_SIZES, IN_PROCESS_REWARDS, NO_CURVES, "--gin.rlax.train.progress=False",
-            *extra]  # fmt: skip
+    return [
+        "run",
+        "--gin",
+        str(ROOT / "configs/experiments/quickstart.gin"),
+        f"--gin.INIT_CHECKPOINT='{QUICKSTART_BASE}'",
+        f"--gin.rlax.train.steps={steps}",
+        *SMALL_SIZES,
+        IN_PROCESS_REWARDS,
+        NO_CURVES,
+        "--gin.rlax.train.progress=False",
+        *extra,
+    ]

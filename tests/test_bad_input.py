@@ -31,8 +31,13 @@ from cli_runs import CLUSTER_STEPS, NO_CURVES, rlax_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SECONDS = 60  # generous for a loaded 2-core machine; each case takes a few seconds quietly
-FAST = ["--gin.rlax.train.progress=False", NO_CURVES, "--gin.tasks.arithmetic.num_eval=16",
-        "--gin.EVAL_SAMPLES=2", "--gin.EVAL_KS=(1, 2)"]  # fmt: skip
+FAST = [
+    "--gin.rlax.train.progress=False",
+    NO_CURVES,
+    "--gin.tasks.arithmetic.num_eval=16",
+    "--gin.EVAL_SAMPLES=2",
+    "--gin.EVAL_KS=(1, 2)",
+]
 
 
 def rlax(*args: str, cwd: pathlib.Path, env: dict[str, str] | None = None):
@@ -101,22 +106,25 @@ GOOD_ROWS = '{"question": "1+2=", "answer": "3"}\n{"question": "4+4=", "answer":
 
 
 def case_malformed_row_is_an_error(tmp):
-    gin_file = dataset_gin(tmp, train=GOOD_ROWS + "{not json\n", test=GOOD_ROWS,
-                           on_malformed="error")  # fmt: skip
+    gin_file = dataset_gin(
+        tmp, train=GOOD_ROWS + "{not json\n", test=GOOD_ROWS, on_malformed="error"
+    )
     return ["run", "--gin", gin_file, *FAST], "rlax.param_server.task: train split: "
 
 
 def case_every_eval_row_malformed(tmp):
-    gin_file = dataset_gin(tmp, train=GOOD_ROWS, test='{"question": "1+2="}\n{broken\n',
-                           on_malformed="skip")  # fmt: skip
+    gin_file = dataset_gin(
+        tmp, train=GOOD_ROWS, test='{"question": "1+2="}\n{broken\n', on_malformed="skip"
+    )
     return ["run", "--gin", gin_file, *FAST], (
         "rlax.train.task: eval split: no prompts (were all of its rows malformed?)"
     )
 
 
 def test_the_rows_a_task_skips_are_warned_one_line_each(tmp_path):
-    gin_file = dataset_gin(tmp_path, train=GOOD_ROWS, test='{"question": "1+2="}\n{broken\n',
-                           on_malformed="skip")  # fmt: skip
+    gin_file = dataset_gin(
+        tmp_path, train=GOOD_ROWS, test='{"question": "1+2="}\n{broken\n', on_malformed="skip"
+    )
 
     result, _ = rlax("run", "--gin", gin_file, "--role", "inline", *FAST, cwd=tmp_path)
 
@@ -135,31 +143,47 @@ def test_the_rows_a_task_skips_are_warned_one_line_each(tmp_path):
 
 
 def case_param_server_without_a_token(tmp):
-    return (["run", "--gin", "quickstart", "--role", "param_server"],
-            "--role param_server: parameter server: no token; set RLAX_PS_TOKEN")  # fmt: skip
+    return (
+        ["run", "--gin", "quickstart", "--role", "param_server"],
+        "--role param_server: parameter server: no token; set RLAX_PS_TOKEN",
+    )
 
 
 CASES = {
-    "a string for an int": (["run", "--gin", "quickstart", "--gin.rlax.train.steps='five'"],
-                            "--gin.rlax.train.steps='five': rlax.train.steps: expected int, got str"),
-    "a string for a float": (["run", "--gin", "quickstart", "--gin.samplers.jax.temperature='hot'"],
-                             "samplers.jax.temperature: expected float, got str"),
+    "a string for an int": (
+        ["run", "--gin", "quickstart", "--gin.rlax.train.steps='five'"],
+        "--gin.rlax.train.steps='five': rlax.train.steps: expected int, got str",
+    ),
+    "a string for a float": (
+        ["run", "--gin", "quickstart", "--gin.samplers.jax.temperature='hot'"],
+        "samplers.jax.temperature: expected float, got str",
+    ),
     "a string for a macro's number": (
         ["run", "--gin", "quickstart", "--gin.LEARNING_RATE='fast'"],
-        ("--gin.LEARNING_RATE='fast': optax.linear_schedule.end_value (via %LEARNING_RATE): "
-         "expected bool, int, float or complex, got str"),
+        (
+            "--gin.LEARNING_RATE='fast': optax.linear_schedule.end_value (via %LEARNING_RATE): "
+            "expected bool, int, float or complex, got str"
+        ),
     ),
-    "a bare word": (["run", "--gin", "quickstart", "--gin.rlax.train.steps=five"],
-                    "--gin.rlax.train.steps=five: syntax error: five is not a value"),
+    "a bare word": (
+        ["run", "--gin", "quickstart", "--gin.rlax.train.steps=five"],
+        "--gin.rlax.train.steps=five: syntax error: five is not a value",
+    ),
     "pass@k beyond the samples": (
         ["run", "--gin", "quickstart", "--gin.EVAL_KS=(1, 32)"],
-        ("--gin.EVAL_KS=(1, 32): rlax.train.eval_ks: pass@k needs 1 <= k <= eval_samples (16); "
-         "got k = 32"),
+        (
+            "--gin.EVAL_KS=(1, 32): rlax.train.eval_ks: pass@k needs 1 <= k <= eval_samples (16); "
+            "got k = 32"
+        ),
     ),
-    "a misspelt parameter": (["run", "--gin", "quickstart", "--gin.rlax.train.stpes=5"],
-                             "rlax.train has no parameter 'stpes'; did you mean 'steps'?"),
-    "a misspelt config": (["run", "--gin", "quikstart"],
-                          "quikstart: no such gin file, nor a packaged config of that name"),
+    "a misspelt parameter": (
+        ["run", "--gin", "quickstart", "--gin.rlax.train.stpes=5"],
+        "rlax.train has no parameter 'stpes'; did you mean 'steps'?",
+    ),
+    "a misspelt config": (
+        ["run", "--gin", "quikstart"],
+        "quikstart: no such gin file, nor a packaged config of that name",
+    ),
     "blocking a plugin that is not there": (
         ["run", "--gin", "quickstart", "-p", "no:grpoo"],
         "-p no:grpoo: no installed plugin is named 'grpoo'; did you mean 'grpo'",
@@ -168,33 +192,44 @@ CASES = {
         ["run", "--gin", "quickstart", "--gin.rlax.train.reward=@rewards.length()"],
         "rlax.train.reward = @rewards.length() but rlax.worker.reward = %REWARD",
     ),
-    "a required value left unset": (["run", "--gin", "roles"],
-                                    "TASK is required ("),
+    "a required value left unset": (["run", "--gin", "roles"], "TASK is required ("),
     "a malformed row under on_malformed='error'": case_malformed_row_is_an_error,
     "an evaluation set of malformed rows": case_every_eval_row_malformed,
     "a parameter server without a token": case_param_server_without_a_token,
     "a negative number of saved weight versions": (
-        ["run", "--gin", "quickstart", "--role", "param_server",
-         "--gin.rlax.param_server.saved_weights=-1"],
+        [
+            "run",
+            "--gin",
+            "quickstart",
+            "--role",
+            "param_server",
+            "--gin.rlax.param_server.saved_weights=-1",
+        ],
         "rlax.param_server.saved_weights must be >= 0 (0: save none), got -1",
     ),
     "--resume with no run of that name": (
         ["run", "--gin", "quickstart", "--resume"],
         "--resume: no run named 'quickstart' in runs/",
     ),
-    "--resume of a directory that is not there": (["run", "--gin", "quickstart", "--resume", "nope"],
-                                                   "--resume nope: no such run directory"),
+    "--resume of a directory that is not there": (
+        ["run", "--gin", "quickstart", "--resume", "nope"],
+        "--resume nope: no such run directory",
+    ),
     "--resume of a directory that holds no run": (
         ["run", "--gin", "quickstart", "--resume", "."],
         "--resume .: not a run directory (no operative_config.gin or train_state/)",
     ),
     "a negative evaluation period": (
         ["run", "--gin", "quickstart", "--gin.rlax.train.eval_every=-1"],
-        ("--gin.rlax.train.eval_every=-1: rlax.train.eval_every: a number of steps, >= 0 "
-         "(0: never), got -1"),
+        (
+            "--gin.rlax.train.eval_every=-1: rlax.train.eval_every: a number of steps, >= 0 "
+            "(0: never), got -1"
+        ),
     ),
-    "no group to trace": (["run", "--gin", "quickstart", "--gin.rlax.train.trace_groups=0"],
-                          "rlax.train.trace_groups: must be >= 1, got 0"),
+    "no group to trace": (
+        ["run", "--gin", "quickstart", "--gin.rlax.train.trace_groups=0"],
+        "rlax.train.trace_groups: must be >= 1, got 0",
+    ),
     "a string for a trace period": (
         ["run", "--gin", "quickstart", "--gin.rlax.train.trace_every='often'"],
         "rlax.train.trace_every: expected int, got str",
@@ -204,16 +239,29 @@ CASES = {
         "No loggers plugin is named 'tensorbord'; valid loggers: tensorboard, wandb",
     ),
     "a W&B mode that is none": (
-        ["run", "--gin", "quickstart", "--gin.rlax.train.loggers=[@loggers.wandb()]",
-         "--gin.loggers.wandb.mode='later'", *FAST],
+        [
+            "run",
+            "--gin",
+            "quickstart",
+            "--gin.rlax.train.loggers=[@loggers.wandb()]",
+            "--gin.loggers.wandb.mode='later'",
+            *FAST,
+        ],
         "loggers.wandb.mode: one of online, offline, disabled, got 'later'",
     ),
     "eval --out into a missing folder": (
-        ["eval", "--gin", "quickstart", "--checkpoint", str(ROOT / "assets" / "quickstart-base"),
-         "--out", "missing/eval.json"],
+        [
+            "eval",
+            "--gin",
+            "quickstart",
+            "--checkpoint",
+            str(ROOT / "assets" / "quickstart-base"),
+            "--out",
+            "missing/eval.json",
+        ],
         "--out missing/eval.json: no such directory",
     ),
-}  # fmt: skip
+}
 
 
 def check_one_case(name: str, tmp_path: pathlib.Path, run) -> None:
@@ -254,8 +302,15 @@ def test_a_busy_port_for_the_parameter_server_is_one_line(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         address = f"127.0.0.1:{busy.getsockname()[1]}"
-        result, _ = rlax("run", "--gin", "quickstart", "--role", "param_server", cwd=tmp_path,
-                         env={"RLAX_PS_TOKEN": "t", "RLAX_PS_ADDRESS": address})  # fmt: skip
+        result, _ = rlax(
+            "run",
+            "--gin",
+            "quickstart",
+            "--role",
+            "param_server",
+            cwd=tmp_path,
+            env={"RLAX_PS_TOKEN": "t", "RLAX_PS_ADDRESS": address},
+        )
 
     assert result.returncode == 2
     assert result.stderr == (
@@ -276,16 +331,19 @@ def test_a_damaged_exported_model_is_one_line_naming_the_file(cluster_run, tmp_p
 
     model = tmp_path / "checkpoint"
     shutil.copytree(cluster_run / "checkpoint", model)
-    damaged = max((p for p in model.rglob("*") if p.is_file() and p.name != "checksums.json"),
-                  key=lambda p: p.stat().st_size)  # fmt: skip
+    damaged = max(
+        (p for p in model.rglob("*") if p.is_file() and p.name != "checksums.json"),
+        key=lambda p: p.stat().st_size,
+    )
     data = bytearray(damaged.read_bytes())
     data[len(data) // 2 : len(data) // 2 + 64] = bytes(
         b ^ 0xFF for b in data[len(data) // 2 :][:64]
     )
     damaged.write_bytes(bytes(data))
 
-    result, seconds = rlax_main("eval", "--gin", "quickstart", "--checkpoint", str(model), *FAST,
-                                cwd=tmp_path)  # fmt: skip
+    result, seconds = rlax_main(
+        "eval", "--gin", "quickstart", "--checkpoint", str(model), *FAST, cwd=tmp_path
+    )
 
     assert result.returncode == 2
     assert result.stderr == (
@@ -299,9 +357,18 @@ def test_a_damaged_exported_model_is_one_line_naming_the_file(cluster_run, tmp_p
 def test_resuming_a_cluster_run_inline_is_one_line_and_changes_nothing(cluster_run, rlax_main):
     files = {p: p.stat().st_mtime_ns for p in cluster_run.rglob("*") if p.is_file()}
 
-    result, seconds = rlax_main("run", "--gin", "quickstart", "--role", "inline", "--resume",
-                                str(cluster_run), *FAST, f"--gin.rlax.train.steps={CLUSTER_STEPS + 2}",
-                                cwd=cluster_run.parent)  # fmt: skip
+    result, seconds = rlax_main(
+        "run",
+        "--gin",
+        "quickstart",
+        "--role",
+        "inline",
+        "--resume",
+        str(cluster_run),
+        *FAST,
+        f"--gin.rlax.train.steps={CLUSTER_STEPS + 2}",
+        cwd=cluster_run.parent,
+    )
 
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.splitlines()[-1] == (

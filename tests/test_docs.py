@@ -215,8 +215,11 @@ def test_the_readme_s_reward_reaches_every_role(doc_plugins):
 
 
 def test_choosing_the_reward_for_one_role_alone_is_refused(doc_plugins):
-    with pytest.raises(ConfigError, match=r"(?s)rlax\.train\.reward = @rewards\.brevity\(\) but "
-                       r"rlax\.worker\.reward = %REWARD, .*the roles would disagree"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"(?s)rlax\.train\.reward = @rewards\.brevity\(\) but "
+        r"rlax\.worker\.reward = %REWARD, .*the roles would disagree",
+    ):
         parse("include 'quickstart.gin'\nrlax.train.reward = @rewards.brevity()\n", doc_plugins)
 
 
@@ -272,10 +275,11 @@ def tiny_groups() -> list[Group]:
     groups = []
     for i, rewards in enumerate(([1.0, 0.0, 0.0], [0.0, 1.0, 1.0])):
         completions = tuple(
-            Completion(rng.integers(3, 14, n).astype(np.int32), np.zeros(n, np.float32), "",
-                       "stop", 0)
+            Completion(
+                rng.integers(3, 14, n).astype(np.int32), np.zeros(n, np.float32), "", "stop", 0
+            )
             for n in (2, 3, 1)
-        )  # fmt: skip
+        )
         tokens = rng.integers(3, 14, 3 + i).astype(np.int32)
         groups.append(Group(Prompt(str(i), "", tokens, ""), completions, np.array(rewards)))
     return groups
@@ -344,15 +348,20 @@ def check_curation(b: Block, tmp_path: pathlib.Path) -> None:
     pm = manager(run(b))
     min_reward = pm.get("curation", "min_reward").factory(threshold=0.5)
     groups = [
-        Group(prompt(), (Completion(np.zeros(1, np.int32), np.zeros(1), "", "stop", 0),) * 2,
-              np.array(rewards, np.float32))
+        Group(
+            prompt(),
+            (Completion(np.zeros(1, np.int32), np.zeros(1), "", "stop", 0),) * 2,
+            np.array(rewards, np.float32),
+        )
         for rewards in ([0.0, 1.0], [0.0, 0.0])
-    ]  # fmt: skip
+    ]
     assert kept_by_filters(groups, [min_reward]) == [True, False]
 
     # rlax curate with the offline filter over a dataset task.
-    rows = [{"id": "a", "question": "short", "answer": "1"},
-            {"id": "b", "question": "a longer one", "answer": "2"}]  # fmt: skip
+    rows = [
+        {"id": "a", "question": "short", "answer": "1"},
+        {"id": "b", "question": "a longer one", "answer": "2"},
+    ]
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     task = DatasetTask(train_files=[str(data)], id_field="id")
@@ -529,8 +538,12 @@ def check_notice_source(b: Block, tmp_path: pathlib.Path) -> None:
     def params(cls: type, method: str) -> list[str]:
         return list(inspect.signature(getattr(cls, method)).parameters)
 
-    sources = (preemption.NoticeSource, preemption.SignalNotice, preemption.FileNotice,
-               preemption.GceMetadataNotice)  # fmt: skip
+    sources = (
+        preemption.NoticeSource,
+        preemption.SignalNotice,
+        preemption.FileNotice,
+        preemption.GceMetadataNotice,
+    )
     for cls in sources:
         for method in ("start", "stop"):
             assert params(cls, method) == params(documented, method), (cls, method)

@@ -91,10 +91,23 @@ def installed(tmp_path_factory) -> pathlib.Path:
     )
     target = work / "target"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(target), str(source)],
-        check=True, capture_output=True, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
     return target
 
 
@@ -104,14 +117,33 @@ def test_gin_selects_the_installed_algorithm_for_a_real_run(installed):
     env = {**os.environ, "PYTHONPATH": str(installed)}
     env.pop("RLAX_DISABLE_PLUGIN_AUTOLOAD", None)
     result = subprocess.run(
-        [sys.executable, "-m", "rlax.core.cli", "run", "--role", "inline",
-         "--gin", str(ROOT / "configs/experiments/quickstart.gin"), "--gin", str(EXAMPLE / "lite_ppo.gin"),
-         f"--gin.INIT_CHECKPOINT='{ROOT / 'assets' / 'quickstart-base'}'",
-         "--gin.rlax.train.steps=3", *SMALL_SIZES, "--gin.algorithms.lite_ppo.clip_eps=0.25",
-         "--gin.rlax.train.progress=False", NO_CURVES, "--gin.rlax.evaluate.progress=False",
-         "--run-dir", str(run_dir)],
-        check=False, capture_output=True, text=True, env=env, cwd=installed,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "rlax.core.cli",
+            "run",
+            "--role",
+            "inline",
+            "--gin",
+            str(ROOT / "configs/experiments/quickstart.gin"),
+            "--gin",
+            str(EXAMPLE / "lite_ppo.gin"),
+            f"--gin.INIT_CHECKPOINT='{ROOT / 'assets' / 'quickstart-base'}'",
+            "--gin.rlax.train.steps=3",
+            *SMALL_SIZES,
+            "--gin.algorithms.lite_ppo.clip_eps=0.25",
+            "--gin.rlax.train.progress=False",
+            NO_CURVES,
+            "--gin.rlax.evaluate.progress=False",
+            "--run-dir",
+            str(run_dir),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=installed,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     config = (run_dir / "operative_config.gin").read_text()
     assert "@algorithms.lite_ppo()" in config and "clip_eps = 0.25" in config

@@ -116,8 +116,12 @@ def test_unpacked_wheel_imports_without_the_editable_install(wheel, tmp_path):
 
 def _source_modules() -> list[str]:
     """Every module of the source tree, by the name it installs under."""
-    roots = {"core": "rlax.core", "plugins": "rlax.plugins", "configs": "rlax.configs",
-             "assets": "rlax.assets"}  # fmt: skip
+    roots = {
+        "core": "rlax.core",
+        "plugins": "rlax.plugins",
+        "configs": "rlax.configs",
+        "assets": "rlax.assets",
+    }
     names = []
     for folder, package in roots.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
@@ -130,11 +134,18 @@ def _source_modules() -> list[str]:
 
 def test_every_folder_of_code_is_a_package_of_the_wheel(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    folders = {p.parent for root in ("core", "plugins") for p in (ROOT / root).rglob("*.py")
-               if "__pycache__" not in p.parts}  # fmt: skip
+    folders = {
+        p.parent
+        for root in ("core", "plugins")
+        for p in (ROOT / root).rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
 
-    missing = [str(f.relative_to(ROOT)) for f in sorted(folders)
-               if f"rlax/{f.relative_to(ROOT).as_posix()}/__init__.py" not in names]  # fmt: skip
+    missing = [
+        str(f.relative_to(ROOT))
+        for f in sorted(folders)
+        if f"rlax/{f.relative_to(ROOT).as_posix()}/__init__.py" not in names
+    ]
 
     assert missing == []
     assert "rlax/core/param_server/server.py" in names  # once left out by a hand-kept list
@@ -157,16 +168,32 @@ def installed(wheel, tmp_path_factory) -> pathlib.Path:
     venv = tmp_path_factory.mktemp("venv") / "env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     # A path entry in a .pth file is added to sys.path, but .pth files inside it are not
     # run: the current environment's editable finder for rlax stays out.
     (pathlib.Path(purelib) / "_rlax_test_deps.pth").write_text(sysconfig.get_paths()["purelib"])
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
-         "--no-index", str(wheel)],
-        check=True, capture_output=True, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
     return venv
 
 
@@ -180,8 +207,13 @@ def test_the_installed_wheel_imports_every_module_of_the_tree(installed, tmp_pat
         "print(len(sys.modules))\n"
     )
 
-    result = subprocess.run([installed / "bin" / "python", "-c", code], cwd=tmp_path,
-                            capture_output=True, text=True, check=False)  # fmt: skip
+    result = subprocess.run(
+        [installed / "bin" / "python", "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(modules) > 90
@@ -193,10 +225,21 @@ def test_the_installed_quickstart_trains_from_outside_the_clone(installed, tmp_p
     that the installed package runs its own config from anywhere, not what it learns."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     result = subprocess.run(
-        [installed / "bin" / "rlax", "run", "--gin", "quickstart", "--gin.rlax.train.steps=3",
-         *SMALL_SIZES],
-        cwd=tmp_path, capture_output=True, text=True, check=False, env=env, timeout=600,
-    )  # fmt: skip
+        [
+            installed / "bin" / "rlax",
+            "run",
+            "--gin",
+            "quickstart",
+            "--gin.rlax.train.steps=3",
+            *SMALL_SIZES,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        timeout=600,
+    )
 
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").glob("quickstart-*")
@@ -207,8 +250,9 @@ def test_the_installed_quickstart_trains_from_outside_the_clone(installed, tmp_p
 
 
 def test_rlax_version_is_the_distribution_s(installed):
-    result = subprocess.run([installed / "bin" / "rlax", "--version"], capture_output=True,
-                            text=True, check=True)  # fmt: skip
+    result = subprocess.run(
+        [installed / "bin" / "rlax", "--version"], capture_output=True, text=True, check=True
+    )
 
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert result.stdout.strip() == f"rlax {declared}"

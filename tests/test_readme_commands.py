@@ -55,8 +55,9 @@ def test_every_extra_we_ask_of_a_dependency_is_one_it_provides():
     asked = [(r.name, extra) for r in map(Requirement, specs) for extra in r.extras]
 
     missing = [
-        f"{name}[{extra}]" for name, extra in asked
+        f"{name}[{extra}]"
+        for name, extra in asked
         if extra not in (importlib.metadata.metadata(name).get_all("Provides-Extra") or [])
-    ]  # fmt: skip
+    ]
     assert asked  # the check has something to check
     assert missing == []

@@ -168,8 +168,10 @@ def parse(
             with _as_config_error(plugins), bindings_mod.recording(origins):
                 gin.parse_config_file(path)
         for binding in bindings:
-            with (_as_config_error(plugins, binding=binding),
-                  bindings_mod.recording(origins, binding)):  # fmt: skip
+            with (
+                _as_config_error(plugins, binding=binding),
+                bindings_mod.recording(origins, binding),
+            ):
                 gin.parse_config(binding)
     with _as_config_error(plugins):
         binding_checks.check_required(origins)
@@ -281,8 +283,10 @@ def _syntax_message(message: str) -> str:
     bad = _BAD_TOKEN.search(message)
     if bad and "malformed node" in message:
         token = bad["token"]
-        return (f"{token} is not a value (a string is quoted: '{token}'; a macro is "
-                f"%{token}; a configurable is @{token}())")  # fmt: skip
+        return (
+            f"{token} is not a value (a string is quoted: '{token}'; a macro is "
+            f"%{token}; a configurable is @{token}())"
+        )
     return " ".join(message.split())
 
 

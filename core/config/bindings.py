@@ -156,8 +156,9 @@ def follow(value: Any, origins: Origins, origin: Origin | None, macro=None, dept
         name = "/".join(ref.scopes)
         bound = gin.config._CONFIG.get((name, MACRO), {})
         if "value" in bound:
-            return follow(bound["value"], origins, origins.get(name, MACRO, "value"),
-                           (name, MACRO), depth + 1)  # fmt: skip
+            return follow(
+                bound["value"], origins, origins.get(name, MACRO, "value"), (name, MACRO), depth + 1
+            )
     return value, origin, macro
 
 

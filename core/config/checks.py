@@ -110,10 +110,18 @@ def _conforms(value: Any, annotation: Any) -> bool:
         if len(args) == 2 and args[1] is Ellipsis:
             return all(_conforms(v, args[0]) for v in value)
         return len(args) == len(value) and all(map(_conforms, value, args))
-    if origin in (list, collections.abc.Sequence, collections.abc.Iterable,
-                  collections.abc.Collection, set, frozenset, collections.abc.Set):  # fmt: skip
-        return isinstance(value, (list, tuple)) and all(_conforms(v, args[0]) for v in value
-                                                        if args)  # fmt: skip
+    if origin in (
+        list,
+        collections.abc.Sequence,
+        collections.abc.Iterable,
+        collections.abc.Collection,
+        set,
+        frozenset,
+        collections.abc.Set,
+    ):
+        return isinstance(value, (list, tuple)) and all(
+            _conforms(v, args[0]) for v in value if args
+        )
     if origin in (dict, collections.abc.Mapping):
         return isinstance(value, dict)
     if origin is collections.abc.Callable or annotation is collections.abc.Callable:
@@ -222,8 +230,11 @@ def _is_macro(value: Any) -> bool:
 
 def _same(a: Any, b: Any) -> bool:
     if is_reference(a) or is_reference(b):
-        return (is_reference(a) and is_reference(b)
-                and (a.scoped_selector, a.evaluate) == (b.scoped_selector, b.evaluate))  # fmt: skip
+        return (
+            is_reference(a)
+            and is_reference(b)
+            and (a.scoped_selector, a.evaluate) == (b.scoped_selector, b.evaluate)
+        )
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(map(_same, a, b))
     return type(a) is type(b) and a == b
@@ -240,8 +251,9 @@ def check_roles_agree(origins: Origins, shared: Mapping[str, Sequence[str]]) -> 
     """
     config = gin.config._CONFIG
     for arg, roles in shared.items():
-        bound = [(role, config[("", role)][arg]) for role in roles
-                 if arg in config.get(("", role), {})]  # fmt: skip
+        bound = [
+            (role, config[("", role)][arg]) for role in roles if arg in config.get(("", role), {})
+        ]
         for (role_a, raw_a), (role_b, raw_b) in itertools.pairwise(bound):
             a = follow(raw_a, origins, None)[0]
             b = follow(raw_b, origins, None)[0]
@@ -252,8 +264,11 @@ def check_roles_agree(origins: Origins, shared: Mapping[str, Sequence[str]]) -> 
             where = origins.get("", role_a, arg) or role_a
             other = f"{_shown(raw_b)}, which is {show(b)}" if _is_macro(raw_b) else _shown(raw_b)
             macro = next((r for r in (raw_b, raw_a) if _is_macro(r)), None)
-            fix = (f"set {'/'.join(macro.scopes)} = ... once instead (every role reads it)"
-                   if macro else "bind both to the same value")  # fmt: skip
+            fix = (
+                f"set {'/'.join(macro.scopes)} = ... once instead (every role reads it)"
+                if macro
+                else "bind both to the same value"
+            )
             raise ConfigError(
                 f"{where}: {role_a}.{arg} = {_shown(raw_a)} but {role_b}.{arg} = {other} "
                 f"({origins.get('', role_b, arg) or 'its default'}): the roles would disagree; "

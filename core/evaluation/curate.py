@@ -77,8 +77,9 @@ def curate(
         report["filters"].append(
             {"filter": name, "input": len(prompts), "dropped": len(result.dropped)}
         )
-        report["dropped"] += [_where(d.prompt) | {"filter": name, "reason": d.reason}
-                              for d in result.dropped]  # fmt: skip
+        report["dropped"] += [
+            _where(d.prompt) | {"filter": name, "reason": d.reason} for d in result.dropped
+        ]
         prompts = result.kept
     report["kept"] = len(prompts)
     out = pathlib.Path(output_dir)
@@ -115,8 +116,10 @@ def _tokenizer(checkpoint: str) -> Encoder:
 
 
 def _print_summary(report: dict[str, Any], out: pathlib.Path, split: str) -> None:
-    print(f"curated {split}: {report['prompts']} prompts "
-          f"({len(report['malformed'])} malformed rows skipped)")  # fmt: skip
+    print(
+        f"curated {split}: {report['prompts']} prompts "
+        f"({len(report['malformed'])} malformed rows skipped)"
+    )
     for row in report["filters"]:
         print(f"  {row['filter']:<24} dropped {row['dropped']:>6} of {row['input']}")
     print(f"kept {report['kept']}: {out / f'{split}.jsonl'}; report: {out / 'report.json'}")

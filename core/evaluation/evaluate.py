@@ -113,8 +113,11 @@ def evaluate(
     if out is not None:
         _check_writable(out, "--out")
     bundle = load_policy(checkpoint, "--checkpoint")
-    prompts = list(task_prompts(task, "eval", tokenizer=bundle.tokenizer, seed=seed,
-                                setting="rlax.evaluate.task"))  # fmt: skip
+    prompts = list(
+        task_prompts(
+            task, "eval", tokenizer=bundle.tokenizer, seed=seed, setting="rlax.evaluate.task"
+        )
+    )
     sampler.setup(bundle.model, bundle.tokenizer)
     result = evaluate_pass_at_k(
         sampler, reward, prompts, samples=eval_samples, ks=eval_ks, seed=seed + 1, progress=progress
@@ -123,9 +126,12 @@ def evaluate(
     print(format_eval_table({"model": result}))
     if out is not None:
         record = {
-            "checkpoint": str(checkpoint), "problems": len(prompts), "samples": eval_samples,
-            "seed": seed, "pass_at_k": result,
-        }  # fmt: skip
+            "checkpoint": str(checkpoint),
+            "problems": len(prompts),
+            "samples": eval_samples,
+            "seed": seed,
+            "pass_at_k": result,
+        }
         tmp = out.with_name(out.name + ".tmp")  # a reader never sees half a file
         tmp.write_text(json.dumps(record, indent=2) + "\n")
         tmp.replace(out)

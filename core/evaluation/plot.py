@@ -30,9 +30,11 @@ def _smooth(values: np.ndarray, window: int) -> np.ndarray:
 def _heldout(ax, rows: Sequence[dict], before: dict | None, after: dict | None) -> None:
     """One line per k: the evaluation before training (step 0), every periodic one, after."""
     last = rows[-1]["step"] if rows else 0
-    ks = sorted({n.removeprefix(HELDOUT) for r in rows for n in r if n.startswith(HELDOUT)}
-                | {k.removeprefix("pass@") for r in (before, after) if r for k in r},
-                key=lambda k: int(k) if k.isdigit() else 0)  # fmt: skip
+    ks = sorted(
+        {n.removeprefix(HELDOUT) for r in rows for n in r if n.startswith(HELDOUT)}
+        | {k.removeprefix("pass@") for r in (before, after) if r for k in r},
+        key=lambda k: int(k) if k.isdigit() else 0,
+    )
     for i, k in enumerate(ks):
         points = [(0, before.get(f"pass@{k}"))] if before else []
         points += [(r["step"], r[HELDOUT + k]) for r in rows if HELDOUT + k in r]
@@ -51,16 +53,22 @@ def _phases(ax, rows: Sequence[dict], steps: np.ndarray) -> None:
     for i, phase in enumerate(PHASE_NAMES):
         values = np.array([r.get(f"{phase}_s", 0.0) for r in rows], dtype=float)
         if values.any():
-            ax.fill_between(steps, bottom, bottom + values, step="mid", alpha=0.6,
-                            color=f"C{i}", label=phase)  # fmt: skip
+            ax.fill_between(
+                steps, bottom, bottom + values, step="mid", alpha=0.6, color=f"C{i}", label=phase
+            )
             bottom = bottom + values
     if bottom.any():
         ax.legend(fontsize=7, loc="upper left")
     ax.set_title("seconds per step, by phase")
 
 
-def plot_curves(rows: Sequence[dict], path: pathlib.Path, title: str = "",
-                before: dict | None = None, after: dict | None = None) -> pathlib.Path:  # fmt: skip
+def plot_curves(
+    rows: Sequence[dict],
+    path: pathlib.Path,
+    title: str = "",
+    before: dict | None = None,
+    after: dict | None = None,
+) -> pathlib.Path:
     """Writes a 2x4 grid of the per-step metrics in ``rows`` to ``path``.
 
     ``before`` and ``after`` (``{"pass@1": x, ...}``, as in ``eval.json``) are

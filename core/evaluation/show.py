@@ -20,8 +20,16 @@ from rlax.core.evaluation.plot import HELDOUT, PHASE_NAMES
 from rlax.core.runtime.run_dir import RunDir
 
 #: The metrics shown first in "last metrics", when a row has them.
-MAIN = ("reward", "pass_rate", "loss", "kl_old", "entropy", "groups_kept", "queue_depth",
-        "tokens_per_s")  # fmt: skip
+MAIN = (
+    "reward",
+    "pass_rate",
+    "loss",
+    "kl_old",
+    "entropy",
+    "groups_kept",
+    "queue_depth",
+    "tokens_per_s",
+)
 
 
 def _rows(path: pathlib.Path) -> list[dict[str, Any]]:
@@ -31,8 +39,11 @@ def _rows(path: pathlib.Path) -> list[dict[str, Any]]:
 def checkpoint_meta(run_dir: RunDir) -> dict[str, Any] | None:
     """The metadata of the newest complete checkpoint under ``RUN/train_state``, if any."""
     states = run_dir.train_state
-    steps = sorted((int(p.name) for p in states.iterdir() if p.name.isdigit()), reverse=True) \
-        if states.is_dir() else []  # fmt: skip
+    steps = (
+        sorted((int(p.name) for p in states.iterdir() if p.name.isdigit()), reverse=True)
+        if states.is_dir()
+        else []
+    )
     for step in steps:
         meta = states / str(step) / "meta" / "metadata"
         if (states / str(step) / "commit_success.txt").is_file() and meta.is_file():
@@ -46,8 +57,11 @@ def checkpoint_meta(run_dir: RunDir) -> dict[str, Any] | None:
 def state_lines(run_dir: RunDir, rows: Sequence[dict], meta: dict | None) -> Iterator[str]:
     done = rows[-1]["step"] if rows else 0
     finished = run_dir.finished()
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rows[-1]["time"])) \
-        if rows and "time" in rows[-1] else "-"  # fmt: skip
+    when = (
+        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rows[-1]["time"]))
+        if rows and "time" in rows[-1]
+        else "-"
+    )
     if finished is not None and finished >= done:
         policy = f"{run_dir.FINAL_POLICY}/"
         yield f"state: finished after step {finished} (its final policy is in {policy})"
@@ -103,12 +117,16 @@ def trace_lines(rows: Sequence[dict], count: int, width: int = 100) -> Iterator[
     latest = [r for r in rows if r["step"] == step][:count]
     yield f"rollout traces of step {step} ({len(latest)} groups):"
     for t in latest:
-        yield (f"  prompt {t['prompt']!r}  answer {t['answer']!r}  policy v{t['policy_version']}  "
-               f"mean reward {t['reward_mean']:.2f}")  # fmt: skip
+        yield (
+            f"  prompt {t['prompt']!r}  answer {t['answer']!r}  policy v{t['policy_version']}  "
+            f"mean reward {t['reward_mean']:.2f}"
+        )
         for c in t["completions"]:
             text = textwrap.shorten(c["text"].replace("\n", " ") or "(empty)", width)
-            yield (f"    {c['reward']:>6.2f}  {c['finish_reason']:<6} {c['length']:>4} tok  "
-                   f"v{c['policy_version']}  {text!r}  {c['reason']}").rstrip()  # fmt: skip
+            yield (
+                f"    {c['reward']:>6.2f}  {c['finish_reason']:<6} {c['length']:>4} tok  "
+                f"v{c['policy_version']}  {text!r}  {c['reason']}"
+            ).rstrip()
 
 
 def show_run(run_dir: RunDir | pathlib.Path, *, traces_shown: int = 2) -> str:
@@ -116,7 +134,11 @@ def show_run(run_dir: RunDir | pathlib.Path, *, traces_shown: int = 2) -> str:
     run_dir = RunDir.of(run_dir)
     rows = _rows(run_dir.metrics)
     meta = checkpoint_meta(run_dir)
-    lines = [f"run: {run_dir}", *state_lines(run_dir, rows, meta), *metric_lines(rows),
-             *eval_lines(run_dir, rows),
-             *trace_lines(_rows(run_dir.rollouts), traces_shown)]  # fmt: skip
+    lines = [
+        f"run: {run_dir}",
+        *state_lines(run_dir, rows, meta),
+        *metric_lines(rows),
+        *eval_lines(run_dir, rows),
+        *trace_lines(_rows(run_dir.rollouts), traces_shown),
+    ]
     return "\n".join(lines)

@@ -48,8 +48,9 @@ def sample(groups: Sequence[Group], count: int) -> list[Group]:
     return [groups[i * len(groups) // count] for i in range(count)]
 
 
-def trace_rows(step: int, groups: Sequence[Group], reward: Reward | None, *,
-               max_chars: int = 2000) -> list[dict[str, Any]]:  # fmt: skip
+def trace_rows(
+    step: int, groups: Sequence[Group], reward: Reward | None, *, max_chars: int = 2000
+) -> list[dict[str, Any]]:
     """The rows of ``groups`` (sampled already) for step ``step``."""
     now = time.time()
     rows = []
@@ -65,11 +66,18 @@ def trace_rows(step: int, groups: Sequence[Group], reward: Reward | None, *,
             }
             for c, r in zip(g.completions, g.rewards)
         ]
-        rows.append({
-            "step": step, "time": now, "prompt_id": g.prompt.id, "prompt": g.prompt.text,
-            "answer": str(g.prompt.answer)[:max_chars], "policy_version": int(g.policy_version),
-            "reward_mean": float(g.rewards.mean()), "completions": completions,
-        })  # fmt: skip
+        rows.append(
+            {
+                "step": step,
+                "time": now,
+                "prompt_id": g.prompt.id,
+                "prompt": g.prompt.text,
+                "answer": str(g.prompt.answer)[:max_chars],
+                "policy_version": int(g.policy_version),
+                "reward_mean": float(g.rewards.mean()),
+                "completions": completions,
+            }
+        )
     return rows
 
 

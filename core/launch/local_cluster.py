@@ -207,8 +207,11 @@ def _start_failure(exited: int) -> int:
     """The run's status when the server exited at start with ``exited``."""
     if exited == EXIT_USAGE:  # it printed the configuration error
         return EXIT_USAGE
-    print(f"rlax: parameter server exited at start with {describe_status(exited)}",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"rlax: parameter server exited at start with {describe_status(exited)}",
+        file=sys.stderr,
+        flush=True,
+    )
     return 1
 
 
@@ -239,12 +242,19 @@ def _supervise(trainer: _Child, children: list[_Child], max_restarts: int, stop:
                 return EXIT_USAGE
             what = f"rlax: {child.name} (pid {child.proc.pid}) died with {describe_status(code)}"
             if child.restarts >= max_restarts:
-                print(f"{what}; restarted {child.restarts} times already (max_restarts); "
-                      "stopping the run", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"{what}; restarted {child.restarts} times already (max_restarts); "
+                    "stopping the run",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return 1
             child.restarts += 1
-            print(f"{what}; restarting it ({child.restarts}/{max_restarts})",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"{what}; restarting it ({child.restarts}/{max_restarts})",
+                file=sys.stderr,
+                flush=True,
+            )
             child.start()
         stop.wait(0.2)
 
@@ -261,6 +271,9 @@ def _stop_all(trainer: _Child, children: list[_Child], timeout_s: float = 120.0)
     except subprocess.TimeoutExpired:
         print(f"rlax: trainer did not stop within {timeout_s:.0f}s of the notice", file=sys.stderr)
         return 1
-    print(f"rlax: stopped on a preemption notice; trainer {describe_status(code)}",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"rlax: stopped on a preemption notice; trainer {describe_status(code)}",
+        file=sys.stderr,
+        flush=True,
+    )
     return EXIT_PREEMPTED if code in (0, EXIT_PREEMPTED) else code

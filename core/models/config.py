@@ -114,43 +114,78 @@ class TransformerConfig:
     def qwen2_small(cls, vocab_size: int = 1024) -> TransformerConfig:
         """A small Qwen2-style model (q/k/v bias, untied head) for benchmarks: ~4M parameters."""
         return cls(
-            vocab_size=vocab_size, num_layers=4, embed_dim=256, num_heads=4, num_kv_heads=2,
-            head_dim=64, mlp_dim=1024, rope_theta=1_000_000.0, tie_embeddings=False,
+            vocab_size=vocab_size,
+            num_layers=4,
+            embed_dim=256,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=64,
+            mlp_dim=1024,
+            rope_theta=1_000_000.0,
+            tie_embeddings=False,
             qkv_bias=True,
-        )  # fmt: skip
+        )
 
     @classmethod
     def smollm2_135m(cls) -> TransformerConfig:
         """HuggingFaceTB/SmolLM2-135M(-Instruct): Llama, 30 layers, tied head."""
         return cls(
-            vocab_size=49152, num_layers=30, embed_dim=576, num_heads=9, num_kv_heads=3,
-            head_dim=64, mlp_dim=1536, rope_theta=100_000.0, norm_eps=1e-5,
-        )  # fmt: skip
+            vocab_size=49152,
+            num_layers=30,
+            embed_dim=576,
+            num_heads=9,
+            num_kv_heads=3,
+            head_dim=64,
+            mlp_dim=1536,
+            rope_theta=100_000.0,
+            norm_eps=1e-5,
+        )
 
     @classmethod
     def qwen2_5_0_5b(cls) -> TransformerConfig:
         """Qwen/Qwen2.5-0.5B(-Instruct): q/k/v bias, tied head."""
         return cls(
-            vocab_size=151936, num_layers=24, embed_dim=896, num_heads=14, num_kv_heads=2,
-            head_dim=64, mlp_dim=4864, rope_theta=1_000_000.0, qkv_bias=True,
-        )  # fmt: skip
+            vocab_size=151936,
+            num_layers=24,
+            embed_dim=896,
+            num_heads=14,
+            num_kv_heads=2,
+            head_dim=64,
+            mlp_dim=4864,
+            rope_theta=1_000_000.0,
+            qkv_bias=True,
+        )
 
     @classmethod
     def qwen3_0_6b(cls) -> TransformerConfig:
         """Qwen/Qwen3-0.6B: q/k RMSNorm, head dim 128 (wider than embed / heads), tied head."""
         return cls(
-            vocab_size=151936, num_layers=28, embed_dim=1024, num_heads=16, num_kv_heads=8,
-            head_dim=128, mlp_dim=3072, rope_theta=1_000_000.0, qk_norm=True,
-        )  # fmt: skip
+            vocab_size=151936,
+            num_layers=28,
+            embed_dim=1024,
+            num_heads=16,
+            num_kv_heads=8,
+            head_dim=128,
+            mlp_dim=3072,
+            rope_theta=1_000_000.0,
+            qk_norm=True,
+        )
 
     @classmethod
     def llama3_2_1b(cls) -> TransformerConfig:
         """meta-llama/Llama-3.2-1B: llama3 RoPE scaling (factor 32), tied head."""
         return cls(
-            vocab_size=128256, num_layers=16, embed_dim=2048, num_heads=32, num_kv_heads=8,
-            head_dim=64, mlp_dim=8192, rope_theta=500_000.0, norm_eps=1e-5,
+            vocab_size=128256,
+            num_layers=16,
+            embed_dim=2048,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=64,
+            mlp_dim=8192,
+            rope_theta=500_000.0,
+            norm_eps=1e-5,
             rope_scaling=RopeScaling("llama3", 32.0, 1.0, 4.0, 8192),
-        )  # fmt: skip
+        )
 
     # -- plain-dict round trip --------------------------------------------------
 

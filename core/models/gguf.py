@@ -216,8 +216,11 @@ class GGUFFile:
             steps.append(pre_tokenizers.Split(Regex(split), behavior="isolated"))
         tok.pre_tokenizer = pre_tokenizers.Sequence([*steps, byte_level])
         tok.decoder = decoders.ByteLevel()
-        specials = [AddedToken(tokens[i], special=True, normalized=False)
-                    for i, t in enumerate(types) if t == _CONTROL]  # fmt: skip
+        specials = [
+            AddedToken(tokens[i], special=True, normalized=False)
+            for i, t in enumerate(types)
+            if t == _CONTROL
+        ]
         tok.add_special_tokens(specials)
         eos = self.get("tokenizer.ggml.eos_token_id")
         return HFTokenizer(

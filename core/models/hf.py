@@ -60,8 +60,12 @@ def hf_names(cfg: TransformerConfig) -> Iterator[tuple[str, tuple[Any, ...], boo
         pre = f"model.layers.{i}."
         yield pre + "input_layernorm.weight", ("blocks", i, "attn_norm", "scale"), False
         yield pre + "post_attention_layernorm.weight", ("blocks", i, "mlp_norm", "scale"), False
-        for name, biased in (("q", cfg.qkv_bias), ("k", cfg.qkv_bias), ("v", cfg.qkv_bias),
-                             ("o", cfg.o_bias)):  # fmt: skip
+        for name, biased in (
+            ("q", cfg.qkv_bias),
+            ("k", cfg.qkv_bias),
+            ("v", cfg.qkv_bias),
+            ("o", cfg.o_bias),
+        ):
             yield f"{pre}self_attn.{name}_proj.weight", ("blocks", i, "attn", name, "kernel"), True
             if biased:
                 yield f"{pre}self_attn.{name}_proj.bias", ("blocks", i, "attn", name, "bias"), False

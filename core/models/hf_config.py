@@ -99,9 +99,16 @@ def config_from_hf(config: str | pathlib.Path | dict[str, Any]) -> TransformerCo
         raise HFConfigError(f"{where}: sliding-window attention is not supported")
     if values.get("mlp_bias"):
         raise HFConfigError(f"{where}: mlp_bias = true is not supported")
-    req = {k: _require(values, k, where) for k in (
-        "vocab_size", "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size"
-    )}  # fmt: skip
+    req = {
+        k: _require(values, k, where)
+        for k in (
+            "vocab_size",
+            "num_hidden_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "intermediate_size",
+        )
+    }
     heads = int(req["num_attention_heads"])
     theta, scaling = _rope(values, where)
     attention_bias = bool(values.get("attention_bias", False))

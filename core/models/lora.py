@@ -164,8 +164,9 @@ def init_adapters(base: Any, config: LoraConfig) -> dict:
         keys, kernel = kernels[name]
         d_in, d_out = np.shape(kernel)
         bound = 1.0 / np.sqrt(d_in)
-        a = jax.random.uniform(jax.random.fold_in(key, i), (d_in, config.rank), jnp.float32,
-                               -bound, bound)  # fmt: skip
+        a = jax.random.uniform(
+            jax.random.fold_in(key, i), (d_in, config.rank), jnp.float32, -bound, bound
+        )
         _nested_set(out, keys, {"a": a, "b": jnp.zeros((config.rank, d_out), jnp.float32)})
     return {"lora": out}
 
@@ -245,8 +246,16 @@ def reference(params: Any) -> Any:
 class LoraLinear(nnx.Module):
     """A linear layer plus its low-rank update (the equation of the module docstring)."""
 
-    def __init__(self, base: nnx.Linear, a: jax.Array, b: jax.Array, *, scale: float,
-                 dropout: float, key: jax.Array | None):  # fmt: skip
+    def __init__(
+        self,
+        base: nnx.Linear,
+        a: jax.Array,
+        b: jax.Array,
+        *,
+        scale: float,
+        dropout: float,
+        key: jax.Array | None,
+    ):
         self.base = base
         self.a, self.b = nnx.Param(a), nnx.Param(b)
         self.scale, self.dropout = scale, dropout
@@ -276,8 +285,14 @@ def model_of(graphdef: Any, params: Any) -> Any:
         *parent, attr = name.split("/")
         owner = _module(model, tuple(parent))
         key = None if params.key is None else jax.random.fold_in(params.key, i)
-        layer = LoraLinear(getattr(owner, attr), a, b, scale=params.config.scale,
-                           dropout=params.config.dropout, key=key)  # fmt: skip
+        layer = LoraLinear(
+            getattr(owner, attr),
+            a,
+            b,
+            scale=params.config.scale,
+            dropout=params.config.dropout,
+            key=key,
+        )
         setattr(owner, attr, layer)
     return model
 

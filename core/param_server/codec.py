@@ -166,9 +166,13 @@ def check_group(
 
 
 def check_partial(
-    m: pb.SubmitPartialRequest, *, rows: int | None, max_completions: int, max_tokens: int,
+    m: pb.SubmitPartialRequest,
+    *,
+    rows: int | None,
+    max_completions: int,
+    max_tokens: int,
     newest_version: int,
-) -> None:  # fmt: skip
+) -> None:
     """Raises WireError unless ``m`` is well-formed partial work (``rows``: the row count of
     the partial work it continues, None if none)."""
     where = f"partial work for prompt {m.prompt_id!r}"
@@ -180,9 +184,12 @@ def check_partial(
         raise WireError(f"{where}: every row finished (submit it as a group)")
     for i, c in enumerate(m.rows):
         check_completion(
-            c, f"{where}: row {i}", max_tokens=max_tokens, newest_version=newest_version,
+            c,
+            f"{where}: row {i}",
+            max_tokens=max_tokens,
+            newest_version=newest_version,
             partial=c.finish_reason == PARTIAL,
-        )  # fmt: skip
+        )
 
 
 def msg_to_group(m: pb.GroupMsg) -> Group:

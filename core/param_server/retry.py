@@ -89,8 +89,9 @@ class RetryPolicy:
             yield delay
             delay = min(2 * delay, self.max_s)
 
-    def call(self, what: str, fn: Callable[[], T], *,
-             before_retry: Callable[[], object] | None = None) -> T:  # fmt: skip
+    def call(
+        self, what: str, fn: Callable[[], T], *, before_retry: Callable[[], object] | None = None
+    ) -> T:
         """``fn()``, repeated while it fails with a retryable status; ``what`` names it in the log.
 
         Raises:
@@ -114,7 +115,9 @@ class RetryPolicy:
                     raise
                 log.warning(
                     "%s: %s; retrying in %.1fs (the parameter server is unreachable)",
-                    what, code.name, delay,
-                )  # fmt: skip
+                    what,
+                    code.name,
+                    delay,
+                )
             self.sleep(delay)
             retried = True

@@ -129,8 +129,11 @@ class ParamServer:
         self._server.start()
         log.info(
             "parameter server listening on %s (port %d, tls=%s, bulk lane port %s)",
-            address, self.port, bool(creds), self.bulk.port if self.bulk else None,
-        )  # fmt: skip
+            address,
+            self.port,
+            bool(creds),
+            self.bulk.port if self.bulk else None,
+        )
         return self.port
 
     def stop(self, grace: float | None = 1.0) -> None:
@@ -209,16 +212,21 @@ class ParamServer:
         if served is None:
             return pb.PullTicket()
         port = request.relay_port if self._authorized(context) else 0  # relays need the token
-        source = self.relays.assign(served.number, request.worker, request.relay_host, port,
-                                    request.failed_source)  # fmt: skip
+        source = self.relays.assign(
+            served.number, request.worker, request.relay_host, port, request.failed_source
+        )
         if not source.direct:
             self.weights.close_pull(served)  # the bytes come from a relay
             reply = pb.PullTicket(
-                header=served.header, relay_host=source.host, relay_port=source.port,
-                source=source.name, relay_key=relay_key(self.settings.token or "", served.number),
-            )  # fmt: skip
-            reply.segments.extend(pb.Segment(offset=o, length=n, checksum=d)
-                                  for o, n, d in served.segments)  # fmt: skip
+                header=served.header,
+                relay_host=source.host,
+                relay_port=source.port,
+                source=source.name,
+                relay_key=relay_key(self.settings.token or "", served.number),
+            )
+            reply.segments.extend(
+                pb.Segment(offset=o, length=n, checksum=d) for o, n, d in served.segments
+            )
             return reply
         ticket = self.bulk.issue(
             functools.partial(self._send, served),

@@ -102,9 +102,14 @@ class ServerSettings:
             )
         relay_host = os.environ.get(RELAY_HOST_ENV) or self.relay_host
         return dataclasses.replace(
-            self, address=address, token=token, token_file=token_file, relay_host=relay_host,
-            weight_shards=tuple(self.weight_shards), weight_lanes=tuple(self.weight_lanes),
-        )  # fmt: skip
+            self,
+            address=address,
+            token=token,
+            token_file=token_file,
+            relay_host=relay_host,
+            weight_shards=tuple(self.weight_shards),
+            weight_lanes=tuple(self.weight_lanes),
+        )
 
     @property
     def bulk_lane(self) -> bool:

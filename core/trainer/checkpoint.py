@@ -170,10 +170,12 @@ class Checkpointer:
         return ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=self.keep, create=True, enable_async_checkpointing=True,
+                max_to_keep=self.keep,
+                create=True,
+                enable_async_checkpointing=True,
                 cleanup_tmp_directories=True,
             ),
-        )  # fmt: skip
+        )
 
     def due(self, step: int) -> bool:
         return bool(self.every) and step > 0 and step % self.every == 0
@@ -194,8 +196,13 @@ class Checkpointer:
         named, _ = _describe(state)
         flat = {_key(i): leaf for i, (_, leaf) in enumerate(named)}
         sizes = [int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize for _, x in named]
-        meta = dict(meta, format=FORMAT, step=step, saved_at=time.time(),
-                    leaves=[[n, list(np.shape(x)), str(np.dtype(x.dtype))] for n, x in named])  # fmt: skip
+        meta = dict(
+            meta,
+            format=FORMAT,
+            step=step,
+            saved_at=time.time(),
+            leaves=[[n, list(np.shape(x)), str(np.dtype(x.dtype))] for n, x in named],
+        )
         if step in self._manager.all_steps():  # a step redone after a crash: replace it
             self._set_aside(step, "redone")
         self._manager.save(
@@ -207,9 +214,11 @@ class Checkpointer:
         )
         errors: list[BaseException] = []
         thread = threading.Thread(
-            target=self._finish, args=(step, sizes, errors), name=f"rlax-checkpoint-{step}",
+            target=self._finish,
+            args=(step, sizes, errors),
+            name=f"rlax-checkpoint-{step}",
             daemon=True,
-        )  # fmt: skip
+        )
         thread.start()
         self._pending = (step, thread, errors)
         self.last_blocking_s = time.perf_counter() - start
@@ -332,9 +341,11 @@ class Checkpointer:
         named, treedef = _describe(template)
         meta = distributed.run_on_lead(lambda: self._verify(step, named))
         abstract = {
-            _key(i): jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, "sharding", None))
+            _key(i): jax.ShapeDtypeStruct(
+                np.shape(x), x.dtype, sharding=getattr(x, "sharding", None)
+            )
             for i, (_, x) in enumerate(named)
-        }  # fmt: skip
+        }
         flat = self._manager.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
         )["state"]

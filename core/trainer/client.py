@@ -104,8 +104,14 @@ class TrainerClient:
                 return done
             raise
 
-    def unary(self, method: str, request: bytes, *, timeout: float = 30.0,
-              retry: RetryPolicy | None = None) -> bytes:  # fmt: skip
+    def unary(
+        self,
+        method: str,
+        request: bytes,
+        *,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+    ) -> bytes:
         """``ParamServerClient.unary`` (the recovery calls, retried by their own policy)."""
         return self._client.unary(method, request, timeout=timeout, retry=retry)
 

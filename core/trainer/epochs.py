@@ -55,8 +55,9 @@ def updates_per_batch(trainer: Trainer) -> int:
     return trainer.settings.epochs * trainer.settings.minibatches
 
 
-def minibatch_rows(group_ids: np.ndarray, minibatches: int, rng: np.random.Generator,
-                   row_multiple: int = 1) -> list[np.ndarray]:  # fmt: skip
+def minibatch_rows(
+    group_ids: np.ndarray, minibatches: int, rng: np.random.Generator, row_multiple: int = 1
+) -> list[np.ndarray]:
     """Each minibatch's row indices: whole groups, shuffled, padded with ``len(group_ids)``.
 
     ``group_ids`` [B] names each row's group (-1: an empty filler row). The
@@ -92,8 +93,12 @@ def _fixed_fn(trainer: Trainer, arrays: dict):
 
     key = ("fixed", tuple(sorted((k, np.ndim(v)) for k, v in arrays.items())))
     if key not in trainer._compiled:
-        shardings = (trainer.param_shardings, trainer.critic_shardings, trainer.ref_shardings,
-                     trainer.batch_shardings(arrays))  # fmt: skip
+        shardings = (
+            trainer.param_shardings,
+            trainer.critic_shardings,
+            trainer.ref_shardings,
+            trainer.batch_shardings(arrays),
+        )
         trainer._compiled[key] = jax.jit(fixed, in_shardings=shardings)
     return trainer._compiled[key]
 
@@ -111,8 +116,9 @@ def _with_empty_row(arrays: Arrays) -> Arrays:
     return {k: np.concatenate([v, np.zeros((1, *v.shape[1:]), v.dtype)]) for k, v in arrays.items()}
 
 
-def several_updates(trainer: Trainer, arrays: Arrays, group_ids: np.ndarray, *, seed: int,
-                    step: int) -> list[dict]:  # fmt: skip
+def several_updates(
+    trainer: Trainer, arrays: Arrays, group_ids: np.ndarray, *, seed: int, step: int
+) -> list[dict]:
     """``epochs x minibatches`` updates on the batch ``arrays``; each update's metrics, in order.
 
     ``group_ids`` [B] names each row's group (:attr:`TrainBatch.group_ids`).
@@ -146,8 +152,15 @@ def check_processes(settings: TrainerSettings | None, processes: int) -> None:
         )
 
 
-def update_on_batch(trainer: Trainer, batch: TrainBatch | Arrays, rows, *, seed: int,
-                    step: int, group_ids: np.ndarray | None = None) -> dict:  # fmt: skip
+def update_on_batch(
+    trainer: Trainer,
+    batch: TrainBatch | Arrays,
+    rows,
+    *,
+    seed: int,
+    step: int,
+    group_ids: np.ndarray | None = None,
+) -> dict:
     """The step's updates on ``batch``; ``rows`` is what this process feeds a single update.
 
     One update (1 x 1) is exactly :meth:`Trainer.step` on ``rows``, as before

@@ -91,8 +91,12 @@ class EmptyStepWatch:
                 "steps %d-%d (%d in a row) kept no group, so nothing was trained: "
                 "the curation filters (%s) dropped every group (%d more as stale); "
                 "does the reward score every sample alike?",
-                self._first, step, n, self.names, self._stale,
-            )  # fmt: skip
+                self._first,
+                step,
+                n,
+                self.names,
+                self._stale,
+            )
 
 
 def saved_position(meta: dict[str, Any]) -> dict[str, Any]:
@@ -112,9 +116,18 @@ def saved_position(meta: dict[str, Any]) -> dict[str, Any]:
 class TrainingRun:
     """The trainer loop's state between steps: what a checkpoint saves and a resume restores."""
 
-    def __init__(self, run_dir: RunDir | pathlib.Path, trainer: Trainer, source: RolloutSource,
-                 ckpt: Checkpointer, preemption: Preemption, restored: Restored | None,
-                 deterministic: bool, seed: int, observer: Observer | None = None):  # fmt: skip
+    def __init__(
+        self,
+        run_dir: RunDir | pathlib.Path,
+        trainer: Trainer,
+        source: RolloutSource,
+        ckpt: Checkpointer,
+        preemption: Preemption,
+        restored: Restored | None,
+        deterministic: bool,
+        seed: int,
+        observer: Observer | None = None,
+    ):
         self.run_dir, self.trainer, self.source = RunDir.of(run_dir), trainer, source
         self.observer = observer or Observer(self.run_dir, lead=distributed.is_lead())
         self.ckpt, self.preemption = ckpt, preemption
@@ -175,8 +188,13 @@ class TrainingRun:
         """Runs steps ``self.step + 1 .. steps``; ``step_args`` go to each :func:`train_step`."""
         # Steps are numbered from 1: step k is the k-th update, after which trainer.state.step
         # == k. The hooks, metrics.jsonl, checkpoints and the bar all use that number.
-        bar = tqdm(range(self.step + 1, steps + 1), desc="rl",
-                   disable=not (progress and self.lead), initial=self.step, total=steps)  # fmt: skip
+        bar = tqdm(
+            range(self.step + 1, steps + 1),
+            desc="rl",
+            disable=not (progress and self.lead),
+            initial=self.step,
+            total=steps,
+        )
         self.observer.open(self.step)
         if self._agree(None, None)[1]:
             self._stop()
@@ -189,10 +207,16 @@ class TrainingRun:
             lost, groups = None, list[Group]()
             try:
                 metrics = train_step(
-                    step, self.source, self.trainer, version_offset=self.version_offset,
-                    deterministic=self.deterministic, clock=clock, groups=groups,
-                    seed=self.seed, **step_args,
-                )  # fmt: skip
+                    step,
+                    self.source,
+                    self.trainer,
+                    version_offset=self.version_offset,
+                    deterministic=self.deterministic,
+                    clock=clock,
+                    groups=groups,
+                    seed=self.seed,
+                    **step_args,
+                )
             except LostStep as err:  # the state holds half a step: keep the last checkpoint
                 metrics, lost = None, str(err)
             except Preempted as err:  # on every process: process 0 stopped waiting for rollouts
@@ -201,14 +225,22 @@ class TrainingRun:
                 self._stop()
             lost, stop, metrics = self._agree(lost, metrics)
             if lost is not None:
-                print(f"rlax: trainer: {lost}; step {step} is redone after the restart",
-                      flush=True)  # fmt: skip
+                print(f"rlax: trainer: {lost}; step {step} is redone after the restart", flush=True)
                 self.ckpt.wait()
                 self.preemption.stop_now()
             mark = self._end_step(step, steps, metrics, hook, bar, stop, clock, groups)
 
-    def _end_step(self, step: int, steps: int, metrics: dict, hook, bar, stop: bool,
-                  clock: PhaseClock, groups: list[Group]) -> float:  # fmt: skip
+    def _end_step(
+        self,
+        step: int,
+        steps: int,
+        metrics: dict,
+        hook,
+        bar,
+        stop: bool,
+        clock: PhaseClock,
+        groups: list[Group],
+    ) -> float:
         """Counts step ``step`` done: evaluates and checkpoints when due, logs it, calls the hooks.
 
         Returns the moment the step's row was complete: the next step's clock starts there.
@@ -232,9 +264,11 @@ class TrainingRun:
         if self.lead:
             queue = {"queue": int(metrics["queue_depth"])} if "queue_depth" in metrics else {}
             bar.set_postfix(
-                reward=f"{metrics['reward']:.2f}", kl=f"{metrics.get('kl_old', 0):.1e}", **queue,
+                reward=f"{metrics['reward']:.2f}",
+                kl=f"{metrics.get('kl_old', 0):.1e}",
+                **queue,
                 refresh=False,
-            )  # fmt: skip
+            )
             hook.rlax_on_step_end(step=step, metrics=metrics)
             self.empty_steps.see(step, metrics)
             hook.rlax_on_weights_published(version=self.version)
@@ -257,8 +291,14 @@ class TrainingRun:
         if not self.lead:
             metrics = None  # process 0's are the ones kept
         everyone = distributed.allgather_objects((lost, mine, metrics))
-        lost = next((f"trainer process {i}: {x}" if i else x
-                     for i, (x, _, _) in enumerate(everyone) if x is not None), None)  # fmt: skip
+        lost = next(
+            (
+                f"trainer process {i}: {x}" if i else x
+                for i, (x, _, _) in enumerate(everyone)
+                if x is not None
+            ),
+            None,
+        )
         notice = next(((i, x) for i, (_, x, _) in enumerate(everyone) if x is not None), None)
         if notice is not None and not self.preemption.requested:
             self.preemption.notify(f"trainer process {notice[0]}: {notice[1]}")

@@ -34,11 +34,15 @@ from rlax.core.types import Group
 _log = logging.getLogger("rlax.trainer")
 
 
-def check_observe_settings(*, eval_every: int = 0, trace_every: int = 10, trace_groups: int = 2,
-                           plot_every: int = 50, **_) -> None:  # fmt: skip
+def check_observe_settings(
+    *, eval_every: int = 0, trace_every: int = 10, trace_groups: int = 2, plot_every: int = 50, **_
+) -> None:
     """BadSetting for a period below 0 (0 turns the thing off) or fewer than one traced group."""
-    for name, every in (("eval_every", eval_every), ("trace_every", trace_every),
-                        ("plot_every", plot_every)):  # fmt: skip
+    for name, every in (
+        ("eval_every", eval_every),
+        ("trace_every", trace_every),
+        ("plot_every", plot_every),
+    ):
         if every < 0:
             raise BadSetting(name, f"a number of steps, >= 0 (0: never), got {every}")
     if trace_groups < 1:
@@ -53,10 +57,13 @@ def heldout_metrics(results: dict[str, float]) -> dict[str, float]:
 def heldout_history(rows: Sequence[dict]) -> list[dict[str, float]]:
     """The periodic evaluations in ``rows``: ``[{"step": k, "pass@1": x, ...}, ...]``."""
     return [
-        {"step": r["step"],
-         **{f"pass@{n.removeprefix(HELDOUT)}": v for n, v in r.items() if n.startswith(HELDOUT)}}
-        for r in rows if any(n.startswith(HELDOUT) for n in r)
-    ]  # fmt: skip
+        {
+            "step": r["step"],
+            **{f"pass@{n.removeprefix(HELDOUT)}": v for n, v in r.items() if n.startswith(HELDOUT)},
+        }
+        for r in rows
+        if any(n.startswith(HELDOUT) for n in r)
+    ]
 
 
 def eval_results(before: dict | None, rows: Sequence[dict], after: dict | None = None) -> dict:
@@ -90,9 +97,14 @@ class Loggers:
                 if method == "open":  # it has nowhere to write: leave it out from now on
                     self.loggers.remove(logger)
                 if self.failures[key] == 1:
-                    _log.warning("logger %s failed in %s: %s: %s; the run goes on%s", key[0],
-                                 method, type(err).__name__, err,
-                                 " without it" if method == "open" else "")  # fmt: skip
+                    _log.warning(
+                        "logger %s failed in %s: %s: %s; the run goes on%s",
+                        key[0],
+                        method,
+                        type(err).__name__,
+                        err,
+                        " without it" if method == "open" else "",
+                    )
 
     def close(self) -> None:
         self.call("close")
@@ -105,10 +117,20 @@ class Loggers:
 class Observer:
     """The loop's observer of one run (see the module doc); ``lead``: process 0, which writes."""
 
-    def __init__(self, run_dir: RunDir | pathlib.Path, loggers: Sequence[Logger] = (), *,
-                 evaluate: Callable[[], dict[str, float]] | None = None, reward: Reward | None = None,
-                 eval_every: int = 0, trace_every: int = 0, trace_groups: int = 2,
-                 plot_every: int = 0, curves: bool = True, lead: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        run_dir: RunDir | pathlib.Path,
+        loggers: Sequence[Logger] = (),
+        *,
+        evaluate: Callable[[], dict[str, float]] | None = None,
+        reward: Reward | None = None,
+        eval_every: int = 0,
+        trace_every: int = 0,
+        trace_groups: int = 2,
+        plot_every: int = 0,
+        curves: bool = True,
+        lead: bool = True,
+    ):
         self.run_dir, self.loggers, self.lead = RunDir.of(run_dir), Loggers(loggers), lead
         self._evaluate, self.reward = evaluate, reward
         self.eval_every, self.trace_every, self.trace_groups = eval_every, trace_every, trace_groups
@@ -148,11 +170,13 @@ class Observer:
         if self.plot_every and step % self.plot_every == 0:
             self.plot(rows)
 
-    def plot(self, rows: Sequence[dict], before: dict | None = None,
-             after: dict | None = None) -> None:  # fmt: skip
+    def plot(
+        self, rows: Sequence[dict], before: dict | None = None, after: dict | None = None
+    ) -> None:
         if self.lead and self.curves and rows:
-            plot_curves(rows, self.run_dir.curves, title=self.run_dir.path.name,
-                        before=before, after=after)  # fmt: skip
+            plot_curves(
+                rows, self.run_dir.curves, title=self.run_dir.path.name, before=before, after=after
+            )
 
     def stopped(self, rows: Sequence[dict], before: dict | None) -> None:
         """At a preemption's safe point: the curves and ``eval.json`` as they stand."""

@@ -22,9 +22,16 @@ PHASES: dict[str, str] = {
     "observe": "logging",
 }
 #: The metrics that depend on wall-clock time (two runs that train alike differ in these only).
-WALL_CLOCK = frozenset({
-    "time", "step_s", "tokens_per_s", "generate_s", "score_s", *(f"{p}_s" for p in PHASES),
-})  # fmt: skip
+WALL_CLOCK = frozenset(
+    {
+        "time",
+        "step_s",
+        "tokens_per_s",
+        "generate_s",
+        "score_s",
+        *(f"{p}_s" for p in PHASES),
+    }
+)
 
 
 class PhaseClock:
@@ -35,8 +42,7 @@ class PhaseClock:
       start: when the step began (``time.perf_counter()``; default: now).
     """
 
-    def __init__(self, on_phase: Callable[[str], None] | None = None,
-                 start: float | None = None):  # fmt: skip
+    def __init__(self, on_phase: Callable[[str], None] | None = None, start: float | None = None):
         self.on_phase = on_phase or (lambda description: None)
         self.start = time.perf_counter() if start is None else start
         self.seconds = dict.fromkeys(PHASES, 0.0)

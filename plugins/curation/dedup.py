@@ -56,9 +56,14 @@ class Dedup:
     """
 
     def __init__(
-        self, *, threshold: float = 0.8, ngram: int = 3, bands: int = 16, rows: int = 4,
+        self,
+        *,
+        threshold: float = 0.8,
+        ngram: int = 3,
+        bands: int = 16,
+        rows: int = 4,
         seed: int = 0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if not 0 < threshold <= 1:
             raise ValueError(f"curation.dedup: threshold must be in (0, 1], got {threshold}")
         if ngram < 1 or bands < 1 or rows < 1:
@@ -90,8 +95,9 @@ class Dedup:
                 continue
             sets[i] = shingles(prompt.text, self.ngram)
             signature = self._signature(sets[i]).reshape(self.bands, self.rows)
-            candidates = {j for band, row in enumerate(signature)
-                          for j in buckets[(band, row.tobytes())]}  # fmt: skip
+            candidates = {
+                j for band, row in enumerate(signature) for j in buckets[(band, row.tobytes())]
+            }
             match = next(
                 (j for j in sorted(candidates) if jaccard(sets[i], sets[j]) >= self.threshold),
                 None,

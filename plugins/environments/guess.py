@@ -110,12 +110,14 @@ class GuessEnvironment:
       max_episode_tokens: tokens per episode after the prompt.
     """
 
-    def __init__(self, *, max_turns: int = 5, max_turn_tokens: int = 3,
-                 max_episode_tokens: int = 24):  # fmt: skip
+    def __init__(
+        self, *, max_turns: int = 5, max_turn_tokens: int = 3, max_episode_tokens: int = 24
+    ):
         self.limits = EpisodeLimits(
-            max_turns=max_turns, max_turn_tokens=max_turn_tokens,
+            max_turns=max_turns,
+            max_turn_tokens=max_turn_tokens,
             max_episode_tokens=max_episode_tokens,
-        )  # fmt: skip
+        )
 
     def start(self, prompt: Prompt, tokenizer: Any) -> GuessEpisode:
         return GuessEpisode(prompt.answer, tokenizer)

@@ -45,16 +45,27 @@ class PythonToolEnvironment:
       namespaces, allow_weak_isolation: as for ``rewards.code``.
     """
 
-    def __init__(self, *, reward: Reward, parser: ToolParser | None = None, max_turns: int = 4,
-                 max_turn_tokens: int = 0, max_episode_tokens: int = 512,
-                 tool_timeout_s: float = 5.0, memory_mb: int = 256, max_output_chars: int = 400,
-                 role: str = "user", namespaces: bool = True,
-                 allow_weak_isolation: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        reward: Reward,
+        parser: ToolParser | None = None,
+        max_turns: int = 4,
+        max_turn_tokens: int = 0,
+        max_episode_tokens: int = 512,
+        tool_timeout_s: float = 5.0,
+        memory_mb: int = 256,
+        max_output_chars: int = 400,
+        role: str = "user",
+        namespaces: bool = True,
+        allow_weak_isolation: bool = False,
+    ):
         self.reward = reward
         self.parser = parser or HermesToolParser()
         self.limits = EpisodeLimits(max_turns, max_turn_tokens, max_episode_tokens, tool_timeout_s)
-        self.sandbox = Limits(cpu_s=max(1, math.ceil(tool_timeout_s)), wall_s=tool_timeout_s,
-                              memory_mb=memory_mb)  # fmt: skip
+        self.sandbox = Limits(
+            cpu_s=max(1, math.ceil(tool_timeout_s)), wall_s=tool_timeout_s, memory_mb=memory_mb
+        )
         self.max_output_chars = max_output_chars
         self.role = role
         self.namespaces, self.allow_weak_isolation = namespaces, allow_weak_isolation
@@ -65,10 +76,12 @@ class PythonToolEnvironment:
     def run(self, code: str) -> tuple[str, str | None, bool]:
         """(output, error, contained) of one call: ``contained`` when the sandbox stopped it."""
         result = run_sandboxed(
-            {"main.py": code}, [python_for_sandbox(), "-I", "-S", "-B", "main.py"],
-            limits=self.sandbox, namespaces=self.namespaces,
+            {"main.py": code},
+            [python_for_sandbox(), "-I", "-S", "-B", "main.py"],
+            limits=self.sandbox,
+            namespaces=self.namespaces,
             allow_weak_isolation=self.allow_weak_isolation,
-        )  # fmt: skip
+        )
         cut = self.max_output_chars
         if result.status != "finished" or result.signal is not None:
             why = result.detail or f"killed by signal {result.signal}"

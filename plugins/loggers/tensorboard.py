@@ -29,12 +29,21 @@ def tag(name: str) -> str:
 
 def traces_markdown(traces: list[dict[str, Any]], max_chars: int = 300) -> str:
     """The traces of one step as a markdown table (TensorBoard's text dashboard renders it)."""
-    lines = ["| prompt | completion | reward | reason | tokens | finish | version |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| prompt | completion | reward | reason | tokens | finish | version |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for trace in traces:
         for c in trace["completions"]:
-            cells = [trace["prompt"], c["text"][:max_chars], f"{c['reward']:g}", c["reason"],
-                     str(c["length"]), c["finish_reason"], str(c["policy_version"])]  # fmt: skip
+            cells = [
+                trace["prompt"],
+                c["text"][:max_chars],
+                f"{c['reward']:g}",
+                c["reason"],
+                str(c["length"]),
+                c["finish_reason"],
+                str(c["policy_version"]),
+            ]
             lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
     return "\n".join(lines)
 
@@ -69,9 +78,10 @@ class TensorBoardLogger:
         # purge_step: events of the steps after the checkpoint, written by the run that was
         # lost, are hidden (those steps are redone).
         self.writer = SummaryWriter(
-            str(pathlib.Path(run_dir) / self.subdir), flush_secs=self.flush_secs,
+            str(pathlib.Path(run_dir) / self.subdir),
+            flush_secs=self.flush_secs,
             purge_step=step + 1 if step else None,
-        )  # fmt: skip
+        )
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         wall = metrics.get("time")

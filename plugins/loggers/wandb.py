@@ -29,8 +29,9 @@ COLUMNS = ("step", "prompt", "completion", "reward", "reason", "tokens", "finish
 
 def default_mode() -> str:
     """``WANDB_MODE`` if set, else online with an API key and offline without."""
-    return os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else
-                                            "offline")  # fmt: skip
+    return os.environ.get("WANDB_MODE") or (
+        "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    )
 
 
 def run_id(run_dir: pathlib.Path) -> str:
@@ -54,9 +55,15 @@ class WandbLogger:
       tags: tags of the W&B run.
     """
 
-    def __init__(self, *, project: str = "rlax", entity: str | None = None,
-                 name: str | None = None, mode: str | None = None,
-                 tags: Sequence[str] = ()):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        project: str = "rlax",
+        entity: str | None = None,
+        name: str | None = None,
+        mode: str | None = None,
+        tags: Sequence[str] = (),
+    ):
         if importlib.util.find_spec("wandb") is None:
             raise ConfigError("loggers.wandb needs wandb: pip install 'rlax-llm[observe]'")
         if mode is not None and mode not in MODES:
@@ -70,22 +77,42 @@ class WandbLogger:
 
         folder = pathlib.Path(run_dir)
         self.run = wandb.init(
-            project=self.project, entity=self.entity, name=self.name or folder.name,
-            id=run_id(folder), resume="allow", dir=str(folder),
-            mode=cast(Any, self.mode or default_mode()), tags=self.tags, config={"run_dir": str(folder)},
-        )  # fmt: skip
+            project=self.project,
+            entity=self.entity,
+            name=self.name or folder.name,
+            id=run_id(folder),
+            resume="allow",
+            dir=str(folder),
+            mode=cast(Any, self.mode or default_mode()),
+            tags=self.tags,
+            config={"run_dir": str(folder)},
+        )
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        numbers = {k: v for k, v in metrics.items()
-                   if k != "step" and isinstance(v, int | float) and math.isfinite(v)}  # fmt: skip
+        numbers = {
+            k: v
+            for k, v in metrics.items()
+            if k != "step" and isinstance(v, int | float) and math.isfinite(v)
+        }
         self.run.log(numbers, step=step)
 
     def log_traces(self, step: int, traces: list[dict[str, Any]]) -> None:
         import wandb
 
-        rows = [[step, t["prompt"], c["text"], c["reward"], c["reason"], c["length"],
-                 c["finish_reason"], c["policy_version"]]
-                for t in traces for c in t["completions"]]  # fmt: skip
+        rows = [
+            [
+                step,
+                t["prompt"],
+                c["text"],
+                c["reward"],
+                c["reason"],
+                c["length"],
+                c["finish_reason"],
+                c["policy_version"],
+            ]
+            for t in traces
+            for c in t["completions"]
+        ]
         self.run.log({"rollouts": wandb.Table(columns=list(COLUMNS), data=rows)}, step=step)
 
     def close(self) -> None:

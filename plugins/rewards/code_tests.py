@@ -186,10 +186,14 @@ def plan_tests(spec: dict[str, Any]) -> TestPlan:
         return TestPlan("stdio", tuple(StdioTest(str(i), str(o)) for i, o in spec["stdio"]))
     if "calls" in spec:
         tests = tuple(
-            CallTest(str(c["function"]), tuple(c.get("args", ())), dict(c.get("kwargs", {})),
-                     c["expected"])
+            CallTest(
+                str(c["function"]),
+                tuple(c.get("args", ())),
+                dict(c.get("kwargs", {})),
+                c["expected"],
+            )
             for c in spec["calls"]
-        )  # fmt: skip
+        )
         return TestPlan("call", tests, setup)
     converted = _convert_all(list(spec["asserts"]))
     if converted:

@@ -55,8 +55,11 @@ class CompositeReward:
         for reward, weight, name in zip(self.rewards, self.weights, self.names):
             value, reason = score_one(reward, prompt, completion_text)
             total += weight * value
-            parts.append(f"{weight:g}*{name}={value:g} ({reason})" if reason else
-                         f"{weight:g}*{name}={value:g}")  # fmt: skip
+            parts.append(
+                f"{weight:g}*{name}={value:g} ({reason})"
+                if reason
+                else f"{weight:g}*{name}={value:g}"
+            )
         return RewardResult(total, " + ".join(parts))
 
 

@@ -47,8 +47,11 @@ class LengthReward:
         if unit not in ("chars", "words"):
             raise ValueError(f"rewards.length: unit must be 'chars' or 'words', got {unit!r}")
         self.min_length, self.max_length, self.width, self.unit = (
-            min_length, max_length, width, unit,
-        )  # fmt: skip
+            min_length,
+            max_length,
+            width,
+            unit,
+        )
 
     def score(self, prompt: Prompt, completion_text: str) -> RewardResult:
         text = completion_text

@@ -299,13 +299,17 @@ def _init(job: dict, isolation: dict, parent: int) -> None:
     text = {n: bytes(b).decode("utf-8", "replace") for n, b in captured["buffers"].items()}
     report = {
         "timed_out": captured["timed_out"],
-        "returncode": os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None,
+        "returncode": os.WEXITSTATUS(status)
+        if status is not None and os.WIFEXITED(status)
+        else None,
         "signal": os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None,
-        "stdout": text["stdout"], "stderr": text["stderr"], "channel": text["channel"],
+        "stdout": text["stdout"],
+        "stderr": text["stderr"],
+        "channel": text["channel"],
         "wall_s": time.monotonic() - start,
         "isolation": isolation,
         "uid": job["uid"],
-    }  # fmt: skip
+    }
     os.write(1, (json.dumps(report) + "\n").encode())
     os._exit(0)
 

@@ -50,11 +50,14 @@ def mount(
     """mount(2), raising ``OSError`` naming ``target``."""
     _check(
         _libc.mount(
-            source.encode() if source else None, target.encode(),
-            fstype.encode() if fstype else None, flags, data.encode() if data else None,
+            source.encode() if source else None,
+            target.encode(),
+            fstype.encode() if fstype else None,
+            flags,
+            data.encode() if data else None,
         ),
         f"mount {target}",
-    )  # fmt: skip
+    )
 
 
 def _bind(host: str, inside: str, *, read_only: bool, flags: int) -> None:

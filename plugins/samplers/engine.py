@@ -89,9 +89,17 @@ class SlotEngine(JaxSampler):
         1 / sqrt(window) (each tier then costs about the same per step).
     """
 
-    def __init__(self, *, slots: int = 32, chunk: int = 32, refill_at: int = 0,
-                 share_prompts: bool = True, max_prompt_tokens: int = 256,
-                 tiers: Sequence[Sequence[int]] = (), **sampling):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        slots: int = 32,
+        chunk: int = 32,
+        refill_at: int = 0,
+        share_prompts: bool = True,
+        max_prompt_tokens: int = 256,
+        tiers: Sequence[Sequence[int]] = (),
+        **sampling,
+    ):
         super().__init__(**sampling)
         if slots < 1 or chunk < 1 or refill_at < 0 or max_prompt_tokens < 1:
             raise ValueError(
@@ -125,13 +133,18 @@ class SlotEngine(JaxSampler):
         )
         self._decode_fn = jax.jit(
             functools.partial(
-                engine_steps.decode, graphdef, ring=self.ring, steps=self.chunk,
+                engine_steps.decode,
+                graphdef,
+                ring=self.ring,
+                steps=self.chunk,
                 refill_at=self.refill_at,
-                stop_ids=self._stops, top_k=self.top_k, top_p=self.top_p,
+                stop_ids=self._stops,
+                top_k=self.top_k,
+                top_p=self.top_p,
                 method=self._method(model.cfg.vocab_size),
             ),
             donate_argnums=1,
-        )  # fmt: skip
+        )
         self._fn = self._decode_fn  # JaxSampler's "set up" marker
         self._slots = engine_steps.empty_slots(model, self.ring)
         self._windows = np.asarray(self.ring.windows())
@@ -212,16 +225,18 @@ class SlotEngine(JaxSampler):
                 if old is not None:
                     row.tokens, row.logprobs = old.tokens.tolist(), old.logprobs.tolist()
                     row.versions = (
-                        old.versions.tolist() if old.versions is not None
+                        old.versions.tolist()
+                        if old.versions is not None
                         else [old.policy_version] * len(old.tokens)
-                    )  # fmt: skip
+                    )
                 pending.append(row)
         return done, pending
 
     def _schedule(self, table: Table, pending, prefixes) -> None:
         """Moves the rows that outgrew their window, then starts pending rows in free slots."""
-        moves = table.plan_moves(self._used, self._active, self._windows, self.step,
-                                 margin=self.chunk)  # fmt: skip
+        moves = table.plan_moves(
+            self._used, self._active, self._windows, self.step, margin=self.chunk
+        )
         paused = sorted(table.paused)
         for batch in _batches(moves, MOVE_ROWS, keep_pairs=True):
             src, dst, ends = (np.full(MOVE_ROWS, x, np.int32) for x in (self.slots, self.slots, 0))
@@ -296,8 +311,18 @@ class SlotEngine(JaxSampler):
             count[i], limit[i] = len(row.tokens), row.limit
             # The ring holds the prefix bucket and the tokens still to come (S's choice).
             assert pb + row.limit - len(row.tokens) <= self.columns
-        self._slots = self._place_fn(self._slots, written, source, target, valid, feed,
-                                     feed_pos, count, limit, jnp.int32(self.step))  # fmt: skip
+        self._slots = self._place_fn(
+            self._slots,
+            written,
+            source,
+            target,
+            valid,
+            feed,
+            feed_pos,
+            count,
+            limit,
+            jnp.int32(self.step),
+        )
 
     def _decode_once(self, table: Table, done, key) -> None:
         self._slots, out = self._decode_fn(

@@ -65,9 +65,13 @@ def make_ring(
         rows[0] += slots - sum(rows)
         tiers = [*zip(rows, [*windows, 0])]
     pairs = [(int(r), int(w) or columns) for r, w in tiers]
-    if (sum(r for r, _ in pairs) != slots or any(r < 1 for r, _ in pairs)
-            or pairs[-1][1] != columns or any(not 1 < w < columns for _, w in pairs[:-1])
-            or [w for _, w in pairs] != sorted({w for _, w in pairs})):  # fmt: skip
+    if (
+        sum(r for r, _ in pairs) != slots
+        or any(r < 1 for r, _ in pairs)
+        or pairs[-1][1] != columns
+        or any(not 1 < w < columns for _, w in pairs[:-1])
+        or [w for _, w in pairs] != sorted({w for _, w in pairs})
+    ):
         raise ValueError(
             f"engine sampler: tiers {list(tiers)} must be (rows >= 1, window) pairs with rows "
             f"adding up to slots={slots}, windows increasing below the ring's {columns} "
@@ -108,8 +112,9 @@ class Table:
                     return slot
         return None
 
-    def plan_moves(self, used: np.ndarray, active: np.ndarray, windows: np.ndarray,
-                   step: int, margin: int) -> list[tuple[int, int, int]]:  # fmt: skip
+    def plan_moves(
+        self, used: np.ndarray, active: np.ndarray, windows: np.ndarray, step: int, margin: int
+    ) -> list[tuple[int, int, int]]:
         """Moves ``[(source, target, end)]`` for the rows that outgrew their window (and
         the paused ones), oldest first, ``end`` the step after the row's last column; the
         rows with nowhere to go are paused."""
@@ -135,8 +140,12 @@ class Table:
         """The running slot of a larger tier whose row is shortest and fits ``slot``'s window."""
         end = self.tier(slot)[1]
         fits = [
-            s for s, _ in self.running()
-            if s >= end and s not in moving and s not in self.paused
-            and used[s] + margin <= windows[slot] and windows[s] > used[slot]
-        ]  # fmt: skip
+            s
+            for s, _ in self.running()
+            if s >= end
+            and s not in moving
+            and s not in self.paused
+            and used[s] + margin <= windows[slot]
+            and windows[s] > used[slot]
+        ]
         return min(fits, key=lambda s: used[s], default=None)

@@ -172,8 +172,13 @@ class JaxSampler:
     ):
         if method not in ("auto", "gumbel", "inverse_cdf"):
             raise ValueError(f"jax sampler: method must be auto, gumbel or inverse_cdf: {method!r}")
-        if (max_new_tokens < 1 or temperature <= 0 or top_k < 0 or prompt_bucket < 1
-                or not 0 < top_p <= 1):  # fmt: skip
+        if (
+            max_new_tokens < 1
+            or temperature <= 0
+            or top_k < 0
+            or prompt_bucket < 1
+            or not 0 < top_p <= 1
+        ):
             raise ValueError(
                 "jax sampler: need max_new_tokens >= 1, temperature > 0, top_k >= 0, "
                 "0 < top_p <= 1, prompt_bucket >= 1; got "
@@ -270,9 +275,13 @@ class JaxSampler:
         fn = self._check_ready()
         tokens, mask = self.pad_prompts(prompts, n)
         out_tok, out_logp, self._cache = fn(
-            self._state, self._cache_for(*tokens.shape), tokens, mask, jax.random.key(seed),
+            self._state,
+            self._cache_for(*tokens.shape),
+            tokens,
+            mask,
+            jax.random.key(seed),
             jnp.float32(self.temperature),
-        )  # fmt: skip
+        )
         out_tok, out_logp = np.asarray(out_tok), np.asarray(out_logp)
         return [
             tuple(self._completion(out_tok[i * n + j], out_logp[i * n + j]) for j in range(n))

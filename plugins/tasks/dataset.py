@@ -181,8 +181,9 @@ class DatasetTask:
         if not train_files and not hub_name:
             raise ValueError("tasks.dataset: set train_files (local files) or hub_name")
         if on_malformed not in ("skip", "error"):
-            raise ValueError(f"tasks.dataset: on_malformed must be 'skip' or 'error', "
-                             f"got {on_malformed!r}")  # fmt: skip
+            raise ValueError(
+                f"tasks.dataset: on_malformed must be 'skip' or 'error', got {on_malformed!r}"
+            )
         if not 0 <= eval_fraction < 1:
             raise ValueError(f"tasks.dataset: eval_fraction must be in [0, 1), got {eval_fraction}")
         fields = [f for _, f, _, _ in string.Formatter().parse(template) if f]

@@ -15,11 +15,22 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 @pytest.mark.e2e
 def test_the_check_runs_on_cpu_with_a_tiny_shape_and_prints_one_json_line():
     out = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "accelerator_check.sh"), "--shape", "tiny",
-         "--repeats", "1", "--rl-steps", "0"],
-        capture_output=True, text=True, check=True, timeout=480,
+        [
+            "bash",
+            str(ROOT / "benchmarks" / "accelerator_check.sh"),
+            "--shape",
+            "tiny",
+            "--repeats",
+            "1",
+            "--rl-steps",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=480,
         env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "JAX_PLATFORMS": "cpu"},
-    )  # fmt: skip
+    )
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 1
     result = json.loads(lines[0])
@@ -35,8 +46,11 @@ def test_the_check_runs_on_cpu_with_a_tiny_shape_and_prints_one_json_line():
 def test_a_failing_check_still_prints_one_json_line():
     out = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "accelerator_check.sh"), "--shape", "nonsense"],
-        capture_output=True, text=True, check=False, timeout=120,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
         env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable},
-    )  # fmt: skip
+    )
     assert out.returncode != 0
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"ok": False, "error": "exit 2"}

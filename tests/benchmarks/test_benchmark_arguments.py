@@ -18,8 +18,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def test_pass_at_8_with_fewer_than_8_samples_is_refused_before_any_run(script, args):
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), "--eval-samples", "4", *args],
-        check=False, capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert out.returncode == 2
     assert out.stderr.splitlines()[-1].endswith(
         "error: --eval-samples: pass@8 needs at least 8 samples, got 4"

@@ -59,15 +59,29 @@ def test_role_and_peak_of_a_live_process():
 @pytest.mark.e2e
 def test_tiny_run_prints_the_issues_keys_and_a_train_peak_above_its_floor():
     out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--skip-smollm2", "--tiny", "--qwen-rows=2", "--qwen-seq=16",
-         "--qwen-new=4", "--qwen-microbatches=2"],
-        capture_output=True, text=True, check=True, timeout=280,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--skip-smollm2",
+            "--tiny",
+            "--qwen-rows=2",
+            "--qwen-seq=16",
+            "--qwen-new=4",
+            "--qwen-microbatches=2",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=280,
+    )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(result) == {
-        "trainer_peak_gb", "trainer_floor_gb", "ps_peak_gb", "worker_peak_gb",
+        "trainer_peak_gb",
+        "trainer_floor_gb",
+        "ps_peak_gb",
+        "worker_peak_gb",
         "qwen05b_train_peak_gb",
-    }  # fmt: skip
+    }
     assert result["trainer_peak_gb"] is None  # the SmolLM2 section was skipped
     # A process with JAX loaded and a step compiled holds well over 0.1 GB.
     assert 0.1 < result["qwen05b_train_peak_gb"] < 4.0

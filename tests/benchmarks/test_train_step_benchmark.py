@@ -36,8 +36,18 @@ def load():
 
 
 def tiny(m):
-    a = argparse.Namespace(vocab=64, hidden=32, layers=1, heads=2, kv_heads=1, head_dim=16,
-                           mlp=64, batch=8, seq=24, prompt=8)  # fmt: skip
+    a = argparse.Namespace(
+        vocab=64,
+        hidden=32,
+        layers=1,
+        heads=2,
+        kv_heads=1,
+        head_dim=16,
+        mlp=64,
+        batch=8,
+        seq=24,
+        prompt=8,
+    )
     return a, Transformer(m.model_config(a), rngs=nnx.Rngs(0))
 
 

@@ -94,10 +94,20 @@ def test_a_literal_of_the_wrong_type_is_refused_naming_its_binding(binding, expe
 
 @pytest.mark.parametrize(
     "binding",
-    ["typed.steps=3", "typed.rate=1", "typed.rate=0.5", "typed.ks=[1, 2]", "typed.ks=(4,)",
-     "typed.pair=(1, 'a')", "typed.mode='b'", "typed.maybe=None", "typed.maybe=2",
-     "typed.anything='whatever'", "typed.flag=False"],
-)  # fmt: skip
+    [
+        "typed.steps=3",
+        "typed.rate=1",
+        "typed.rate=0.5",
+        "typed.ks=[1, 2]",
+        "typed.ks=(4,)",
+        "typed.pair=(1, 'a')",
+        "typed.mode='b'",
+        "typed.maybe=None",
+        "typed.maybe=2",
+        "typed.anything='whatever'",
+        "typed.flag=False",
+    ],
+)
 def test_a_literal_of_the_right_type_passes(binding):
     config.parse([], [binding])
 
@@ -149,10 +159,14 @@ def test_a_misspelt_parameter_lists_the_closest_names():
 
 
 def test_a_relative_path_in_a_gin_file_is_relative_to_that_file(tmp_path, monkeypatch):
-    main = write(tmp_path / "exp" / "main.gin",
-                 "include 'parts/model.gin'\nlocated.files = ['data/a.jsonl', '/abs/b.jsonl']\n")  # fmt: skip
-    write(tmp_path / "exp" / "parts" / "model.gin", "MODEL = '../../models/base'\n"
-          "located.model = %MODEL\nlocated.other = 'not/a/path'\n")  # fmt: skip
+    main = write(
+        tmp_path / "exp" / "main.gin",
+        "include 'parts/model.gin'\nlocated.files = ['data/a.jsonl', '/abs/b.jsonl']\n",
+    )
+    write(
+        tmp_path / "exp" / "parts" / "model.gin",
+        "MODEL = '../../models/base'\nlocated.model = %MODEL\nlocated.other = 'not/a/path'\n",
+    )
     monkeypatch.chdir(tmp_path / "exp" / "parts")
 
     config.parse([main], [])

@@ -143,8 +143,13 @@ def test_run_all_hands_its_arguments_to_the_local_cluster(site, monkeypatch, tmp
     args = ["--gin", path, "--gin.local_cluster.settings=None", "-p", "no:grpo", "--run-dir", "out"]
     assert cli.main(["run", *args]) == 0
     assert seen["argv"] == [
-        "--gin", path, "--gin.local_cluster.settings=None", "-pno:grpo", "--run-dir", "out"
-    ]  # fmt: skip
+        "--gin",
+        path,
+        "--gin.local_cluster.settings=None",
+        "-pno:grpo",
+        "--run-dir",
+        "out",
+    ]
 
 
 def test_run_calls_the_configured_train_with_the_hook(site, fake_experiment, tmp_path):
@@ -290,8 +295,11 @@ def test_an_rlax_warning_is_shown_once_as_one_line(capsys):
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             warnings.showwarning = terminal.show_warning
-            warnings.warn("checkpoint runs/x/2 cannot be restored (ValueError: bad); moved",
-                          CorruptCheckpointWarning, stacklevel=1)  # fmt: skip
+            warnings.warn(
+                "checkpoint runs/x/2 cannot be restored (ValueError: bad); moved",
+                CorruptCheckpointWarning,
+                stacklevel=1,
+            )
     finally:
         warnings.showwarning = terminal.PYTHON_SHOWWARNING
 

@@ -16,13 +16,20 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROWS = [
     {"question": "Ann has 3 pens and buys 4 more. How many pens does she have?", "answer": "7"},
     {"question": "ann has 3 pens, and buys 4 more; how many pens does she have", "answer": "7"},
-    {"question": "Bo reads 15 pages every day for 3 weeks. How many pages in all?", "answer": "315"},
+    {
+        "question": "Bo reads 15 pages every day for 3 weeks. How many pages in all?",
+        "answer": "315",
+    },
     {"question": "Cy?", "answer": "1"},
-    {"question": "Di bakes 6 trays of 12 cookies and eats 5. How many cookies are left?",
-     "answer": "67"},
-    {"question": "Ed walks 2 km to school and 2 km back, 5 days a week. How many km?",
-     "answer": "20"},
-]  # fmt: skip
+    {
+        "question": "Di bakes 6 trays of 12 cookies and eats 5. How many cookies are left?",
+        "answer": "67",
+    },
+    {
+        "question": "Ed walks 2 km to school and 2 km back, 5 days a week. How many km?",
+        "answer": "20",
+    },
+]
 EVAL = {"question": "Bo reads 15 pages every day for 3 weeks. How many pages does he read?"}
 
 

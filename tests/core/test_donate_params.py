@@ -26,10 +26,15 @@ def batch(algo):
     for i in range(2):
         prompt = Prompt(str(i), "", rng.integers(3, 9, size=3).astype(np.int32), "")
         comps = tuple(
-            Completion(rng.integers(3, 9, size=3).astype(np.int32),
-                       -rng.random(3).astype(np.float32), "", "stop", 0)
+            Completion(
+                rng.integers(3, 9, size=3).astype(np.int32),
+                -rng.random(3).astype(np.float32),
+                "",
+                "stop",
+                0,
+            )
             for _ in range(2)
-        )  # fmt: skip
+        )
         groups.append(Group(prompt, comps, np.array([1.0, 0.0], np.float32)))
     return make_batch(groups, algo.advantages(np.stack([g.rewards for g in groups])))
 

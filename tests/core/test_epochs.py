@@ -40,9 +40,15 @@ def groups(m: int = 4):
     for i in range(m):
         prompt = Prompt(str(i), "", rng.integers(3, 9, size=3).astype(np.int32), "")
         comps = tuple(
-            Completion(rng.integers(3, 9, size=n).astype(np.int32), -rng.random(n).astype(np.float32), "", "stop", 0)
+            Completion(
+                rng.integers(3, 9, size=n).astype(np.int32),
+                -rng.random(n).astype(np.float32),
+                "",
+                "stop",
+                0,
+            )
             for n in (2, 3)
-        )  # fmt: skip
+        )
         out.append(Group(prompt, comps, np.array([1.0, 0.0], np.float32)))
     return out
 
@@ -57,8 +63,12 @@ def arrays_of(batch):
 
 
 def trainer_for(algo, lr=1.0, **settings):
-    return Trainer(Transformer(CFG, rngs=nnx.Rngs(0)), algo, optax.sgd(lr),
-                   settings=TrainerSettings(**settings))  # fmt: skip
+    return Trainer(
+        Transformer(CFG, rngs=nnx.Rngs(0)),
+        algo,
+        optax.sgd(lr),
+        settings=TrainerSettings(**settings),
+    )
 
 
 def leaves(trainer):
@@ -77,8 +87,10 @@ def test_minibatches_hold_whole_groups_once_per_epoch_and_pad_to_one_shape():
             assert np.sum(ids == g) == 2
     again = minibatch_rows(group_ids, 2, np.random.default_rng(0), row_multiple=4)
     assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
-    orders = {tuple(np.concatenate(minibatch_rows(group_ids, 5, np.random.default_rng(s))))
-              for s in range(6)}  # fmt: skip
+    orders = {
+        tuple(np.concatenate(minibatch_rows(group_ids, 5, np.random.default_rng(s))))
+        for s in range(6)
+    }
     assert len(orders) > 1  # the seed shuffles the groups
     # More minibatches than groups: the empty ones are left out.
     assert len(minibatch_rows(np.array([0, 0, 1, 1]), 4, np.random.default_rng(0))) == 2
@@ -129,8 +141,10 @@ def test_reinforcepp_whitens_over_the_whole_batch_not_each_minibatch():
     # Group i rewards its two completions (2 and 3 tokens) i and 0: over the batch's
     # 20 tokens the return-to-go has mean 12/20 = 0.6 and variance 28/20 - 0.36 = 1.04.
     algo = reinforcepp()
-    gs = [dataclasses.replace(g, rewards=np.array([float(i), 0.0], np.float32))
-          for i, g in enumerate(groups())]  # fmt: skip
+    gs = [
+        dataclasses.replace(g, rewards=np.array([float(i), 0.0], np.float32))
+        for i, g in enumerate(groups())
+    ]
     batch = make_batch(gs, algo.advantages(np.stack([g.rewards for g in gs])), row_multiple=8)
     trainer = trainer_for(algo, epochs=1, minibatches=2)
     anchored = fixed_anchors(trainer, batch_arrays(batch))

@@ -19,14 +19,16 @@ pytestmark = pytest.mark.e2e
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARGS = [
-    "--gin", str(ROOT / "configs/experiments/quickstart.gin"),
+    "--gin",
+    str(ROOT / "configs/experiments/quickstart.gin"),
     f"--gin.INIT_CHECKPOINT='{ROOT / 'assets' / 'quickstart-base'}'",
     "--gin.PROMPTS_PER_STEP=8",
     "--gin.GROUP_SIZE=4",
     "--gin.tasks.arithmetic.num_eval=8",
     "--gin.rlax.train.eval_samples=2",
     "--gin.rlax.train.eval_ks=(1,)",
-    "--gin.rlax.train.progress=False", NO_CURVES,
+    "--gin.rlax.train.progress=False",
+    NO_CURVES,
     "--gin.rlax.train.checkpoint_every=1",
     "--gin.rlax.train.deterministic=True",
     "--gin.MAX_STALENESS=0",
@@ -34,8 +36,9 @@ ARGS = [
     "--gin.rlax.trainer_settings.epochs=2",
     "--gin.rlax.trainer_settings.minibatches=2",
     "--gin.algorithms.grpo.alignment='tis'",
-    "--role", "inline",
-]  # fmt: skip
+    "--role",
+    "inline",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -61,8 +64,14 @@ def params(run_dir: pathlib.Path) -> list[np.ndarray]:
 
 def rows(run_dir: pathlib.Path) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(x).items() if not k.endswith("_s") and k not in
-             ("time", "tokens_per_s")} for x in lines]  # fmt: skip
+    return [
+        {
+            k: v
+            for k, v in json.loads(x).items()
+            if not k.endswith("_s") and k not in ("time", "tokens_per_s")
+        }
+        for x in lines
+    ]
 
 
 def test_resumed_mid_run_equals_a_run_that_never_stopped(tmp_path):

@@ -21,14 +21,15 @@ BASE = ROOT / "assets" / "quickstart-base"
 # steps (last 10 over first 10) +0.016.
 STEPS = 100
 SHORT = [
-    "--gin", str(ROOT / "configs/experiments/quickstart.gin"),
+    "--gin",
+    str(ROOT / "configs/experiments/quickstart.gin"),
     f"--gin.INIT_CHECKPOINT='{BASE}'",
     f"--gin.rlax.train.steps={STEPS}",
     "--gin.PROMPTS_PER_STEP=32",
     "--gin.tasks.arithmetic.num_eval=48",
     "--gin.rlax.train.progress=False",
     "--gin.rlax.evaluate.progress=False",
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +95,17 @@ def test_missing_or_corrupt_checkpoint_is_a_configuration_error(tmp_path, capsys
 
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "model.json").write_text("{not json")
-    status = cli.main(["run", *SHORT, f"--gin.INIT_CHECKPOINT='{tmp_path / 'bad'}'",
-                       "--role", "inline", "--run-dir", str(tmp_path / "run")])  # fmt: skip
+    status = cli.main(
+        [
+            "run",
+            *SHORT,
+            f"--gin.INIT_CHECKPOINT='{tmp_path / 'bad'}'",
+            "--role",
+            "inline",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ]
+    )
     err = capsys.readouterr().err
     assert status == cli.EXIT_USAGE
     assert (

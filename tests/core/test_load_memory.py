@@ -174,28 +174,64 @@ class _Unavailable(grpc.RpcError):
 def test_a_worker_whose_pull_into_its_weights_fails_holds_no_version():
     """A reused pull buffer is the worker's weights: once a pull into it has begun they are
     gone, so a failed pull leaves version -1 (the next round pulls before generating)."""
-    worker = Worker(_FailingPull(_Unavailable()), None, None, [], group_size=2,
-                    prompts_per_lease=1, reload_staleness=0, worker_id="w", seed=0)  # fmt: skip
+    worker = Worker(
+        _FailingPull(_Unavailable()),
+        None,
+        None,
+        [],
+        group_size=2,
+        prompts_per_lease=1,
+        reload_staleness=0,
+        worker_id="w",
+        seed=0,
+    )
     worker.version = 1
     with pytest.raises(grpc.RpcError):
         worker.maybe_reload(plan=None)
     assert worker.version == -1
     # A pull that receives nothing (the server had nothing newer after all) changes nothing.
-    worker = Worker(_FailingPull(None), None, None, [], group_size=2, prompts_per_lease=1,
-                    reload_staleness=0, worker_id="w", seed=0)  # fmt: skip
+    worker = Worker(
+        _FailingPull(None),
+        None,
+        None,
+        [],
+        group_size=2,
+        prompts_per_lease=1,
+        reload_staleness=0,
+        worker_id="w",
+        seed=0,
+    )
     worker.version = 1
     worker.maybe_reload(plan=None)
     assert worker.version == 1
     # With a buffer of its own for each pull (in-flight reloads), a failed pull leaves the
     # weights in use, and their version, as they were.
-    worker = Worker(_FailingPull(_Unavailable(), reuse_pull_buffer=False), None, None, [],
-                    group_size=2, prompts_per_lease=1, reload_staleness=0, worker_id="w",
-                    seed=0)  # fmt: skip
+    worker = Worker(
+        _FailingPull(_Unavailable(), reuse_pull_buffer=False),
+        None,
+        None,
+        [],
+        group_size=2,
+        prompts_per_lease=1,
+        reload_staleness=0,
+        worker_id="w",
+        seed=0,
+    )
     worker.version = 1
     with pytest.raises(grpc.RpcError):
         worker.maybe_reload(plan=None)
     assert worker.version == 1
     # In-flight reloads with a client that reuses its buffer are refused at once.
     with pytest.raises(ValueError, match="in-flight reloads need a client made with"):
-        Worker(_FailingPull(None), None, None, [], group_size=2, prompts_per_lease=1,
-               reload_staleness=0, worker_id="w", seed=0, reload_in_flight=True)  # fmt: skip
+        Worker(
+            _FailingPull(None),
+            None,
+            None,
+            [],
+            group_size=2,
+            prompts_per_lease=1,
+            reload_staleness=0,
+            worker_id="w",
+            seed=0,
+            reload_in_flight=True,
+        )

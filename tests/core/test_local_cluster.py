@@ -30,8 +30,9 @@ def test_async_mode_trains_on_groups_at_most_max_staleness_old(tmp_path):
     """12 steps: the workers run ahead from the second step on, so a dozen is plenty to
     see groups one and two versions old, and none older."""
     run_dir = tmp_path / "run"
-    proc = rlax_process(*quickstart_cluster(CLUSTER_STEPS, "--gin.MAX_STALENESS=2"),
-                        "--run-dir", str(run_dir))  # fmt: skip
+    proc = rlax_process(
+        *quickstart_cluster(CLUSTER_STEPS, "--gin.MAX_STALENESS=2"), "--run-dir", str(run_dir)
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     ages = {k for r in rows for k in r if k.startswith("staleness_")}
@@ -45,9 +46,15 @@ def test_a_dead_worker_is_reported_and_fails_the_run(tmp_path):
     # A worker that crashes at start (its reward pool refuses -1 processes); a model path
     # for the workers alone is refused before anything starts (the roles must agree).
     # No restarts: the first death fails the run (restarts are the preemption tests').
-    proc = rlax_process(*quickstart_cluster(CLUSTER_STEPS, "--gin.rlax.worker.reward_workers=-1",
-                                            "--gin.rlax.local_cluster.max_restarts=0"),
-                        "--run-dir", str(tmp_path / "run"))  # fmt: skip
+    proc = rlax_process(
+        *quickstart_cluster(
+            CLUSTER_STEPS,
+            "--gin.rlax.worker.reward_workers=-1",
+            "--gin.rlax.local_cluster.max_restarts=0",
+        ),
+        "--run-dir",
+        str(tmp_path / "run"),
+    )
     assert proc.returncode == 1
     # Both workers fail at start; whichever the supervisor sees first is named.
     assert re.search(r"worker-[01] \(pid \d+\) died with status [1-9]", proc.stderr), proc.stderr[

@@ -40,8 +40,12 @@ class RecordingSampler:
 
 
 def trained(seed: int, base_dtype: str = "float32") -> Trainer:
-    trainer = Trainer(Transformer(CFG, rngs=nnx.Rngs(seed)), grpo(), optax.adam(0.05),
-                      lora=lora.LoraConfig(rank=2, base_dtype=base_dtype))  # fmt: skip
+    trainer = Trainer(
+        Transformer(CFG, rngs=nnx.Rngs(seed)),
+        grpo(),
+        optax.adam(0.05),
+        lora=lora.LoraConfig(rank=2, base_dtype=base_dtype),
+    )
     for _ in range(2):
         trainer.step(batch())
     return trainer
@@ -50,9 +54,17 @@ def trained(seed: int, base_dtype: str = "float32") -> Trainer:
 def worker_for(client, base_model) -> tuple[Worker, RecordingSampler]:
     sampler = RecordingSampler()
     worker = Worker(
-        client, sampler, None, [], group_size=2, prompts_per_lease=1, reload_staleness=0,
-        worker_id="w0", seed=0, adapters=AdapterApplier(nnx.state(base_model)),
-    )  # fmt: skip
+        client,
+        sampler,
+        None,
+        [],
+        group_size=2,
+        prompts_per_lease=1,
+        reload_staleness=0,
+        worker_id="w0",
+        seed=0,
+        adapters=AdapterApplier(nnx.state(base_model)),
+    )
     return worker, sampler
 
 
@@ -82,8 +94,12 @@ def test_worker_applying_a_pushed_adapter_version_gets_the_trainers_logits(ps, b
 
 def test_a_version_for_another_base_is_refused(ps):
     trainer = trained(1)
-    source = RemoteRollouts(ps.client, WirePlan.for_tree(wire_tree(trainer.state.params)),
-                            prompts_per_step=1, max_staleness=0)  # fmt: skip
+    source = RemoteRollouts(
+        ps.client,
+        WirePlan.for_tree(wire_tree(trainer.state.params)),
+        prompts_per_step=1,
+        max_staleness=0,
+    )
     source.publish(trainer.state.params, 0)
     other = Transformer(CFG, rngs=nnx.Rngs(2))
     worker, sampler = worker_for(ps.client, other)
@@ -107,9 +123,11 @@ def test_whole_weights_still_load_on_a_worker_that_keeps_a_base(ps):
 def test_inline_source_loads_the_merged_weights():
     trainer = trained(4)
     sampler = RecordingSampler()
-    InlineRollouts(iter(()), sampler, None, [], group_size=2, prompts_per_step=1,
-                   seed=0).publish(trainer.state.params, 3)  # fmt: skip
+    InlineRollouts(iter(()), sampler, None, [], group_size=2, prompts_per_step=1, seed=0).publish(
+        trainer.state.params, 3
+    )
     ((params, version),) = sampler.loaded
     assert version == 3
-    np.testing.assert_array_equal(logits(nnx.merge(trainer.graphdef, params)),
-                                  logits(trainer.model()))  # fmt: skip
+    np.testing.assert_array_equal(
+        logits(nnx.merge(trainer.graphdef, params)), logits(trainer.model())
+    )

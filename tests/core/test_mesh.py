@@ -100,12 +100,25 @@ def test_every_parameter_of_the_model_families_has_a_rule():
     # Every leaf of Llama (untied head), Qwen2 (q/k/v bias), Qwen3 (q/k norm) with an
     # output-projection bias, and of both critics, is matched by a rule of its rank:
     # nothing is replicated by accident.
-    cfg = TransformerConfig(vocab_size=64, num_layers=2, embed_dim=32, num_heads=4,
-                            num_kv_heads=2, head_dim=8, mlp_dim=64, tie_embeddings=False,
-                            qkv_bias=True, o_bias=True, qk_norm=True)  # fmt: skip
+    cfg = TransformerConfig(
+        vocab_size=64,
+        num_layers=2,
+        embed_dim=32,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        mlp_dim=64,
+        tie_embeddings=False,
+        qkv_bias=True,
+        o_bias=True,
+        qk_norm=True,
+    )
     model = Transformer(cfg, rngs=nnx.Rngs(0))
-    trees = [nnx.state(model), nnx.state(build_critic(model, "separate")),
-             nnx.state(build_critic(model, "head"))]  # fmt: skip
+    trees = [
+        nnx.state(model),
+        nnx.state(build_critic(model, "separate")),
+        nnx.state(build_critic(model, "head")),
+    ]
     names = {param_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(trees[0])[0]}
     assert {"blocks/0/attn/q/bias", "blocks/0/attn/o/bias", "blocks/0/attn/k_norm/scale"} <= names
     for tree in trees:
@@ -123,8 +136,15 @@ def test_batch_is_split_over_data_and_fsdp():
 
 
 def test_describe_lists_each_parameter_with_its_shape_and_spec():
-    cfg = TransformerConfig(vocab_size=64, num_layers=1, embed_dim=32, num_heads=4,
-                            num_kv_heads=2, head_dim=8, mlp_dim=64)  # fmt: skip
+    cfg = TransformerConfig(
+        vocab_size=64,
+        num_layers=1,
+        embed_dim=32,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        mlp_dim=64,
+    )
     layout = describe(nnx.state(Transformer(cfg, rngs=nnx.Rngs(0))), MESH)
     assert layout["blocks/0/mlp/down/kernel"] == "(64, 32) P('tensor', 'fsdp')"
     assert layout["final_norm/scale"] == "(32,) P(None,)"

@@ -25,8 +25,12 @@ GIN = ["--gin", str(ROOT / "configs/experiments/quickstart.gin")]
 
 @pytest.fixture(autouse=True)
 def fresh_gin(monkeypatch):
-    for var in ("RLAX_COORDINATOR", "RLAX_NUM_PROCESSES", "RLAX_PROCESS_ID",
-                "JOB_COMPLETION_INDEX"):  # fmt: skip
+    for var in (
+        "RLAX_COORDINATOR",
+        "RLAX_NUM_PROCESSES",
+        "RLAX_PROCESS_ID",
+        "JOB_COMPLETION_INDEX",
+    ):
         monkeypatch.delenv(var, raising=False)
     gin.clear_config()
     yield
@@ -46,9 +50,16 @@ def train_calls(monkeypatch):
 
 
 def test_gin_distributed_settings_are_applied_before_the_trainer_is_built(train_calls, capsys):
-    status = cli.main(["run", *GIN, "--role", "trainer",
-                       "--gin.rlax.train.distributed=@rlax.distributed()",
-                       "--gin.rlax.distributed.num_processes=2"])  # fmt: skip
+    status = cli.main(
+        [
+            "run",
+            *GIN,
+            "--role",
+            "trainer",
+            "--gin.rlax.train.distributed=@rlax.distributed()",
+            "--gin.rlax.distributed.num_processes=2",
+        ]
+    )
     assert status == cli.EXIT_USAGE
     err = capsys.readouterr().err
     assert "rlax.train.distributed" in err and "coordinator" in err
@@ -69,10 +80,17 @@ def test_one_process_starts_no_distributed_runtime(train_calls):
 
 def test_several_processes_with_a_server_that_keeps_no_weights_are_refused(train_calls, capsys):
     # A restarted server would wait for weights only a one-process trainer publishes again.
-    status = cli.main(["run", *GIN, "--role", "trainer",
-                       "--gin.rlax.train.distributed=@rlax.distributed()",
-                       "--gin.rlax.distributed.num_processes=2",
-                       "--gin.rlax.param_server.saved_weights=0"])  # fmt: skip
+    status = cli.main(
+        [
+            "run",
+            *GIN,
+            "--role",
+            "trainer",
+            "--gin.rlax.train.distributed=@rlax.distributed()",
+            "--gin.rlax.distributed.num_processes=2",
+            "--gin.rlax.param_server.saved_weights=0",
+        ]
+    )
     assert status == cli.EXIT_USAGE
     last = capsys.readouterr().err.splitlines()[-1]
     assert last.endswith(

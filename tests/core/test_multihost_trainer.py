@@ -46,22 +46,35 @@ GIN = ROOT / "configs/experiments/quickstart.gin"
 STEPS, PROMPTS, GROUP = 3, 8, 8
 TOKEN = "multihost-test-token"
 ARGS = [
-    "--gin", str(GIN), f"--gin.INIT_CHECKPOINT='{BASE}'", f"--gin.rlax.train.steps={STEPS}",
-    f"--gin.PROMPTS_PER_STEP={PROMPTS}", f"--gin.GROUP_SIZE={GROUP}", "--gin.CURATION=[]",
-    "--gin.MAX_STALENESS=0", "--gin.rlax.train.deterministic=True",
-    "--gin.rlax.worker.deterministic=True", f"--gin.rlax.worker.prompts_per_lease={PROMPTS}",
+    "--gin",
+    str(GIN),
+    f"--gin.INIT_CHECKPOINT='{BASE}'",
+    f"--gin.rlax.train.steps={STEPS}",
+    f"--gin.PROMPTS_PER_STEP={PROMPTS}",
+    f"--gin.GROUP_SIZE={GROUP}",
+    "--gin.CURATION=[]",
+    "--gin.MAX_STALENESS=0",
+    "--gin.rlax.train.deterministic=True",
+    "--gin.rlax.worker.deterministic=True",
+    f"--gin.rlax.worker.prompts_per_lease={PROMPTS}",
     "--gin.rlax.worker.reward_workers=0",
     # SGD: the update is linear in the gradient, so the sharded step's rounding stays at
     # rounding size (adam's normalisation can blow it up where a gradient is ~0).
-    "--gin.rlax.clipped_optimizer.inner=@optax.sgd()", "--gin.optax.sgd.learning_rate=0.5",
-    "--gin.tasks.arithmetic.num_eval=4", "--gin.rlax.train.eval_samples=2",
-    "--gin.rlax.train.eval_ks=(1,)", "--gin.rlax.train.progress=False", NO_CURVES,
+    "--gin.rlax.clipped_optimizer.inner=@optax.sgd()",
+    "--gin.optax.sgd.learning_rate=0.5",
+    "--gin.tasks.arithmetic.num_eval=4",
+    "--gin.rlax.train.eval_samples=2",
+    "--gin.rlax.train.eval_ks=(1,)",
+    "--gin.rlax.train.progress=False",
+    NO_CURVES,
     "--gin.rlax.train.checkpoint_every=2",
-]  # fmt: skip
+]
 MESH = [
-    "--gin.rlax.train.mesh=@rlax.mesh()", "--gin.rlax.mesh.data=2", "--gin.rlax.mesh.fsdp=2",
+    "--gin.rlax.train.mesh=@rlax.mesh()",
+    "--gin.rlax.mesh.data=2",
+    "--gin.rlax.mesh.fsdp=2",
     "--gin.rlax.mesh.tensor=2",
-]  # fmt: skip
+]
 
 
 def free_port() -> int:
@@ -80,23 +93,31 @@ class Cluster:
         cache = tempfile.mkdtemp(prefix="rlax-test-jax-cache-", dir=tmp)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RLAX_")}
         self.env.update(
-            RLAX_PS_ADDRESS=self.address, RLAX_PS_TOKEN=TOKEN, JAX_PLATFORMS="cpu",
-            JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+            RLAX_PS_ADDRESS=self.address,
+            RLAX_PS_TOKEN=TOKEN,
+            JAX_PLATFORMS="cpu",
+            JAX_COMPILATION_CACHE_DIR=cache,
+            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-        )  # fmt: skip
+        )
         self.services = [self._rlax("param_server"), self._rlax("worker")]
 
     def _rlax(self, role: str) -> subprocess.Popen:
         with (self.tmp / f"{role}.log").open("w") as log:
             return subprocess.Popen(
                 [sys.executable, "-m", "rlax.core.cli", "run", *ARGS, "--role", role],
-                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def logs(self) -> str:
         """The parameter server's and the worker's output (for a failure's message)."""
-        return "".join(f"--- {role}:\n" + (self.tmp / f"{role}.log").read_text()[-3000:]
-                       for role in ("param_server", "worker"))  # fmt: skip
+        return "".join(
+            f"--- {role}:\n" + (self.tmp / f"{role}.log").read_text()[-3000:]
+            for role in ("param_server", "worker")
+        )
 
     def train(self, notice_after: dict[int, int] | None = None) -> list[tuple[int, str]]:
         """Runs the two trainer processes to their end: [(status, output)] by process id."""
@@ -104,16 +125,34 @@ class Cluster:
         procs = []
         for pid in range(2):
             env = dict(
-                self.env, RLAX_COORDINATOR=coordinator, RLAX_NUM_PROCESSES="2",
-                RLAX_PROCESS_ID=str(pid), XLA_FLAGS=fake_devices(4),
-            )  # fmt: skip
+                self.env,
+                RLAX_COORDINATOR=coordinator,
+                RLAX_NUM_PROCESSES="2",
+                RLAX_PROCESS_ID=str(pid),
+                XLA_FLAGS=fake_devices(4),
+            )
             if notice_after and pid in notice_after:
                 env["RLAX_TEST_NOTICE_AFTER_STEP"] = str(notice_after[pid])
-            cmd = [sys.executable, str(HERE / "multihost_trainer.py"), str(self.out), *ARGS, *MESH,
-                   "--gin.rlax.distributed.initialization_timeout_s=120",
-                   "--run-dir", str(self.run_dir)]  # fmt: skip
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True))  # fmt: skip
+            cmd = [
+                sys.executable,
+                str(HERE / "multihost_trainer.py"),
+                str(self.out),
+                *ARGS,
+                *MESH,
+                "--gin.rlax.distributed.initialization_timeout_s=120",
+                "--run-dir",
+                str(self.run_dir),
+            ]
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    cwd=ROOT,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
         try:
             outputs = [p.communicate(timeout=240)[0] for p in procs]
             return [(p.returncode, out) for p, out in zip(procs, outputs)]
@@ -161,8 +200,9 @@ def replay(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """One process, one device: the run's algorithm and optimiser (from its gin) on ``batches``."""
     pm = build_plugin_manager()
     config.register_core_configurables()
-    config.parse([GIN], [a.removeprefix("--gin.") for a in ARGS if a.startswith("--gin.")],
-                 plugins=pm)  # fmt: skip
+    config.parse(
+        [GIN], [a.removeprefix("--gin.") for a in ARGS if a.startswith("--gin.")], plugins=pm
+    )
     algorithm = copy.deepcopy(gin.query_parameter("rlax.train.algorithm"))
     optimizer = copy.deepcopy(gin.query_parameter("rlax.train.optimizer"))
     trainer = Trainer(load_model(BASE).model, algorithm, optimizer, temperature=1.0)

@@ -27,15 +27,23 @@ pytestmark = pytest.mark.e2e
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BASE = ROOT / "assets" / "quickstart-base"
 TINY = [
-    "--gin", str(ROOT / "configs/experiments/quickstart.gin"), f"--gin.INIT_CHECKPOINT='{BASE}'",
-    "--gin.PROMPTS_PER_STEP=8", "--gin.tasks.arithmetic.num_eval=8",
-    "--gin.rlax.train.eval_samples=2", "--gin.rlax.train.eval_ks=(1, 2)",
-    "--gin.rlax.train.progress=False", "--gin.rlax.train.steps=3",
-    "--gin.rlax.train.eval_every=2", "--gin.rlax.train.trace_every=1",
-    "--gin.rlax.train.trace_groups=2", "--gin.rlax.train.plot_every=0",
+    "--gin",
+    str(ROOT / "configs/experiments/quickstart.gin"),
+    f"--gin.INIT_CHECKPOINT='{BASE}'",
+    "--gin.PROMPTS_PER_STEP=8",
+    "--gin.tasks.arithmetic.num_eval=8",
+    "--gin.rlax.train.eval_samples=2",
+    "--gin.rlax.train.eval_ks=(1, 2)",
+    "--gin.rlax.train.progress=False",
+    "--gin.rlax.train.steps=3",
+    "--gin.rlax.train.eval_every=2",
+    "--gin.rlax.train.trace_every=1",
+    "--gin.rlax.train.trace_groups=2",
+    "--gin.rlax.train.plot_every=0",
     "--gin.rlax.train.loggers=[@loggers.tensorboard(), @loggers.wandb(), @loggers.broken()]",
-    "--role", "inline",
-]  # fmt: skip
+    "--role",
+    "inline",
+]
 
 # A logger that fails at every step, and a hook that asks for a stop after step 1 (the trainer
 # sees the notice at the end of step 2).
@@ -90,9 +98,11 @@ def preempted_and_resumed(tmp_path_factory):
     mp.setenv("WANDB_MODE", "offline")
     mp.setenv("WANDB_SILENT", "true")
     run_dir, notice = tmp / "run", tmp / "notice"
-    stop = ["--gin.rlax.train.preemption_notices=[@preemption.notice_file()]",
-            f"--gin.preemption.notice_file.path='{notice}'",
-            "--gin.preemption.notice_file.poll_s=0.01"]  # fmt: skip
+    stop = [
+        "--gin.rlax.train.preemption_notices=[@preemption.notice_file()]",
+        f"--gin.preemption.notice_file.path='{notice}'",
+        "--gin.preemption.notice_file.poll_s=0.01",
+    ]
     parts, first_id = [], None
     try:
         __import__(name).NOTICE = str(notice)
@@ -158,8 +168,10 @@ def test_a_failing_logger_is_one_warning_and_the_run_goes_on(preempted_and_resum
     _, _, errs = preempted_and_resumed
     for status, lines in errs:
         warned = [line for line in lines if "Broken" in line]
-        assert warned[0] == ("rlax: warning: logger Broken failed in log_metrics: OSError: disk "
-                             "full; the run goes on")  # fmt: skip
+        assert warned[0] == (
+            "rlax: warning: logger Broken failed in log_metrics: OSError: disk "
+            "full; the run goes on"
+        )
         assert warned[1:] == ["rlax: warning: logger Broken failed in log_metrics 2 times in all"]
 
 
@@ -197,8 +209,9 @@ def test_rlax_show_prints_the_state_the_evaluations_and_the_latest_traces(
     assert out[0] == f"run: {run_dir}"
     assert out[1] == "state: finished after step 3 (its final policy is in checkpoint/)"
     assert out[2].startswith(f"last metrics (step 3): reward {last['reward']:.4g}")
-    assert out.index("held-out pass@k:   pass@1   pass@2") < out.index("rollout traces of step 3 "
-                                                                           "(1 groups):")  # fmt: skip
+    assert out.index("held-out pass@k:   pass@1   pass@2") < out.index(
+        "rollout traces of step 3 (1 groups):"
+    )
     assert any(line.startswith("  step 2 ") for line in out)
     assert f"  prompt {trace['prompt']!r}  answer {trace['answer']!r}" in "\n".join(out)
     texts = [line for line in out if line.startswith("    ")]
@@ -217,8 +230,10 @@ def test_rlax_show_of_a_preempted_run_prints_the_command_that_resumes_it(tmp_pat
     assert cli.main(["show", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "state: 2 steps done, last at -; newest checkpoint: step 2" in out
-    assert (f"resume with: rlax run --gin {tmp_path}/operative_config.gin --role inline "
-            f"--resume {tmp_path}") in out  # fmt: skip
+    assert (
+        f"resume with: rlax run --gin {tmp_path}/operative_config.gin --role inline "
+        f"--resume {tmp_path}"
+    ) in out
     assert cli.main(["show", str(tmp_path / "nope")]) == cli.EXIT_USAGE
 
 

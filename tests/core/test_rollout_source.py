@@ -70,9 +70,14 @@ class OkReward:
 def inline(informative, curation, prompts_per_step=4):
     sampler = ScriptedSampler(set(informative))
     source = InlineRollouts(
-        numbered_prompts(), sampler, OkReward(), curation, group_size=G,
-        prompts_per_step=prompts_per_step, seed=0,
-    )  # fmt: skip
+        numbered_prompts(),
+        sampler,
+        OkReward(),
+        curation,
+        group_size=G,
+        prompts_per_step=prompts_per_step,
+        seed=0,
+    )
     return source, sampler
 
 
@@ -88,8 +93,10 @@ def test_inline_refills_a_short_batch_with_extra_rounds():
     entries, info = source.next_batch(0)
     assert kept_ids(entries) == ["p0", "p5", "p6", "p9"]
     assert [ids for ids, _ in sampler.calls] == [
-        ["p0", "p1", "p2", "p3"], ["p4", "p5", "p6", "p7"], ["p8", "p9", "p10", "p11"],
-    ]  # fmt: skip
+        ["p0", "p1", "p2", "p3"],
+        ["p4", "p5", "p6", "p7"],
+        ["p8", "p9", "p10", "p11"],
+    ]
     assert len({seed for _, seed in sampler.calls}) == 3  # each round samples afresh
     assert counts(info) == {"extra_rounds": 2, "groups_filtered": 8, "groups_surplus": 0}
     assert len(entries) == 12  # the dropped groups' rewards still reach the metrics
@@ -166,9 +173,12 @@ def remote(make_ps):
     def make(informative, curation, *, worker_filters=True):
         running = make_ps(capacity=4)
         source = RemoteRollouts(
-            ParamServerClient(running.settings, retry_s=0.0), WirePlan.for_tree(TREE),
-            prompts_per_step=4, max_staleness=0, curation=curation,
-        )  # fmt: skip
+            ParamServerClient(running.settings, retry_s=0.0),
+            WirePlan.for_tree(TREE),
+            prompts_per_step=4,
+            max_staleness=0,
+            curation=curation,
+        )
         source.publish(TREE, 0)
         worker = HandWorker(running.settings, set(informative), filters=worker_filters)
         worker.start()
@@ -252,7 +262,8 @@ def test_remote_publishes_again_when_the_server_came_back_without_its_weights(ca
     assert "restarted without weights (serving -1); version 5 published again" in (
         capsys.readouterr().out
     )
-    fresh = RemoteRollouts(_RestartedServer(need=-1), WirePlan.for_tree(tree), prompts_per_step=1,
-                           max_staleness=0)  # fmt: skip
+    fresh = RemoteRollouts(
+        _RestartedServer(need=-1), WirePlan.for_tree(tree), prompts_per_step=1, max_staleness=0
+    )
     fresh._republish_if_lost()  # nothing published yet: nothing to publish again
     assert fresh.client.pushed == []

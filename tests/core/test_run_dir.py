@@ -95,8 +95,12 @@ def test_holds_run_needs_the_config_or_the_train_state(tmp_path):
 
 
 def test_resume_takes_the_newest_run_of_the_name_or_the_directory_given(tmp_path):
-    for name in ("tiny-20250101-120000", "tiny-20250102-090000-2", "tiny-20250102-090000-1",
-                 "tiny-big-20991231-000000"):  # fmt: skip
+    for name in (
+        "tiny-20250101-120000",
+        "tiny-20250102-090000-2",
+        "tiny-20250102-090000-1",
+        "tiny-big-20991231-000000",
+    ):
         RunDir(tmp_path / name).open().operative_config.write_text("")
     (tmp_path / "tiny-20991231-000000").mkdir()  # not a run: nothing in it
     assert RunDir.resumed(True, str(tmp_path), "tiny").path.name == "tiny-20250102-090000-2"

@@ -21,17 +21,19 @@ from rlax.core.trainer.phases import WALL_CLOCK
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BASE = ROOT / "assets" / "quickstart-base"
 TINY = [
-    "--gin", str(ROOT / "configs/experiments/quickstart.gin"),
+    "--gin",
+    str(ROOT / "configs/experiments/quickstart.gin"),
     f"--gin.INIT_CHECKPOINT='{BASE}'",
     "--gin.PROMPTS_PER_STEP=8",
     "--gin.tasks.arithmetic.num_eval=8",
     "--gin.rlax.train.eval_samples=2",
     "--gin.rlax.train.eval_ks=(1,)",
-    "--gin.rlax.train.progress=False", NO_CURVES,
+    "--gin.rlax.train.progress=False",
+    NO_CURVES,
     "--gin.rlax.evaluate.eval_samples=2",
     "--gin.rlax.evaluate.eval_ks=(1,)",
     "--gin.rlax.evaluate.progress=False",
-]  # fmt: skip
+]
 
 RECORDER = """
     from rlax.core import hookimpl
@@ -125,8 +127,9 @@ def test_steps_that_keep_no_group_are_reported_in_the_log(tmp_path, monkeypatch,
     monkeypatch.syspath_prepend(str(tmp_path))
     reward = "--gin.REWARD=@rewards.always_one()"
     with caplog.at_level("WARNING", logger="rlax.trainer"):
-        status = run("--run-dir", str(tmp_path / "run"), "-p", "rlax_test_always_one", reward,
-                     steps=4)  # fmt: skip
+        status = run(
+            "--run-dir", str(tmp_path / "run"), "-p", "rlax_test_always_one", reward, steps=4
+        )
     sys.modules.pop("rlax_test_always_one", None)
     assert status == 0
     warnings = [r.getMessage() for r in caplog.records if "kept no group" in r.getMessage()]
@@ -175,8 +178,9 @@ def finished(tmp_path_factory) -> tuple[pathlib.Path, str]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         gin.clear_config()
-        status = run(f"--gin.rlax.train.run_root='{root}'", "--gin.rlax.train.run_name='tiny'",
-                     steps=2)  # fmt: skip
+        status = run(
+            f"--gin.rlax.train.run_root='{root}'", "--gin.rlax.train.run_name='tiny'", steps=2
+        )
         gin.clear_config()
     assert status == 0
     (run_dir,) = root.iterdir()
@@ -204,8 +208,9 @@ def test_rerunning_a_finished_run_says_so_and_changes_nothing(finished, capsys, 
     before = snapshot(run_dir)
     argv = [str(run_dir) if a == "DIR" else a for a in where]
     common = [f"--gin.rlax.train.run_root='{root}'", "--gin.rlax.train.run_name='tiny'"]
-    status = cli.main(["run", *TINY, "--gin.rlax.train.steps=2", *common, "--role", "inline",
-                       *argv])  # fmt: skip
+    status = cli.main(
+        ["run", *TINY, "--gin.rlax.train.steps=2", *common, "--role", "inline", *argv]
+    )
     out, err = capsys.readouterr()
     assert status == 0, err
     assert out == f"rlax: {run_dir} is finished (2 of 2 steps); nothing to do\n"
@@ -234,12 +239,19 @@ def test_resume_without_a_directory_takes_the_newest_run_of_that_name(tmp_path):
     ("resume", "expected"),
     [
         (["--resume", "{tmp}/nowhere"], "--resume {tmp}/nowhere: no such run directory"),
-        (["--resume", "{tmp}/empty"],
-         "--resume {tmp}/empty: not a run directory (no operative_config.gin or train_state/)"),
-        (["--resume"], ("--resume: no run named 'tiny' in {tmp}/runs/ (from rlax.train.run_root "
-                        "and rlax.train.run_name); give its directory: --resume DIR")),
+        (
+            ["--resume", "{tmp}/empty"],
+            "--resume {tmp}/empty: not a run directory (no operative_config.gin or train_state/)",
+        ),
+        (
+            ["--resume"],
+            (
+                "--resume: no run named 'tiny' in {tmp}/runs/ (from rlax.train.run_root "
+                "and rlax.train.run_name); give its directory: --resume DIR"
+            ),
+        ),
     ],
-)  # fmt: skip
+)
 @pytest.mark.parametrize("role", ["inline", "all"])
 def test_nothing_to_resume_is_a_one_line_error(tmp_path, capsys, resume, expected, role):
     (tmp_path / "empty").mkdir()

@@ -64,8 +64,9 @@ class OkReward:
 
 def inline(informative, curation):
     sampler = ScriptedSampler(set(informative))
-    source = InlineRollouts(numbered_prompts(), sampler, OkReward(), curation, group_size=2,
-                            prompts_per_step=4, seed=0)  # fmt: skip
+    source = InlineRollouts(
+        numbered_prompts(), sampler, OkReward(), curation, group_size=2, prompts_per_step=4, seed=0
+    )
     return source, sampler
 
 
@@ -132,8 +133,12 @@ def test_each_source_refuses_the_other_kinds_position(make_ps):
     with pytest.raises(SourceMismatch) as err:
         source.restore({"consumed": 12})
     assert err.value.made_with == MADE_WITH["consumed"]
-    remote = RemoteRollouts(ParamServerClient(make_ps().settings, retry_s=0.0),
-                            WirePlan.for_tree(TREE), prompts_per_step=4, max_staleness=0)  # fmt: skip
+    remote = RemoteRollouts(
+        ParamServerClient(make_ps().settings, retry_s=0.0),
+        WirePlan.for_tree(TREE),
+        prompts_per_step=4,
+        max_staleness=0,
+    )
     with pytest.raises(SourceMismatch) as err:
         remote.restore({"drawn": 12, "sampler_step": 3})
     assert err.value.made_with == "--role inline (an in-process sampler)"
@@ -145,14 +150,14 @@ def test_each_source_refuses_the_other_kinds_position(make_ps):
 
 
 @pytest.mark.parametrize("served,restored,published", [(-1, 0, 0), (3, 5, 5), (6, 4, 7)])
-def test_a_remote_resume_publishes_past_every_served_version(make_ps, served, restored,
-                                                             published):  # fmt: skip
+def test_a_remote_resume_publishes_past_every_served_version(make_ps, served, restored, published):
     running = make_ps()
     plan = WirePlan.for_tree(TREE)
     if served >= 0:
         running.client.push(plan, TREE, served)
-    source = RemoteRollouts(ParamServerClient(running.settings, retry_s=0.0), plan,
-                            prompts_per_step=4, max_staleness=0)  # fmt: skip
+    source = RemoteRollouts(
+        ParamServerClient(running.settings, retry_s=0.0), plan, prompts_per_step=4, max_staleness=0
+    )
     assert source.resume(TREE, restored) == published
     assert running.client.stat().version == published
     source.close()
@@ -160,8 +165,12 @@ def test_a_remote_resume_publishes_past_every_served_version(make_ps, served, re
 
 def test_a_remote_position_is_the_queue_s_consumed_count(make_ps):
     running = make_ps()
-    source = RemoteRollouts(ParamServerClient(running.settings, retry_s=0.0),
-                            WirePlan.for_tree(TREE), prompts_per_step=4, max_staleness=0)  # fmt: skip
+    source = RemoteRollouts(
+        ParamServerClient(running.settings, retry_s=0.0),
+        WirePlan.for_tree(TREE),
+        prompts_per_step=4,
+        max_staleness=0,
+    )
     assert source.position() == {"consumed": 0}
     source.close()
 
@@ -249,8 +258,9 @@ def run_with(source, tmp_path: pathlib.Path, meta: dict) -> TrainingRun:
     state = types.SimpleNamespace(params=TREE, opt_state=(), critic=None, step=3)
     trainer = types.SimpleNamespace(state=state)
     restored = Restored(step=3, state=None, meta=meta, path=tmp_path / "3")
-    return TrainingRun(tmp_path, trainer, source, Ckpt(), Preemption([], role="trainer"),
-                       restored, False, 0)  # fmt: skip
+    return TrainingRun(
+        tmp_path, trainer, source, Ckpt(), Preemption([], role="trainer"), restored, False, 0
+    )
 
 
 def test_the_loop_resumes_and_checkpoints_a_third_kind_of_source(tmp_path):
@@ -260,7 +270,7 @@ def test_the_loop_resumes_and_checkpoints_a_third_kind_of_source(tmp_path):
     assert source.calls == [("restore", {"cursor": 9}), ("curation", []), ("resume", 4)]
     assert run.version == 3 + 3  # the restored offset 1, and 2 more skipped by the source
     run.save()
-    (step, meta), = run.ckpt.saved  # fmt: skip
+    ((step, meta),) = run.ckpt.saved
     assert (step, meta["data"], meta["version_offset"], meta["version"]) == (
         3,
         {"cursor": 11},

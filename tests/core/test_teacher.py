@@ -33,9 +33,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def arrays():
     rng = np.random.default_rng(0)
     comps = tuple(
-        Completion(rng.integers(3, 9, size=n).astype(np.int32), -rng.random(n).astype(np.float32), "", "stop", 0)
+        Completion(
+            rng.integers(3, 9, size=n).astype(np.int32),
+            -rng.random(n).astype(np.float32),
+            "",
+            "stop",
+            0,
+        )
         for n in (2, 3)
-    )  # fmt: skip
+    )
     group = Group(Prompt("0", "", np.array([3, 4, 5], np.int32), ""), comps, np.array([1.0, 0.0]))
     return batch_arrays(make_batch([group], np.zeros((1, 2)), row_multiple=4))
 
@@ -44,8 +50,9 @@ def test_the_teachers_logprobs_are_its_forward_pass_on_the_batch():
     teacher_model = Transformer(CFG, rngs=nnx.Rngs(1))
     a = arrays()
     got = Teacher(teacher_model, temperature=0.7).annotate(a)["ref_logprobs"]
-    want, _ = sequence_logprobs(teacher_model, jnp.asarray(a["tokens"]),
-                                jnp.asarray(a["attention_mask"]), 0.7)  # fmt: skip
+    want, _ = sequence_logprobs(
+        teacher_model, jnp.asarray(a["tokens"]), jnp.asarray(a["attention_mask"]), 0.7
+    )
     np.testing.assert_allclose(got, want, atol=1e-6)
 
 
@@ -81,8 +88,16 @@ def test_a_distilling_algorithm_needs_a_teacher_of_the_same_vocabulary():
 
 def test_a_run_without_its_teacher_is_a_one_line_error(capsys):
     gin.clear_config()
-    status = cli.main(["run", "--gin", str(ROOT / "configs/experiments/quickstart.gin"),
-                       "--gin.rlax.train.algorithm=@algorithms.distill()", "--role", "inline"])  # fmt: skip
+    status = cli.main(
+        [
+            "run",
+            "--gin",
+            str(ROOT / "configs/experiments/quickstart.gin"),
+            "--gin.rlax.train.algorithm=@algorithms.distill()",
+            "--role",
+            "inline",
+        ]
+    )
     gin.clear_config()
     assert status == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -93,14 +108,29 @@ def test_a_run_without_its_teacher_is_a_one_line_error(capsys):
 def test_an_inline_run_distils_from_the_teacher_it_names(tmp_path):
     base = ROOT / "assets" / "quickstart-base"
     gin.clear_config()
-    status = cli.main([
-        "run", "--gin", str(ROOT / "configs/experiments/quickstart.gin"), f"--gin.INIT_CHECKPOINT='{base}'",
-        "--gin.rlax.train.algorithm=@algorithms.distill()", f"--gin.rlax.train.teacher='{base}'",
-        "--gin.PROMPTS_PER_STEP=8", "--gin.GROUP_SIZE=2", "--gin.tasks.arithmetic.num_eval=4",
-        "--gin.rlax.train.eval_samples=1", "--gin.rlax.train.eval_ks=(1,)",
-        "--gin.rlax.train.progress=False", NO_CURVES, "--gin.rlax.train.steps=1", "--gin.CURATION=[]",
-        "--run-dir", str(tmp_path / "run"), "--role", "inline",
-    ])  # fmt: skip
+    status = cli.main(
+        [
+            "run",
+            "--gin",
+            str(ROOT / "configs/experiments/quickstart.gin"),
+            f"--gin.INIT_CHECKPOINT='{base}'",
+            "--gin.rlax.train.algorithm=@algorithms.distill()",
+            f"--gin.rlax.train.teacher='{base}'",
+            "--gin.PROMPTS_PER_STEP=8",
+            "--gin.GROUP_SIZE=2",
+            "--gin.tasks.arithmetic.num_eval=4",
+            "--gin.rlax.train.eval_samples=1",
+            "--gin.rlax.train.eval_ks=(1,)",
+            "--gin.rlax.train.progress=False",
+            NO_CURVES,
+            "--gin.rlax.train.steps=1",
+            "--gin.CURATION=[]",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--role",
+            "inline",
+        ]
+    )
     gin.clear_config()
     assert status == 0
     (row,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -31,9 +31,15 @@ def groups():
     for i in range(2):
         prompt = Prompt(str(i), "", rng.integers(3, 9, size=3 + i).astype(np.int32), "")
         comps = tuple(
-            Completion(rng.integers(3, 9, size=n).astype(np.int32), -rng.random(n).astype(np.float32), "", "stop", 0)
+            Completion(
+                rng.integers(3, 9, size=n).astype(np.int32),
+                -rng.random(n).astype(np.float32),
+                "",
+                "stop",
+                0,
+            )
             for n in (2, 3, 1)
-        )  # fmt: skip
+        )
         out.append(Group(prompt, comps, np.array([1.0, 0.0, 0.0], np.float32)))
     return out
 
@@ -163,8 +169,12 @@ def test_critic_step_equals_a_hand_applied_sgd_update(value_model):
             arrays["tokens"],
             arrays["attention_mask"],
         )
-        inputs = dict(arrays, train_logprobs=jax.lax.stop_gradient(logp), values=values,
-                      old_values=jax.lax.stop_gradient(values))  # fmt: skip
+        inputs = dict(
+            arrays,
+            train_logprobs=jax.lax.stop_gradient(logp),
+            values=values,
+            old_values=jax.lax.stop_gradient(values),
+        )
         return algo.loss(logp, inputs)[0]
 
     trainable = (params0, critic0)

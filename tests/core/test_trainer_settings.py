@@ -107,8 +107,12 @@ def test_remat_recomputes_blocks_and_changes_nothing():
     plain_remats = step_jaxpr(plain).count("remat")
     assert step_jaxpr(rematted).count("remat") >= plain_remats + CFG.num_layers
     assert "nothing_saveable" not in step_jaxpr(plain)
-    dots = Trainer(Transformer(CFG, rngs=nnx.Rngs(0)), grpo(), optax.sgd(0.1),
-                   settings=TrainerSettings(remat="block_dots"))  # fmt: skip
+    dots = Trainer(
+        Transformer(CFG, rngs=nnx.Rngs(0)),
+        grpo(),
+        optax.sgd(0.1),
+        settings=TrainerSettings(remat="block_dots"),
+    )
     assert "DotsSaveable(only_if_no_batch_dims=True)" in step_jaxpr(dots)  # saves matmuls
 
 

@@ -27,9 +27,16 @@ def make_worker(client, bundle, reload_staleness):
     sampler = JaxSampler(max_new_tokens=4)
     sampler.setup(bundle.model, bundle.tokenizer)
     return Worker(
-        client, sampler, ArithmeticReward(), [ZeroVarianceFilter()], group_size=4,
-        prompts_per_lease=3, reload_staleness=reload_staleness, worker_id="w0", seed=0,
-    )  # fmt: skip
+        client,
+        sampler,
+        ArithmeticReward(),
+        [ZeroVarianceFilter()],
+        group_size=4,
+        prompts_per_lease=3,
+        reload_staleness=reload_staleness,
+        worker_id="w0",
+        seed=0,
+    )
 
 
 @pytest.mark.parametrize(

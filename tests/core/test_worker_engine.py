@@ -15,9 +15,14 @@ from rlax.plugins.samplers.engine import SlotEngine
 
 TOK = CharTokenizer("0123456789+=")
 CFG = TransformerConfig(
-    vocab_size=TOK.vocab_size, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2,
-    head_dim=8, mlp_dim=64,
-)  # fmt: skip
+    vocab_size=TOK.vocab_size,
+    num_layers=2,
+    embed_dim=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+)
 CHUNK = 4
 
 
@@ -27,8 +32,15 @@ class LengthReward:
 
 
 def engine(model, on_call=None):
-    e = SlotEngine(slots=4, chunk=CHUNK, max_new_tokens=24, top_k=1, stop_at_eos=False,
-                   max_prompt_tokens=8, tiers=((2, 16), (2, 0)))  # fmt: skip
+    e = SlotEngine(
+        slots=4,
+        chunk=CHUNK,
+        max_new_tokens=24,
+        top_k=1,
+        stop_at_eos=False,
+        max_prompt_tokens=8,
+        tiers=((2, 16), (2, 0)),
+    )
     e.setup(model, TOK)
     if on_call is not None:
         decode = e._decode_once
@@ -42,8 +54,19 @@ def engine(model, on_call=None):
 
 
 def run_worker(client, sampler, name, plan, **kwargs):
-    w = Worker(client, sampler, LengthReward(), [], group_size=3, prompts_per_lease=2,
-               reload_staleness=0, worker_id=name, seed=7, deterministic=True, **kwargs)  # fmt: skip
+    w = Worker(
+        client,
+        sampler,
+        LengthReward(),
+        [],
+        group_size=3,
+        prompts_per_lease=2,
+        reload_staleness=0,
+        worker_id=name,
+        seed=7,
+        deterministic=True,
+        **kwargs,
+    )
     return w.run_once(plan)
 
 

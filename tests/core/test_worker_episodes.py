@@ -21,9 +21,14 @@ from rlax.plugins.samplers.jax_sampler import JaxSampler
 
 TOK = CharTokenizer(ALPHABET)
 CFG = TransformerConfig(
-    vocab_size=TOK.vocab_size, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2,
-    head_dim=8, mlp_dim=64,
-)  # fmt: skip
+    vocab_size=TOK.vocab_size,
+    num_layers=2,
+    embed_dim=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+)
 TEMPERATURE = 0.8
 
 
@@ -40,8 +45,9 @@ class Hints(GuessEnvironment):
 
 def turn_sampler(**kw):
     # Every id but pad and bos stops a turn: turns of one token that end with "stop".
-    return JaxSampler(max_new_tokens=3, temperature=TEMPERATURE,
-                      stop_tokens=range(2, TOK.vocab_size), **kw)  # fmt: skip
+    return JaxSampler(
+        max_new_tokens=3, temperature=TEMPERATURE, stop_tokens=range(2, TOK.vocab_size), **kw
+    )
 
 
 class Recording:
@@ -64,8 +70,17 @@ def serve_and_take(ps, model, sampler):
     plan = WirePlan.for_tree(state)
     ps.client.push(plan, state, 0)
     sampler.setup(model, TOK)
-    w = Worker(ps.client, sampler, GuessReward(), [], group_size=3, prompts_per_lease=2,
-               reload_staleness=0, worker_id="w", seed=1)  # fmt: skip
+    w = Worker(
+        ps.client,
+        sampler,
+        GuessReward(),
+        [],
+        group_size=3,
+        prompts_per_lease=2,
+        reload_staleness=0,
+        worker_id="w",
+        seed=1,
+    )
     assert w.run_once(plan) == 2  # one lease, whole episodes
     _, groups, dropped = ps.client.take(2, current_version=0, max_staleness=0, wait_s=0)
     assert dropped == 0 and len(groups) == 2

@@ -124,21 +124,33 @@ def make_worker(client, engine, name, **kwargs):
     if kwargs.get("reload_in_flight"):  # a client of its own: each pull into a new buffer
         client = ParamServerClient(client.settings, retry_s=0.0, reuse_pull_buffer=False)
     return Worker(
-        client, engine, LengthReward(), [], group_size=3, prompts_per_lease=2,
-        reload_staleness=0, worker_id=name, seed=7, deterministic=True, **kwargs,
-    )  # fmt: skip
+        client,
+        engine,
+        LengthReward(),
+        [],
+        group_size=3,
+        prompts_per_lease=2,
+        reload_staleness=0,
+        worker_id=name,
+        seed=7,
+        deterministic=True,
+        **kwargs,
+    )
 
 
 def take_all(client, n, version=0, max_staleness=0):
-    _, groups, dropped = client.take(n, current_version=version, max_staleness=max_staleness,
-                                     wait_s=0)  # fmt: skip
+    _, groups, dropped = client.take(
+        n, current_version=version, max_staleness=max_staleness, wait_s=0
+    )
     assert dropped == 0
     return {g.prompt.id: g for g in groups}
 
 
 def rows(group: Group):
-    return [(c.tokens.tolist(), c.logprobs.tolist(), c.versions.tolist(), c.finish_reason)
-            for c in group.completions]  # fmt: skip
+    return [
+        (c.tokens.tolist(), c.logprobs.tolist(), c.versions.tolist(), c.finish_reason)
+        for c in group.completions
+    ]
 
 
 def test_the_fake_is_resumable():
@@ -249,5 +261,10 @@ def test_reload_in_flight_needs_a_resumable_sampler():
         pass
 
     with pytest.raises(ConfigError, match="rlax.worker.reload_in_flight: Static is not Resumable"):
-        worker(sampler=Static(), reward=LengthReward(), init_checkpoint="unused",
-               settings=None, reload_in_flight=True)  # fmt: skip
+        worker(
+            sampler=Static(),
+            reward=LengthReward(),
+            init_checkpoint="unused",
+            settings=None,
+            reload_in_flight=True,
+        )

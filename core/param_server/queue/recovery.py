@@ -59,16 +59,25 @@ def handlers(queue: RolloutQueue) -> grpc.GenericRpcHandler:
         )
 
     return grpc.method_handlers_generic_handler(
-        SERVICE, {"ResumeTrainer": unary("ResumeTrainer", resume),
-                  "ReleaseTakes": unary("ReleaseTakes", release)},
-    )  # fmt: skip
+        SERVICE,
+        {
+            "ResumeTrainer": unary("ResumeTrainer", resume),
+            "ReleaseTakes": unary("ReleaseTakes", release),
+        },
+    )
 
 
 class RawCaller(Protocol):
     """What these calls need of a client (``ParamServerClient.unary``)."""
 
-    def unary(self, method: str, request: bytes, *, timeout: float = 30.0,
-              retry: RetryPolicy | None = None) -> bytes: ...  # fmt: skip
+    def unary(
+        self,
+        method: str,
+        request: bytes,
+        *,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+    ) -> bytes: ...
 
 
 def _call(client: RawCaller, method: str, payload: dict, retry_s: float) -> Any:

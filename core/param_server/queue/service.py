@@ -78,10 +78,12 @@ class RolloutQueue(QueueState):
                         self._db.lease_add(lease_id, req.worker, msg.SerializeToString())
                     reply.leases.append(
                         pb.Lease(
-                            lease_id=lease_id, prompt=msg, ttl_s=self.lease_ttl_s,
+                            lease_id=lease_id,
+                            prompt=msg,
+                            ttl_s=self.lease_ttl_s,
                             partial=self._resume_rows(prompt),
                         )
-                    )  # fmt: skip
+                    )
                 self._save_counts()
             return reply
 
@@ -93,9 +95,11 @@ class RolloutQueue(QueueState):
             self._live_lease(group.lease_id, group.prompt.id)
             try:
                 codec.check_group(
-                    group, max_completions=self.max_completions, max_tokens=self.max_tokens,
+                    group,
+                    max_completions=self.max_completions,
+                    max_tokens=self.max_tokens,
                     newest_version=self._version(),
-                )  # fmt: skip
+                )
             except codec.WireError as err:
                 raise QueueError(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
             with self._tx():
@@ -123,10 +127,12 @@ class RolloutQueue(QueueState):
             earlier = self._partials.get(req.prompt_id)
             try:
                 codec.check_partial(
-                    req, rows=len(earlier.rows) if earlier else None,
-                    max_completions=self.max_completions, max_tokens=self.max_tokens,
+                    req,
+                    rows=len(earlier.rows) if earlier else None,
+                    max_completions=self.max_completions,
+                    max_tokens=self.max_tokens,
                     newest_version=self._version(),
-                )  # fmt: skip
+                )
             except codec.WireError as err:
                 raise QueueError(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
             tokens = sum(len(c.tokens) // 4 for c in req.rows)
@@ -151,10 +157,12 @@ class RolloutQueue(QueueState):
         lease = self._leases.get(lease_id)
         if lease is None:
             ended = (
-                "ended with its partial work" if lease_id in self._ended
-                else "already fulfilled" if lease_id in self._submitted
+                "ended with its partial work"
+                if lease_id in self._ended
+                else "already fulfilled"
+                if lease_id in self._submitted
                 else "unknown or expired"
-            )  # fmt: skip
+            )
             raise QueueError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"lease {lease_id[:12]!r} is {ended} (its prompt was handed out again)",
@@ -193,9 +201,10 @@ class RolloutQueue(QueueState):
                     reply.groups.extend(taken)
                     if self._db is not None:
                         self._db.take_add(
-                            reply.take_id, req.current_version,
+                            reply.take_id,
+                            req.current_version,
                             [g.SerializeToString() for g in taken],
-                        )  # fmt: skip
+                        )
                 self._save_counts()
             self._cv.notify_all()
             return reply
@@ -233,11 +242,18 @@ class RolloutQueue(QueueState):
             if self._db is not None:
                 with self._tx():
                     self._db.take_del(req.take_id)
-                    self._db.consumed_add([
-                        (g.prompt.id, req.take_id, version, g.lease_id,
-                         g.prompt.SerializeToString())
-                        for g in taken
-                    ])  # fmt: skip
+                    self._db.consumed_add(
+                        [
+                            (
+                                g.prompt.id,
+                                req.take_id,
+                                version,
+                                g.lease_id,
+                                g.prompt.SerializeToString(),
+                            )
+                            for g in taken
+                        ]
+                    )
                     self._save_counts()
             self._cv.notify_all()
             return pb.AckReply(consumed=len(taken))
@@ -288,9 +304,13 @@ class RolloutQueue(QueueState):
             self._cv.notify_all()
         log.info(
             "trainer resumed at version %d (publishing %d): %d consumed and %d taken prompts "
-            "returned, %d partial work dropped", restored_version, new_version, len(unconsumed),
-            len(opened), dropped,
-        )  # fmt: skip
+            "returned, %d partial work dropped",
+            restored_version,
+            new_version,
+            len(unconsumed),
+            len(opened),
+            dropped,
+        )
         return {"unconsumed": len(unconsumed), "untaken": len(opened)}
 
     def release_takes(self, keep: Sequence[str]) -> int:

@@ -149,9 +149,9 @@ class QueueState:
     def _save_curricula(self) -> None:
         if self._db is not None and self._curricula:
             self._db.set_meta(
-                "curricula", [c.state_dict() if isinstance(c, Stateful) else None
-                              for c in self._curricula],
-            )  # fmt: skip
+                "curricula",
+                [c.state_dict() if isinstance(c, Stateful) else None for c in self._curricula],
+            )
 
     def _restore(self, db: QueueDB) -> None:
         """Rebuilds the in-memory state from ``db`` (empty: a fresh queue)."""
@@ -187,9 +187,15 @@ class QueueState:
         if self.counts["cursor"]:
             log.info(
                 "rollout queue restored from %s: cursor %d, %d returned, %d leased, %d queued, "
-                "%d taken, %d consumed", db.path, self.counts["cursor"], len(self._pool),
-                len(self._leases), len(self._queue), self._n_taken(), self.counts["consumed"],
-            )  # fmt: skip
+                "%d taken, %d consumed",
+                db.path,
+                self.counts["cursor"],
+                len(self._pool),
+                len(self._leases),
+                len(self._queue),
+                self._n_taken(),
+                self.counts["consumed"],
+            )
 
     # -- helpers (hold the lock) --------------------------------------------
 

@@ -72,9 +72,13 @@ class Limiter:
                 time.sleep(wait)
 
 
-def send_view(conn: socket.socket, view: memoryview, limiter: Limiter | None = None,
-              count: Callable[[int], None] | None = None,
-              alive: Callable[[], bool] | None = None) -> None:  # fmt: skip
+def send_view(
+    conn: socket.socket,
+    view: memoryview,
+    limiter: Limiter | None = None,
+    count: Callable[[int], None] | None = None,
+    alive: Callable[[], bool] | None = None,
+) -> None:
     """Sends ``view`` (one ``sendall`` without a limiter), counting bytes as they go.
 
     With ``alive``, stops with ConnectionError as soon as it returns False.
@@ -95,8 +99,13 @@ def send_view(conn: socket.socket, view: memoryview, limiter: Limiter | None = N
             count(len(step))
 
 
-def send_file(conn: socket.socket, fd: int, nbytes: int, limiter: Limiter | None = None,
-              count: Callable[[int], None] | None = None) -> None:  # fmt: skip
+def send_file(
+    conn: socket.socket,
+    fd: int,
+    nbytes: int,
+    limiter: Limiter | None = None,
+    count: Callable[[int], None] | None = None,
+) -> None:
     """Sends the first ``nbytes`` of the open file ``fd`` with ``sendfile``, counting them.
 
     The bytes go from the kernel's page cache to the socket without passing
@@ -122,8 +131,15 @@ class Relay:
     land, ``done()`` or ``fail()`` at its end.
     """
 
-    def __init__(self, token: str, host: str = "127.0.0.1", *, max_connections: int = 16,
-                 timeout_s: float = 60.0, egress: Limiter | None = None):  # fmt: skip
+    def __init__(
+        self,
+        token: str,
+        host: str = "127.0.0.1",
+        *,
+        max_connections: int = 16,
+        timeout_s: float = 60.0,
+        egress: Limiter | None = None,
+    ):
         self._token = token
         self._sock = socket.create_server((host, 0))
         self._sock.settimeout(0.5)
@@ -203,8 +219,9 @@ class Relay:
                     return
                 generation = self._generation_of(version)
                 if generation is None:  # never serve another version than the one asked for
-                    log.info("relay: asked for version %d, holding %d; closing",
-                             version, self.version)  # fmt: skip
+                    log.info(
+                        "relay: asked for version %d, holding %d; closing", version, self.version
+                    )
                     return
                 self._stream(conn, generation)
         except OSError as err:
@@ -237,8 +254,13 @@ class Relay:
                 if self._generation != generation:
                     return  # the pull failed, or a newer one began: cut off
                 view, have = self._buffer, self._have
-            send_view(conn, view[sent:have], self.egress, self._count,
-                      alive=lambda: self._generation == generation)  # fmt: skip
+            send_view(
+                conn,
+                view[sent:have],
+                self.egress,
+                self._count,
+                alive=lambda: self._generation == generation,
+            )
             sent = have
 
     def _count(self, n: int) -> None:

@@ -79,8 +79,9 @@ class RelayDirectory:
         self.assigned = 0  # pulls pointed to a relay, all versions
         self.direct_pulls = 0  # pulls the server fed, all versions
 
-    def assign(self, version: int, worker: str, host: str = "", port: int = 0,
-               failed: str = "") -> Source:  # fmt: skip
+    def assign(
+        self, version: int, worker: str, host: str = "", port: int = 0, failed: str = ""
+    ) -> Source:
         """The source of ``worker``'s pull of ``version``; registers it as a relay if it offers.
 
         ``failed`` names the relay whose transfer to ``worker`` just failed

@@ -97,10 +97,19 @@ class Part:
 def layout(header: pb.PartHeader) -> tuple:
     """What fixes a part's layout (tensor names, dtypes, shapes, slices, offsets), comparable."""
     return tuple(
-        (header.part, t.name, t.dtype, tuple(t.shape), tuple(t.slice_start), tuple(t.slice_shape),
-         t.offset, t.nbytes, t.index)
+        (
+            header.part,
+            t.name,
+            t.dtype,
+            tuple(t.shape),
+            tuple(t.slice_start),
+            tuple(t.slice_shape),
+            t.offset,
+            t.nbytes,
+            t.index,
+        )
         for t in header.tensors
-    )  # fmt: skip
+    )
 
 
 def is_whole(header: pb.PartHeader) -> bool:

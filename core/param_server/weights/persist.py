@@ -74,8 +74,14 @@ class WeightPersister:
       store: the server's weight store, read in place (None: pull over the client).
     """
 
-    def __init__(self, directory: str | pathlib.Path, settings: ServerSettings, *, keep: int = 2,
-                 store: Any = None):  # fmt: skip
+    def __init__(
+        self,
+        directory: str | pathlib.Path,
+        settings: ServerSettings,
+        *,
+        keep: int = 2,
+        store: Any = None,
+    ):
         self.directory = pathlib.Path(directory).absolute()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.client = ParamServerClient(settings, retry_s=10.0)
@@ -86,8 +92,10 @@ class WeightPersister:
         self._thread: threading.Thread | None = None
 
     def _versions(self) -> list[int]:
-        return sorted((int(d.name) for d in self.directory.iterdir()
-                       if d.is_dir() and d.name.isdigit()), reverse=True)  # fmt: skip
+        return sorted(
+            (int(d.name) for d in self.directory.iterdir() if d.is_dir() and d.name.isdigit()),
+            reverse=True,
+        )
 
     def restore(self) -> int:
         """Pushes the newest readable saved version into the server; returns it (-1: none)."""
@@ -124,12 +132,19 @@ class WeightPersister:
         _plan(tensors, meta["nbytes"])  # raises on unexpected dtypes
         segments, whole = _segments(self._file(version), self.store.chunk_bytes)
         if whole != (meta["nbytes"], meta["xxh3_64"]):
-            raise ValueError(f"{self._file(version)}: {whole[0]} bytes that do not match "
-                             "their checksum")  # fmt: skip
+            raise ValueError(
+                f"{self._file(version)}: {whole[0]} bytes that do not match their checksum"
+            )
         header = pb.PartHeader(version=version, part=0, num_parts=1, nbytes=meta["nbytes"])
         for i, t in enumerate(tensors):
-            header.tensors.add(name=t["name"], dtype=t["dtype"], shape=t["shape"],
-                               offset=t["offset"], nbytes=t["nbytes"], index=i)  # fmt: skip
+            header.tensors.add(
+                name=t["name"],
+                dtype=t["dtype"],
+                shape=t["shape"],
+                offset=t["offset"],
+                nbytes=t["nbytes"],
+                index=i,
+            )
         self.store.restore_file(header, self._file(version), segments)
         self.saved = version
         log.info("weights v%d restored from %s (served from the file)", version, self.directory)
@@ -171,10 +186,15 @@ class WeightPersister:
             return self.saved
         try:
             tensors = [
-                {"name": t.name, "shape": list(t.shape), "offset": t.offset, "nbytes": t.nbytes,
-                 "dtype": t.dtype}
+                {
+                    "name": t.name,
+                    "shape": list(t.shape),
+                    "offset": t.offset,
+                    "nbytes": t.nbytes,
+                    "dtype": t.dtype,
+                }
                 for t in served.header.tensors
-            ]  # fmt: skip
+            ]
             if served.buffer is not None:
                 self._save(served.number, tensors, np.frombuffer(served.buffer, np.uint8))
             elif served.path is not None:  # received into the spool: the file is linked
@@ -193,8 +213,14 @@ class WeightPersister:
     def _file(self, version: int) -> pathlib.Path:
         return self.directory / str(version) / "buffer" / "buffer.bin"
 
-    def _save(self, version: int, tensors: list[dict], array: np.ndarray | None, *,
-              linked: tuple[int | None, str] | None = None) -> int:  # fmt: skip
+    def _save(
+        self,
+        version: int,
+        tensors: list[dict],
+        array: np.ndarray | None,
+        *,
+        linked: tuple[int | None, str] | None = None,
+    ) -> int:
         """Writes ``array`` (no copy) — or links the file ``linked`` (fd, path), which
         holds the bytes already — and its metadata, renamed into place when complete."""
         tmp = self.directory / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
@@ -212,8 +238,12 @@ class WeightPersister:
             os.fsync(linked[0])
             os.link(linked[1], raw)  # same file system: the spool is inside the directory
             _, (nbytes, digest) = _segments(raw, 8 << 20)
-        meta = {"version": version, "tensors": json.loads(json.dumps(tensors)),
-                "nbytes": nbytes, "xxh3_64": digest}  # fmt: skip
+        meta = {
+            "version": version,
+            "tensors": json.loads(json.dumps(tensors)),
+            "nbytes": nbytes,
+            "xxh3_64": digest,
+        }
         (tmp / "meta" / "metadata").write_text(json.dumps(meta))
         final = self.directory / str(version)
         if final.exists():
@@ -258,6 +288,8 @@ def _read_orbax(path: pathlib.Path) -> tuple[np.ndarray, list[dict]]:
     import orbax.checkpoint as ocp  # only for versions saved before the raw format
 
     with ocp.CheckpointManager(path.parent) as manager:
-        got = manager.restore(int(path.name), args=ocp.args.Composite(
-            buffer=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))  # fmt: skip
+        got = manager.restore(
+            int(path.name),
+            args=ocp.args.Composite(buffer=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()),
+        )
     return np.asarray(got["buffer"]["buffer"], np.uint8), got["meta"]["tensors"]

@@ -70,8 +70,12 @@ def split_header(header: pb.PartHeader, points: list[int]) -> list[tuple[pb.Part
         raise ValueError("weight_shards: a part's tensors must be in the model's order")
     out = []
     for s in range(len(points) - 1):
-        sub = pb.PartHeader(version=header.version, part=header.part, num_parts=header.num_parts,
-                            push_id=f"{header.push_id}/{s}" if header.push_id else "")  # fmt: skip
+        sub = pb.PartHeader(
+            version=header.version,
+            part=header.part,
+            num_parts=header.num_parts,
+            push_id=f"{header.push_id}/{s}" if header.push_id else "",
+        )
         mine = [t for t in header.tensors if points[s] <= t.index < points[s + 1]]
         base = mine[0].offset if mine else 0
         for t in mine:

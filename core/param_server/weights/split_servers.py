@@ -49,8 +49,12 @@ def start_local(settings: ServerSettings) -> list[multiprocessing.process.BasePr
     for address in settings.weight_shards:
         if split_address(address) != host:
             continue  # started on its own machine
-        p = ctx.Process(target=serve, args=(settings, address, os.getpid()),
-                        name=f"rlax-weight-shard-{address}", daemon=True)  # fmt: skip
+        p = ctx.Process(
+            target=serve,
+            args=(settings, address, os.getpid()),
+            name=f"rlax-weight-shard-{address}",
+            daemon=True,
+        )
         p.start()
         procs.append(p)
     return procs

@@ -55,11 +55,18 @@ def test_config_read_off_the_file(smollm2):
     model, tok = smollm2
     cfg = model.cfg
     assert (cfg.num_layers, cfg.embed_dim, cfg.mlp_dim, cfg.num_heads, cfg.num_kv_heads) == (
-        30, 576, 1536, 9, 3,
-    )  # fmt: skip
+        30,
+        576,
+        1536,
+        9,
+        3,
+    )
     assert (cfg.head_dim, cfg.vocab_size, cfg.rope_theta, cfg.tie_embeddings) == (
-        64, 49152, 100_000.0, True,
-    )  # fmt: skip
+        64,
+        49152,
+        100_000.0,
+        True,
+    )
     assert (tok.bos_id, tok.eos_id, tok.pad_id) == (1, 2, 2)
 
 

@@ -18,10 +18,15 @@ from rlax.core.models.transformer import causal_mask, positions_from_mask
 from .conftest import tiny_hf_model
 
 COMMON = {
-    "vocab_size": 96, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+    "vocab_size": 96,
+    "hidden_size": 64,
+    "intermediate_size": 112,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
     "max_position_embeddings": 256,
-}  # fmt: skip
+}
 FAMILIES = {  # qwen2: q/k/v biases, untied head; qwen3: q/k norms, head_dim != 64 / 4, tied
     "qwen2": (transformers.Qwen2Config, {"rope_theta": 1_000_000.0, "tie_word_embeddings": False}),
     "qwen3": (
@@ -30,15 +35,24 @@ FAMILIES = {  # qwen2: q/k/v biases, untied head; qwen3: q/k norms, head_dim != 
     ),
 }
 # HF name -> llama.cpp name, written out here independently of core/models/gguf.py.
-GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-          "lm_head.weight": "output.weight"}  # fmt: skip
+GLOBAL = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
 LAYER = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
-}  # fmt: skip
+}
 
 
 def _hf_model(family: str, seed: int = 0):
@@ -134,7 +148,11 @@ def test_llama_arch_unpermutes_q_and_k(tmp_path):
 
 def test_misnamed_tensor_is_named(tmp_path):
     hf = _hf_model("qwen3")
-    path = _write_gguf(tmp_path / "bad.gguf", hf, "qwen3",
-                       rename={"blk.1.attn_k_norm.weight": "blk.1.attn_knorm.weight"})  # fmt: skip
+    path = _write_gguf(
+        tmp_path / "bad.gguf",
+        hf,
+        "qwen3",
+        rename={"blk.1.attn_k_norm.weight": "blk.1.attn_knorm.weight"},
+    )
     with pytest.raises(GGUFError, match=r"bad\.gguf: .*blk\.1\.attn_k_norm\.weight"):
         GGUFFile(path).model()

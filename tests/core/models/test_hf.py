@@ -30,10 +30,15 @@ from rlax.core.models.transformer import causal_mask, positions_from_mask
 from .conftest import tiny_hf_model
 
 COMMON = {
-    "vocab_size": 96, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+    "vocab_size": 96,
+    "hidden_size": 64,
+    "intermediate_size": 112,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
     "max_position_embeddings": 256,
-}  # fmt: skip
+}
 FAMILIES = {
     "llama": (transformers.LlamaConfig, {"rope_theta": 10_000.0, "tie_word_embeddings": True}),
     "llama3-scaled": (
@@ -150,8 +155,9 @@ def test_config_round_trip_through_hf_dict():
 
 
 def test_llama3_frequencies_by_hand():
-    s = RopeScaling("llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                    original_max_position=64)  # fmt: skip
+    s = RopeScaling(
+        "llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=64
+    )
     base = 10_000.0 ** (-np.arange(8) / 8)
     got = np.asarray(rope_frequencies(16, 10_000.0, s))
     wavelen = 2 * np.pi / base

@@ -38,10 +38,15 @@ def batch():
     for i in range(2):
         prompt = Prompt(str(i), "", rng.integers(3, 9, size=3 + i).astype(np.int32), "")
         comps = tuple(
-            Completion(rng.integers(3, 9, size=n).astype(np.int32),
-                       -rng.random(n).astype(np.float32), "", "stop", 0)
+            Completion(
+                rng.integers(3, 9, size=n).astype(np.int32),
+                -rng.random(n).astype(np.float32),
+                "",
+                "stop",
+                0,
+            )
             for n in (2, 3, 1)
-        )  # fmt: skip
+        )
         groups.append(Group(prompt, comps, np.array([1.0, 0.0, 0.0], np.float32)))
     return make_batch(groups, grpo().advantages(np.stack([g.rewards for g in groups])))
 
@@ -65,8 +70,12 @@ def test_adapted_forward_equals_base_plus_scaled_ba_by_hand():
     # By hand: W' = W + (alpha/r) a b on exactly the targeted kernels, the rest untouched.
     pure = jax.tree.map(np.asarray, nnx.to_pure_dict(state))
     pairs = lora.adapter_pairs(jax.tree.map(np.asarray, params.adapters))
-    assert sorted(pairs) == ["blocks/0/attn/q", "blocks/0/mlp/down", "blocks/1/attn/q",
-                             "blocks/1/mlp/down"]  # fmt: skip
+    assert sorted(pairs) == [
+        "blocks/0/attn/q",
+        "blocks/0/mlp/down",
+        "blocks/1/attn/q",
+        "blocks/1/mlp/down",
+    ]
     for name, (a, b) in pairs.items():
         layer, kind, proj = name.split("/")[1:]
         pure["blocks"][int(layer)][kind][proj]["kernel"] = (
@@ -123,8 +132,11 @@ def test_bfloat16_base_is_stored_in_bfloat16_and_merges_from_it():
     kernels = [x for x in jax.tree.leaves(trainer.state.params.base) if x.ndim == 2]
     assert {x.dtype for x in kernels} == {jnp.dtype(jnp.bfloat16)}
     rounded = jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), nnx.state(model))
-    for got, want in zip(jax.tree.leaves(lora.merged_state(trainer.state.params)),
-                         jax.tree.leaves(rounded), strict=True):  # fmt: skip
+    for got, want in zip(
+        jax.tree.leaves(lora.merged_state(trainer.state.params)),
+        jax.tree.leaves(rounded),
+        strict=True,
+    ):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # B = 0: the bf16 base
 
 
@@ -133,11 +145,14 @@ def test_reference_policy_is_the_base():
     trainer = Trainer(model, grpo(kl_beta=0.1), optax.sgd(0.1), lora=lora.LoraConfig(dropout=0.2))
     ref = trainer.ref_params
     assert ref.key is None  # the reference runs without dropout
-    assert all(x is y for x, y in zip(jax.tree.leaves(ref.base),
-                                      jax.tree.leaves(trainer.state.params.base)))  # fmt: skip
+    assert all(
+        x is y
+        for x, y in zip(jax.tree.leaves(ref.base), jax.tree.leaves(trainer.state.params.base))
+    )
     trainer.step(batch())
-    np.testing.assert_array_equal(logits(lora.model_of(trainer.graphdef, trainer.ref_params)),
-                                  logits(model))  # fmt: skip
+    np.testing.assert_array_equal(
+        logits(lora.model_of(trainer.graphdef, trainer.ref_params)), logits(model)
+    )
 
 
 @pytest.mark.e2e
@@ -166,8 +181,11 @@ def test_resumed_run_equals_the_uninterrupted_one(tmp_path):
     for _ in range(2):
         resumed.step(batch())
     assert resumed.state.step == straight.state.step == 3
-    pairs = zip(jax.tree.leaves(state_tree(resumed.state)), jax.tree.leaves(state_tree(straight.state)),
-                strict=True)  # fmt: skip
+    pairs = zip(
+        jax.tree.leaves(state_tree(resumed.state)),
+        jax.tree.leaves(state_tree(straight.state)),
+        strict=True,
+    )
     for got, want in pairs:
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 

@@ -26,8 +26,10 @@ def _trained_adapters(params: lora.LoraParams, seed: int) -> lora.LoraParams:
     """Adapters as training leaves them: both matrices nonzero."""
     key = jax.random.key(seed)
     leaves, treedef = jax.tree.flatten(params.adapters)
-    moved = [x + 0.05 * jax.random.normal(jax.random.fold_in(key, i), x.shape)
-             for i, x in enumerate(leaves)]  # fmt: skip
+    moved = [
+        x + 0.05 * jax.random.normal(jax.random.fold_in(key, i), x.shape)
+        for i, x in enumerate(leaves)
+    ]
     return lora.joined(params, jax.tree.unflatten(treedef, moved))
 
 

@@ -101,17 +101,25 @@ def _flip_byte(index):
     [
         ("corrupted data", _flip_byte(16 + 40), grpc.StatusCode.DATA_LOSS),
         ("wrong checksum", _flip_byte(8), grpc.StatusCode.DATA_LOSS),
-        ("frame overruns the part", lambda f: (f[0], struct.pack("<QQ", 1 << 40, 0)),
-         grpc.StatusCode.INVALID_ARGUMENT),
-        ("empty frame", lambda f: (f[0], struct.pack("<QQ", 0, 0)), grpc.StatusCode.INVALID_ARGUMENT),
+        (
+            "frame overruns the part",
+            lambda f: (f[0], struct.pack("<QQ", 1 << 40, 0)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        (
+            "empty frame",
+            lambda f: (f[0], struct.pack("<QQ", 0, 0)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_bulk_frames_are_refused_and_change_nothing(ps, case, tamper, code):
     plan = WirePlan.for_tree(TREE)
     ps.client.push(plan, TREE, 0)
     header = ps.client.header(plan, 1)
-    reply = _raw_bulk_push(ps, header, _frames(plan, {k: v + 1 for k, v in TREE.items()}, chunk=4096),
-                           tamper=tamper)  # fmt: skip
+    reply = _raw_bulk_push(
+        ps, header, _frames(plan, {k: v + 1 for k, v in TREE.items()}, chunk=4096), tamper=tamper
+    )
     assert reply is not None and reply[0] == code.value[0], (case, reply)
     assert ps.client.stat().version == 0 and ps.client.stat().pushes_rejected == 1
     np.testing.assert_array_equal(_pull(ps.client, plan)[1]["a"], TREE["a"])
@@ -154,8 +162,9 @@ def test_an_unclaimed_ticket_expires_and_releases_its_buffer(ps):
     plan = WirePlan.for_tree(TREE)
     assert ps.server.bulk is not None
     part = ps.server.weights.begin(ps.client.header(plan, 0))
-    ps.server.bulk.issue(lambda conn: None, lambda: ps.server.weights.abandon(part, rejected=False),
-                         ttl_s=0.0)  # fmt: skip
+    ps.server.bulk.issue(
+        lambda conn: None, lambda: ps.server.weights.abandon(part, rejected=False), ttl_s=0.0
+    )
     assert ps.server.weights._staged_bytes == plan.nbytes
     ps.server.bulk._expire()
     assert ps.server.weights._staged_bytes == 0
@@ -168,8 +177,13 @@ def test_a_pull_in_progress_keeps_its_version_while_newer_ones_commit(ps):
     for v in (1, 2, 3):  # recycled buffers must never be the one being read
         ps.client.push(plan, {k: x + v for k, x in TREE.items()}, v)
     buf = bytearray(ticket.header.nbytes)
-    transfer.receive_into("127.0.0.1", ticket.port, ticket.ticket, buf,
-                          [(s.offset, s.length, s.checksum) for s in ticket.segments])  # fmt: skip
+    transfer.receive_into(
+        "127.0.0.1",
+        ticket.port,
+        ticket.ticket,
+        buf,
+        [(s.offset, s.length, s.checksum) for s in ticket.segments],
+    )
     assert ticket.header.version == 0 and bytes(buf) == plan.pack(TREE).tobytes()
     version, back = _pull(ps.client, plan)
     assert version == 3
@@ -191,8 +205,16 @@ def _part(version, part, shards, num_parts=2):
     pieces, offset = [], 0
     for name, index, whole, start, stop in shards:
         block = np.ascontiguousarray(whole[tuple(slice(a, b) for a, b in zip(start, stop))])
-        header.tensors.add(name=name, dtype="float32", shape=whole.shape, slice_start=start,
-                           slice_shape=block.shape, offset=offset, nbytes=block.nbytes, index=index)  # fmt: skip
+        header.tensors.add(
+            name=name,
+            dtype="float32",
+            shape=whole.shape,
+            slice_start=start,
+            slice_shape=block.shape,
+            offset=offset,
+            nbytes=block.nbytes,
+            index=index,
+        )
         pieces.append((offset, memoryview(block.tobytes())))
         offset += block.nbytes
     header.nbytes = offset
@@ -227,18 +249,28 @@ def test_two_hosts_push_shards_and_workers_pull_whole_tensors(ps, bulk_lane):
 def test_a_whole_version_then_the_same_model_split_over_hosts_is_accepted(ps):
     # As after a parameter-server restart: its saved weights come back as one
     # part, then a trainer on two hosts pushes its own split of the same model.
-    whole = _part(0, 0, [(n, i, x, (0,) * x.ndim, x.shape) for n, i, x in
-                         (("r", 0, R), ("w", 1, W), ("v", 2, V))], num_parts=1)  # fmt: skip
+    whole = _part(
+        0,
+        0,
+        [(n, i, x, (0,) * x.ndim, x.shape) for n, i, x in (("r", 0, R), ("w", 1, W), ("v", 2, V))],
+        num_parts=1,
+    )
     assert ps.client.push_part(*whole).committed
     assert not ps.client.push_part(*_host(0, version=1)).committed
     assert ps.client.push_part(*_host(1, version=1)).committed
     version, _, buf = ps.client.pull(-1)
     assert version == 1 and bytes(buf) == R.tobytes() + W.tobytes() + V.tobytes()
     # Each split's layout is then fixed: host 1 may not change how it cuts "w".
-    header, pieces = _part(2, 1, [
-        ("w", 1, W, (3, 0), (6, 4)), ("w", 1, W, (3, 4), (6, 8)),
-        ("v", 2, V, (2, 0), (4, 5)), ("v", 2, V, (2, 5), (4, 10)),
-    ])  # fmt: skip
+    header, pieces = _part(
+        2,
+        1,
+        [
+            ("w", 1, W, (3, 0), (6, 4)),
+            ("w", 1, W, (3, 4), (6, 8)),
+            ("v", 2, V, (2, 0), (4, 5)),
+            ("v", 2, V, (2, 5), (4, 10)),
+        ],
+    )
     with pytest.raises(grpc.RpcError) as err:
         ps.client.push_part(header, pieces)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -289,8 +321,9 @@ def test_a_server_gone_mid_transfer_reads_as_unavailable(ps):
     ticket = ps.client._call("OpenPull", pb.PullRequest(have_version=-1), timeout=10)
     ps.server.stop(grace=None)
     with pytest.raises(grpc.RpcError) as err:
-        transfer.receive_into("127.0.0.1", ticket.port, ticket.ticket,
-                              bytearray(ticket.header.nbytes), [])  # fmt: skip
+        transfer.receive_into(
+            "127.0.0.1", ticket.port, ticket.ticket, bytearray(ticket.header.nbytes), []
+        )
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     with pytest.raises(grpc.RpcError) as err:
         transfer.send_part("127.0.0.1", ticket.port, bytes(16), [(0, memoryview(b"x"))])
@@ -303,6 +336,7 @@ def test_a_corrupted_pull_is_data_loss(ps):
     ticket = ps.client._call("OpenPull", pb.PullRequest(have_version=-1), timeout=10)
     segments = [(s.offset, s.length, s.checksum ^ 1) for s in ticket.segments]
     with pytest.raises(grpc.RpcError) as err:
-        transfer.receive_into("127.0.0.1", ticket.port, ticket.ticket,
-                              bytearray(ticket.header.nbytes), segments)  # fmt: skip
+        transfer.receive_into(
+            "127.0.0.1", ticket.port, ticket.ticket, bytearray(ticket.header.nbytes), segments
+        )
     assert err.value.code() == grpc.StatusCode.DATA_LOSS

@@ -43,13 +43,25 @@ def test_a_version_saved_with_orbax_by_an_older_rlax_is_still_restored(tmp_path,
     import orbax.checkpoint as ocp
 
     buffer = PLAN.pack(TREE)
-    tensors = [{"name": t.name, "shape": list(t.shape), "offset": t.offset, "nbytes": t.nbytes,
-                "dtype": "float32"} for t in PLAN.tensors]  # fmt: skip
+    tensors = [
+        {
+            "name": t.name,
+            "shape": list(t.shape),
+            "offset": t.offset,
+            "nbytes": t.nbytes,
+            "dtype": "float32",
+        }
+        for t in PLAN.tensors
+    ]
     options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
     with ocp.CheckpointManager(tmp_path, options=options) as manager:  # the old layout
-        manager.save(2, args=ocp.args.Composite(
-            buffer=ocp.args.StandardSave({"buffer": np.asarray(buffer)}),
-            meta=ocp.args.JsonSave({"version": 2, "tensors": tensors})))  # fmt: skip
+        manager.save(
+            2,
+            args=ocp.args.Composite(
+                buffer=ocp.args.StandardSave({"buffer": np.asarray(buffer)}),
+                meta=ocp.args.JsonSave({"version": 2, "tensors": tensors}),
+            ),
+        )
         manager.wait_until_finished()
     running = make_ps()
     assert WeightPersister(tmp_path, running.settings).restore() == 2

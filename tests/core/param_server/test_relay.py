@@ -34,8 +34,14 @@ NBYTES = PLAN.nbytes  # 1 MiB and a bit
 
 
 def _settings(fanout: int, direct: int = 1) -> ServerSettings:
-    return ServerSettings(address="127.0.0.1:0", token=TOKEN, max_message_mb=8, chunk_mb=1,
-                          relay_fanout=fanout, relay_direct=direct)  # fmt: skip
+    return ServerSettings(
+        address="127.0.0.1:0",
+        token=TOKEN,
+        max_message_mb=8,
+        chunk_mb=1,
+        relay_fanout=fanout,
+        relay_direct=direct,
+    )
 
 
 def _puller(running) -> ParamServerClient:
@@ -206,8 +212,11 @@ def test_a_relaying_client_of_a_server_without_the_bulk_lane_pulls_over_grpc(mak
     settings = dataclasses.replace(_settings(fanout=2), weight_lanes=("relay", "grpc"))
     running = make_ps(settings=settings)
     running.client.push(PLAN, TREE, 0)
-    client = ParamServerClient(dataclasses.replace(running.settings, weight_lanes=("relay", "bulk", "grpc")), retry_s=0,
-                               relay=True)  # fmt: skip
+    client = ParamServerClient(
+        dataclasses.replace(running.settings, weight_lanes=("relay", "bulk", "grpc")),
+        retry_s=0,
+        relay=True,
+    )
     pullers.append(client)
     assert client.lane("relay") is not None
     version, _, buf = client.pull(-1)

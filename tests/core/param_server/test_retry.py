@@ -94,9 +94,13 @@ def test_each_retryable_status_is_retried(code):
 
 @pytest.mark.parametrize(
     "code",
-    [grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
-     grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNIMPLEMENTED],
-)  # fmt: skip
+    [
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.UNIMPLEMENTED,
+    ],
+)
 def test_other_statuses_are_answers_and_raise_at_once(code):
     clock = Clock()
     fn, calls = failing(code)

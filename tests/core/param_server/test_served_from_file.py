@@ -42,8 +42,12 @@ def push(running, k: int) -> None:
 
 
 def pulled(running, *, bulk_lane: bool = True) -> tuple[int, bytes]:
-    client = ParamServerClient(dataclasses.replace(running.settings, weight_lanes=("bulk", "grpc") if bulk_lane else ("grpc",)),
-                               retry_s=0)  # fmt: skip
+    client = ParamServerClient(
+        dataclasses.replace(
+            running.settings, weight_lanes=("bulk", "grpc") if bulk_lane else ("grpc",)
+        ),
+        retry_s=0,
+    )
     try:
         version, _, buf = client.pull(-1)
         return version, bytes(buf)
@@ -167,8 +171,9 @@ def test_a_saved_version_older_than_the_served_one_is_not_restored(tmp_path, mak
 def spooled(make_ps, tmp_path, **kwargs):
     running = make_ps()
     running.server.weights.spool_to(tmp_path / ".spool")
-    return running, WeightPersister(tmp_path, running.settings, store=running.server.weights,
-                                    **kwargs)  # fmt: skip
+    return running, WeightPersister(
+        tmp_path, running.settings, store=running.server.weights, **kwargs
+    )
 
 
 def spool_files(tmp_path) -> list[str]:
@@ -199,8 +204,9 @@ def test_a_spooled_push_never_holds_the_bytes_and_its_save_is_a_link(tmp_path, m
     restarted = make_ps()
     restarted.server.weights.spool_to(tmp_path / ".spool")
     assert spool_files(tmp_path) == []  # a new process starts with an empty spool
-    assert WeightPersister(tmp_path, restarted.settings,
-                           store=restarted.server.weights).restore() == 2  # fmt: skip
+    assert (
+        WeightPersister(tmp_path, restarted.settings, store=restarted.server.weights).restore() == 2
+    )
     assert pulled(restarted) == (2, version_bytes(2))
 
 

@@ -35,8 +35,10 @@ BASE = {"token": TOKEN, "max_message_mb": 8, "chunk_mb": 1}
 
 @pytest.fixture
 def shards():
-    servers = [ParamServer(ServerSettings(address="127.0.0.1:0", **BASE), iter(()), capacity=1)
-               for _ in range(2)]  # fmt: skip
+    servers = [
+        ParamServer(ServerSettings(address="127.0.0.1:0", **BASE), iter(()), capacity=1)
+        for _ in range(2)
+    ]
     ports = [s.start() for s in servers]
     yield servers, tuple(f"127.0.0.1:{p}" for p in ports)
     for s in servers:
@@ -122,8 +124,14 @@ def test_split_points_cut_near_equal_bytes_and_give_every_shard_a_tensor():
 def test_split_header_rebases_offsets_per_run():
     header = pb.PartHeader(version=0, part=0, num_parts=1, nbytes=24, push_id="x")
     for i, n in enumerate((8, 4, 12)):
-        header.tensors.add(name=f"t{i}", dtype="float32", shape=[n // 4],
-                           offset=sum((8, 4, 12)[:i]), nbytes=n, index=i)  # fmt: skip
+        header.tensors.add(
+            name=f"t{i}",
+            dtype="float32",
+            shape=[n // 4],
+            offset=sum((8, 4, 12)[:i]),
+            nbytes=n,
+            index=i,
+        )
     (h0, b0), (h1, b1) = split_header(header, [0, 2, 3])
     assert (b0, h0.nbytes, [t.offset for t in h0.tensors]) == (0, 12, [0, 8])
     assert (b1, h1.nbytes, [t.offset for t in h1.tensors]) == (12, 12, [0])

@@ -121,25 +121,46 @@ def _tamper_header(messages, fn):
 
 
 BAD_PUSHES = {
-    "unknown tensor": (lambda m, c, p: _tamper_header(m, lambda h: setattr(h.tensors[0], "name", "evil")),
-                       grpc.StatusCode.INVALID_ARGUMENT),
-    "wrong shape": (lambda m, c, p: _tamper_header(m, lambda h: h.tensors[-1].shape.__setitem__(0, 8)),
-                    grpc.StatusCode.INVALID_ARGUMENT),
-    "wrong dtype": (lambda m, c, p: _tamper_header(m, lambda h: setattr(h.tensors[0], "dtype", "float64")),
-                    grpc.StatusCode.INVALID_ARGUMENT),
-    "wrong size": (lambda m, c, p: _tamper_header(m, lambda h: setattr(h, "nbytes", h.nbytes + 4)),
-                   grpc.StatusCode.INVALID_ARGUMENT),
-    "bad checksum": (lambda m, c, p: [m[0], _flip_checksum(m[1]), *m[2:]], grpc.StatusCode.DATA_LOSS),
-    "corrupted data": (lambda m, c, p: [m[0], m[1][:40] + bytes([m[1][40] ^ 1]) + m[1][41:], *m[2:]],
-                       grpc.StatusCode.DATA_LOSS),
-    "version regression": (lambda m, c, p: _tamper_header(m, lambda h: setattr(h, "version", 0)),
-                           grpc.StatusCode.FAILED_PRECONDITION),
-    "out-of-order chunk": (lambda m, c, p: [m[0], m[2], m[1], *m[3:]], grpc.StatusCode.INVALID_ARGUMENT),
-    "duplicate chunk": (lambda m, c, p: [m[0], m[1], m[1], *m[2:]], grpc.StatusCode.INVALID_ARGUMENT),
+    "unknown tensor": (
+        lambda m, c, p: _tamper_header(m, lambda h: setattr(h.tensors[0], "name", "evil")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+    "wrong shape": (
+        lambda m, c, p: _tamper_header(m, lambda h: h.tensors[-1].shape.__setitem__(0, 8)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+    "wrong dtype": (
+        lambda m, c, p: _tamper_header(m, lambda h: setattr(h.tensors[0], "dtype", "float64")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+    "wrong size": (
+        lambda m, c, p: _tamper_header(m, lambda h: setattr(h, "nbytes", h.nbytes + 4)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+    "bad checksum": (
+        lambda m, c, p: [m[0], _flip_checksum(m[1]), *m[2:]],
+        grpc.StatusCode.DATA_LOSS,
+    ),
+    "corrupted data": (
+        lambda m, c, p: [m[0], m[1][:40] + bytes([m[1][40] ^ 1]) + m[1][41:], *m[2:]],
+        grpc.StatusCode.DATA_LOSS,
+    ),
+    "version regression": (
+        lambda m, c, p: _tamper_header(m, lambda h: setattr(h, "version", 0)),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    ),
+    "out-of-order chunk": (
+        lambda m, c, p: [m[0], m[2], m[1], *m[3:]],
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+    "duplicate chunk": (
+        lambda m, c, p: [m[0], m[1], m[1], *m[2:]],
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
     "cut off (missing last chunk)": (lambda m, c, p: m[:-1], grpc.StatusCode.INVALID_ARGUMENT),
     "garbage bytes": (lambda m, c, p: [b"\xff\xfe\xfd" * 10], grpc.StatusCode.INVALID_ARGUMENT),
     "data before header": (lambda m, c, p: m[1:], grpc.StatusCode.INVALID_ARGUMENT),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", sorted(BAD_PUSHES))
@@ -220,8 +241,12 @@ def test_same_push_id_twice_is_a_duplicate(ps):
 def test_streamed_chunks_cover_the_packed_buffer_exactly():
     from rlax.core.wire import stream
 
-    tree = {"a": np.arange(10, dtype=np.float32), "b": np.ones((300, 300), np.float32),
-            "c": np.full(7, 2.0, np.float32), "d": np.zeros(3, np.float32)}  # fmt: skip
+    tree = {
+        "a": np.arange(10, dtype=np.float32),
+        "b": np.ones((300, 300), np.float32),
+        "c": np.full(7, 2.0, np.float32),
+        "d": np.zeros(3, np.float32),
+    }
     plan = WirePlan.for_tree(tree)
     pieces = list(stream(plan, tree, 64 * 1024))
     offsets = [o for o, _ in pieces]
@@ -238,9 +263,10 @@ def test_an_unreachable_server_is_retried_until_the_client_gives_up():
     asked = []
     # 60 s of retries allowed, but give_up turns True at its third question.
     client = ParamServerClient(
-        ServerSettings(address=address, token=TOKEN), retry_s=60.0,
+        ServerSettings(address=address, token=TOKEN),
+        retry_s=60.0,
         give_up=lambda: asked.append(1) or len(asked) > 2,
-    )  # fmt: skip
+    )
     start = time.monotonic()
     with pytest.raises(grpc.RpcError) as err:
         client.stat()

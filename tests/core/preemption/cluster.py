@@ -18,19 +18,32 @@ from rlax.core.trainer.phases import WALL_CLOCK
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 BASE = ROOT / "assets" / "quickstart-base"
-TIMING = {"take_wait_s", "weight_sync_s", "weight_sync_mb_s", "worker_idle_fraction",
-          "worker_generate_s", "worker_score_s",
-          "queue_depth", *WALL_CLOCK}  # fmt: skip
+TIMING = {
+    "take_wait_s",
+    "weight_sync_s",
+    "weight_sync_mb_s",
+    "worker_idle_fraction",
+    "worker_generate_s",
+    "worker_score_s",
+    "queue_depth",
+    *WALL_CLOCK,
+}
 
 
 def small(steps: int, *extra: str) -> list[str]:
     return [
-        "--gin", str(ROOT / "configs/experiments/quickstart.gin"),
-        f"--gin.INIT_CHECKPOINT='{BASE}'", f"--gin.rlax.train.steps={steps}",
-        *SMALL_SIZES, IN_PROCESS_REWARDS, "--gin.rlax.train.progress=False", NO_CURVES,
-        "--gin.rlax.train.checkpoint_every=2", "--gin.rlax.param_server.lease_ttl_s=5.0",
+        "--gin",
+        str(ROOT / "configs/experiments/quickstart.gin"),
+        f"--gin.INIT_CHECKPOINT='{BASE}'",
+        f"--gin.rlax.train.steps={steps}",
+        *SMALL_SIZES,
+        IN_PROCESS_REWARDS,
+        "--gin.rlax.train.progress=False",
+        NO_CURVES,
+        "--gin.rlax.train.checkpoint_every=2",
+        "--gin.rlax.param_server.lease_ttl_s=5.0",
         *extra,
-    ]  # fmt: skip
+    ]
 
 
 DETERMINISTIC = (
@@ -115,8 +128,9 @@ def wait_until(condition, timeout: float = 240, what: str = "condition", proc=No
     deadline = time.monotonic() + timeout
     while not condition():
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"run ended (status {proc.returncode}) before {what}:\n"
-                                 + output(proc)[1][-3000:])  # fmt: skip
+            raise AssertionError(
+                f"run ended (status {proc.returncode}) before {what}:\n" + output(proc)[1][-3000:]
+            )
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)

@@ -72,8 +72,10 @@ def places(db):
         counts = json.loads(conn.execute("SELECT value FROM meta WHERE key='counts'").fetchone()[0])
 
         def ids(sql, msg):
-            return [msg.FromString(r[0]).id if msg is pb.PromptMsg else msg.FromString(r[0]).prompt.id
-                    for r in conn.execute(sql)]  # fmt: skip
+            return [
+                msg.FromString(r[0]).id if msg is pb.PromptMsg else msg.FromString(r[0]).prompt.id
+                for r in conn.execute(sql)
+            ]
 
         return (
             consumed,

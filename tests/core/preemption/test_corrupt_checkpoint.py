@@ -29,8 +29,11 @@ def test_a_corrupt_newest_checkpoint_is_skipped_and_its_steps_redone(tmp_path):
 
     code, out, err = run(run_dir, 4)
     assert code == 0, err[-3000:]
-    assert re.search(r"checkpoint \S+/train_state/3 cannot be restored \(.*\); moved to \S+"
-                     r"/train_state/3\.corrupt-\d+ and skipped", err), err[-3000:]  # fmt: skip
+    assert re.search(
+        r"checkpoint \S+/train_state/3 cannot be restored \(.*\); moved to \S+"
+        r"/train_state/3\.corrupt-\d+ and skipped",
+        err,
+    ), err[-3000:]
     assert f"resumed from {states / '2'}: step 2" in out
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # step 3 once, not twice

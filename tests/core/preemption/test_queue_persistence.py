@@ -22,8 +22,9 @@ def prompts(seed=0):
 
 def make(path, *, capacity=8, seed=0, **kwargs):
     kwargs.setdefault("version_fn", lambda: 100)  # the newest weight version served
-    return RolloutQueue(prompts(seed), capacity=capacity, lease_ttl_s=60.0, db=QueueDB(path),
-                        **kwargs)  # fmt: skip
+    return RolloutQueue(
+        prompts(seed), capacity=capacity, lease_ttl_s=60.0, db=QueueDB(path), **kwargs
+    )
 
 
 def lease(q, n, worker="w"):
@@ -67,9 +68,12 @@ def test_a_reopened_queue_has_every_prompt_where_it_was(tmp_path):
     q, _leases, ids1, ids2, _ = busy_queue(db)
     before = q.accounting()
     assert before == {
-        "pool": ["s0-p7"], "leased": ["s0-p5", "s0-p6"], "queued": ["s0-p4"],
-        "taken": ids2, "consumed": ids1,
-    }  # fmt: skip
+        "pool": ["s0-p7"],
+        "leased": ["s0-p5", "s0-p6"],
+        "queued": ["s0-p4"],
+        "taken": ids2,
+        "consumed": ids1,
+    }
     counts = dict(q.counts)
     del q  # as if the process were killed: nothing is flushed on the way out
 

@@ -29,8 +29,11 @@ N = 6
 def pause_workers_holding_leases(proc, db, tries: int = 20) -> list[int]:
     """SIGSTOPs every worker at a moment one of them holds leases; their pids."""
     for _ in range(tries):
-        wait_until(lambda: leases_of(db, "worker-0") or leases_of(db, "worker-1"),
-                   what="a worker leasing", proc=proc)  # fmt: skip
+        wait_until(
+            lambda: leases_of(db, "worker-0") or leases_of(db, "worker-1"),
+            what="a worker leasing",
+            proc=proc,
+        )
         workers = [pid for role, pid in children(proc.pid).items() if role.startswith("worker")]
         for worker in workers:
             os.kill(worker, signal.SIGSTOP)

@@ -23,10 +23,22 @@ def test_a_worker_retrying_an_unreachable_server_stops_within_seconds_of_a_notic
     log = tmp_path / "worker.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rlax.core.cli", "run", *small(3), "--role", "worker",
-             "--run-dir", str(tmp_path / "run")],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "rlax.core.cli",
+                "run",
+                *small(3),
+                "--role",
+                "worker",
+                "--run-dir",
+                str(tmp_path / "run"),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
 
         def retrying() -> bool:

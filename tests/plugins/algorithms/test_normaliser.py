@@ -48,8 +48,9 @@ def loss_of(algo, prompt_len: int, bucket: int = 8) -> float:
 
 def test_completion_width_is_the_budget_in_the_trainers_layout():
     for prompt_len, bucket in ((3, 8), (9, 8), (3, 4)):
-        b = make_batch([one_group(prompt_len)], np.zeros((1, 2)), length_bucket=bucket,
-                       completion_len=BUDGET)  # fmt: skip
+        b = make_batch(
+            [one_group(prompt_len)], np.zeros((1, 2)), length_bucket=bucket, completion_len=BUDGET
+        )
         assert b.loss_mask.shape[1] > BUDGET  # the mask also spans the prompt bucket
         assert float(completion_width(jnp.asarray(b.loss_mask))) == BUDGET
 

@@ -32,14 +32,42 @@ def test_the_algorithms_surface_names_what_its_modules_define():
 
 def test_every_factory_and_building_block_is_public():
     # Hand-listed: each shipped algorithm's factory, and the pieces a new one composes.
-    factories = {"grpo", "dapo", "drgrpo", "gspo", "cispo", "rloo", "reinforcepp",
-                 "reinforcepp_baseline", "ppo", "distill"}  # fmt: skip
-    pieces = {"group_normalized", "group_centered", "leave_one_out", "raw_returns",
-              "Aggregation", "aggregate", "Alignment", "ClippedSurrogate",
-              "SequenceClippedSurrogate", "ClippedISWeight", "clipped_surrogate", "k3_kl",
-              "kl_estimate", "Distillation", "completion_width",
-              "Returns", "gae", "whiten", "ValueLoss", "PolicyGradient", "alignment_of",
-              "settings_of"}  # fmt: skip
+    factories = {
+        "grpo",
+        "dapo",
+        "drgrpo",
+        "gspo",
+        "cispo",
+        "rloo",
+        "reinforcepp",
+        "reinforcepp_baseline",
+        "ppo",
+        "distill",
+    }
+    pieces = {
+        "group_normalized",
+        "group_centered",
+        "leave_one_out",
+        "raw_returns",
+        "Aggregation",
+        "aggregate",
+        "Alignment",
+        "ClippedSurrogate",
+        "SequenceClippedSurrogate",
+        "ClippedISWeight",
+        "clipped_surrogate",
+        "k3_kl",
+        "kl_estimate",
+        "Distillation",
+        "completion_width",
+        "Returns",
+        "gae",
+        "whiten",
+        "ValueLoss",
+        "PolicyGradient",
+        "alignment_of",
+        "settings_of",
+    }
     assert factories | pieces <= set(algorithms.__all__)
     registered = build_plugin_manager(autoload=False).names("algorithms")
     assert set(registered) == factories

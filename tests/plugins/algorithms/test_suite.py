@@ -79,8 +79,12 @@ L = np.array(LENGTHS, float)
         # DAPO: token-mean: -sum_i |o_i| A_i / sum_i |o_i| = -(4.5 - 0.5 - 1 - 2) / 10.
         (dapo, GRPO_A, -0.1, per_row(-GRPO_A / TOKENS)),
         # Dr.GRPO: A = R - mean, every token weighted 1 / (G * L_max) = 1 / 16.
-        (lambda: drgrpo(max_len=4), CENTERED_A, -(2.25 - 0.25 - 0.5 - 1.0) / 16,
-         per_row(-CENTERED_A / (N * 4))),
+        (
+            lambda: drgrpo(max_len=4),
+            CENTERED_A,
+            -(2.25 - 0.25 - 0.5 - 1.0) / 16,
+            per_row(-CENTERED_A / (N * 4)),
+        ),
         # GSPO on-policy: s_i = 1, loss -mean_i A_i; gradient A_i spread over the row's tokens.
         (gspo, GRPO_A, 0.0, per_row(-GRPO_A / (N * L))),
         # CISPO: -sg(r) A logp with r = 1: the loss is the advantage-weighted log-likelihood.
@@ -88,7 +92,7 @@ L = np.array(LENGTHS, float)
         # RLOO: the sequence is one action (token-sum), mean over sequences.
         (rloo, LOO_A, -(3.0 - 1 / 3 - 2 / 3 - 4 / 3) / 4, per_row(-LOO_A / N)),
     ],
-)  # fmt: skip
+)
 def test_group_algorithms_by_hand(make, advantages, loss, grad):
     algo = make()
     np.testing.assert_allclose(algo.advantages(REWARDS)[0], advantages, rtol=1e-5)

@@ -182,8 +182,13 @@ def test_pure_distillation_loss_and_gradient_by_hand():
 
 
 def test_distillation_is_a_piece_any_policy_gradient_composes():
-    algo = PolicyGradient(name="mine", estimator=lambda r: r * 0, objective=ClippedSurrogate(),
-                          aggregation=Aggregation("token-mean"), distill=Distillation(0.5))  # fmt: skip
+    algo = PolicyGradient(
+        name="mine",
+        estimator=lambda r: r * 0,
+        objective=ClippedSurrogate(),
+        aggregation=Aggregation("token-mean"),
+        distill=Distillation(0.5),
+    )
     assert algo.needs_teacher
     with pytest.raises(ValueError, match="distill: distillation: coef must be > 0"):
         distill(coef=0.0)

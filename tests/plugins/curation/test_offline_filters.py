@@ -28,14 +28,17 @@ def kept_ids(result) -> list[str]:
 
 def test_dedup_drops_exact_and_near_duplicates_keeping_the_first():
     data = prompts(
-        "What is 2 plus 2?",                               # p0
-        "what is 2 plus 2",                                # p1 exact after normalization
-        LONG,                                              # p2
-        LONG.replace("Saturday", "Sunday"),                # p3 near duplicate of p2
-        LONG.replace("12 cows", "15 goats").replace("milk", "juice").replace("money", "cash")
-        .replace("a week", "a month").replace("market", "fair"),  # p4 too different
-        "Name a prime number greater than 10.",            # p5
-    )  # fmt: skip
+        "What is 2 plus 2?",  # p0
+        "what is 2 plus 2",  # p1 exact after normalization
+        LONG,  # p2
+        LONG.replace("Saturday", "Sunday"),  # p3 near duplicate of p2
+        LONG.replace("12 cows", "15 goats")
+        .replace("milk", "juice")
+        .replace("money", "cash")
+        .replace("a week", "a month")
+        .replace("market", "fair"),  # p4 too different
+        "Name a prime number greater than 10.",  # p5
+    )
     result = Dedup(threshold=0.8).offline(data)
     assert kept_ids(result) == ["p0", "p2", "p4", "p5"]
     reasons = {d.prompt.id: d.reason for d in result.dropped}
@@ -66,11 +69,11 @@ EVAL = [
 def test_decontaminate_drops_prompts_sharing_ngrams_with_eval_sets():
     data = prompts(
         "Solve this: Tom reads 15 pages every day for 3 weeks. How many pages?",  # p0 overlap
-        "Quick one. What is 7 times 8? Show your work.",                          # p1 short eval
-        "Tom reads 20 pages every day for 2 weeks. How many pages in all?",      # p2 related only
-        "What is 7 times 9?",                                                    # p3 near miss
-        "TOM READS 15 PAGES, EVERY DAY, FOR 3 WEEKS!",                           # p4 case/punct
-    )  # fmt: skip
+        "Quick one. What is 7 times 8? Show your work.",  # p1 short eval
+        "Tom reads 20 pages every day for 2 weeks. How many pages in all?",  # p2 related only
+        "What is 7 times 9?",  # p3 near miss
+        "TOM READS 15 PAGES, EVERY DAY, FOR 3 WEEKS!",  # p4 case/punct
+    )
     result = Decontaminate(eval_texts=EVAL, ngram=8).offline(data)
     assert kept_ids(result) == ["p2", "p3"]
     reasons = {d.prompt.id: d.reason for d in result.dropped}
@@ -84,8 +87,9 @@ def test_decontaminate_reads_eval_files_and_min_overlap(tmp_path):
     data = prompts("Solve this: Tom reads 15 pages every day for 3 weeks. How many pages?")
     assert kept_ids(Decontaminate(eval_files=[str(path)], ngram=8).offline(data)) == []
     # The overlap is 12 words, 5 consecutive 8-grams; asking for 6 keeps the prompt.
-    assert kept_ids(Decontaminate(eval_files=[str(path)], ngram=8, min_overlap=6)
-                    .offline(data)) == ["p0"]  # fmt: skip
+    assert kept_ids(
+        Decontaminate(eval_files=[str(path)], ngram=8, min_overlap=6).offline(data)
+    ) == ["p0"]
     with pytest.raises(ValueError, match="no evaluation text"):
         Decontaminate(eval_texts=[])
 

@@ -23,8 +23,12 @@ class StandInPolicy:
         for p in prompts:
             right = round(self.rates[p.id] * n)
             texts = [f"#### {p.answer}"] * right + ["#### -1"] * (n - right)
-            out.append(tuple(Completion(np.zeros(1, np.int32), np.zeros(1, np.float32), t,
-                                        "stop", 0) for t in texts))  # fmt: skip
+            out.append(
+                tuple(
+                    Completion(np.zeros(1, np.int32), np.zeros(1, np.float32), t, "stop", 0)
+                    for t in texts
+                )
+            )
         return out
 
 
@@ -47,8 +51,14 @@ def test_keeps_prompts_whose_pass_rate_lies_in_the_range():
 
 
 def test_range_bounds_are_inclusive_and_scoring_can_use_the_reward_pool():
-    filt = PassRateFilter(reward=MathReward(), policy=StandInPolicy(RATES), samples=8,
-                          min_rate=0.5, max_rate=1.0, reward_workers=2)  # fmt: skip
+    filt = PassRateFilter(
+        reward=MathReward(),
+        policy=StandInPolicy(RATES),
+        samples=8,
+        min_rate=0.5,
+        max_rate=1.0,
+        reward_workers=2,
+    )
     assert [p.id for p in filt.offline(PROMPTS).kept] == ["half", "often", "always"]
 
 

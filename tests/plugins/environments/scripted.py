@@ -33,8 +33,13 @@ class ScriptedSampler:
         ids = np.append(self.tokenizer.encode(text), self.tokenizer.eos_id).astype(np.int32)
         ids = ids[: self.max_new_tokens]
         stopped = ids[-1] == self.tokenizer.eos_id
-        c = Completion(ids, np.full(len(ids), -0.25, np.float32), text,
-                       "stop" if stopped else "length", self.version)  # fmt: skip
+        c = Completion(
+            ids,
+            np.full(len(ids), -0.25, np.float32),
+            text,
+            "stop" if stopped else "length",
+            self.version,
+        )
         return [tuple(c for _ in range(n)) for _ in prompts]
 
 

@@ -44,11 +44,13 @@ def test_appending_ids_gives_the_ids_of_the_whole_conversation(chat_tokenizer):
     turn = np.append(tok.encode("Let me check."), tok.eos_id)  # as the sampler returns it
     appended = np.r_[prompt, turn, observation_ids(tok, "42")].tolist()
     whole = tok.apply_chat_template(
-        [{"role": "user", "content": "What is 6*7?"},
-         {"role": "assistant", "content": "Let me check."},
-         {"role": "user", "content": "42"}],
+        [
+            {"role": "user", "content": "What is 6*7?"},
+            {"role": "assistant", "content": "Let me check."},
+            {"role": "user", "content": "42"},
+        ],
         add_generation_prompt=True,
-    )  # fmt: skip
+    )
     assert appended == tok.encode(whole).tolist()
     assert tok.eos_id in appended and appended.count(tok.eos_id) == 3
 

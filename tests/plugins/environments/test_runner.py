@@ -27,14 +27,20 @@ from scripted import ScriptedSampler, Spy
 
 TOK = CharTokenizer(ALPHABET)
 CFG = TransformerConfig(
-    vocab_size=TOK.vocab_size, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2,
-    head_dim=8, mlp_dim=64,
-)  # fmt: skip
+    vocab_size=TOK.vocab_size,
+    num_layers=2,
+    embed_dim=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+)
 
 
 def secret_prompt(secret):
-    return next(p for p in GuessTask(size=10).prompts("eval", tokenizer=TOK, seed=0)
-                if p.answer == secret)  # fmt: skip
+    return next(
+        p for p in GuessTask(size=10).prompts("eval", tokenizer=TOK, seed=0) if p.answer == secret
+    )
 
 
 def play(script, secret=5, **limits):
@@ -47,8 +53,9 @@ def play(script, secret=5, **limits):
 
 
 def segments(ids):
-    return np.concatenate([TOK.encode(s) if s in "<>" else np.append(TOK.encode(s), TOK.eos_id)
-                           for s in ids]).tolist()  # fmt: skip
+    return np.concatenate(
+        [TOK.encode(s) if s in "<>" else np.append(TOK.encode(s), TOK.eos_id) for s in ids]
+    ).tolist()
 
 
 def test_a_won_game_by_hand():
@@ -112,9 +119,12 @@ def test_the_episode_reward_replaces_the_reward_plugin_and_metrics_count_episode
     assert GuessReward().score(prompt, won.text) == 1.0  # the text says the same
     assert GuessReward().score(prompt, lost.text) == 0.0
     assert episode_metrics([group]) == {
-        "turns_mean": 2.5, "tool_calls_mean": 0.0, "tool_errors_mean": 0.0,
-        "observation_tokens_mean": 1.5, "failed_mean": 0.0,
-    }  # fmt: skip
+        "turns_mean": 2.5,
+        "tool_calls_mean": 0.0,
+        "tool_errors_mean": 0.0,
+        "observation_tokens_mean": 1.5,
+        "failed_mean": 0.0,
+    }
 
 
 def test_a_trace_of_an_episode_gives_the_environment_s_reason_not_the_reward_plugin_s():
@@ -151,8 +161,12 @@ def test_an_episode_crosses_the_wire_unchanged_and_a_bad_mask_is_refused():
 def test_the_batch_has_holes_where_the_observations_are():
     c, _ = play(["3", "7", "5"])
     prompt = secret_prompt(5)
-    batch = make_batch([Group(prompt, (c,), np.ones(1, np.float32))], np.full((1, 1), 2.0),
-                       length_bucket=4, completion_len=12)  # fmt: skip
+    batch = make_batch(
+        [Group(prompt, (c,), np.ones(1, np.float32))],
+        np.full((1, 1), 2.0),
+        length_bucket=4,
+        completion_len=12,
+    )
     p = 4  # the 2-id prompt left-padded to the bucket
     np.testing.assert_array_equal(batch.tokens[0, p - 2 : p + 8], np.r_[prompt.tokens, c.tokens])
     assert batch.loss_mask[0, p - 1 : p + 7].tolist() == c.loss_mask.tolist()

@@ -152,9 +152,13 @@ def test_hostile_tool_code_is_contained_and_scores_zero(name, listener, tmp_path
     """The red-team table's containment cases as tool code: each answers ``add(1, 2)``
     correctly only if its attack worked, and the model answers with what it printed."""
     _, _, source = CASES["HOSTILE"][name]
-    for key, value in (("PORT", str(listener.getsockname()[1])), ("HOSTDIR", str(tmp_path)),
-                       ("CANARY", str(tmp_path / "canary")), ("PROJECT", str(ROOT)),
-                       ("SECRET", repr("hunter2"))):  # fmt: skip
+    for key, value in (
+        ("PORT", str(listener.getsockname()[1])),
+        ("HOSTDIR", str(tmp_path)),
+        ("CANARY", str(tmp_path / "canary")),
+        ("PROJECT", str(ROOT)),
+        ("SECRET", repr("hunter2")),
+    ):
         source = source.replace(key, value)
     with caplog.at_level(logging.WARNING, "rlax.environments"):
         c = episode(call(source + "\nprint(add(1, 2))"), answer="3", timeout_s=1.5)

@@ -18,9 +18,14 @@ from rlax.plugins.samplers.jax_sampler import JaxSampler
 
 TOK = CharTokenizer("0123456789+=")
 CFG = TransformerConfig(
-    vocab_size=TOK.vocab_size, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2,
-    head_dim=8, mlp_dim=64,
-)  # fmt: skip
+    vocab_size=TOK.vocab_size,
+    num_layers=2,
+    embed_dim=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+)
 BUDGET = 20
 # Two tiers whose small window (16 columns) rows outgrow: every long row is moved.
 TIERS = ((3, 16), (2, 0))
@@ -39,8 +44,14 @@ def model():
 
 
 def engine(model, **kw):
-    settings = {"slots": 5, "chunk": 4, "max_new_tokens": BUDGET, "stop_at_eos": False,
-                    "max_prompt_tokens": 12, "tiers": TIERS}  # fmt: skip
+    settings = {
+        "slots": 5,
+        "chunk": 4,
+        "max_new_tokens": BUDGET,
+        "stop_at_eos": False,
+        "max_prompt_tokens": 12,
+        "tiers": TIERS,
+    }
     e = SlotEngine(**{**settings, **kw})
     e.setup(model, TOK)
     return e

@@ -13,9 +13,14 @@ from rlax.plugins.samplers.jax_sampler import JaxSampler
 
 TOK = CharTokenizer("0123456789+=")
 CFG = TransformerConfig(
-    vocab_size=TOK.vocab_size, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2,
-    head_dim=8, mlp_dim=64,
-)  # fmt: skip
+    vocab_size=TOK.vocab_size,
+    num_layers=2,
+    embed_dim=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+)
 
 
 def prompt(text):

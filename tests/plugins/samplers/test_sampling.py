@@ -23,9 +23,14 @@ from rlax.plugins.samplers.sampling import (
 NEG = -np.inf
 TOK = CharTokenizer("0123456789+=")
 CFG = TransformerConfig(
-    vocab_size=TOK.vocab_size, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2,
-    head_dim=8, mlp_dim=64,
-)  # fmt: skip
+    vocab_size=TOK.vocab_size,
+    num_layers=2,
+    embed_dim=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+)
 
 
 def prompt(text):
@@ -131,8 +136,9 @@ def test_inverse_cdf_frequencies_and_zero_probability_tokens(block):
 
 def test_inverse_cdf_respects_top_k_and_logprobs():
     logits = jax.random.normal(jax.random.key(5), (128, 3000)) * 2
-    tok, logp = sample_token(logits, jax.random.key(6), jnp.float32(1.3), top_k=7,
-                             method="inverse_cdf")  # fmt: skip
+    tok, logp = sample_token(
+        logits, jax.random.key(6), jnp.float32(1.3), top_k=7, method="inverse_cdf"
+    )
     kth = jax.lax.top_k(logits, 7)[0][:, -1]
     assert np.all(np.asarray(logits[jnp.arange(128), tok] >= kth))
     want = jax.nn.log_softmax(logits / 1.3)[jnp.arange(128), tok]
@@ -163,14 +169,23 @@ def test_large_vocabulary_path_logprobs_equal_a_full_forward():
     from rlax.core.types import Group
 
     tok = CharTokenizer("".join(chr(0x4E00 + i) for i in range(5000)))
-    cfg = TransformerConfig(vocab_size=tok.vocab_size, num_layers=1, embed_dim=16, num_heads=2,
-                            num_kv_heads=1, head_dim=8, mlp_dim=32)  # fmt: skip
+    cfg = TransformerConfig(
+        vocab_size=tok.vocab_size,
+        num_layers=1,
+        embed_dim=16,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=8,
+        mlp_dim=32,
+    )
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     s = JaxSampler(max_new_tokens=5, temperature=0.9)
     s.setup(model, tok)
     assert s._method(cfg.vocab_size) == "inverse_cdf"
-    prompts = [Prompt(id=t, text=t, tokens=tok.encode(t, bos=True), answer="")
-               for t in (chr(0x4E01) * 3, chr(0x4E99))]  # fmt: skip
+    prompts = [
+        Prompt(id=t, text=t, tokens=tok.encode(t, bos=True), answer="")
+        for t in (chr(0x4E01) * 3, chr(0x4E99))
+    ]
     out = s.generate(prompts, 3, seed=1)
     groups = [Group(p, cs, np.zeros(3, np.float32)) for p, cs in zip(prompts, out)]
     batch = make_batch(groups, np.zeros((2, 3)), completion_len=5)

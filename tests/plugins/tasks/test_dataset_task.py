@@ -51,8 +51,13 @@ def test_parquet_reads_the_same_as_jsonl(tmp_path):
     assert [(p.id, p.text, p.answer) for p in parquet] == [(p.id, p.text, p.answer) for p in jsonl]
 
 
-BAD_LINES = ['{"q": "broken', '{"q": "No answer here"}', '{"q": "", "sol": "1"}', '["a list"]',
-             '{"q": "Emoji \\u2603 here", "sol": "1"}']  # fmt: skip
+BAD_LINES = [
+    '{"q": "broken',
+    '{"q": "No answer here"}',
+    '{"q": "", "sol": "1"}',
+    '["a list"]',
+    '{"q": "Emoji \\u2603 here", "sol": "1"}',
+]
 
 
 def test_malformed_rows_are_reported_with_their_index_and_skipped(tmp_path, caplog):

@@ -38,9 +38,14 @@ def model_dir(tmp_path_factory) -> pathlib.Path:
     """A small, randomly initialised character model that can read the fixture."""
     tokenizer = CharTokenizer(alphabet())
     cfg = TransformerConfig(
-        vocab_size=tokenizer.vocab_size, num_layers=1, embed_dim=32, num_heads=2,
-        num_kv_heads=1, head_dim=16, mlp_dim=64,
-    )  # fmt: skip
+        vocab_size=tokenizer.vocab_size,
+        num_layers=1,
+        embed_dim=32,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        mlp_dim=64,
+    )
     path = tmp_path_factory.mktemp("model") / "gsm8k-char"
     save_model(path, ModelBundle(new_model(cfg, 0), tokenizer, {"built_by": __name__}))
     return path
@@ -87,11 +92,19 @@ def test_configured_verifier_accepts_each_reference_solution_only_for_its_questi
 def test_rlax_eval_runs_the_fixture_through_the_gin_config(model_dir, monkeypatch, capsys):
     """`rlax eval`: dataset task -> tokenizer -> JAX sampler -> math verifier -> pass@k."""
     monkeypatch.chdir(ROOT)
-    status = cli.main([
-        "eval", "--gin", str(CONFIG), "--checkpoint", str(model_dir),
-        "--gin.rlax.evaluate.eval_samples=2", "--gin.rlax.evaluate.eval_ks=(1, 2)",
-        "--gin.samplers.jax.max_new_tokens=8", "--gin.rlax.evaluate.progress=False",
-    ])  # fmt: skip
+    status = cli.main(
+        [
+            "eval",
+            "--gin",
+            str(CONFIG),
+            "--checkpoint",
+            str(model_dir),
+            "--gin.rlax.evaluate.eval_samples=2",
+            "--gin.rlax.evaluate.eval_ks=(1, 2)",
+            "--gin.samplers.jax.max_new_tokens=8",
+            "--gin.rlax.evaluate.progress=False",
+        ]
+    )
     out, err = capsys.readouterr()
     assert status == cli.EXIT_OK, err[-2000:]
     assert f"{model_dir}: 8 held-out problems, 2 samples each" in out  # the whole test split
