@@ -26,9 +26,7 @@ before any code touches a device.
 from __future__ import annotations
 
 import argparse
-import copy
 import importlib.metadata
-import inspect
 import json
 import pathlib
 import sys
@@ -37,11 +35,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-import gin
-
 from rlax.core import config
 from rlax.core.config.bindings import closest_names
-from rlax.core.config.checks import check_weights_kept
+from rlax.core.config.train_settings import join_trainer_processes, train_setting
 from rlax.core.errors import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -146,21 +142,7 @@ def _parser() -> argparse.ArgumentParser:
     plugins.add_argument("--json", action="store_true", help="print a JSON list")
     plugins.set_defaults(handler=_plugins)
 
-    run = commands.add_parser("run", parents=[common, gin_files], help="train (rlax.train)")
-    where = run.add_mutually_exclusive_group()
-    where.add_argument("--run-dir", type=pathlib.Path, default=None, metavar="DIR")
-    where.add_argument(
-        "--resume", nargs="?", const=True, default=None, type=pathlib.Path, metavar="DIR",
-        help="continue the run in DIR (default: the newest run of rlax.train.run_name)",
-    )  # fmt: skip
-    run.add_argument(
-        "--role",
-        choices=ROLES,
-        default="all",
-        help="all (default): parameter server + trainer + workers on this machine, supervised; "
-        "inline: trainer with an in-process sampler; or one role of a cluster deployment",
-    )
-    run.set_defaults(handler=_run)
+    _add_run_command(commands, [common, gin_files])
 
     evaluate = commands.add_parser(
         "eval", parents=[common, gin_files], help="evaluate a checkpoint (rlax.evaluate)"
@@ -179,10 +161,42 @@ def _parser() -> argparse.ArgumentParser:
 
     show = commands.add_parser("show", help="a run's state, evaluations and latest rollouts")
     show.add_argument("run_dir", type=pathlib.Path, metavar="RUN", help="a run directory")
-    show.add_argument("--traces", type=int, default=2, metavar="N",
-                      help="how many of the latest traced groups to print (default 2)")  # fmt: skip
+    show.add_argument(
+        "--traces",
+        type=int,
+        default=2,
+        metavar="N",
+        help="how many of the latest traced groups to print (default 2)",
+    )
     show.set_defaults(handler=_show)
     return parser
+
+
+def _add_run_command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    parents: list[argparse.ArgumentParser],
+) -> None:
+    """``rlax run``: where the run lives (a new, given or resumed run directory) and the role."""
+    run = commands.add_parser("run", parents=parents, help="train (rlax.train)")
+    where = run.add_mutually_exclusive_group()
+    where.add_argument("--run-dir", type=pathlib.Path, default=None, metavar="DIR")
+    where.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=None,
+        type=pathlib.Path,
+        metavar="DIR",
+        help="continue the run in DIR (default: the newest run of rlax.train.run_name)",
+    )
+    run.add_argument(
+        "--role",
+        choices=ROLES,
+        default="all",
+        help="all (default): parameter server + trainer + workers on this machine, supervised; "
+        "inline: trainer with an in-process sampler; or one role of a cluster deployment",
+    )
+    run.set_defaults(handler=_run)
 
 
 def _version() -> str:
@@ -262,7 +276,7 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> int:
     role = args.role
     given = _given_run_dir(args)
     if role in ("trainer", "inline"):
-        _join_trainer_processes()
+        join_trainer_processes()
     if role not in ("all", "trainer", "inline"):
         where = {"run_dir": given.path} if role == "param_server" and given else {}
         return _status(config.configured("rlax", role)(hook=pm.hook, **where))
@@ -274,7 +288,7 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> int:
     if role != "all":  # trainer process 0 makes it, once the trainer's settings are checked
         return _train(args, bindings, pm, None)
     # One run directory for every child and every restart: resuming needs it.
-    run_dir = RunDir.make(_train_setting("run_root"), _train_setting("run_name"))
+    run_dir = RunDir.make(train_setting("run_root"), train_setting("run_name"))
     status = _train(args, bindings, pm, run_dir)
     if status == EXIT_USAGE:  # a child refused its settings before any step
         run_dir.remove_fresh()
@@ -302,7 +316,7 @@ def _train(
 def _says_finished(run_dir: RunDir, lead: bool) -> bool:
     """The one place a run is found finished: True (and process 0 says so) if it has
     nothing left to do at ``rlax.train.steps``; then no role starts."""
-    finished = run_dir.finished_message(_train_setting("steps"))
+    finished = run_dir.finished_message(train_setting("steps"))
     if finished and lead:
         print(finished, flush=True)
     return finished is not None
@@ -314,21 +328,11 @@ def _multihost() -> Any:
     return multihost
 
 
-def _train_setting(name: str) -> Any:
-    """``rlax.train``'s bound ``name`` (macros evaluated), else its default."""
-    try:
-        return copy.deepcopy(gin.query_parameter(f"rlax.train.{name}"))  # evaluates a macro
-    except ValueError:
-        from rlax.core.trainer import role as experiment
-
-        return inspect.signature(experiment.train).parameters[name].default
-
-
 def _given_run_dir(args: argparse.Namespace) -> RunDir | None:
     """``--run-dir DIR``; ``--resume DIR``: DIR, checked; bare ``--resume``: the newest run
     of that name; neither: None."""
     if args.resume:
-        return RunDir.resumed(args.resume, _train_setting("run_root"), _train_setting("run_name"))
+        return RunDir.resumed(args.resume, train_setting("run_root"), train_setting("run_name"))
     return RunDir(args.run_dir) if args.run_dir else None
 
 
@@ -340,21 +344,6 @@ def _say_how_to_resume(
         return
     command = RunDir.of(run_dir).resume_command(args.gin, bindings, args.plugins, args.role)
     print(f"rlax: resume with: {command}", file=sys.stderr, flush=True)
-
-
-def _join_trainer_processes() -> None:
-    """``jax.distributed.initialize`` with ``rlax.train.distributed`` (a no-op for one process)."""
-    distributed = _multihost()
-    try:
-        settings = copy.deepcopy(gin.query_parameter("rlax.train.distributed"))  # evaluates it
-    except ValueError:  # not bound: the environment may still ask for several processes
-        settings = None
-    processes = (settings or distributed.DistributedSettings()).resolved().num_processes or 1
-    check_weights_kept(processes)
-    try:
-        distributed.initialize(settings)
-    except ValueError as err:
-        raise ConfigError(f"rlax.train.distributed: {err}") from err
 
 
 def _eval(args: argparse.Namespace, bindings: list[str]) -> int:

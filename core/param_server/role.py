@@ -77,21 +77,32 @@ def param_server(
     stop = Preemption(preemption_notices, role="param_server", hook=hook).start()
     try:
         server = ParamServer(
-            settings, prompts,
+            settings,
+            prompts,
             capacity=capacity or prompts_per_step * max(1, max_staleness + 1 - reload_staleness),
-            lease_ttl_s=lease_ttl_s, curricula=curricula, queue_db=db,
-        )  # fmt: skip
+            lease_ttl_s=lease_ttl_s,
+            curricula=curricula,
+            queue_db=db,
+        )
     except QueueDBError as err:  # the saved queue does not fit this task (a different seed?)
         stop.close()
         raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
+    _serve(stop, server, state_dir, saved_weights)
+    stop.stop_now()
+    return 0
+
+
+def _serve(
+    stop: Preemption, server: ParamServer, state_dir: str | None, saved_weights: int
+) -> None:
+    """Starts the weight shards on this host, the server and the weights kept in ``state_dir``;
+    serves until a notice, then stops them all (:func:`_serve_until`)."""
     shards = split_servers.start_local(server.settings)  # weight_shards on this host
     port = server.start()
     try:
         _serve_until(stop, server, _keep_weights(server, port, state_dir, saved_weights))
     finally:
         split_servers.stop_local(shards)
-    stop.stop_now()
-    return 0
 
 
 def _train_prompts(task: Any, init_checkpoint: ConfigPath, seed: int) -> Iterator[Prompt]:
@@ -131,8 +142,9 @@ def _queue_db(state_dir: str | None) -> QueueDB | None:
         raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
 
 
-def _keep_weights(server: ParamServer, port: int, state_dir: str | None,
-                  saved_weights: int) -> WeightPersister | None:  # fmt: skip
+def _keep_weights(
+    server: ParamServer, port: int, state_dir: str | None, saved_weights: int
+) -> WeightPersister | None:
     """The persister of ``saved_weights`` versions, or (0) just the spool; None without one."""
     if state_dir and saved_weights > 0:
         return _start_persister(server, port, state_dir, saved_weights)
@@ -147,8 +159,9 @@ def _clear_spool(directory: pathlib.Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def _start_persister(server: ParamServer, port: int, state_dir: str,
-                     keep: int = 1) -> WeightPersister:  # fmt: skip
+def _start_persister(
+    server: ParamServer, port: int, state_dir: str, keep: int = 1
+) -> WeightPersister:
     """Restores the weights saved in ``state_dir/weights`` and keeps saving each new version.
 
     The persister talks to this server on the port it actually bound (the

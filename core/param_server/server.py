@@ -1,7 +1,7 @@
 """One gRPC server process hosting WeightStore and RolloutQueue, and the bulk lane.
 
 Weight chunks on the gRPC path travel as raw serialized messages (identity
-(de)serializers, the chunk codec of transport/transfer.py). Without TLS the server also
+(de)serializers, the chunk codec of transport/chunk_codec.py). Without TLS the server also
 runs the bulk lane (transport/transfer.py): ``Stage`` and ``OpenPull`` hand out tickets
 for a plain TCP transfer of the bytes, which is what clients use by default.
 Mutating calls need the shared token in the ``authorization`` metadata;

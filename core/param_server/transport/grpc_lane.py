@@ -1,6 +1,6 @@
 """The gRPC lane: weight bytes as streams of hand-encoded ``WeightChunk`` messages.
 
-``WeightStore.Push`` / ``Pull`` (the chunk codec: transport/transfer.py). Every
+``WeightStore.Push`` / ``Pull`` (the chunk codec: transport/chunk_codec.py). Every
 server serves it, TLS or not, so it carries whatever the lanes before it in
 ``rlax.ps_settings.weight_lanes`` step aside from: it never steps aside itself.
 Pushes are not retried here (the trainer repeats a whole push,
@@ -16,7 +16,8 @@ from typing import Any
 from rlax.core import hookimpl
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.codec import tensor_list
-from rlax.core.param_server.transport.transfer import checksum, decode_chunk, encode_chunk
+from rlax.core.param_server.transport.chunk_codec import decode_chunk, encode_chunk
+from rlax.core.param_server.transport.transfer import checksum
 from rlax.core.weight_lane import LaneLink, Pulled
 
 

@@ -1,11 +1,11 @@
-"""How weight bytes travel: the gRPC chunk codec and the bulk lane.
+"""How weight bytes travel: the bulk lane, and the checksum every path carries.
 
 Two paths carry the same bytes and the same checks:
 
 * **gRPC streams** (``WeightStore.Push`` / ``Pull``): ``WeightChunk`` messages
-  encoded and decoded by hand around the payload, so a chunk's bytes are
-  copied once on the way out and once on the way in. Always available, and
-  the only path under TLS.
+  encoded and decoded by hand around the payload (transport/chunk_codec.py), so
+  a chunk's bytes are copied once on the way out and once on the way in. Always
+  available, and the only path under TLS.
 * **The bulk lane**: a plain TCP connection beside the gRPC server, for the
   bytes only. Control stays on gRPC: an authenticated ``Stage`` (push) or an
   ``OpenPull`` call validates the request and hands out a one-use ticket; the
@@ -52,70 +52,6 @@ def checksum(data) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
-# -- the gRPC chunk codec --------------------------------------------------
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _read_varint(buf: memoryview, i: int) -> tuple[int, int]:
-    shift = result = 0
-    while True:
-        if i >= len(buf) or shift > 63:
-            raise ValueError("weight chunk: truncated or overlong varint")
-        b = buf[i]
-        result |= (b & 0x7F) << shift
-        i += 1
-        if not b & 0x80:
-            return result, i
-        shift += 7
-
-
-def encode_chunk(part: int, offset: int, data, digest: int | None = None) -> bytes:
-    """WeightChunk{part, offset, data, checksum} in protobuf wire format, built around ``data``."""
-    head = b"\x10" + _varint(part) + b"\x18" + _varint(offset) + b"\x22" + _varint(len(data))
-    tail = b"\x28" + _varint(checksum(data) if digest is None else digest)
-    return b"".join((head, data, tail))
-
-
-def decode_chunk(raw) -> tuple[int, int, memoryview, int] | None:
-    """(part, offset, data view, checksum) of a data chunk, or None for a header message.
-
-    Raises ValueError on bytes that are not a WeightChunk.
-    """
-    buf = memoryview(raw)
-    i, part, offset, data, digest = 0, 0, 0, buf[0:0], 0
-    while i < len(buf):
-        key, i = _read_varint(buf, i)
-        field, kind = key >> 3, key & 7
-        if field == 1:
-            return None
-        if kind == 0:
-            value, i = _read_varint(buf, i)
-            if field == 2:
-                part = value
-            elif field == 3:
-                offset = value
-            elif field == 5:
-                digest = value
-        elif kind == 2:
-            n, i = _read_varint(buf, i)
-            if i + n > len(buf):
-                raise ValueError("weight chunk: field overruns the message")
-            if field == 4:
-                data = buf[i : i + n]
-            i += n
-        else:
-            raise ValueError(f"weight chunk: unexpected wire type {kind}")
-    return part, offset, data, digest
-
-
 # -- the bulk lane: socket helpers -----------------------------------------
 
 
@@ -157,8 +93,9 @@ class BulkError(grpc.RpcError):
 # -- the bulk lane: client side ------------------------------------------
 
 
-def _connect(host: str, port: int, ticket: bytes, timeout_s: float,
-             hello: bytes | None = None) -> socket.socket:  # fmt: skip
+def _connect(
+    host: str, port: int, ticket: bytes, timeout_s: float, hello: bytes | None = None
+) -> socket.socket:
     sock = socket.create_connection((host, port), timeout=timeout_s)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall(MAGIC + ticket if hello is None else hello)
@@ -193,9 +130,13 @@ def _unavailable(fn):
 
 @_unavailable
 def send_part(
-    host: str, port: int, ticket: bytes, pieces: Iterable[tuple[int, memoryview]],
-    *, timeout_s: float = 120.0,
-) -> bytes:  # fmt: skip
+    host: str,
+    port: int,
+    ticket: bytes,
+    pieces: Iterable[tuple[int, memoryview]],
+    *,
+    timeout_s: float = 120.0,
+) -> bytes:
     """Sends one staged part as frames; returns the server's serialized PushReply.
 
     Raises BulkError when the server refuses the part, or with UNAVAILABLE when
@@ -223,10 +164,16 @@ def send_part(
 
 @_unavailable
 def receive_into(
-    host: str, port: int, ticket: bytes, buffer: bytearray | memoryview,
-    segments: list[tuple[int, int, int]], *, timeout_s: float = 120.0,
-    hello: bytes | None = None, on_progress: Callable[[int], None] | None = None,
-) -> None:  # fmt: skip
+    host: str,
+    port: int,
+    ticket: bytes,
+    buffer: bytearray | memoryview,
+    segments: list[tuple[int, int, int]],
+    *,
+    timeout_s: float = 120.0,
+    hello: bytes | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> None:
     """Receives a pull's bytes into ``buffer`` and checks each segment's checksum.
 
     ``hello`` replaces the lane's ``MAGIC + ticket`` greeting (a relay's, see
@@ -294,8 +241,12 @@ class BulkLane:
         self._thread.join(timeout=5)
         self._expire(everything=True)
 
-    def issue(self, handle: Callable[[socket.socket], None], expire: Callable[[], None],
-              ttl_s: float = 60.0) -> bytes:  # fmt: skip
+    def issue(
+        self,
+        handle: Callable[[socket.socket], None],
+        expire: Callable[[], None],
+        ttl_s: float = 60.0,
+    ) -> bytes:
         """A one-use ticket: a connection presenting it runs ``handle(conn)``.
 
         ``expire()`` runs instead if no connection claims it within ``ttl_s``.
@@ -353,8 +304,9 @@ class BulkLane:
             self._slots.release()
 
 
-def reply(conn: socket.socket, code: grpc.StatusCode | None, payload: bytes,
-          *, drain_bytes: int = 0) -> None:  # fmt: skip
+def reply(
+    conn: socket.socket, code: grpc.StatusCode | None, payload: bytes, *, drain_bytes: int = 0
+) -> None:
     """Writes a push's reply frame: ``code`` None means success.
 
     A refusal mid-part then reads and discards up to ``drain_bytes`` of what the

@@ -1,16 +1,16 @@
 """The WeightStore service: versioned weights, committed only when whole and verified.
 
 A version is made of ``num_parts`` parts (one per trainer host), received
-from a gRPC ``Push`` stream or over the bulk lane
-(core/param_server/transport/transfer.py) and verified as they arrive
-(:mod:`rlax.core.param_server.weights.parts`). When every part of a version is
-complete, the version is committed atomically as the newest one. Parts that
-carry shards (a multi-host push) are assembled into whole tensors at commit,
-so a puller always receives one buffer of whole tensors, in the model's
-order. Anything wrong — a cut-off stream, a gap, a duplicate chunk, an unknown
-tensor, a wrong size or checksum, shards that do not tile their tensor, a
-version that is not newer — fails the push with a gRPC status and leaves the
-served version untouched.
+from a gRPC ``Push`` stream (:mod:`rlax.core.param_server.weights.streams`)
+or over the bulk lane (core/param_server/transport/transfer.py) and verified
+as they arrive (:mod:`rlax.core.param_server.weights.parts`). When every part
+of a version is complete, the version is committed atomically as the newest
+one. Parts that carry shards (a multi-host push) are assembled into whole
+tensors at commit, so a puller always receives one buffer of whole tensors,
+in the model's order. Anything wrong — a cut-off stream, a gap, a duplicate
+chunk, an unknown tensor, a wrong size or checksum, shards that do not tile
+their tensor, a version that is not newer — fails the push with a gRPC status
+and leaves the served version untouched.
 
 Buffers are recycled: a superseded version's buffer goes back to a small
 pool once no pull is reading it, so steady-state pushes write into memory
@@ -37,12 +37,13 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from rlax.core.param_server import rlax_pb2 as pb
-from rlax.core.param_server.transport.transfer import checksum, decode_chunk, encode_chunk
+from rlax.core.param_server.transport.transfer import checksum
+from rlax.core.param_server.weights import streams
 from rlax.core.param_server.weights.parts import (
     BAD,
     Part,
@@ -60,8 +61,13 @@ __all__ = ["Served", "WeightStore"]
 class WeightStore:
     """State and logic of the WeightStore service (the gRPC glue is in server.py)."""
 
-    def __init__(self, *, max_version_bytes: int, chunk_bytes: int = 4 << 20,
-                 max_staged_bytes: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        max_version_bytes: int,
+        chunk_bytes: int = 4 << 20,
+        max_staged_bytes: int | None = None,
+    ):
         self.max_version_bytes = max_version_bytes
         self.max_staged_bytes = max_staged_bytes or 2 * max_version_bytes
         self.chunk_bytes = chunk_bytes
@@ -119,17 +125,9 @@ class WeightStore:
             served.readers -= 1
             self._recycle(served)
 
-    def messages_for(self, have_version: int):
+    def messages_for(self, have_version: int) -> Iterator[bytes]:
         """The wire messages of the newest version (none if the caller has it), for gRPC Pull."""
-        served = self.open_pull(have_version)
-        if served is None:
-            return
-        try:
-            yield pb.WeightChunk(header=served.header, part=0).SerializeToString()
-            for offset, length, digest in served.segments:
-                yield encode_chunk(0, offset, served.read(offset, length), digest)
-        finally:
-            self.close_pull(served)
+        return streams.pull_messages(self, have_version)
 
     def wait_for(self, after_version: int, timeout_s: float) -> int:
         deadline = time.monotonic() + max(0.0, min(timeout_s, 3600.0))
@@ -201,53 +199,9 @@ class WeightStore:
             if rejected:
                 self.rejected += 1
 
-    def push(self, messages) -> pb.PushReply:
+    def push(self, messages: Iterable[bytes]) -> pb.PushReply:
         """Consumes one gRPC Push stream of raw WeightChunk messages; commits or raises."""
-        part: Part | None = None
-        done: list[Part] = []
-        try:
-            for raw in messages:
-                try:
-                    decoded = decode_chunk(raw)
-                    chunk = pb.WeightChunk.FromString(raw) if decoded is None else None
-                except (DecodeError, ValueError):  # garbage bytes
-                    raise PushRejected(BAD, "undecodable weight chunk") from None
-                if chunk is not None:
-                    if part is not None:
-                        raise PushRejected(BAD, f"part {part.header.part} ended after "
-                                                f"{part.received} of {part.header.nbytes} bytes")  # fmt: skip
-                    if chunk.data:
-                        raise PushRejected(BAD, "a header message carries no data")
-                    started = self.begin(chunk.header)
-                    if isinstance(started, pb.PushReply):
-                        for p in done:
-                            self.abandon(p, rejected=False)
-                        return started
-                    part = started
-                    if part.complete:  # an empty part: a host that holds no blocks
-                        done.append(part)
-                        part = None
-                    continue
-                assert decoded is not None  # no header message: decode_chunk read a data chunk
-                index, offset, data, digest = decoded
-                if part is None:
-                    raise PushRejected(BAD, "data chunk before any header")
-                if index != part.header.part:
-                    raise PushRejected(BAD, f"chunk of part {index} inside part {part.header.part}")
-                part.write(offset, data, digest)
-                if part.complete:
-                    done.append(part)
-                    part = None
-            if part is not None or not done:
-                raise PushRejected(BAD, "push ended before its part was complete")
-            return self.commit(done)
-        except BaseException as err:
-            rejected = isinstance(err, PushRejected)
-            for p in [*done, *([part] if part else [])]:
-                self.abandon(p, rejected=False)
-            if rejected:
-                self.note_rejected()
-            raise
+        return streams.receive_push(self, messages)
 
     # -- writing: commit ----------------------------------------------------
 
@@ -295,10 +249,9 @@ class WeightStore:
         header, buffer = assemble(number, parts, self._pool.get)
         view = memoryview(buffer)
         segments = [
-            (o, min(self.chunk_bytes, len(buffer) - o),
-             checksum(view[o : o + self.chunk_bytes]))
+            (o, min(self.chunk_bytes, len(buffer) - o), checksum(view[o : o + self.chunk_bytes]))
             for o in range(0, len(buffer), self.chunk_bytes)
-        ]  # fmt: skip
+        ]
         for p in parts.values():  # assembled: the parts' own buffers are free now
             self._pool.put(p.buffer)
         return Served(number, header, buffer, segments, [buffer])
@@ -374,8 +327,9 @@ class WeightStore:
             self._replace(Served(number, s.header, None, list(s.segments), [], fd=fd))
             return True
 
-    def restore_file(self, header: pb.PartHeader, path: str | os.PathLike,
-                     segments: list[tuple[int, int, int]]) -> pb.PushReply:  # fmt: skip
+    def restore_file(
+        self, header: pb.PartHeader, path: str | os.PathLike, segments: list[tuple[int, int, int]]
+    ) -> pb.PushReply:
         """Serves a saved version from its file, checked like a push's header (no bytes read).
 
         ``segments`` are the file's (offset, length, xxh3_64) as pullers verify

@@ -15,7 +15,7 @@ import xxhash
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
-from rlax.core.param_server.transport.transfer import decode_chunk, encode_chunk
+from rlax.core.param_server.transport.chunk_codec import decode_chunk, encode_chunk
 from rlax.core.wire import WirePlan
 
 from ..conftest import TOKEN
