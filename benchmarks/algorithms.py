@@ -117,7 +117,7 @@ def run_one(
         f"--gin.PROMPTS_PER_STEP={prompts}",
         f"--gin.LEARNING_RATE={row_learning_rate(name, learning_rate):g}",
         f"--gin.tasks.arithmetic.num_eval={eval_problems}",
-        f"--gin.rlax.train.eval_samples={eval_samples}",
+        f"--gin.rlax.held_out.samples={eval_samples}",
         "--gin.rlax.train.progress=False",
         "--gin.rlax.evaluate.progress=False",
         *SETTINGS.get(name, []),

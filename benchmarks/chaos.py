@@ -60,7 +60,7 @@ def command(run_dir: pathlib.Path, args: argparse.Namespace, extra: list[str]) -
         "--run-dir",
         str(run_dir),
         f"--gin.rlax.train.steps={args.steps}",
-        f"--gin.rlax.train.checkpoint_every={args.checkpoint_every}",
+        f"--gin.rlax.checkpointing.every={args.checkpoint_every}",
         f"--gin.rlax.param_server.lease_ttl_s={args.lease_ttl}",
         "--gin.rlax.local_cluster.max_restarts=100000",
         "--gin.rlax.train.progress=False",

@@ -141,7 +141,7 @@ def rlax_register_loggers() -> dict[str, Callable[..., object]]:
     step)``, ``log_metrics(step, metrics)`` (each step's row of
     ``metrics.jsonl``), ``log_traces(step, traces)`` (the rows of
     ``rollouts.jsonl``) and ``close()``. gin selects several at once
-    (``rlax.train.loggers``); the trainer's process 0 calls them, and a call
+    (``rlax.watch.loggers``); the trainer's process 0 calls them, and a call
     that raises is a warning, never the end of the run.
 
     Called once per plugin when the plugin manager loads; not firstresult, not

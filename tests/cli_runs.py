@@ -20,8 +20,8 @@ SMALL_SIZES = (
     "--gin.PROMPTS_PER_STEP=16",
     "--gin.rlax.worker.prompts_per_lease=8",
     "--gin.tasks.arithmetic.num_eval=16",
-    "--gin.rlax.train.eval_samples=2",
-    "--gin.rlax.train.eval_ks=(1,)",
+    "--gin.rlax.held_out.samples=2",
+    "--gin.rlax.held_out.ks=(1,)",
 )
 # Scoring in each worker's own process, for runs whose subject is not the reward pool
 # (tests/core/test_reward_pool.py's is): the quickstart's one verifier process per worker
@@ -31,7 +31,7 @@ IN_PROCESS_REWARDS = "--gin.rlax.worker.reward_workers=0"
 # No curves.png, for runs whose tests do not look at it (test_experiment and
 # test_observability do): drawing it costs a trainer 1.3-1.7 s of a CPU core at the end of
 # every run and at every preemption.
-NO_CURVES = "--gin.rlax.train.curves=False"
+NO_CURVES = "--gin.rlax.watch.curves=False"
 # XLA's flags for every process of the suite (tests/conftest.py sets them before JAX is
 # imported; children inherit them). LLVM's optimisation level 1 instead of its default 2:
 # the suite compiles thousands of small programs and runs each a few times, so compiling

@@ -190,7 +190,7 @@ def test_dapo_runs_on_the_arithmetic_task_composed_from_the_layers(tmp_path):
         "--gin.EVAL_SAMPLES=2",
         "--gin.EVAL_KS=(1,)",
         "--gin.rlax.train.progress=False",
-        "--gin.rlax.train.curves=False",
+        "--gin.rlax.watch.curves=False",
     ]
     status = cli.main(["run", "--role", "inline", *files, *settings, "--run-dir", str(run_dir)])
 

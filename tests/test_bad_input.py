@@ -172,7 +172,7 @@ CASES = {
     "pass@k beyond the samples": (
         ["run", "--gin", "quickstart", "--gin.EVAL_KS=(1, 32)"],
         (
-            "--gin.EVAL_KS=(1, 32): rlax.train.eval_ks: pass@k needs 1 <= k <= eval_samples (16); "
+            "--gin.EVAL_KS=(1, 32): rlax.held_out.ks: pass@k needs 1 <= k <= the samples per problem (16); "
             "got k = 32"
         ),
     ),
@@ -220,22 +220,39 @@ CASES = {
         "--resume .: not a run directory (no operative_config.gin or train_state/)",
     ),
     "a negative evaluation period": (
-        ["run", "--gin", "quickstart", "--gin.rlax.train.eval_every=-1"],
+        ["run", "--gin", "quickstart", "--gin.rlax.watch.eval_every=-1"],
         (
-            "--gin.rlax.train.eval_every=-1: rlax.train.eval_every: a number of steps, >= 0 "
+            "--gin.rlax.watch.eval_every=-1: rlax.watch.eval_every: a number of steps, >= 0 "
             "(0: never), got -1"
         ),
     ),
     "no group to trace": (
-        ["run", "--gin", "quickstart", "--gin.rlax.train.trace_groups=0"],
-        "rlax.train.trace_groups: must be >= 1, got 0",
+        ["run", "--gin", "quickstart", "--gin.rlax.watch.trace_groups=0"],
+        "rlax.watch.trace_groups: must be >= 1, got 0",
     ),
     "a string for a trace period": (
-        ["run", "--gin", "quickstart", "--gin.rlax.train.trace_every='often'"],
-        "rlax.train.trace_every: expected int, got str",
+        ["run", "--gin", "quickstart", "--gin.rlax.watch.trace_every='often'"],
+        "rlax.watch.trace_every: expected int, got str",
+    ),
+    "no checkpoint kept": (
+        ["run", "--gin", "quickstart", "--gin.rlax.checkpointing.keep=0"],
+        "--gin.rlax.checkpointing.keep=0: rlax.checkpointing.keep: must be >= 1, got 0",
+    ),
+    "a settings object bound but not taken": (
+        [
+            "run",
+            "--gin",
+            "quickstart",
+            "--gin.rlax.train.watch=None",
+            "--gin.rlax.watch.eval_every=5",
+        ],
+        (
+            "--gin.rlax.watch.eval_every=5: rlax.watch.eval_every is bound, but rlax.train.watch "
+            "is not @rlax.watch(), so it would be ignored"
+        ),
     ),
     "a misspelt logger": (
-        ["run", "--gin", "quickstart", "--gin.rlax.train.loggers=[@loggers.tensorbord()]"],
+        ["run", "--gin", "quickstart", "--gin.rlax.watch.loggers=[@loggers.tensorbord()]"],
         "No loggers plugin is named 'tensorbord'; valid loggers: tensorboard, wandb",
     ),
     "a W&B mode that is none": (
@@ -243,7 +260,7 @@ CASES = {
             "run",
             "--gin",
             "quickstart",
-            "--gin.rlax.train.loggers=[@loggers.wandb()]",
+            "--gin.rlax.watch.loggers=[@loggers.wandb()]",
             "--gin.loggers.wandb.mode='later'",
             *FAST,
         ],

@@ -72,6 +72,7 @@ def register_core_configurables() -> None:
     from rlax.core.param_server import role as ps_role
     from rlax.core.param_server import settings
     from rlax.core.runtime import preemption
+    from rlax.core.trainer import checkpoint, observe
     from rlax.core.trainer import optimizer as optim
     from rlax.core.trainer import role as experiment
     from rlax.core.trainer import step as trainer
@@ -98,6 +99,9 @@ def register_core_configurables() -> None:
             "ps_settings": settings.ServerSettings,
             "mesh": mesh.MeshConfig,
             "trainer_settings": trainer.TrainerSettings,
+            "checkpointing": checkpoint.CheckpointSettings,
+            "held_out": evaluation.HeldOutSettings,
+            "watch": observe.WatchSettings,
             "lora": lora.LoraConfig,
             "distributed": distributed.DistributedSettings,
         },
@@ -179,6 +183,7 @@ def parse(
         binding_checks.check_types(origins)
         binding_checks.check_values(origins, _validators())
         binding_checks.check_roles_agree(origins, SHARED_SETTINGS)
+        binding_checks.check_settings_used(origins, SETTINGS_TAKEN_BY)
         gin.finalize()
 
 
@@ -195,18 +200,32 @@ SHARED_SETTINGS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Settings objects and the one parameter that takes each: their bindings count only through it.
+SETTINGS_TAKEN_BY: dict[str, str] = {
+    "rlax.checkpointing": "rlax.train.checkpointing",
+    "rlax.held_out": "rlax.train.held_out",
+    "rlax.watch": "rlax.train.watch",
+    "rlax.trainer_settings": "rlax.train.trainer_settings",
+}
+
+
 def _validators() -> dict[str, Callable[..., None]]:
     """Checks of a configurable's settings taken together, run on the bound literals."""
-    from rlax.core.evaluation.evaluate import check_eval_settings
+    from rlax.core.evaluation.evaluate import HeldOutSettings, check_eval_settings
+    from rlax.core.trainer.checkpoint import CheckpointSettings
     from rlax.core.trainer.observe import check_observe_settings
 
-    def check_train_settings(**settings: Any) -> None:
-        check_eval_settings(**settings)
-        check_observe_settings(**settings)
+    def held_out(*, samples: int = 8, ks: Any = (1, 8), **_: Any) -> None:
+        HeldOutSettings(samples=samples, ks=ks)  # its own check
+
+    def checkpointing(*, every: int = 100, keep: int = 3, **_: Any) -> None:
+        CheckpointSettings(every=every, keep=keep)
 
     return {
-        "rlax.train": check_train_settings,
+        "rlax.held_out": held_out,
         "rlax.evaluate": check_eval_settings,
+        "rlax.checkpointing": checkpointing,
+        "rlax.watch": check_observe_settings,
     }
 
 

@@ -12,6 +12,8 @@ names the binding, where it was written (``FILE:LINE`` or
   together (a validator raising :class:`BadSetting`);
 - :func:`check_roles_agree`: two roles of one run bound to different values of
   a setting they share (the workers' reward and the trainer's);
+- :func:`check_settings_used`: a settings object's parameters bound while the
+  role's parameter that takes it is not bound to it (the values would be ignored);
 - :func:`check_weights_kept` (called by ``rlax run`` once it knows how many trainer
   processes there are): a parameter server that keeps no weights with several.
 
@@ -274,6 +276,28 @@ def check_roles_agree(origins: Origins, shared: Mapping[str, Sequence[str]]) -> 
                 f"({origins.get('', role_b, arg) or 'its default'}): the roles would disagree; "
                 f"{fix}"
             )
+
+
+def check_settings_used(origins: Origins, taken_by: Mapping[str, str]) -> None:
+    """ConfigError for a binding of a settings object that nothing would build.
+
+    ``taken_by`` maps a settings configurable to the parameter that takes it,
+    e.g. ``{"rlax.watch": "rlax.train.watch"}``: ``rlax.watch.eval_every = 5``
+    counts only if ``rlax.train.watch = @rlax.watch()`` is bound too.
+    """
+    for settings, parameter in taken_by.items():
+        first = next((b for b in bound_values(origins) if b.selector == settings), None)
+        if first is None:
+            continue
+        role, _, arg = parameter.rpartition(".")
+        value = follow(gin.config._CONFIG.get(("", role), {}).get(arg), origins, None)[0]
+        if is_reference(value) and value.selector == settings:
+            continue
+        where = f"{first.origin}: " if first.origin else ""
+        raise ConfigError(
+            f"{where}{first.name} is bound, but {parameter} is not @{settings}(), so it would "
+            f"be ignored; bind {parameter} = @{settings}() (configs/base/roles.gin does)"
+        )
 
 
 def check_weights_kept(processes: int) -> None:

@@ -3,6 +3,7 @@ trainer's before/after table)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 from collections.abc import Sequence
@@ -47,9 +48,31 @@ def check_eval_settings(*, eval_samples: int = 8, eval_ks: Sequence[int] = (1, 8
     if bad:
         raise BadSetting(
             "eval_ks",
-            f"pass@k needs 1 <= k <= eval_samples ({eval_samples}); got k = "
+            f"pass@k needs 1 <= k <= the samples per problem ({eval_samples}); got k = "
             f"{', '.join(map(str, bad))}",
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOutSettings:
+    """The trainer's held-out evaluation, before and after RL (``rlax.held_out`` in gin)::
+
+        rlax.held_out.samples = 8     # samples per problem
+        rlax.held_out.ks = (1, 8)     # the pass@k reported, each 1 <= k <= samples
+
+    (configs/base/roles.gin binds both from ``EVAL_SAMPLES`` and ``EVAL_KS``,
+    which ``rlax eval`` reads too.)
+    """
+
+    samples: int = 8
+    ks: Sequence[int] = (1, 8)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ks", tuple(self.ks))
+        try:
+            check_eval_settings(eval_samples=self.samples, eval_ks=self.ks)
+        except BadSetting as err:
+            raise BadSetting(err.parameter.removeprefix("eval_"), str(err)) from None
 
 
 def evaluate_pass_at_k(

@@ -111,7 +111,7 @@ def eval_lines(run_dir: RunDir, rows: Sequence[dict]) -> Iterator[str]:
 
 def trace_lines(rows: Sequence[dict], count: int, width: int = 100) -> Iterator[str]:
     if not rows:
-        yield "rollout traces: none yet (rlax.train.trace_every)"
+        yield "rollout traces: none yet (rlax.watch.trace_every)"
         return
     step = rows[-1]["step"]
     latest = [r for r in rows if r["step"] == step][:count]

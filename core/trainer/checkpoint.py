@@ -51,6 +51,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from rlax.core.errors import BadSetting
 from rlax.core.parallel import multihost as distributed
 from rlax.core.wire import leaf_name
 
@@ -58,6 +59,26 @@ FORMAT = "rlax-train-state/1"
 # A checkpoint is read back for its checksums in groups of leaves of about this many bytes
 # (one leaf larger than it is read alone): the read-back's memory is a group, not the state.
 READ_GROUP_BYTES = 128 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSettings:
+    """When the trainer saves its whole state (``rlax.checkpointing`` in gin)::
+
+        rlax.checkpointing.every = 100   # steps; 0: only on a preemption notice and at the end
+        rlax.checkpointing.keep = 3      # how many of the newest are kept (>= 1)
+
+    A crash redoes at most ``every`` steps; a preemption notice redoes none.
+    """
+
+    every: int = 100
+    keep: int = 3
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise BadSetting("every", f"a number of steps, >= 0 (0: never), got {self.every}")
+        if self.keep < 1:
+            raise BadSetting("keep", f"must be >= 1, got {self.keep}")
 
 
 class CorruptCheckpointWarning(UserWarning):

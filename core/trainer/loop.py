@@ -247,7 +247,7 @@ class TrainingRun:
         """
         self.step = step
         # The save started a step ago must be complete before this step counts, so a
-        # crash never redoes more than checkpoint_every steps (it rarely has to wait).
+        # crash never redoes more than checkpointing.every steps (it rarely has to wait).
         with clock("checkpoint"):
             self.ckpt.wait()
         if self.observer.eval_due(step):

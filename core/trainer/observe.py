@@ -4,7 +4,7 @@
 calls between steps; its process 0 does the writing. It
 
 - sends every step's metrics row to the loggers chosen in gin
-  (``rlax.train.loggers``: :class:`rlax.core.contracts.Logger`), whose
+  (``rlax.watch.loggers``: :class:`rlax.core.contracts.Logger`), whose
   failures are warnings, never the end of the run (:class:`Loggers`);
 - every ``trace_every`` steps, writes ``trace_groups`` of the step's groups to
   ``RUN/rollouts.jsonl`` (:mod:`rlax.core.evaluation.traces`) and to the loggers;
@@ -19,6 +19,7 @@ calls between steps; its process 0 does the writing. It
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import pathlib
 from collections.abc import Callable, Sequence
@@ -47,6 +48,35 @@ def check_observe_settings(
             raise BadSetting(name, f"a number of steps, >= 0 (0: never), got {every}")
     if trace_groups < 1:
         raise BadSetting("trace_groups", f"must be >= 1, got {trace_groups}")
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchSettings:
+    """How the trainer's run is watched (the module doc; ``rlax.watch`` in gin)::
+
+    rlax.watch.loggers = [@loggers.tensorboard()]
+    rlax.watch.eval_every = 100   # held-out pass@k every 100 steps (0: before and after only)
+    rlax.watch.trace_every = 10   # rollout traces every 10 steps (0: none)
+    rlax.watch.trace_groups = 2   # groups per traced step
+    rlax.watch.plot_every = 50    # curves.png every 50 steps (0: at a preemption and the end)
+    rlax.watch.curves = True      # False: no curves.png at all
+    """
+
+    loggers: Sequence[Logger] = ()
+    eval_every: int = 0
+    trace_every: int = 10
+    trace_groups: int = 2
+    plot_every: int = 50
+    curves: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "loggers", tuple(self.loggers))
+        check_observe_settings(**self.schedule())
+
+    def schedule(self) -> dict[str, Any]:
+        """Every setting but the loggers, as :class:`Observer` takes them."""
+        fields = dataclasses.fields(self)
+        return {f.name: getattr(self, f.name) for f in fields if f.name != "loggers"}
 
 
 def heldout_metrics(results: dict[str, float]) -> dict[str, float]:

@@ -6,17 +6,18 @@ to the sampler — for ``steps`` steps from ``init_checkpoint``. With
 ``inline`` (``--role inline``) rollouts are sampled in this process;
 otherwise weights go to and groups come from the parameter server
 (``settings``). ``task``, ``reward`` and ``sampler`` also serve the held-out
-evaluation (``eval_samples`` samples per problem, pass@k for ``eval_ks``)
-before and after training. It writes a run directory (``run_dir``, handed
+evaluation before and after training (``held_out``: samples per problem and the
+pass@k reported, :class:`rlax.core.evaluation.evaluate.HeldOutSettings`;
+:mod:`rlax.core.trainer.finish`). It writes a run directory (``run_dir``, handed
 over by ``rlax run``, or a new one under ``run_root`` named after ``run_name``;
 :class:`rlax.core.runtime.run_dir.RunDir` names its files)::
 
     RUN/operative_config.gin           the whole gin config, every role: `rlax run --gin` it
     RUN/trainer_operative_config.gin   every value the trainer used, defaults included
     RUN/metrics.jsonl                  one line per step, with its phase timings and wall clock
-    RUN/rollouts.jsonl                 sampled groups every ``trace_every`` steps
-    RUN/curves.png                     learning curves, redrawn every ``plot_every`` steps
-    RUN/eval.json                      held-out pass@k before, every ``eval_every`` steps, after
+    RUN/rollouts.jsonl                 sampled groups every ``watch.trace_every`` steps
+    RUN/curves.png                     learning curves, redrawn every ``watch.plot_every`` steps
+    RUN/eval.json                      held-out pass@k before, every ``watch.eval_every`` steps, after
     RUN/checkpoint/                    the final policy (a model directory; LoRA: merged)
     RUN/adapter/                       with ``lora``: the adapters in PEFT's layout
     RUN/train_state/                   resumable checkpoints of the whole trainer state (orbax)
@@ -26,8 +27,9 @@ newest good one (DESIGN.md §5): parameters, optimiser state, step, weight
 version, the data position (the rollout queue rolls back whatever the lost
 trainer consumed after that checkpoint) and the metrics log, truncated to the
 steps the checkpoint covers. The whole trainer state is checkpointed every
-``checkpoint_every`` steps (0: only on a preemption notice and at the end),
-keeping the newest ``keep_checkpoints``. On a preemption notice (from
+``checkpointing.every`` steps (0: only on a preemption notice and at the end),
+keeping the newest ``checkpointing.keep``
+(:class:`rlax.core.trainer.checkpoint.CheckpointSettings`). On a preemption notice (from
 ``preemption_notices``; None: SIGTERM and SIGINT,
 :mod:`rlax.core.runtime.preemption`) the trainer finishes its step,
 checkpoints and exits with status 75 (``Preempted``). With ``deterministic``
@@ -50,13 +52,20 @@ own rows to the step), evaluates, writes the files and exports the final
 policy from the gathered parameters; every process pushes its shards of each
 new version and checkpoints its part.
 
-The run is watched while it runs (docs/observability.md): ``loggers`` get
-every step's metrics and the rollout traces; every ``eval_every`` steps (0:
-never) the held-out pass@k joins that step's metrics; every ``trace_every``
-steps ``trace_groups`` of the batch's groups are written to
-``rollouts.jsonl``; ``curves.png`` is redrawn every ``plot_every`` steps and
-at a preemption (``curves = False``: never), when ``eval.json`` is written too
-(:mod:`rlax.core.trainer.observe`).
+The run is watched while it runs as ``watch`` says
+(:class:`rlax.core.trainer.observe.WatchSettings`, docs/observability.md): its
+loggers get every step's metrics and the rollout traces; every ``eval_every``
+steps (0: never) the held-out pass@k joins that step's metrics; every
+``trace_every`` steps ``trace_groups`` of the batch's groups are written to
+``rollouts.jsonl``; ``curves.png`` is redrawn every ``plot_every`` steps and at
+a preemption (``curves = False``: never), when ``eval.json`` is written too.
+
+The three groups are frozen settings objects, bound in gin like
+``rlax.trainer_settings`` (configs/base/roles.gin binds each to ``rlax.train``)::
+
+    rlax.checkpointing.every = 100       # rlax.train.checkpointing = @rlax.checkpointing()
+    rlax.held_out.samples = 8            # rlax.train.held_out = @rlax.held_out()
+    rlax.watch.eval_every = 100          # rlax.train.watch = @rlax.watch()
 
 An algorithm that distils from a teacher (``needs_teacher``) needs
 ``teacher``, a model checkpoint with the student's tokenizer, whose logprobs
@@ -68,18 +77,16 @@ it runs; their contracts are the Protocols in ``core/contracts.py``.
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import pathlib
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import optax
-from flax import nnx
 
 from rlax.core.contracts import (
     Algorithm,
-    Logger,
     OnlineFilter,
     Reward,
     RolloutSource,
@@ -88,36 +95,29 @@ from rlax.core.contracts import (
 )
 from rlax.core.errors import ConfigError, Preempted
 from rlax.core.evaluation.evaluate import (
-    check_eval_settings,
-    checked,
-    evaluate_pass_at_k,
+    HeldOutSettings,
     format_eval_table,
     load_policy,
 )
-from rlax.core.models.bundle import ModelBundle, abstract_model, save_model
-from rlax.core.models.lora import LoraConfig, LoraParams, merged_state
+from rlax.core.models.bundle import ModelBundle, abstract_model
+from rlax.core.models.lora import LoraConfig, merged_state
 from rlax.core.models.lora_wire import wire_tree
-from rlax.core.models.peft_export import save_peft_adapter
-from rlax.core.models.tokenizer import CharTokenizer
 from rlax.core.parallel import multihost
 from rlax.core.parallel.mesh import MeshConfig, make_mesh
 from rlax.core.parallel.multihost import DistributedSettings
 from rlax.core.parallel.multihost import initialize as initialize_distributed
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
-from rlax.core.rollout.groups import check_online_filters, task_prompts
+from rlax.core.rollout.groups import check_online_filters
 from rlax.core.runtime.preemption import Preemption
 from rlax.core.runtime.run_dir import RunDir
 from rlax.core.runtime.run_files import save_run_config
-from rlax.core.trainer.checkpoint import Checkpointer, Restored
+from rlax.core.trainer.checkpoint import Checkpointer, CheckpointSettings, Restored
 from rlax.core.trainer.client import TrainerClient
 from rlax.core.trainer.epochs import check_processes
+from rlax.core.trainer.finish import HeldOut, finish
 from rlax.core.trainer.loop import TrainingRun, apply_restored, state_tree
-from rlax.core.trainer.observe import (
-    Observer,
-    check_observe_settings,
-    heldout_metrics,
-)
+from rlax.core.trainer.observe import Observer, WatchSettings
 from rlax.core.trainer.sources import InlineRollouts, RemoteRollouts
 from rlax.core.trainer.step import Trainer, TrainerSettings
 from rlax.core.trainer.teacher import Teacher, check_teacher
@@ -147,80 +147,98 @@ def _open_run_dir(run_dir: RunDir | pathlib.Path | None, run_root: str, run_name
     return opened
 
 
-def _check_settings(*, inline: bool, deterministic: bool, max_staleness: int,
-                    eval_samples: int, eval_ks: Sequence[int], curation: Sequence[object],
-                    **observe: int) -> None:  # fmt: skip
+def _check_settings(
+    inline: bool,
+    deterministic: bool,
+    max_staleness: int,
+    curation: Sequence[object],
+    trainer_settings: TrainerSettings | None,
+) -> None:
     """ConfigError for settings that cannot work together, before any work."""
     check_online_filters(curation, "rlax.train.curation")
     if deterministic and max_staleness != 0:
         raise ConfigError(f"rlax.train.deterministic needs max_staleness = 0, got {max_staleness}")
     if inline and jax.process_count() > 1:
         raise ConfigError("--role inline runs in one process; several hosts run --role trainer")
-    checked(check_eval_settings, "rlax.train", eval_samples=eval_samples, eval_ks=eval_ks)
-    checked(check_observe_settings, "rlax.train", **observe)
+    check_processes(trainer_settings, jax.process_count())
 
 
-def _restore(trainer: Trainer, run_dir: RunDir, hook, *, every: int,
-             keep: int) -> tuple[Checkpointer, Restored | None]:  # fmt: skip
+def _restore(
+    trainer: Trainer, run_dir: RunDir, hook, checkpointing: CheckpointSettings
+) -> tuple[Checkpointer, Restored | None]:
     """The run's checkpointer and the newest good checkpoint (applied to ``trainer``), if any."""
     on_saved = lambda step, path: hook.rlax_on_checkpoint(step=step, path=path)
-    ckpt = Checkpointer(run_dir.train_state, every=every, keep=keep,
-                        on_saved=on_saved if multihost.is_lead() else None)  # fmt: skip
+    ckpt = Checkpointer(
+        run_dir.train_state,
+        every=checkpointing.every,
+        keep=checkpointing.keep,
+        on_saved=on_saved if multihost.is_lead() else None,
+    )
     restored = ckpt.restore_latest(state_tree(trainer.state))
     if restored is not None:
         apply_restored(trainer, restored)
     return ckpt, restored
 
 
-def _rollout_source(inline: bool, preemption: Preemption, trainer: Trainer, *, task, tokenizer,
-                    sampler, reward, curation, settings, prompts_per_step, group_size,
-                    max_staleness, seed) -> RolloutSource:  # fmt: skip
+@dataclasses.dataclass(frozen=True)
+class _Batches:
+    """Where a batch's groups come from and what it is: ``prompts_per_step`` groups of
+    ``group_size`` completions, at most ``max_staleness`` versions old; ``task``'s prompts
+    in the order ``seed`` makes, sampled by ``sampler``, scored by ``reward`` (inline)."""
+
+    task: Task
+    tokenizer: Any
+    sampler: Sampler
+    reward: Reward
+    curation: Sequence[OnlineFilter]
+    prompts_per_step: int
+    group_size: int
+    max_staleness: int
+    seed: int
+
+
+def _rollout_source(
+    batches: _Batches,
+    inline: bool,
+    settings: ServerSettings | None,
+    preemption: Preemption,
+    trainer: Trainer,
+) -> RolloutSource:
     """The inline source, or the parameter server's through the trainer's restart-proof client."""
     if inline:
-        prompts = task.prompts("train", tokenizer=tokenizer, seed=seed)
+        prompts = batches.task.prompts("train", tokenizer=batches.tokenizer, seed=batches.seed)
         return InlineRollouts(
-            prompts, sampler, reward, curation, group_size=group_size,
-            prompts_per_step=prompts_per_step, seed=seed,
-        )  # fmt: skip
+            prompts,
+            batches.sampler,
+            batches.reward,
+            batches.curation,
+            group_size=batches.group_size,
+            prompts_per_step=batches.prompts_per_step,
+            seed=batches.seed,
+        )
     if settings is None:
         raise ConfigError("rlax.train.settings: the trainer role needs parameter server settings")
     client = TrainerClient(ParamServerClient(settings, retry_s=0.0), preemption)  # it retries
     plan = WirePlan.for_tree(wire_tree(trainer.state.params), settings.wire_dtype)
     return RemoteRollouts(
-        client, plan, prompts_per_step=prompts_per_step, max_staleness=max_staleness,
-        curation=curation,
-    )  # fmt: skip
+        client,
+        plan,
+        prompts_per_step=batches.prompts_per_step,
+        max_staleness=batches.max_staleness,
+        curation=batches.curation,
+    )
 
 
-class _HeldOut:
-    """The held-out evaluation before and after training: pass@k on the task's eval split."""
-
-    def __init__(self, task, sampler, reward, tokenizer, *, seed: int, samples: int,
-                 ks: Sequence[int], progress: bool):  # fmt: skip
-        prompts = list(task_prompts(task, "eval", tokenizer=tokenizer, seed=seed,
-                                    setting="rlax.train.task"))  # fmt: skip
-        self.sampler, self.what = sampler, f"{len(prompts)} problems x {samples} samples"
-        self._evaluate = functools.partial(evaluate_pass_at_k, sampler, reward, prompts,
-                                           samples=samples, ks=ks, seed=seed + 1,
-                                           progress=progress)  # fmt: skip
-
-    def now(self) -> dict[str, float]:
-        """The current policy's results (process 0; the others wait for them)."""
-        return multihost.run_on_lead(self._evaluate)
-
-    def after(self, params, version: int) -> dict[str, float]:
-        """The results of ``params`` (whole arrays), loaded into the sampler as ``version``."""
-
-        def evaluate() -> dict[str, float]:
-            self.sampler.load_weights(params, version)
-            return self._evaluate()
-
-        return multihost.run_on_lead(evaluate)
-
-
-def _make_trainer(bundle: ModelBundle, sampler, algorithm, optimizer, mesh: MeshConfig | None,
-                  settings: TrainerSettings | None, lora: LoraConfig | None,
-                  inline: bool) -> Trainer:  # fmt: skip
+def _make_trainer(
+    bundle: ModelBundle,
+    sampler: Sampler,
+    algorithm: Algorithm,
+    optimizer: optax.GradientTransformation,
+    mesh: MeshConfig | None,
+    settings: TrainerSettings | None,
+    lora: LoraConfig | None,
+    inline: bool,
+) -> Trainer:
     """Sets the sampler up on the policy and builds the trainer (on ``mesh``'s devices).
 
     Pushing to the parameter server, nothing holds the weights across a step
@@ -232,9 +250,16 @@ def _make_trainer(bundle: ModelBundle, sampler, algorithm, optimizer, mesh: Mesh
     (the evaluation before training reads them before any step).
     """
     sampler.setup(bundle.model, bundle.tokenizer)
-    trainer = Trainer(bundle.model, algorithm, optimizer, temperature=sampler.temperature,
-                      mesh=make_mesh(mesh) if mesh else None, settings=settings,
-                      lora=lora, donate_params=not inline)  # fmt: skip
+    trainer = Trainer(
+        bundle.model,
+        algorithm,
+        optimizer,
+        temperature=sampler.temperature,
+        mesh=make_mesh(mesh) if mesh else None,
+        settings=settings,
+        lora=lora,
+        donate_params=not inline,
+    )
     if trainer.donate_params:
         bundle.model = abstract_model(bundle.config)
     return trainer
@@ -249,8 +274,15 @@ def _teacher(path: ConfigPath | None, student: ModelBundle, temperature: float) 
     return teacher
 
 
-def _run(run: TrainingRun, held_out: _HeldOut, hook, *, steps: int, progress: bool,
-         **step_args) -> dict[str, float]:  # fmt: skip
+def _run(
+    run: TrainingRun,
+    held_out: HeldOut,
+    hook,
+    steps: int,
+    progress: bool,
+    batches: _Batches,
+    teacher: Teacher | None,
+) -> dict[str, float]:
     """Resumes, evaluates the base policy (once per run), trains; the "before" results.
 
     Closes the run's preemption watch, source and checkpointer whatever happens.
@@ -262,9 +294,14 @@ def _run(run: TrainingRun, held_out: _HeldOut, hook, *, steps: int, progress: bo
                 save_run_config(run.run_dir)
             run.eval_before = run.eval_before or held_out.now()
             if run.lead:
-                print(f"held-out pass@k of the base policy ({held_out.what})\n"
-                      f"{format_eval_table({'before': run.eval_before})}", flush=True)  # fmt: skip
-            run.loop(steps, hook, progress, **step_args)
+                print(
+                    f"held-out pass@k of the base policy ({held_out.what})\n"
+                    f"{format_eval_table({'before': run.eval_before})}",
+                    flush=True,
+                )
+            completion_len = batches.sampler.max_new_tokens
+            step_args = {"group_size": batches.group_size, "completion_len": completion_len}
+            run.loop(steps, hook, progress, **step_args, teacher=teacher)
     except Preempted as err:
         err.run_dir = run.run_dir.path  # for the CLI's resume command
         raise
@@ -274,106 +311,78 @@ def _run(run: TrainingRun, held_out: _HeldOut, hook, *, steps: int, progress: bo
     return run.eval_before
 
 
-def train(*, hook: Any = None, run_dir: RunDir | pathlib.Path | None = None, inline: bool = False,
-          task: Task, reward: Reward, sampler: Sampler, algorithm: Algorithm,
-          optimizer: optax.GradientTransformation, init_checkpoint: ConfigPath,
-          settings: ServerSettings | None = None, curation: Sequence[OnlineFilter] = (),
-          steps: int = 100, prompts_per_step: int = 16, group_size: int = 8,
-          max_staleness: int = 0, seed: int = 0, eval_samples: int = 8,
-          eval_ks: Sequence[int] = (1, 8), run_root: str = "runs", run_name: str = "run",
-          progress: bool = True, checkpoint_every: int = 100, keep_checkpoints: int = 3,
-          deterministic: bool = False, preemption_notices: Sequence[Any] | None = None,
-          mesh: MeshConfig | None = None, trainer_settings: TrainerSettings | None = None,
-          distributed: DistributedSettings | None = None, loggers: Sequence[Logger] = (),
-          eval_every: int = 0, trace_every: int = 10, trace_groups: int = 2,
-          plot_every: int = 50, curves: bool = True, teacher: ConfigPath | None = None,
-          lora: LoraConfig | None = None) -> int:  # fmt: skip
+def train(
+    *,
+    hook: Any = None,
+    run_dir: RunDir | pathlib.Path | None = None,
+    inline: bool = False,
+    task: Task,
+    reward: Reward,
+    sampler: Sampler,
+    algorithm: Algorithm,
+    optimizer: optax.GradientTransformation,
+    init_checkpoint: ConfigPath,
+    settings: ServerSettings | None = None,
+    curation: Sequence[OnlineFilter] = (),
+    steps: int = 100,
+    prompts_per_step: int = 16,
+    group_size: int = 8,
+    max_staleness: int = 0,
+    seed: int = 0,
+    run_root: str = "runs",
+    run_name: str = "run",
+    progress: bool = True,
+    deterministic: bool = False,
+    checkpointing: CheckpointSettings | None = None,
+    preemption_notices: Sequence[Any] | None = None,
+    held_out: HeldOutSettings | None = None,
+    watch: WatchSettings | None = None,
+    mesh: MeshConfig | None = None,
+    trainer_settings: TrainerSettings | None = None,
+    distributed: DistributedSettings | None = None,
+    teacher: ConfigPath | None = None,
+    lora: LoraConfig | None = None,
+) -> int:
     """The trainer role: RL from ``init_checkpoint`` for ``steps`` steps (see the module doc).
 
     Raises:
       Preempted: a notice came; the state was checkpointed (exit status 75).
     """
-    hook = hook or _NoHooks()
     initialize_distributed(distributed)  # before anything touches a device (the CLI did it first)
-    watch = {"eval_every": eval_every, "trace_every": trace_every, "trace_groups": trace_groups,
-             "plot_every": plot_every, "curves": curves}  # fmt: skip
-    _check_settings(inline=inline, deterministic=deterministic, max_staleness=max_staleness,
-                    eval_samples=eval_samples, eval_ks=eval_ks, curation=curation,
-                    **watch)  # fmt: skip
+    _check_settings(inline, deterministic, max_staleness, curation, trainer_settings)
     check_teacher(algorithm, teacher)
-    check_processes(trainer_settings, jax.process_count())
     bundle = load_policy(init_checkpoint, "rlax.train.init_checkpoint")
-    held_out = _HeldOut(task, sampler, reward, bundle.tokenizer, seed=seed, samples=eval_samples,
-                        ks=eval_ks, progress=progress)  # fmt: skip
-    run_dir = _open_run_dir(run_dir, run_root, run_name)
-    trainer = _make_trainer(bundle, sampler, algorithm, optimizer, mesh, trainer_settings, lora,
-                            inline)  # fmt: skip
+    evaluation = HeldOut(task, sampler, reward, bundle.tokenizer, seed, held_out, progress)
+    run_dir, hook = _open_run_dir(run_dir, run_root, run_name), hook or _NoHooks()
+    trainer = _make_trainer(
+        bundle, sampler, algorithm, optimizer, mesh, trainer_settings, lora, inline
+    )
     scorer = _teacher(teacher, bundle, sampler.temperature)
-    ckpt, restored = _restore(trainer, run_dir, hook, every=checkpoint_every, keep=keep_checkpoints)
+    ckpt, restored = _restore(trainer, run_dir, hook, checkpointing or CheckpointSettings())
     preemption = Preemption(preemption_notices, role="trainer", hook=hook)
-    source = _rollout_source(
-        inline, preemption, trainer, task=task, tokenizer=bundle.tokenizer, sampler=sampler,
-        reward=reward, curation=curation, settings=settings, prompts_per_step=prompts_per_step,
-        group_size=group_size, max_staleness=max_staleness, seed=seed,
-    )  # fmt: skip
+    parts = (task, bundle.tokenizer, sampler, reward, curation)
+    batches = _Batches(*parts, prompts_per_step, group_size, max_staleness, seed)
+    source = _rollout_source(batches, inline, settings, preemption, trainer)
     run = TrainingRun(run_dir, trainer, source, ckpt, preemption, restored, deterministic, seed)
-    run.observer = _observer(run, held_out, loggers, reward, watch)
+    run.observer = _observer(run, evaluation, watch or WatchSettings(), reward)
     try:
-        before = _run(run, held_out, hook, steps=steps, progress=progress,
-                      group_size=group_size, completion_len=sampler.max_new_tokens,
-                      teacher=scorer)  # fmt: skip
-        _finish(run, hook, bundle, held_out, before)
+        before = _run(run, evaluation, hook, steps, progress, batches, scorer)
+        finish(run, hook, bundle, evaluation, before)
     finally:
         run.observer.close()
     return 0
 
 
-def _observer(run: TrainingRun, held_out: _HeldOut, loggers: Sequence[Logger], reward: Reward,
-              watch: dict[str, Any]) -> Observer:  # fmt: skip
+def _observer(
+    run: TrainingRun, held_out: HeldOut, watch: WatchSettings, reward: Reward
+) -> Observer:
     """The run's observer: its loggers, traces, curves, and the held-out evaluation of now."""
     params = lambda: multihost.gather_tree(merged_state(run.trainer.state.params))  # whole
-    return Observer(run.run_dir, loggers, reward=reward, lead=multihost.is_lead(),
-                    evaluate=lambda: held_out.after(params(), run.version), **watch)  # fmt: skip
-
-
-def _export(path: pathlib.Path, bundle: ModelBundle) -> None:
-    """``save_model`` from process 0; with several processes the others take part where needed.
-
-    The rlax format's parameters are an orbax checkpoint, whose save is a
-    collective in a multi-process program (every process calls it; process 0
-    writes the arrays it was given whole). An HF directory is process 0's alone.
-    """
-    lead = multihost.is_lead()
-    if lead or (jax.process_count() > 1 and isinstance(bundle.tokenizer, CharTokenizer)):
-        save_model(path, bundle, checksums=lead)  # process 0 writes checksums.json, once
-
-
-def _finish(run: TrainingRun, hook, bundle: ModelBundle, held_out: _HeldOut,
-            before: dict[str, float]) -> None:  # fmt: skip
-    """Evaluates and exports the final policy, writes the results (process 0; the others help)."""
-    params = multihost.gather_tree(merged_state(run.trainer.state.params))  # whole arrays
-    results = {"before": before, "after": held_out.after(params, run.trainer.state.step)}
-    model = nnx.merge(run.trainer.graphdef, params)
-    run_dir, step, log = run.run_dir, run.step, run.log
-    lead = multihost.is_lead()
-    # Written beside, then swapped in: a resumed run replaces the final policy of an earlier one.
-    if lead:
-        run_dir.clear_staged_final_policy()
-    multihost.barrier("rlax-export")
-    _export(
-        run_dir.staged_final_policy("new"), ModelBundle(model, bundle.tokenizer, {"step": step})
+    return Observer(
+        run.run_dir,
+        watch.loggers,
+        reward=reward,
+        lead=multihost.is_lead(),
+        evaluate=lambda: held_out.after(params(), run.version),
+        **watch.schedule(),
     )
-    multihost.barrier("rlax-exported")
-    if not lead:
-        return
-    run_dir.swap_in_final_policy()
-    if isinstance(run.trainer.state.params, LoraParams):  # the adapters alone, as PEFT loads them
-        lora_params = multihost.gather_tree(run.trainer.state.params)
-        save_peft_adapter(run_dir.adapter, lora_params, model.cfg)
-    hook.rlax_on_checkpoint(step=step, path=str(run_dir.final_policy))
-    results = run.observer.save_eval(log.rows, results["before"], results["after"])
-    run.observer.loggers.call("log_metrics", step, heldout_metrics(results["after"]))
-    run.observer.plot(log.rows, results["before"], results["after"])
-    table = format_eval_table({k: results[k] for k in ("before", "after")})
-    print("\nheld-out pass@k (unbiased estimator)\n" + table)
-    print(f"\nrun directory: {run_dir}", flush=True)

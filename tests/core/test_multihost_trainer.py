@@ -63,11 +63,11 @@ ARGS = [
     "--gin.rlax.clipped_optimizer.inner=@optax.sgd()",
     "--gin.optax.sgd.learning_rate=0.5",
     "--gin.tasks.arithmetic.num_eval=4",
-    "--gin.rlax.train.eval_samples=2",
-    "--gin.rlax.train.eval_ks=(1,)",
+    "--gin.rlax.held_out.samples=2",
+    "--gin.rlax.held_out.ks=(1,)",
     "--gin.rlax.train.progress=False",
     NO_CURVES,
-    "--gin.rlax.train.checkpoint_every=2",
+    "--gin.rlax.checkpointing.every=2",
 ]
 MESH = [
     "--gin.rlax.train.mesh=@rlax.mesh()",

@@ -26,8 +26,8 @@ TINY = [
     f"--gin.INIT_CHECKPOINT='{BASE}'",
     "--gin.PROMPTS_PER_STEP=8",
     "--gin.tasks.arithmetic.num_eval=8",
-    "--gin.rlax.train.eval_samples=2",
-    "--gin.rlax.train.eval_ks=(1,)",
+    "--gin.rlax.held_out.samples=2",
+    "--gin.rlax.held_out.ks=(1,)",
     "--gin.rlax.train.progress=False",
     NO_CURVES,
     "--gin.rlax.evaluate.eval_samples=2",
@@ -81,7 +81,7 @@ def test_one_step_number_in_hooks_metrics_and_checkpoints_across_a_resume(
     tmp_path, recorder, capsys
 ):
     run_dir = tmp_path / "run"
-    every = "--gin.rlax.train.checkpoint_every=1"
+    every = "--gin.rlax.checkpointing.every=1"
     assert run("--run-dir", str(run_dir), "-p", recorder, every, steps=2) == 0
     calls = sys.modules[recorder].CALLS
     states = run_dir / "train_state"

@@ -44,6 +44,6 @@ def test_defaults_learn_from_step_zero_on_policy_and_keep_one_train_state():
     # -lr * sign(g)): 1e-5, the rate that lifted the reward in issue 20's measurement.
     np.testing.assert_allclose(updates["w"], -1e-5, rtol=1e-3)
     assert gin.query_parameter("%MAX_STALENESS") == 0  # step k learns from version k's rollouts
-    assert gin.query_parameter("rlax.train.keep_checkpoints") == 1
+    assert gin.query_parameter("rlax.checkpointing.keep") == 1
     settings = gin.query_parameter("rlax.train.trainer_settings").scoped_configurable_fn()
     assert settings.remat == "block" and settings.logprob_chunk_tokens == 256

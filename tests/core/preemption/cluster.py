@@ -40,7 +40,7 @@ def small(steps: int, *extra: str) -> list[str]:
         IN_PROCESS_REWARDS,
         "--gin.rlax.train.progress=False",
         NO_CURVES,
-        "--gin.rlax.train.checkpoint_every=2",
+        "--gin.rlax.checkpointing.every=2",
         "--gin.rlax.param_server.lease_ttl_s=5.0",
         *extra,
     ]

@@ -20,7 +20,7 @@ from rlax.core.param_server import rlax_pb2 as pb
 pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # kills processes on a clock
 
 N = 12
-EVERY = 2  # checkpoint_every in `small`
+EVERY = 2  # rlax.checkpointing.every in `small`
 PER_STEP = 16
 
 

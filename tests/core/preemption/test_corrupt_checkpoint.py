@@ -13,7 +13,7 @@ pytestmark = pytest.mark.e2e
 
 def run(run_dir, steps):
     return finish(
-        start(run_dir, small(steps, "--gin.rlax.train.checkpoint_every=1"), role="inline")
+        start(run_dir, small(steps, "--gin.rlax.checkpointing.every=1"), role="inline")
     )
 
 

@@ -122,7 +122,7 @@ def test_dapo_runs_on_the_fixture_as_the_experiment_and_dapo_s_file(model_dir, t
         "--gin.rlax.train.steps=1",
         "--gin.samplers.jax.max_new_tokens=8",
         "--gin.rlax.train.progress=False",
-        "--gin.rlax.train.curves=False",
+        "--gin.rlax.watch.curves=False",
     ]
     status = cli.main(["run", "--role", "inline", *files, *settings, "--run-dir", str(run_dir)])
 
