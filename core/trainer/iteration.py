@@ -34,8 +34,16 @@ def entry_order(entry: Entry) -> tuple:
     return (1, "", np.asarray(entry, np.float32).tobytes().hex())
 
 
-def take_batch(source: RolloutSource, trainer: Trainer, version: int, *, group_size: int,
-               completion_len: int, deterministic: bool, groups: list[Group] | None = None):  # fmt: skip
+def take_batch(
+    source: RolloutSource,
+    trainer: Trainer,
+    version: int,
+    *,
+    group_size: int,
+    completion_len: int,
+    deterministic: bool,
+    groups: list[Group] | None = None,
+):
     """Process 0's part of a step: (metrics so far, the TrainBatch or None, generated tokens).
 
     The batch's groups are appended to ``groups`` when given (for the rollout traces).
@@ -73,10 +81,31 @@ def own_rows(trainer: Trainer, batch):
     return {name: x[rows] for name, x in arrays.items()}
 
 
-def train_step(step: int, source: RolloutSource, trainer: Trainer, *, group_size: int,
-               completion_len: int, version_offset: int = 0, deterministic: bool = False,
-               clock: PhaseClock | None = None, groups: list[Group] | None = None,
-               seed: int = 0, teacher: Teacher | None = None) -> dict:  # fmt: skip
+def update_own_rows(
+    trainer: Trainer, batch: TrainBatch, *, step: int, seed: int, teacher: Teacher | None
+) -> dict:
+    """The training phase of a step on this process: the update(s) on its own rows of the
+    global ``batch``, with the ``teacher``'s logprobs added as ``ref_logprobs`` when given;
+    their metrics."""
+    arrays = batch if teacher is None else teacher.annotate(batch_arrays(batch))
+    rows = own_rows(trainer, arrays)
+    return update_on_batch(trainer, arrays, rows, seed=seed, step=step, group_ids=batch.group_ids)
+
+
+def train_step(
+    step: int,
+    source: RolloutSource,
+    trainer: Trainer,
+    *,
+    group_size: int,
+    completion_len: int,
+    version_offset: int = 0,
+    deterministic: bool = False,
+    clock: PhaseClock | None = None,
+    groups: list[Group] | None = None,
+    seed: int = 0,
+    teacher: Teacher | None = None,
+) -> dict:
     """Takes one batch, updates, publishes the new weights; returns the step's metrics.
 
     The weight version is the trainer's step plus ``version_offset`` (nonzero
@@ -94,18 +123,20 @@ def train_step(step: int, source: RolloutSource, trainer: Trainer, *, group_size
     with clock("wait_rollouts"):
         metrics, batch, tokens = multihost.run_on_lead(
             functools.partial(
-                take_batch, source, trainer, trainer.state.step + version_offset,
-                group_size=group_size, completion_len=completion_len,
-                deterministic=deterministic, groups=groups,
+                take_batch,
+                source,
+                trainer,
+                trainer.state.step + version_offset,
+                group_size=group_size,
+                completion_len=completion_len,
+                deterministic=deterministic,
+                groups=groups,
             )
-        )  # fmt: skip
+        )
     metrics = {"step": step, **metrics}
     if batch is not None:
         with clock("train"):
-            arrays = batch if teacher is None else teacher.annotate(batch_arrays(batch))
-            rows = own_rows(trainer, arrays)
-            metrics.update(update_on_batch(trainer, arrays, rows, seed=seed, step=step,
-                                           group_ids=batch.group_ids))  # fmt: skip
+            metrics.update(update_own_rows(trainer, batch, step=step, seed=seed, teacher=teacher))
         with clock("publish"):
             metrics.update(
                 source.publish(trainer.state.params, trainer.state.step + version_offset)

@@ -25,7 +25,6 @@ and each pushes the shards it holds as its part of one multi-part version.
 
 from __future__ import annotations
 
-import collections
 import functools
 import itertools
 import time
@@ -45,6 +44,7 @@ from rlax.core.rollout.groups import kept_by_filters, rollout
 from rlax.core.trainer import publish_shards
 from rlax.core.trainer.client import TrainerClient
 from rlax.core.trainer.filling import Entry, extra_rounds, fill_batch
+from rlax.core.trainer.queue_metrics import QueueMetrics, staleness_metrics
 from rlax.core.types import Group, Prompt
 from rlax.core.wire import WirePlan
 
@@ -120,8 +120,17 @@ class InlineRollouts(_Curated):
     sampled (each round's sampler seed is ``seed * 1_000_003 + round``).
     """
 
-    def __init__(self, prompts: Iterator[Prompt], sampler, reward, curation: Sequence[Any], *,
-                 group_size: int, prompts_per_step: int, seed: int):  # fmt: skip
+    def __init__(
+        self,
+        prompts: Iterator[Prompt],
+        sampler,
+        reward,
+        curation: Sequence[Any],
+        *,
+        group_size: int,
+        prompts_per_step: int,
+        seed: int,
+    ):
         self.prompts, self.sampler, self.reward = Counted(prompts), sampler, reward
         self.curation = list(curation)
         self._curricula = [f for f in self.curation if isinstance(f, Curriculum)]
@@ -196,9 +205,15 @@ class RemoteRollouts(_Curated):
     collective, so it needs a server that keeps its weights).
     """
 
-    def __init__(self, client: TrainerClient | ParamServerClient, plan: WirePlan, *,
-                 prompts_per_step: int, max_staleness: int,
-                 curation: Sequence[Any] = ()):  # fmt: skip
+    def __init__(
+        self,
+        client: TrainerClient | ParamServerClient,
+        plan: WirePlan,
+        *,
+        prompts_per_step: int,
+        max_staleness: int,
+        curation: Sequence[Any] = (),
+    ):
         self.client, self.plan = client, plan
         self.prompts_per_step, self.max_staleness = prompts_per_step, max_staleness
         self.curation = list(curation)
@@ -206,7 +221,7 @@ class RemoteRollouts(_Curated):
         self._takes: list[str] = []
         self._kept = self._stale = 0
         self._restored = False
-        self._worker_s: dict[str, float] = {}  # the last Stat's summed worker seconds
+        self._queue_metrics = QueueMetrics()  # keeps the last Stat's summed worker seconds
         self._published: tuple[Any, int] | None = None  # the newest (params, version) pushed
 
     def publish(self, params, version: int) -> dict[str, float]:
@@ -234,9 +249,12 @@ class RemoteRollouts(_Curated):
         error: Exception | None = None
         try:
             reply = publish_shards.push_local_shards(
-                self.client, params, version, wire_dtype=self.plan.wire_dtype.name,
+                self.client,
+                params,
+                version,
+                wire_dtype=self.plan.wire_dtype.name,
                 chunk_bytes=self.client.settings.chunk_mb << 20,
-            )  # fmt: skip
+            )
             # The last part to arrive commits; a part retried after it got through is a duplicate.
             mine: tuple = ("ok", bool(reply.committed or reply.duplicate))
         except Preempted as err:  # the server went away after a notice
@@ -260,30 +278,13 @@ class RemoteRollouts(_Curated):
         start = time.perf_counter()
         entries, info = fill_batch(
             functools.partial(self._take_round, version),
-            target=self.prompts_per_step, extra_rounds=self.extra_rounds,
-        )  # fmt: skip
+            target=self.prompts_per_step,
+            extra_rounds=self.extra_rounds,
+        )
         info["take_wait_s"] = time.perf_counter() - start
         info["dropped_stale"] = self._stale
-        ages = collections.Counter(
-            version - g.policy_version for g in entries if isinstance(g, Group)
-        )
-        if any(age > self.max_staleness or age < 0 for age in ages):
-            raise RuntimeError(
-                f"staleness rule violated: ages {dict(ages)} with max {self.max_staleness}"
-            )
-        info.update({f"staleness_{age}": float(n) for age, n in sorted(ages.items())})
-        q = self.client.stat().queue
-        info["queue_depth"] = float(q.queued)
-        total = q.worker_idle_s + q.worker_busy_s
-        info["worker_idle_fraction"] = q.worker_idle_s / total if total else 0.0
-        info["reward_errors"] = float(q.reward_errors)
-        info["reward_timeouts"] = float(q.reward_timeouts)
-        # The workers' sampling and scoring seconds since the last batch, summed over
-        # workers (so more than the step's wall time with several); a restarted worker
-        # starts its count again, which never makes these negative.
-        for name, total in (("generate", q.worker_generate_s), ("score", q.worker_score_s)):
-            info[f"worker_{name}_s"] = max(0.0, total - self._worker_s.get(name, 0.0))
-            self._worker_s[name] = total
+        info.update(staleness_metrics(entries, version, self.max_staleness))
+        info.update(self._queue_metrics(self.client.stat().queue))
         return entries, info
 
     def _take_round(self, version: int, n: int) -> list[Entry]:
@@ -294,9 +295,11 @@ class RemoteRollouts(_Curated):
             # its room in the queue's capacity goes back to the workers for a replacement
             # (in synchronous mode the capacity is one batch: holding it would deadlock).
             take_id, taken, stale = self.client.take(
-                1 if self.extra_rounds else n - len(got), current_version=version,
-                max_staleness=self.max_staleness, wait_s=5.0,
-            )  # fmt: skip
+                1 if self.extra_rounds else n - len(got),
+                current_version=version,
+                max_staleness=self.max_staleness,
+                wait_s=5.0,
+            )
             self._stale += stale
             if not taken:
                 self._republish_if_lost()
@@ -324,8 +327,11 @@ class RemoteRollouts(_Curated):
                 "without its weights, which a multi-process trainer cannot push again from one "
                 "process; keep rlax.param_server.saved_weights >= 1"
             )
-        print(f"parameter server restarted without weights (serving {served}); version "
-              f"{version} published again", flush=True)  # fmt: skip
+        print(
+            f"parameter server restarted without weights (serving {served}); version "
+            f"{version} published again",
+            flush=True,
+        )
         self.publish(params, version)
 
     def _curate(self, taken: list[Entry]) -> list[Entry]:

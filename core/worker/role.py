@@ -57,9 +57,24 @@ WORKER_ID_ENV = "RLAX_WORKER_ID"
 
 
 class Worker:
-    def __init__(self, client, sampler, reward, curation, *, group_size, prompts_per_lease,
-                 reload_staleness, worker_id, seed, deterministic=False, reload_in_flight=False,
-                 refresh_interval_s=0.5, interrupt=None, adapters=None):  # fmt: skip
+    def __init__(
+        self,
+        client,
+        sampler,
+        reward,
+        curation,
+        *,
+        group_size,
+        prompts_per_lease,
+        reload_staleness,
+        worker_id,
+        seed,
+        deterministic=False,
+        reload_in_flight=False,
+        refresh_interval_s=0.5,
+        interrupt=None,
+        adapters=None,
+    ):
         if reload_in_flight and client.reuse_pull_buffer:
             raise ValueError(
                 "worker: in-flight reloads need a client made with reuse_pull_buffer=False (a "
@@ -178,8 +193,12 @@ class Worker:
         if cut:
             log.info(
                 "%s: generation cut off: %d groups submitted, %d partial groups handed in "
-                "(%d tokens)", self.worker_id, len(done), len(cut), sum(g.tokens for *_, g in cut),
-            )  # fmt: skip
+                "(%d tokens)",
+                self.worker_id,
+                len(done),
+                len(cut),
+                sum(g.tokens for *_, g in cut),
+            )
         self.busy_s += time.perf_counter() - waited
         return len(done)
 
@@ -224,9 +243,16 @@ class Worker:
                 rollout(prompts, self.sampler, self.reward, self.group_size, seed, self.counts)
             )
         return rollout_resumable(
-            prompts, self.sampler, self.reward, self.group_size, seed, self.counts,
-            partials=partials, interrupt=self.interrupt, refresh=refresh,
-        )  # fmt: skip
+            prompts,
+            self.sampler,
+            self.reward,
+            self.group_size,
+            seed,
+            self.counts,
+            partials=partials,
+            interrupt=self.interrupt,
+            refresh=refresh,
+        )
 
 
 def worker(
@@ -263,38 +289,66 @@ def worker(
     check_online_filters(curation, "rlax.worker.curation")
     check_reload_in_flight(sampler, reload_in_flight)
     stop = Preemption(preemption_notices, role="worker", hook=hook).start()
+    plan, client = _set_up(
+        sampler, init_checkpoint, settings, stop, reload_in_flight=reload_in_flight
+    )
+    pool = RewardPool(reward, workers=reward_workers, timeout_s=reward_timeout_s)
+    w = Worker(
+        client,
+        sampler,
+        pool,
+        list(curation),
+        group_size=group_size,
+        prompts_per_lease=prompts_per_lease,
+        reload_staleness=reload_staleness,
+        worker_id=os.environ.get(WORKER_ID_ENV) or f"worker-{os.getpid()}",
+        seed=seed,
+        deterministic=deterministic,
+        reload_in_flight=reload_in_flight,
+        adapters=_adapters(init_checkpoint),
+        refresh_interval_s=refresh_interval_s,
+        interrupt=lambda: stop.requested,
+    )
+    _run(w, plan, stop, pool)
+    stop.stop_now()
+    return 0
+
+
+def _set_up(
+    sampler: Sampler,
+    init_checkpoint: ConfigPath,
+    settings: ServerSettings,
+    stop: Preemption,
+    *,
+    reload_in_flight: bool,
+) -> tuple[WirePlan, ParamServerClient]:
+    """Sets ``sampler`` up with the model and connects to the parameter server: the plan the
+    weights travel in, and the client."""
+    from flax import nnx
+
     bundle = load_model(init_checkpoint, weights=False)  # no weights: they come by pull
     sampler.setup(bundle.model, bundle.tokenizer)
-    plan = _wire_plan(bundle.model, settings.wire_dtype)
+    plan = WirePlan.for_tree(nnx.state(bundle.model), settings.wire_dtype)
     # After a notice (or the run's end) an unreachable server is not retried: the worker
     # has seconds left, and its leases expire and are served again (nothing is lost).
     # In-flight reloads must not pull into the buffer the rows in flight read: a new one.
-    client = ParamServerClient(settings, give_up=lambda: stop.requested, relay=True,
-                               reuse_pull_buffer=not reload_in_flight)  # fmt: skip
-    pool = RewardPool(reward, workers=reward_workers, timeout_s=reward_timeout_s)
-    w = Worker(
-        client, sampler, pool, list(curation), group_size=group_size,
-        prompts_per_lease=prompts_per_lease, reload_staleness=reload_staleness,
-        worker_id=os.environ.get(WORKER_ID_ENV) or f"worker-{os.getpid()}", seed=seed,
-        deterministic=deterministic, reload_in_flight=reload_in_flight, adapters=_adapters(init_checkpoint),
-        refresh_interval_s=refresh_interval_s, interrupt=lambda: stop.requested,
-    )  # fmt: skip
-    log.info("%s: connected to %s", w.worker_id, client.settings.address)
+    client = ParamServerClient(
+        settings, give_up=lambda: stop.requested, relay=True, reuse_pull_buffer=not reload_in_flight
+    )
+    return plan, client
+
+
+def _run(w: Worker, plan: WirePlan, stop: Preemption, pool: RewardPool) -> None:
+    """Serves rounds until a notice, then releases the notices, the reward pool and the
+    connection."""
+    log.info("%s: connected to %s", w.worker_id, w.client.settings.address)
     try:
         _serve(w, plan, stop)
     finally:
         stop.close()
         pool.close()
-        client.close()
+        w.client.close()
         log.info("%s: stopped after %d batches", w.worker_id, w.batches)
-    stop.stop_now()
-    return 0
-
-
-def _wire_plan(model: Any, wire_dtype: str) -> WirePlan:
-    from flax import nnx
-
-    return WirePlan.for_tree(nnx.state(model), wire_dtype)
 
 
 def _adapters(init_checkpoint: ConfigPath) -> AdapterApplier:
@@ -320,8 +374,9 @@ def _serve(w: Worker, plan: WirePlan, stop: Preemption, max_backoff_s: float = 5
     takes (the client's own calls gave up after their deadline); a notice ends
     the wait at once, and the worker stops without another round.
     """
-    retry = RetryPolicy(deadline_s=math.inf, max_s=max_backoff_s,
-                        give_up=lambda: stop.requested, sleep=stop.wait)  # fmt: skip
+    retry = RetryPolicy(
+        deadline_s=math.inf, max_s=max_backoff_s, give_up=lambda: stop.requested, sleep=stop.wait
+    )
 
     def one_round() -> int:
         return 0 if stop.requested else w.run_once(plan)  # a notice came during the wait

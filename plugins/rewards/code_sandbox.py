@@ -175,6 +175,39 @@ def _warn_weak(why: str) -> None:
         )
 
 
+def _supervisor_job(
+    files: dict[str, str],
+    argv: list[str],
+    stdin: str,
+    limits: Limits,
+    namespaces: bool,
+    allow_weak_isolation: bool,
+    *,
+    uid: int,
+    fallback: str,
+) -> dict[str, Any]:
+    """What the supervisor gets on its stdin: the program and its files, the limits, the
+    minimal world (none in the weak mode), the sandbox ``uid`` and a scrubbed environment;
+    ``fallback`` is the host directory the weak mode works in (and its home and ``TMPDIR``)."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
+    if not namespaces:
+        env.update(HOME=fallback, TMPDIR=fallback)
+    return {
+        "files": files,
+        "argv": argv,
+        "stdin": stdin,
+        "limits": dataclasses.asdict(limits),
+        "namespaces": namespaces,
+        "allow_weak": allow_weak_isolation or not namespaces,
+        "world": interpreter_world(argv[0]) if namespaces else {},
+        "uid": uid,
+        "caller_pid": os.getpid(),
+        "fallback_dir": fallback,
+        "env": env,
+        "modules": str(_HERE),
+    }
+
+
 def run_sandboxed(
     files: dict[str, str],
     argv: list[str],
@@ -203,28 +236,17 @@ def run_sandboxed(
         _warn_weak("namespaces=False")
     fallback = tempfile.mkdtemp(prefix="rlax-sandbox-")
     uid = _sandbox_uid()
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
-    if not namespaces:
-        env.update(HOME=fallback, TMPDIR=fallback)
-    job = {
-        "files": files,
-        "argv": argv,
-        "stdin": stdin,
-        "limits": dataclasses.asdict(limits),
-        "namespaces": namespaces,
-        "allow_weak": allow_weak_isolation or not namespaces,
-        "world": interpreter_world(argv[0]) if namespaces else {},
-        "uid": uid,
-        "caller_pid": os.getpid(),
-        "fallback_dir": fallback,
-        "env": env,
-        "modules": str(_HERE),
-    }
+    job = _supervisor_job(
+        files, argv, stdin, limits, namespaces, allow_weak_isolation, uid=uid, fallback=fallback
+    )
     proc = subprocess.Popen(  # the interpreter the program sees: its path is no news there
         [python_for_sandbox(), "-I", "-S", "-c", _BOOTSTRAP],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, start_new_session=True,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(json.dumps(job).encode(), timeout=limits.wall_s + 10)
     except subprocess.TimeoutExpired:
@@ -313,9 +335,13 @@ def run_tests(
         return dataclasses.replace(run, status="no_verdict", detail=detail, verdict_by=by)
     status = "passed" if verdict.total > 0 and verdict.passed == verdict.total else "failed"
     return dataclasses.replace(
-        run, status=status, passed=verdict.passed, total=verdict.total,
-        detail=verdict.failure, verdict_by=by,
-    )  # fmt: skip
+        run,
+        status=status,
+        passed=verdict.passed,
+        total=verdict.total,
+        detail=verdict.failure,
+        verdict_by=by,
+    )
 
 
 def run_python_tests(
@@ -328,6 +354,9 @@ def run_python_tests(
 ) -> SandboxResult:
     """Runs ``solution`` against a ``read_tests`` spec (weak asserts run as asked)."""
     return run_tests(
-        solution, plan_tests(tests), limits=limits, namespaces=namespaces,
+        solution,
+        plan_tests(tests),
+        limits=limits,
+        namespaces=namespaces,
         allow_weak_isolation=allow_weak_isolation,
-    )  # fmt: skip
+    )

@@ -134,10 +134,12 @@ def place(
         for layer, new in zip(tier, written):
             k = new["k"][source].transpose(0, 3, 1, 2)  # [W, Pb, K, H]
             v = new["v"][source].transpose(0, 2, 1, 3)
-            layers.append({
-                "k": layer["k"].at[local, :, :, cols].set(k, mode="drop"),
-                "v": layer["v"].at[local, :, cols, :].set(v, mode="drop"),
-            })  # fmt: skip
+            layers.append(
+                {
+                    "k": layer["k"].at[local, :, :, cols].set(k, mode="drop"),
+                    "v": layer["v"].at[local, :, cols, :].set(v, mode="drop"),
+                }
+            )
         caches.append(tuple(layers))
         cleared = tier_valid.at[local[:, 0]].set(False, mode="drop")
         key_valid.append(cleared.at[local, cols].set(valid, mode="drop"))
@@ -195,9 +197,12 @@ def move(
 
     flat = slots._replace(cache=tuple(tuple(t) for t in caches), key_valid=tuple(key_valid))
     moved = flat._replace(
-        tok=copy(flat.tok), pos=copy(flat.pos), generated=copy(flat.generated),
-        limit=copy(flat.limit), used=copy(flat.used),
-    )  # fmt: skip
+        tok=copy(flat.tok),
+        pos=copy(flat.pos),
+        generated=copy(flat.generated),
+        limit=copy(flat.limit),
+        used=copy(flat.used),
+    )
     active = moved.active.at[source].set(False, mode="drop")
     return moved._replace(active=active.at[target].set(True, mode="drop"))
 
@@ -260,6 +265,36 @@ def _empty_chunk(rows: int, steps: int) -> Chunk:
     )
 
 
+def _record(out: Chunk, i: jax.Array, on: jax.Array, nxt: jax.Array, logp: jax.Array) -> Chunk:
+    """``out`` with decode step ``i``'s column written: the token ``nxt`` and its logprob
+    ``logp`` of each row that was active (``on``), PAD and 0 for the others."""
+    return Chunk(
+        tokens=out.tokens.at[:, i].set(jnp.where(on, nxt, PAD)),
+        logprobs=out.logprobs.at[:, i].set(jnp.where(on, logp, 0.0)),
+        emitted=out.emitted.at[:, i].set(on),
+        n=i + 1,
+    )
+
+
+def _advance(
+    sl: Slots, cache: tuple, key_valid: tuple, nxt: jax.Array, stopped: jax.Array
+) -> Slots:
+    """The slots after a decode step that wrote ``cache`` and ``key_valid``: each active row
+    is one position and one ring column further, feeds its drawn token ``nxt`` next, and is
+    no longer active once ``stopped``."""
+    on = sl.active
+    return Slots(
+        cache=cache,
+        key_valid=key_valid,
+        tok=jnp.where(on, nxt, sl.tok),
+        pos=sl.pos + on,
+        active=on & ~stopped,
+        generated=sl.generated + on,
+        limit=sl.limit,
+        used=sl.used + on,
+    )
+
+
 def decode(
     graphdef: nnx.GraphDef,
     state: nnx.State,
@@ -302,17 +337,8 @@ def decode(
         stopped = count >= sl.limit
         if stop_ids:
             stopped = stopped | jnp.any(nxt[:, None] == stops[None, :], axis=-1)
-        out = Chunk(
-            tokens=out.tokens.at[:, i].set(jnp.where(on, nxt, PAD)),
-            logprobs=out.logprobs.at[:, i].set(jnp.where(on, logp, 0.0)),
-            emitted=out.emitted.at[:, i].set(on),
-            n=i + 1,
-        )
-        sl = Slots(
-            cache=cache, key_valid=key_valid, tok=jnp.where(on, nxt, sl.tok),
-            pos=sl.pos + on, active=on & ~stopped, generated=count, limit=sl.limit,
-            used=sl.used + on,
-        )  # fmt: skip
+        out = _record(out, i, on, nxt, logp)
+        sl = _advance(sl, cache, key_valid, nxt, stopped)
         return i + 1, finished + jnp.sum(on & stopped), sl, out, key
 
     carry = (jnp.int32(0), jnp.int32(0), slots, _empty_chunk(r, steps), key)

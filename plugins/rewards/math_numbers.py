@@ -1,0 +1,209 @@
+"""Stage 1 of deciding whether two math answers are the same: numbers, exactly.
+
+:func:`parse_number` reads a normalized answer
+(:func:`rlax.plugins.rewards.math_equivalence.normalize`) as one rational
+number (``fractions.Fraction``): an integer, a decimal with or without
+thousands separators, e-notation, a fraction or mixed number, a power, a
+percentage, a number word, with a trailing unit word or none; a word that
+changes the value is never taken for a unit. :func:`compare_numbers` compares
+two, a percentage equal to both its number and its hundredth. An exponent
+too large to evaluate is :class:`Refused`, never computed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+
+__all__ = ["MAX_EXPONENT", "Refused", "compare_numbers", "parse_number"]
+
+MAX_EXPONENT = 400  # 10**400 is cheap; 10**(10**8) is not
+
+
+class Refused(ValueError):
+    """An answer too large to evaluate safely (a huge exponent or a very long text)."""
+
+
+_SEP = r"(?:,|\\,|\\ | )"
+_DECIMAL = rf"(?:\d{{1,3}}(?:{_SEP}\d{{3}})+|\d+)(?:\.\d*)?|\.\d+"
+_EXPONENT = r"(?:[eE]([-+]?\d+)|\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{?\s*([-+]?\d+)\s*\}?)"
+_PLAIN = re.compile(rf"(?P<sign>[-+])?\s*(?P<num>{_DECIMAL}){_EXPONENT}?")
+_FRAC = re.compile(
+    rf"(?P<sign>[-+])?\s*(?P<whole>\d+)?\s*\\frac\s*"
+    rf"(?:\{{\s*(?P<a>{_DECIMAL})\s*\}}|(?P<a1>\d))\s*(?:\{{\s*(?P<b>{_DECIMAL})\s*\}}|(?P<b1>\d))"
+)
+_SLASH = re.compile(rf"(?P<sign>[-+])?\s*(?P<a>{_DECIMAL})\s*/\s*(?P<b>{_DECIMAL})")
+_UNIT = re.compile(r"(?:[A-Za-z]+\.?(?:\s*\^\s*\{?[23]\}?)?(?:/[A-Za-z]+)?\s*)+")
+_POWER = re.compile(
+    r"(?P<sign>[-+])?\s*(?P<base>\d+)\s*\^\s*(?:\{\s*(?P<e>[-+]?\d+)\s*\}|(?P<e1>\d))"
+)
+# Words after a number that change its value or join another answer: never a unit.
+_NOT_UNITS = {
+    "hundred",
+    "hundreds",
+    "thousand",
+    "thousands",
+    "million",
+    "millions",
+    "billion",
+    "billions",
+    "trillion",
+    "trillions",
+    "dozen",
+    "dozens",
+    "score",
+    "gross",
+    "half",
+    "halves",
+    "third",
+    "thirds",
+    "quarter",
+    "quarters",
+    "fourth",
+    "fourths",
+    "fifth",
+    "fifths",
+    "tenth",
+    "tenths",
+    "hundredth",
+    "hundredths",
+    "thousandth",
+    "thousandths",
+    "bn",
+    "mn",
+    "pi",
+    "squared",
+    "cubed",
+    "times",
+    "over",
+    "plus",
+    "minus",
+    "and",
+    "or",
+    "to",
+    "by",
+    "sqrt",
+    "root",
+    "roots",
+    "power",
+    "factorial",
+    "percent",
+    "per",
+    "cent",
+    "not",
+    "no",
+    "degrees",
+    "radians",
+}
+_WORDS = {
+    word: i
+    for i, word in enumerate(
+        [
+            "zero",
+            "one",
+            "two",
+            "three",
+            "four",
+            "five",
+            "six",
+            "seven",
+            "eight",
+            "nine",
+            "ten",
+            "eleven",
+            "twelve",
+            "thirteen",
+            "fourteen",
+            "fifteen",
+            "sixteen",
+            "seventeen",
+            "eighteen",
+            "nineteen",
+            "twenty",
+        ]
+    )
+}
+
+
+def _decimal(text: str) -> Fraction:
+    return Fraction(re.sub(_SEP, "", text).rstrip(".") or "0")
+
+
+def parse_number(answer: str) -> tuple[Fraction, bool] | None:
+    """``(value, is_percentage)`` if a normalized answer is one number, else None.
+
+    Trailing words are allowed when they are a unit or name what is counted
+    (``18 dollars``, ``5 cm^2``, ``15 apples``), never when they change the
+    value or join another answer (``5 thousand``, ``3 million``, ``5 pi``,
+    ``2 or 3``, see ``_NOT_UNITS``) or are one letter (``5 x`` is a product).
+
+    Raises:
+      Refused: an exponent past ``MAX_EXPONENT``.
+    """
+    s = answer.strip()
+    if s.lower().endswith(" percent"):
+        s = s[: -len("percent")].strip() + "%"
+    percent = s.endswith("%")
+    s = s.rstrip("%").strip()
+    if s.lower() in _WORDS:
+        return Fraction(_WORDS[s.lower()]), percent
+    for pattern in (_FRAC, _SLASH, _POWER, _PLAIN):
+        match = pattern.match(s)
+        if match is None or not _is_unit(s[match.end() :], percent):
+            continue
+        value = _value(pattern, match)
+        if value is None:
+            continue
+        return (-value if match["sign"] == "-" else value), percent
+    return None
+
+
+def _is_unit(rest: str, percent: bool) -> bool:
+    """Whether ``rest``, the text after a number, leaves its value as it is."""
+    rest = re.sub(r"\\unit\{[A-Za-z]\}", "unit", rest)
+    rest = re.sub(r"\\[ ,;]|~", " ", rest).strip()  # LaTeX spaces before a unit
+    if not rest:
+        return True
+    if percent or not _UNIT.fullmatch(rest):
+        return False
+    words = re.findall(r"(/?)([A-Za-z]+)", rest.lower())
+    # One letter is a variable ("5 x"), except as a denominator ("km/h").
+    return not any((len(w) == 1 and not per) or w in _NOT_UNITS for per, w in words)
+
+
+def _power(match: re.Match[str]) -> Fraction | None:
+    base, exponent = int(match["base"]), int(match["e"] or match["e1"])
+    if base == 0 and exponent < 0:
+        return None  # 0^-1 is no number
+    if base > 1 and abs(exponent) * math.log10(base) > MAX_EXPONENT:
+        raise Refused(f"refused: {base}^{exponent} beyond 10^+-{MAX_EXPONENT}")
+    return Fraction(base) ** exponent
+
+
+def _value(pattern: re.Pattern[str], match: re.Match[str]) -> Fraction | None:
+    if pattern is _POWER:
+        return _power(match)
+    if pattern is _PLAIN:
+        exponent = match.group(3) or match.group(4)
+        if exponent is not None and abs(int(exponent)) > MAX_EXPONENT:
+            raise Refused(f"refused: exponent {exponent} beyond +-{MAX_EXPONENT}")
+        return _decimal(match["num"]) * Fraction(10) ** int(exponent or 0)
+    if pattern is _FRAC:
+        numerator = _decimal(match["a"] or match["a1"])
+        denominator = _decimal(match["b"] or match["b1"])
+        whole = Fraction(match["whole"] or 0)
+    else:
+        numerator, denominator, whole = _decimal(match["a"]), _decimal(match["b"]), Fraction(0)
+    if denominator == 0:
+        return None
+    return whole + numerator / denominator
+
+
+def compare_numbers(pred: tuple[Fraction, bool], gold: tuple[Fraction, bool]) -> bool:
+    """Whether two answers :func:`parse_number` read are the same number; a percentage
+    against a plain number also matches as its hundredth (``12.5%`` is ``0.125``)."""
+    (p, p_percent), (g, g_percent) = pred, gold
+    candidates = {p, p / 100} if p_percent and not g_percent else {p}
+    targets = {g, g / 100} if g_percent and not p_percent else {g}
+    return bool(candidates & targets)
