@@ -25,7 +25,7 @@ import numpy as np
 
 from rlax.core.episodes import Environment, Episode, ToolParser
 from rlax.core.filters import Curriculum, OfflineFilter, OnlineFilter, Refilling, Stateful
-from rlax.core.types import Completion, Group, PartialGroup, Prompt, RewardResult
+from rlax.core.types import Completion, DroppedGroup, Group, PartialGroup, Prompt, RewardResult
 from rlax.core.weight_lane import LaneLink, StepAside, WeightLane
 
 if TYPE_CHECKING:
@@ -317,12 +317,12 @@ class RolloutSource(Protocol):
     def curation(self) -> Sequence[Any]:
         """The trainer's own curation filters, run on every batch (state: ``curation_state``)."""
 
-    def next_batch(self, version: int) -> tuple[list[Group | np.ndarray], dict[str, float]]:
+    def next_batch(self, version: int) -> tuple[list[Group | DroppedGroup], dict[str, float]]:
         """The next batch, for the policy of weight ``version``, and the source's metrics.
 
         One entry per prompt: the scored :class:`Group` when curation kept it,
-        or just its rewards (float32 ``[G]``) when a filter dropped it, so the
-        reward metrics still see every sample.
+        or a :class:`DroppedGroup` (its rewards, float32 ``[G]``) when a filter
+        dropped it, so the reward metrics still see every sample.
         """
 
     def publish(self, params: Any, version: int) -> dict[str, float]:

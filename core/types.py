@@ -126,6 +126,22 @@ class Group:
         """The oldest weight version among the completions."""
         return min(c.policy_version for c in self.completions)
 
+    def dropped(self) -> DroppedGroup:
+        """What the trainer keeps of this group once online curation dropped it."""
+        return DroppedGroup(self.rewards)
+
+
+@dataclasses.dataclass(frozen=True)
+class DroppedGroup:
+    """A group an online curation filter dropped, as the trainer still sees it: its rewards.
+
+    The batch's reward and pass-rate metrics count every sample, dropped or
+    not; nothing trains on it. A rollout source hands these in among the
+    kept :class:`Group` s (``RolloutSource.next_batch``).
+    """
+
+    rewards: np.ndarray  # float32 [G]
+
 
 #: ``finish_reason`` of a row that was cut off before it finished (a preemption).
 PARTIAL = "partial"

@@ -28,7 +28,7 @@ from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.retry import RetryPolicy
 from rlax.core.param_server.settings import MB, ServerSettings
 from rlax.core.param_server.transport import grpc_lane, lanes
-from rlax.core.types import Group, PartialGroup, Prompt
+from rlax.core.types import DroppedGroup, Group, PartialGroup, Prompt
 from rlax.core.wire import WirePlan, chunks, pull_buffer, stream
 
 log = logging.getLogger("rlax.client")
@@ -244,8 +244,9 @@ class ParamServerClient:
 
     def take(
         self, max_groups: int, *, current_version: int, max_staleness: int, wait_s: float = 5.0
-    ) -> tuple[str, list[Group | np.ndarray], int]:
-        """(take id, groups — just the rewards for a filtered one — and how many were stale)."""
+    ) -> tuple[str, list[Group | DroppedGroup], int]:
+        """(take id, groups — a DroppedGroup, its rewards, for a filtered one — and how many
+        were stale)."""
         req = pb.TakeRequest(
             max_groups=max_groups,
             current_version=current_version,
@@ -254,7 +255,7 @@ class ParamServerClient:
         )
         reply = self._call("Take", req, timeout=wait_s + 60)
         groups = [
-            np.asarray(m.rewards, np.float32) if m.filtered else codec.msg_to_group(m)
+            DroppedGroup(np.asarray(m.rewards, np.float32)) if m.filtered else codec.msg_to_group(m)
             for m in reply.groups
         ]
         return reply.take_id, groups, reply.dropped_stale

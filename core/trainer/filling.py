@@ -9,20 +9,18 @@ contract, independent of where rounds come from (a sampler in the trainer's
 process, or the parameter server's rollout queue).
 
 An *entry* is what a round yields per prompt: the scored :class:`Group` when
-curation kept it, or just its rewards (a float array) when a filter dropped
-it, so that reward and pass-rate metrics still see every sample.
+curation kept it, or a :class:`DroppedGroup` (just its rewards) when a filter
+dropped it, so that reward and pass-rate metrics still see every sample.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
 from rlax.core.contracts import OnlineFilter, Refilling
-from rlax.core.types import Group
+from rlax.core.types import DroppedGroup, Group
 
-Entry = Group | np.ndarray
+Entry = Group | DroppedGroup
 
 
 def extra_rounds(curation: Sequence[OnlineFilter]) -> int:
@@ -69,7 +67,7 @@ def fill_batch(
     n = 0
     for e in entries:
         if isinstance(e, Group) and n >= target:
-            out.append(e.rewards)
+            out.append(e.dropped())
             continue
         n += isinstance(e, Group)
         out.append(e)

@@ -31,7 +31,7 @@ def entry_order(entry: Entry) -> tuple:
     """A fixed order for a batch's entries whatever order the workers delivered them in."""
     if isinstance(entry, Group):
         return (0, entry.prompt.id, "")
-    return (1, "", np.asarray(entry, np.float32).tobytes().hex())
+    return (1, "", np.asarray(entry.rewards, np.float32).tobytes().hex())
 
 
 def take_batch(
@@ -51,7 +51,7 @@ def take_batch(
     entries, info = source.next_batch(version)
     if deterministic:
         entries = sorted(entries, key=entry_order)
-    rewards = np.concatenate([e.rewards if isinstance(e, Group) else e for e in entries])
+    rewards = np.concatenate([e.rewards for e in entries])
     kept = [e for e in entries if isinstance(e, Group)]
     if groups is not None:
         groups.extend(kept)

@@ -15,8 +15,8 @@ consumed count is recorded for the record), and on resume it rolls the queue
 back to the checkpoint (:mod:`rlax.core.param_server.queue.recovery`). A position
 recorded by one kind is refused by the other (:func:`check_same_source`).
 
-``next_batch`` returns one entry per prompt: a scored :class:`Group`, or just
-the rewards (a float array) of a group an online curation filter dropped.
+``next_batch`` returns one entry per prompt: a scored :class:`Group`, or a
+:class:`DroppedGroup` (its rewards alone) for a group an online curation filter dropped.
 
 With several trainer processes (docs/mesh.md) only process 0 calls
 ``next_batch``, ``done`` and ``position``; every process calls ``publish``,
@@ -163,7 +163,7 @@ class InlineRollouts(_Curated):
         )
         self._round += 1  # one sampler seed per round
         kept = kept_by_filters(groups, self.curation)
-        return [g if keep else g.rewards for g, keep in zip(groups, kept)]
+        return [g if keep else g.dropped() for g, keep in zip(groups, kept)]
 
     def done(self) -> None:
         pass
@@ -338,7 +338,7 @@ class RemoteRollouts(_Curated):
         """The trainer's own filters over the groups the workers kept."""
         groups = [e for e in taken if isinstance(e, Group)]
         keep = {id(g): k for g, k in zip(groups, kept_by_filters(groups, self.curation))}
-        return [e.rewards if isinstance(e, Group) and not keep[id(e)] else e for e in taken]
+        return [e.dropped() if isinstance(e, Group) and not keep[id(e)] else e for e in taken]
 
     def done(self) -> None:
         """Acknowledges the batch the trainer just trained on (after its new weights were pushed)."""

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rlax.core.trainer.filling import extra_rounds, fill_batch
-from rlax.core.types import Group, Prompt
+from rlax.core.types import DroppedGroup, Group, Prompt
 from rlax.plugins.curation.dynamic_sampling import DynamicSampling
 from rlax.plugins.curation.zero_variance import ZeroVarianceFilter
 
@@ -15,8 +15,8 @@ def group(name: str) -> Group:
     return Group(Prompt(name, "", np.zeros(1, np.int32), ""), (), np.zeros(0, np.float32))
 
 
-def dropped(value: float) -> np.ndarray:
-    return np.full(2, value, np.float32)
+def dropped(value: float) -> DroppedGroup:
+    return DroppedGroup(np.full(2, value, np.float32))
 
 
 class Rounds:
@@ -47,7 +47,7 @@ def test_extra_rounds_refill_and_surplus_groups_are_not_trained_on():
     kept = [e.prompt.id for e in entries if isinstance(e, Group)]
     assert kept == ["a", "b"]
     assert len(entries) == 6  # every sample still reaches the metrics
-    assert isinstance(entries[-1], np.ndarray)  # "c", the surplus, as its rewards
+    assert isinstance(entries[-1], DroppedGroup)  # "c", the surplus, as its rewards
 
 
 def test_the_cap_releases_a_partial_batch():

@@ -16,7 +16,7 @@ import pytest
 
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.trainer.sources import InlineRollouts, RemoteRollouts
-from rlax.core.types import Completion, Group, Prompt
+from rlax.core.types import Completion, DroppedGroup, Group, Prompt
 from rlax.core.wire import WirePlan
 from rlax.plugins.curation.dynamic_sampling import DynamicSampling
 from rlax.plugins.curation.zero_variance import ZeroVarianceFilter
@@ -116,7 +116,8 @@ def test_inline_surplus_groups_of_the_last_round_are_not_trained_on():
     source, _ = inline({0, 4, 5, 6, 7}, [DynamicSampling(extra_rounds=3)])
     entries, info = source.next_batch(0)
     assert kept_ids(entries) == ["p0", "p4", "p5", "p6"]
-    np.testing.assert_array_equal(entries[-1], [1.0, 0.0])  # p7: rewards only
+    assert isinstance(entries[-1], DroppedGroup)  # p7: its rewards only
+    np.testing.assert_array_equal(entries[-1].rewards, [1.0, 0.0])
     assert counts(info) == {"extra_rounds": 1, "groups_filtered": 3, "groups_surplus": 1}
 
 

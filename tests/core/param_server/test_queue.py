@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rlax.core.param_server.client import ParamServerClient
-from rlax.core.types import Completion, Group
+from rlax.core.types import Completion, DroppedGroup, Group
 from rlax.core.wire import WirePlan
 
 TREE = {"w": np.zeros((4,), np.float32)}
@@ -116,8 +116,8 @@ def test_filtered_groups_carry_rewards_only(ps):
     ((lease_id, prompt),) = ps.client.lease("w", 1, wait_s=0)
     ps.client.submit(group_for(prompt, rewards=(0.0, 0.0)), lease_id, filtered=True)
     _, entries, _ = ps.client.take(1, current_version=0, max_staleness=0, wait_s=0)
-    assert isinstance(entries[0], np.ndarray)
-    np.testing.assert_array_equal(entries[0], [0.0, 0.0])
+    assert isinstance(entries[0], DroppedGroup)
+    np.testing.assert_array_equal(entries[0].rewards, [0.0, 0.0])
     assert ps.client.stat().queue.filtered == 1
 
 
