@@ -65,18 +65,17 @@ def register_core_configurables() -> None:
     import optax
 
     from rlax.core.evaluation import evaluate as evaluation
-    from rlax.core.launch import local_cluster as roles
+    from rlax.core.launch import local_cluster
     from rlax.core.models import lora
-    from rlax.core.parallel import mesh
-    from rlax.core.parallel import multihost as distributed
+    from rlax.core.parallel import mesh, multihost
     from rlax.core.param_server import role as ps_role
     from rlax.core.param_server import settings
     from rlax.core.runtime import preemption
     from rlax.core.trainer import checkpoint, observe
     from rlax.core.trainer import optimizer as optim
-    from rlax.core.trainer import role as experiment
-    from rlax.core.trainer import step as trainer
-    from rlax.core.worker import role as worker
+    from rlax.core.trainer import role as trainer_role
+    from rlax.core.trainer import step as trainer_step
+    from rlax.core.worker import role as worker_role
 
     register_configurables("optax", {name: getattr(optax, name) for name in _OPTAX_NAMES})
     register_configurables(
@@ -90,20 +89,20 @@ def register_core_configurables() -> None:
     register_configurables(
         "rlax",
         {
-            "train": experiment.train,
+            "train": trainer_role.train,
             "evaluate": evaluation.evaluate,
             "clipped_optimizer": optim.clipped_optimizer,
             "param_server": ps_role.param_server,
-            "worker": worker.worker,
-            "local_cluster": roles.local_cluster,
+            "worker": worker_role.worker,
+            "local_cluster": local_cluster.local_cluster,
             "ps_settings": settings.ServerSettings,
             "mesh": mesh.MeshConfig,
-            "trainer_settings": trainer.TrainerSettings,
+            "trainer_settings": trainer_step.TrainerSettings,
             "checkpointing": checkpoint.CheckpointSettings,
             "held_out": evaluation.HeldOutSettings,
             "watch": observe.WatchSettings,
             "lora": lora.LoraConfig,
-            "distributed": distributed.DistributedSettings,
+            "distributed": multihost.DistributedSettings,
         },
     )
 

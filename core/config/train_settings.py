@@ -26,22 +26,22 @@ def train_setting(name: str) -> Any:
     try:
         return copy.deepcopy(gin.query_parameter(f"rlax.train.{name}"))  # evaluates a macro
     except ValueError:
-        from rlax.core.trainer import role as experiment
+        from rlax.core.trainer import role as trainer_role
 
-        return inspect.signature(experiment.train).parameters[name].default
+        return inspect.signature(trainer_role.train).parameters[name].default
 
 
 def join_trainer_processes() -> None:
     """``jax.distributed.initialize`` with ``rlax.train.distributed`` (a no-op for one process)."""
-    from rlax.core.parallel import multihost as distributed  # imports JAX: only for a trainer
+    from rlax.core.parallel import multihost  # imports JAX: only for a trainer
 
     try:
         settings = copy.deepcopy(gin.query_parameter("rlax.train.distributed"))  # evaluates it
     except ValueError:  # not bound: the environment may still ask for several processes
         settings = None
-    processes = (settings or distributed.DistributedSettings()).resolved().num_processes or 1
+    processes = (settings or multihost.DistributedSettings()).resolved().num_processes or 1
     check_weights_kept(processes)
     try:
-        distributed.initialize(settings)
+        multihost.initialize(settings)
     except ValueError as err:
         raise ConfigError(f"rlax.train.distributed: {err}") from err

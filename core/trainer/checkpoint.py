@@ -52,7 +52,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from rlax.core.errors import BadSetting
-from rlax.core.parallel import multihost as distributed
+from rlax.core.parallel import multihost
 from rlax.core.wire import leaf_name
 
 FORMAT = "rlax-train-state/1"
@@ -267,7 +267,7 @@ class Checkpointer:
     def _finish(self, step: int, sizes: list[int], errors: list) -> None:
         try:
             self._manager.wait_until_finished()
-            if distributed.is_lead():
+            if multihost.is_lead():
                 self._write_checksums(step, sizes)
         except BaseException as err:  # noqa: BLE001 -- handed to wait() in the caller's thread
             errors.append(err)
@@ -360,7 +360,7 @@ class Checkpointer:
     def _restore_shards(self, step: int, template: Any) -> Restored:
         """Several processes: process 0 checks the checkpoint, then each restores its shards."""
         named, treedef = _describe(template)
-        meta = distributed.run_on_lead(lambda: self._verify(step, named))
+        meta = multihost.run_on_lead(lambda: self._verify(step, named))
         abstract = {
             _key(i): jax.ShapeDtypeStruct(
                 np.shape(x), x.dtype, sharding=getattr(x, "sharding", None)
@@ -376,12 +376,12 @@ class Checkpointer:
     def _set_aside(self, step: int, why: str) -> pathlib.Path:
         src = self.directory / str(step)
         # Process 0 picks the name and moves it (the directory is shared); the others wait.
-        dst = distributed.run_on_lead(
+        dst = multihost.run_on_lead(
             lambda: self.directory / f"{step}.{why}-{int(time.time() * 1000)}"
         )
-        if distributed.is_lead() and src.exists():
+        if multihost.is_lead() and src.exists():
             shutil.move(src, dst)
-        distributed.barrier(f"rlax-checkpoint-aside-{step}")
+        multihost.barrier(f"rlax-checkpoint-aside-{step}")
         # orbax caches the steps it has seen: reopen so it forgets the moved one.
         self._manager.close()
         self._manager = self._open()

@@ -2,9 +2,10 @@
 
 :class:`TrainingRun` holds what a checkpoint saves beyond the arrays — the
 loop's step, the weight-version offset, the data position, the evaluation
-before training — and does the resume (DESIGN.md §5): restore the newest good
-checkpoint, continue the metrics log, let the rollout source continue from its
-recorded position (:class:`rlax.core.contracts.RolloutSource`: the inline one
+before training — and does the resume (docs/preemption.md, "The trainer's
+checkpoints"): restore the newest good checkpoint, continue the metrics log,
+let the rollout source continue from its recorded position
+(:class:`rlax.core.contracts.RolloutSource`: the inline one
 fast-forwards its prompts, the remote one rolls the server's queue back),
 re-publish the weights. The loop never asks which source it has; each step is
 :func:`rlax.core.trainer.iteration.train_step`.
@@ -33,7 +34,7 @@ from tqdm import tqdm
 from rlax.core.contracts import RolloutSource
 from rlax.core.errors import ConfigError, LostStep, Preempted, SourceMismatch
 from rlax.core.evaluation.metrics import MetricsLog
-from rlax.core.parallel import multihost as distributed
+from rlax.core.parallel import multihost
 from rlax.core.runtime.preemption import Preemption
 from rlax.core.runtime.run_dir import RunDir
 from rlax.core.trainer.checkpoint import Checkpointer, Restored
@@ -129,7 +130,7 @@ class TrainingRun:
         observer: Observer | None = None,
     ):
         self.run_dir, self.trainer, self.source = RunDir.of(run_dir), trainer, source
-        self.observer = observer or Observer(self.run_dir, lead=distributed.is_lead())
+        self.observer = observer or Observer(self.run_dir, lead=multihost.is_lead())
         self.ckpt, self.preemption = ckpt, preemption
         self.deterministic, self.seed = deterministic, seed
         meta = restored.meta if restored is not None else {}
@@ -138,7 +139,7 @@ class TrainingRun:
         self._saved_step = restored.step if restored is not None else None
         self.version_offset = int(meta.get("version_offset", 0))
         self.eval_before = meta.get("eval_before")
-        self.lead = distributed.is_lead()  # process 0 of the trainer (always, with one process)
+        self.lead = multihost.is_lead()  # process 0 of the trainer (always, with one process)
         # Every process keeps the rows (the same on each); process 0 writes the file.
         self.log = MetricsLog(self.run_dir.metrics if self.lead else pathlib.Path(os.devnull))
         self.empty_steps = EmptyStepWatch(source.curation)
@@ -290,7 +291,7 @@ class TrainingRun:
         mine = self.preemption.reason if self.preemption.requested else None
         if not self.lead:
             metrics = None  # process 0's are the ones kept
-        everyone = distributed.allgather_objects((lost, mine, metrics))
+        everyone = multihost.allgather_objects((lost, mine, metrics))
         lost = next(
             (
                 f"trainer process {i}: {x}" if i else x

@@ -1,8 +1,9 @@
 """The trainer role behind ``rlax run``: :func:`train`, which returns the exit code.
 
-``train`` wires the plugins chosen in gin into the loop of DESIGN.md §2 —
-task → sampler → reward → curation → algorithm → optax update → new weights
-to the sampler — for ``steps`` steps from ``init_checkpoint``. With
+``train`` wires the plugins chosen in gin into the loop of docs/architecture.md
+("The data flow") — task → sampler → reward → curation → algorithm → optax
+update → new weights to the sampler — for ``steps`` steps from
+``init_checkpoint``. With
 ``inline`` (``--role inline``) rollouts are sampled in this process;
 otherwise weights go to and groups come from the parameter server
 (``settings``). ``task``, ``reward`` and ``sampler`` also serve the held-out
@@ -23,7 +24,7 @@ over by ``rlax run``, or a new one under ``run_root`` named after ``run_name``;
     RUN/train_state/                   resumable checkpoints of the whole trainer state (orbax)
 
 A trainer started on a run directory that holds a checkpoint resumes from the
-newest good one (DESIGN.md §5): parameters, optimiser state, step, weight
+newest good one (docs/preemption.md): parameters, optimiser state, step, weight
 version, the data position (the rollout queue rolls back whatever the lost
 trainer consumed after that checkpoint) and the metrics log, truncated to the
 steps the checkpoint covers. The whole trainer state is checkpointed every

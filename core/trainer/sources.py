@@ -37,7 +37,7 @@ from rlax.core.contracts import Curriculum, Stateful
 from rlax.core.errors import LostStep, Preempted, SourceMismatch
 from rlax.core.models.lora import merged_state
 from rlax.core.models.lora_wire import wire_tree
-from rlax.core.parallel import multihost as distributed
+from rlax.core.parallel import multihost
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.queue import recovery
 from rlax.core.rollout.groups import kept_by_filters, rollout
@@ -261,7 +261,7 @@ class RemoteRollouts(_Curated):
             error, mine = err, ("lost", str(err))
         except Exception as err:  # noqa: BLE001 -- every process must learn of it, then raise
             error, mine = err, ("error", f"{type(err).__name__}: {err}")
-        outcomes = distributed.allgather_objects(mine)
+        outcomes = multihost.allgather_objects(mine)
         if error is not None:
             raise error
         for process, (kind, detail) in enumerate(outcomes):
@@ -367,7 +367,7 @@ class RemoteRollouts(_Curated):
         the restored weights are published as the next version after the
         served one. Process 0 talks to the queue; every process publishes.
         """
-        served, new_version, back = distributed.run_on_lead(lambda: self._roll_back_queue(version))
+        served, new_version, back = multihost.run_on_lead(lambda: self._roll_back_queue(version))
         if served != new_version:
             self.publish(params, new_version)
         else:
