@@ -11,8 +11,8 @@ satisfies them. Optional capabilities (the curation filters', Dataset, an
 algorithm's BatchTerms and Distils, a sampler's Resumable) are runtime-checkable:
 the core asks with ``isinstance``, never ``hasattr`` or ``getattr``. The
 environment contract lives in :mod:`rlax.core.episodes`, the curation filters'
-in :mod:`rlax.core.filters` and the weight lane's in :mod:`rlax.core.weight_lane`,
-all re-exported here.
+in :mod:`rlax.core.filters`, the weight lane's in :mod:`rlax.core.weight_lane`
+and the critic's in :mod:`rlax.core.critic`, all re-exported here.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import jax
 import numpy as np
 
+from rlax.core.critic import Critic
 from rlax.core.episodes import Environment, Episode, ToolParser
 from rlax.core.filters import Curriculum, OfflineFilter, OnlineFilter, Refilling, Stateful
 from rlax.core.types import Completion, DroppedGroup, Group, PartialGroup, Prompt, RewardResult
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Algorithm",
     "BatchTerms",
+    "Critic",
     "Curriculum",
     "Dataset",
     "Distils",
@@ -109,15 +111,15 @@ class Algorithm(Protocol):
 
     @property
     def needs_critic(self) -> bool:
-        """True: the trainer builds the critic ``value_model`` names, trains it on
+        """True: the trainer builds the critic ``value_model`` gives, trains it on
         the same loss and adds ``values`` (with gradient) and ``old_values``
         (without), float32 [B, L], to the batch ``loss`` receives."""
 
     @property
-    def value_model(self) -> str:
-        """The critic's architecture, ``"head"`` (a value head on the policy's
-        trunk) or ``"separate"`` (a copy of the trunk); read only when
-        ``needs_critic``, so an algorithm without a critic need not have it."""
+    def value_model(self) -> Critic:
+        """The critic the trainer builds and trains beside the policy (a
+        :class:`Critic` component, in gin e.g. ``@critics.head()``); read only
+        when ``needs_critic``, so an algorithm without a critic need not have it."""
 
     def advantages(self, rewards: np.ndarray) -> np.ndarray:
         """Float32 rewards [M, G] of the batch's groups, on the host, to one
@@ -157,8 +159,10 @@ class Distils(Protocol):
     @property
     def needs_teacher(self) -> bool:
         """True: the trainer loads ``rlax.train.teacher`` (refusing to start without
-        one) and adds its logprobs of the batch's tokens as ``ref_logprobs``
-        [B, L] (:mod:`rlax.core.trainer.teacher`)."""
+        one) and adds its logprobs of the batch's tokens as ``teacher_logprobs``
+        [B, L] (:mod:`rlax.core.trainer.teacher`). The teacher is not the
+        reference: an algorithm that also ``needs_reference`` (a KL term) gets
+        both, ``ref_logprobs`` still of the frozen starting policy."""
 
 
 # -------------------------------------------------------------------------

@@ -35,7 +35,8 @@ def rlax_register_algorithms() -> dict[str, Callable[..., object]]:
     """Register RL algorithms.
 
     Each factory builds a ``rlax.core.contracts.Algorithm``: the flags
-    ``needs_reference`` and ``needs_critic`` (with a critic, ``value_model``),
+    ``needs_reference`` and ``needs_critic`` (with a critic, ``value_model``:
+    a ``rlax.core.contracts.Critic``, see :func:`rlax_register_critics`),
     ``advantages(rewards) -> advantages`` (float32 [M, G] -> [M, G], on the
     host) and ``loss(new_logprobs, batch) -> (loss, metrics)`` (inside the
     jitted step; ``batch`` is a dict of arrays). An algorithm may also be a
@@ -211,6 +212,29 @@ def rlax_register_weight_lanes() -> dict[str, Callable[..., object]]:
     Returns:
       A dict mapping each lane name to its factory. The gin configurable is
       ``weight_lanes.<name>``; ``rlax.ps_settings.weight_lanes`` lists names.
+    """
+
+
+@hookspec
+def rlax_register_critics() -> dict[str, Callable[..., object]]:
+    """Register critics: the value models an algorithm with a critic trains beside the policy.
+
+    Each factory builds a ``rlax.core.contracts.Critic``: ``build(policy, rngs)
+    -> nnx.Module`` (a fresh critic module for the policy; the trainer trains
+    its parameters with the policy's and checkpoints them together) and
+    ``values(module, policy, hidden, tokens, attention_mask) -> values``
+    (float32 [B, T], inside the jitted step, given the policy's final hidden
+    states [B, T, D] of the same forward pass). An algorithm that
+    ``needs_critic`` gives one as its ``value_model``
+    (``algorithms.ppo.value_model = @critics.separate()``). The built-ins are
+    ``head`` and ``separate``.
+
+    Called once per plugin when the plugin manager loads; not firstresult, not
+    historic.
+
+    Returns:
+      A dict mapping each critic name to its factory. The gin configurable is
+      ``critics.<name>``.
     """
 
 

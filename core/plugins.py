@@ -40,6 +40,7 @@ from rlax.core.errors import DuplicatePluginError, PluginError, PluginLoadError,
 __all__ = [
     "AUTOLOAD_ENV",
     "BUILTIN_DISTRIBUTION",
+    "CONTRACTS",
     "ENTRY_POINT_GROUP",
     "KINDS",
     "Component",
@@ -65,6 +66,22 @@ KINDS: dict[str, str] = {
     "environments": "rlax_register_environments",
     "tool_parsers": "rlax_register_tool_parsers",
     "weight_lanes": "rlax_register_weight_lanes",
+    "critics": "rlax_register_critics",
+}
+# Each kind's contracts, the Protocols of rlax.core.contracts by name: the first is what
+# every component of the kind is, the others optional capabilities. A setting typed with
+# one takes a component of that kind (messages list the valid names).
+CONTRACTS: dict[str, tuple[str, ...]] = {
+    "algorithms": ("Algorithm", "BatchTerms", "Distils"),
+    "rewards": ("Reward",),
+    "samplers": ("Sampler", "Resumable"),
+    "curation": ("OnlineFilter", "OfflineFilter", "Curriculum", "Refilling", "Stateful"),
+    "tasks": ("Task", "Dataset"),
+    "loggers": ("Logger",),
+    "environments": ("Environment",),
+    "tool_parsers": ("ToolParser",),
+    "weight_lanes": ("WeightLane",),
+    "critics": ("Critic",),
 }
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")

@@ -11,6 +11,7 @@ import pytest
 
 from rlax.core import cli, config, plugins
 from rlax.core.errors import ConfigError
+from rlax.plugins.critics.head import HeadCritic
 from rlax.plugins.curation.dynamic_sampling import DynamicSampling
 from rlax.plugins.curation.zero_variance import ZeroVarianceFilter
 from rlax.plugins.rewards.arithmetic import ArithmeticReward
@@ -109,7 +110,7 @@ def test_group_baselines_drop_all_equal_groups(pm, name):
 
 def test_ppo_and_reinforcepp_settings(pm):
     ppo = parsed(pm, "ppo")["algorithm"]
-    assert ppo.needs_critic and ppo.value_model == "head"
+    assert ppo.needs_critic and ppo.value_model == HeadCritic()
     assert (ppo.returns.gamma, ppo.returns.lam, ppo.critic.clip_eps) == (1.0, 0.95, 0.2)
     rpp = parsed(pm, "reinforcepp")["algorithm"]
     assert rpp.needs_reference and rpp.returns.kl_beta == 0.01 and rpp.returns.whiten

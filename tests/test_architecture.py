@@ -155,6 +155,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rlax.core.episodes",
             "rlax.core.filters",
             "rlax.core.weight_lane",
+            "rlax.core.critic",
             "rlax.core.contracts",
             "rlax.core.hookspecs",
             "rlax.core.plugins",

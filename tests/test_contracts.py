@@ -17,10 +17,10 @@ from collections.abc import Sequence
 import gin
 import pytest
 
-from rlax.core import config, contracts, episodes, filters, hookspecs, weight_lane
+from rlax.core import config, contracts, critic, episodes, filters, hookspecs, weight_lane
 from rlax.core.config import bindings
 from rlax.core.errors import ConfigError
-from rlax.core.plugins import KINDS, build_plugin_manager
+from rlax.core.plugins import CONTRACTS, KINDS, build_plugin_manager
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "plugin_hooks.md"
@@ -38,11 +38,18 @@ KIND_PROTOCOLS: dict[str, tuple[str, ...]] = {
     "environments": ("Environment",),
     "tool_parsers": ("ToolParser",),
     "weight_lanes": ("WeightLane",),
+    "critics": ("Critic",),
 }
 # Protocols of what the core hands to components, or of its own parts: no plugin kind.
 NOT_PLUGIN_KINDS = {"Encoder", "Tokenizer", "RolloutSource", "Episode", "LaneLink"}
 # The modules whose Protocols are the contracts (rlax.core.contracts re-exports the others').
-CONTRACT_MODULES = {contracts.__name__, episodes.__name__, filters.__name__, weight_lane.__name__}
+CONTRACT_MODULES = {
+    contracts.__name__,
+    critic.__name__,
+    episodes.__name__,
+    filters.__name__,
+    weight_lane.__name__,
+}
 # A member a component may lack, and when it must have it.
 CONDITIONAL = {("Algorithm", "value_model"): lambda component: component.needs_critic}
 
@@ -99,6 +106,11 @@ def documented_members() -> dict[str, dict[str, list[str]]]:
 
 
 # -- the Protocols and their documentation ----------------------------------------
+
+
+def test_the_plugin_manager_knows_each_kind_s_protocols_as_listed_here():
+    # The config's checks name the kind a Protocol-typed setting takes from CONTRACTS.
+    assert CONTRACTS == KIND_PROTOCOLS and set(CONTRACTS) == set(KINDS)
 
 
 def test_every_protocol_belongs_to_a_kind_or_is_named_as_none():
@@ -271,7 +283,7 @@ def test_a_critic_is_required_to_name_its_value_model(builtins):
     assert not satisfies(CriticWithoutModel(), "Algorithm")
 
 
-@pytest.mark.parametrize("kind", ["algorithms", "rewards", "samplers", "tasks"])
+@pytest.mark.parametrize("kind", ["algorithms", "rewards", "samplers", "tasks", "critics"])
 def test_every_built_in_component_satisfies_its_kind_s_protocol(builtins, kind):
     (protocol, *_) = KIND_PROTOCOLS[kind]
     names = builtins.names(kind)
@@ -377,5 +389,20 @@ def test_gin_accepts_built_components_and_refuses_a_literal_for_a_protocol(built
     with pytest.raises(ConfigError, match=r"rlax\.train\.task: expected Task, got str"):
         config.parse([], ["rlax.train.task = 'arithmetic'"], plugins=builtins)
     with pytest.raises(ConfigError, match=r"rlax\.worker\.curation: expected .*OnlineFilter"):
+        config.parse([], ["rlax.worker.curation = ['zero_variance']"], plugins=builtins)
+    gin.clear_config()
+
+
+def test_a_name_where_a_component_is_expected_says_how_to_build_it(builtins):
+    config.register_core_configurables()
+    with pytest.raises(ConfigError) as info:
+        config.parse([], ["rlax.train.task = 'arithmetic'"], plugins=builtins)
+    assert str(info.value) == (
+        "--gin.rlax.train.task = 'arithmetic': rlax.train.task: expected Task, got str; "
+        "build one by reference, e.g. @tasks.arithmetic() (valid tasks: arithmetic, dataset, guess)"
+    )
+    with pytest.raises(
+        ConfigError, match=r"e\.g\. @curation\.zero_variance\(\) \(valid curation: "
+    ):
         config.parse([], ["rlax.worker.curation = ['zero_variance']"], plugins=builtins)
     gin.clear_config()

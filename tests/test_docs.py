@@ -474,6 +474,27 @@ def check_weight_lane(b: Block, tmp_path: pathlib.Path) -> None:
         server.stop(grace=None)
 
 
+def check_critic(b: Block, tmp_path: pathlib.Path) -> None:
+    config.parse(
+        [],
+        ["critics.mlp_head.width = 8", "algorithms.ppo.value_model = @critics.mlp_head()"],
+        plugins=manager(run(b)),
+    )
+    algorithm = config.configured("algorithms", "ppo")()
+    gin.clear_config()
+    assert algorithm.value_model.width == 8
+    groups = tiny_groups()
+    batch = make_batch(groups, algorithm.advantages(np.stack([g.rewards for g in groups])))
+    trainer = Trainer(Transformer(TINY, rngs=nnx.Rngs(0)), algorithm, optax.sgd(0.5))
+
+    first = trainer.step(batch)
+    second = trainer.step(batch)
+
+    # Its values start at 0, its loss counts in the step's, and the step trains it.
+    assert first["value_mean"] == 0.0 and first["value_loss"] > 0
+    assert second["value_mean"] != 0.0 and second["value_loss"] < first["value_loss"]
+
+
 def check_writing_an_environment(b: Block, tmp_path: pathlib.Path, capsys) -> None:
     module = run(b)
     lines = printed(capsys).strip().splitlines()
@@ -605,6 +626,7 @@ CHECKS: dict[str, Callable[..., None]] = {
     HOOKS + "rlax_register_environments() -> dict[str, Callable[..., object]]": check_environment,
     HOOKS + "rlax_register_tool_parsers() -> dict[str, Callable[..., object]]": check_tool_parser,
     HOOKS + "rlax_register_weight_lanes() -> dict[str, Callable[..., object]]": check_weight_lane,
+    HOOKS + "rlax_register_critics() -> dict[str, Callable[..., object]]": check_critic,
     HOOKS + "rlax_on_step_end(step: int, metrics: dict[str, float]) -> None": check_step_end,
     HOOKS + "rlax_on_weights_published(version: int) -> None": check_weights_published,
     HOOKS + "rlax_on_checkpoint(step: int, path: str) -> None": check_checkpoint,

@@ -7,7 +7,8 @@ names the binding, where it was written (``FILE:LINE`` or
 
 - :func:`check_required`: a ``%gin.REQUIRED`` value left unset;
 - :func:`check_types`: a bound literal its parameter's annotation refuses
-  (macros followed to the literal);
+  (macros followed to the literal; a name where a plugin component is expected
+  gets the reference to write and the kind's valid names);
 - :func:`check_values`: a component's own checks of its settings taken
   together (a validator raising :class:`BadSetting`);
 - :func:`check_roles_agree`: two roles of one run bound to different values of
@@ -32,7 +33,7 @@ import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gin
 
@@ -47,6 +48,10 @@ from rlax.core.config.bindings import (
     show,
 )
 from rlax.core.errors import BadSetting, ConfigError
+from rlax.core.plugins import CONTRACTS
+
+if TYPE_CHECKING:
+    from rlax.core.plugins import PluginManager
 
 __all__ = [
     "arguments",
@@ -157,11 +162,14 @@ def check_required(origins: Origins) -> None:
             )
 
 
-def check_types(origins: Origins) -> None:
+def check_types(origins: Origins, plugins: PluginManager | None = None) -> None:
     """Raises ConfigError for the first bound literal that its parameter's annotation refuses.
 
     The message reads ``WHERE: NAME = VALUE: expected TYPE, got TYPE``, where
-    WHERE is the file and line (or ``--gin.`` binding) that wrote the value.
+    WHERE is the file and line (or ``--gin.`` binding) that wrote the value;
+    for a name given where a component of a plugin kind is expected (a
+    Protocol of :data:`rlax.core.plugins.CONTRACTS`), it goes on with the
+    reference to write and the kind's names in ``plugins``.
     """
     for bound in bound_values(origins):
         annotation = hints(bound.selector).get(bound.arg, Any)
@@ -173,8 +181,31 @@ def check_types(origins: Origins) -> None:
         via = f" (via %{bound.macro[0]})" if bound.macro else ""
         raise ConfigError(
             f"{where}{bound.name}{via}{value}: expected {_describe(annotation)}, "
-            f"got {type(bound.value).__name__}"
+            f"got {type(bound.value).__name__}{_reference_hint(annotation, bound.value, plugins)}"
         )
+
+
+def _protocol_names(annotation: Any) -> set[str]:
+    """The names of the Protocols in ``annotation`` (``Sequence[OnlineFilter]``: OnlineFilter)."""
+    if isinstance(annotation, type) and getattr(annotation, "_is_protocol", False):
+        return {annotation.__name__}
+    return set().union(*map(_protocol_names, typing.get_args(annotation)))
+
+
+def _reference_hint(annotation: Any, value: Any, plugins: PluginManager | None) -> str:
+    """``; build one by reference, e.g. @critics.head() (valid critics: head, separate)``
+    for a name where a plugin kind's component is expected; otherwise ``""``."""
+    names = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    protocols = _protocol_names(annotation)
+    kind = next((k for k, c in CONTRACTS.items() if protocols & set(c)), None)
+    if plugins is None or kind is None or not names or not isinstance(names[0], str):
+        return ""
+    valid = plugins.names(kind)
+    example = names[0] if names[0] in valid else valid[0] if valid else "NAME"
+    return (
+        f"; build one by reference, e.g. @{kind}.{example}() "
+        f"(valid {kind}: {', '.join(valid) or '(none registered)'})"
+    )
 
 
 def arguments(

@@ -1,12 +1,18 @@
-"""Critics for the decoder: a value head on the policy's trunk, or a separate value model.
+"""What every critic shares, and the policy's forward pass with a critic's values.
 
-An algorithm that ``needs_critic`` names its architecture (``value_model``):
+A critic is a plugin component (``rlax_register_critics``; the contract
+:class:`rlax.core.contracts.Critic`): it builds its module for the policy and
+computes values from the policy's hidden states, tokens and attention mask.
+:func:`forward_with_values` asks it, whichever it is. The built-ins
+(``plugins/critics/``) are made of the modules here:
 
-- ``head``: one linear layer D -> 1 on the policy's final hidden states. One
-  forward pass gives both logprobs and values, and the value loss also
-  shapes the policy's features (PPO's original shared-parameter setting).
-- ``separate``: a second transformer, initialised as a copy of the policy,
-  with its own value head (the usual choice for LLMs in verl and OpenRLHF).
+- ``critics.head``: a :class:`ValueHead`, one linear layer D -> 1 on the
+  policy's final hidden states. One forward pass gives both logprobs and
+  values, and the value loss also shapes the policy's features (PPO's original
+  shared-parameter setting).
+- ``critics.separate``: a :class:`ValueModel`, a second transformer
+  initialised as a copy of the policy, with its own value head (the usual
+  choice for LLMs in verl and OpenRLHF).
 
 Either way the value of position t is read from the hidden state that
 predicts token t+1, so ``values[:, t]`` lines up with ``logprobs[:, t]`` and
@@ -19,6 +25,8 @@ Shapes: the legend of :mod:`rlax.core.types`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -30,7 +38,8 @@ from rlax.core.models.transformer import (
     positions_from_mask,
 )
 
-VALUE_MODELS = ("head", "separate")
+if TYPE_CHECKING:
+    from rlax.core.critic import Critic
 
 
 def hidden_states(
@@ -76,19 +85,10 @@ class ValueModel(nnx.Module):
         return self.head(hidden_states(self.trunk, tokens, attention_mask))
 
 
-def build_critic(policy: Transformer, value_model: str, *, seed: int = 0) -> nnx.Module:
-    """A fresh critic for ``policy``: a :class:`ValueHead` or a :class:`ValueModel`."""
-    rngs = nnx.Rngs(seed)
-    if value_model == "head":
-        return ValueHead(policy.cfg.embed_dim, rngs=rngs)
-    if value_model == "separate":
-        return ValueModel(nnx.clone(policy), rngs=rngs)
-    raise ValueError(f"unknown value model {value_model!r}; valid: {', '.join(VALUE_MODELS)}")
-
-
 def forward_with_values(
     policy: Transformer,
-    critic: nnx.Module,
+    critic: Critic,
+    module: nnx.Module,
     tokens: jax.Array,  # [B, T]
     attention_mask: jax.Array,  # [B, T]
     temperature: float = 1.0,
@@ -96,15 +96,12 @@ def forward_with_values(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Per-token logprobs, entropies and values, each [B, L].
 
-    The logprobs come from the head chunked over tokens
+    ``critic`` computes the values with its ``module`` (built by
+    ``critic.build``) from the policy's hidden states of this pass. The
+    logprobs come from the head chunked over tokens
     (:func:`rlax.core.models.logprobs.chunked_token_logprobs`): no [B, T, V] logits.
     """
     hidden = hidden_states(policy, tokens, attention_mask)
     logp, entropy = chunked_token_logprobs(policy.logits, hidden, tokens, temperature, chunk_tokens)
-    if isinstance(critic, ValueHead):
-        values = critic(hidden)
-    elif isinstance(critic, ValueModel):
-        values = critic(tokens, attention_mask)
-    else:
-        raise TypeError(f"not a critic: {type(critic).__name__}")
+    values = critic.values(module, policy, hidden, tokens, attention_mask)
     return logp, entropy, values[:, :-1]

@@ -85,7 +85,7 @@ def update_own_rows(
     trainer: Trainer, batch: TrainBatch, *, step: int, seed: int, teacher: Teacher | None
 ) -> dict:
     """The training phase of a step on this process: the update(s) on its own rows of the
-    global ``batch``, with the ``teacher``'s logprobs added as ``ref_logprobs`` when given;
+    global ``batch``, with the ``teacher``'s logprobs added as ``teacher_logprobs`` when given;
     their metrics."""
     arrays = batch if teacher is None else teacher.annotate(batch_arrays(batch))
     rows = own_rows(trainer, arrays)
@@ -115,7 +115,7 @@ def train_step(
     phases (waiting for rollouts, training, publishing); process 0 appends the
     batch's groups to ``groups`` when given. The trainer's settings say how many
     updates the batch gives (:mod:`rlax.core.trainer.epochs`, shuffled by ``seed``
-    and ``step``); a ``teacher`` adds its logprobs to the batch as ``ref_logprobs``
+    and ``step``); a ``teacher`` adds its logprobs to the batch as ``teacher_logprobs``
     (:mod:`rlax.core.trainer.teacher`).
     """
     clock = clock or PhaseClock()

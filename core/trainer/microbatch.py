@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from rlax.core.models.transformer import Transformer
 from rlax.core.parallel import mesh as meshlib
 
 ModuleT = TypeVar("ModuleT", bound=nnx.Module)
@@ -89,19 +90,19 @@ def join_rows(x: jax.Array) -> jax.Array:
 def wrap_blocks(module: ModuleT, remat: str, mesh: Mesh) -> ModuleT:
     """Remat and activation layout around each decoder block of ``module`` (a live copy).
 
-    ``module`` is a Transformer or a separate critic (whose decoder is ``trunk``);
-    anything without ``blocks`` is returned as it is.
+    ``module`` is a Transformer or anything holding some (a critic with a trunk
+    of its own): the blocks of every Transformer in it are wrapped; a module
+    without one (a value head) is returned as it is.
     """
-    model = module.trunk if hasattr(module, "trunk") else module  # a separate critic's
-    if not hasattr(model, "blocks"):
-        return module
-    blocks = list(model.blocks)
-    if remat != "none":
-        blocks = [RematBlock(b, remat) for b in blocks]
-    if mesh.size > 1:
-        rows = NamedSharding(mesh, jax.sharding.PartitionSpec(meshlib.BATCH_AXES))
-        blocks = [BatchShardedBlock(b, rows) for b in blocks]
-    model.blocks = nnx.List(blocks)
+    decoders = [m for _, m in nnx.iter_modules(module) if isinstance(m, Transformer)]
+    for model in decoders:
+        blocks: list[nnx.Module] = list(model.blocks)
+        if remat != "none":
+            blocks = [RematBlock(b, remat) for b in blocks]
+        if mesh.size > 1:
+            rows = NamedSharding(mesh, jax.sharding.PartitionSpec(meshlib.BATCH_AXES))
+            blocks = [BatchShardedBlock(b, rows) for b in blocks]
+        model.blocks = nnx.List(blocks)  # type: ignore[arg-type]  # wrappers called as a Block
     return module
 
 

@@ -70,7 +70,8 @@ The three groups are frozen settings objects, bound in gin like
 
 An algorithm that distils from a teacher (``needs_teacher``) needs
 ``teacher``, a model checkpoint with the student's tokenizer, whose logprobs
-join every batch as its ``ref_logprobs`` (:mod:`rlax.core.trainer.teacher`).
+join every batch as its ``teacher_logprobs`` (:mod:`rlax.core.trainer.teacher`);
+a KL term's ``ref_logprobs`` stay the frozen starting policy's.
 
 The loop never branches on which algorithm, reward, sampler or rollout source
 it runs; their contracts are the Protocols in ``core/contracts.py``.

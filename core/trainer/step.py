@@ -11,11 +11,12 @@ on which algorithm it runs, only on the algorithm's declared needs:
   without gradient (what train/inference alignment compares with the
   sampler's ``old_logprobs``);
 - ``needs_reference``: the trainer keeps the initial policy frozen and adds
-  its logprobs as ``ref_logprobs`` (unless the batch brings its own);
-- ``needs_critic``: the trainer builds the critic named by
-  ``algorithm.value_model`` (:mod:`rlax.core.models.critic`), trains it with the same
-  optimiser on the same loss, and adds ``values`` (with gradient) and
-  ``old_values`` (without).
+  its logprobs as ``ref_logprobs`` (unless the batch brings them: several
+  updates per batch fix them once, :mod:`rlax.core.trainer.epochs`);
+- ``needs_critic``: the trainer builds the critic ``algorithm.value_model``
+  gives (a :class:`~rlax.core.contracts.Critic`; :mod:`rlax.core.models.critic`),
+  trains it with the same optimiser on the same loss, and adds ``values`` (with
+  gradient) and ``old_values`` (without).
 
 The train/inference mismatch between the sampler's and the trainer's
 logprobs is always measured (``mismatch_abs_logp``, ``mismatch_kl``).
@@ -43,13 +44,13 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from rlax.core.contracts import Algorithm
+from rlax.core.contracts import Algorithm, Critic
 from rlax.core.masked import masked_mean
 from rlax.core.models import lora as loralib
-from rlax.core.models.critic import build_critic, forward_with_values
+from rlax.core.models.critic import forward_with_values
 from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.parallel import mesh as meshlib
-from rlax.core.parallel import multihost as distributed
+from rlax.core.parallel import multihost
 from rlax.core.trainer.microbatch import (
     ModuleT,
     accumulate_grads,
@@ -151,8 +152,10 @@ class Trainer:
             params = loralib.attach(params, lora)  # type: ignore[assignment]
         critic = None
         self.critic_graphdef = None
+        self.value_model: Critic | None = None  # the critic component, which computes values
         if algorithm.needs_critic:
-            self.critic_graphdef, critic = nnx.split(build_critic(model, algorithm.value_model))
+            self.value_model = algorithm.value_model
+            self.critic_graphdef, critic = nnx.split(self.value_model.build(model, nnx.Rngs(0)))
             critic = cast_floats(critic, jnp.float32)
         self.param_shardings = self._shardings(params, "sharded")
         self.critic_shardings = self._shardings(critic, self.settings.critic_placement)
@@ -228,12 +231,12 @@ class Trainer:
                 model, batch["tokens"], batch["attention_mask"], self.temperature, chunk
             )
             return logp, entropy, None
-        assert self.critic_graphdef is not None  # split in __init__ with the critic's params
-        critic_model = self._wrap_blocks(
-            nnx.merge(self.critic_graphdef, cast_floats(critic, dtype))
-        )
+        # Both set in __init__ with the critic's params.
+        assert self.critic_graphdef is not None and self.value_model is not None
+        module = self._wrap_blocks(nnx.merge(self.critic_graphdef, cast_floats(critic, dtype)))
+        tokens, mask = batch["tokens"], batch["attention_mask"]
         return forward_with_values(
-            model, critic_model, batch["tokens"], batch["attention_mask"], self.temperature, chunk
+            model, self.value_model, module, tokens, mask, self.temperature, chunk
         )
 
     def _wrap_blocks(self, module: ModuleT) -> ModuleT:
@@ -340,7 +343,7 @@ class Trainer:
             )
         if jax.process_count() == 1:
             return jax.device_put(arrays, self.batch_shardings(arrays))
-        return distributed.global_batch(self.mesh, arrays)
+        return multihost.global_batch(self.mesh, arrays)
 
     def _placed(self, s: TrainState) -> TrainState:
         """``s`` laid out as the step expects (a no-op unless it was replaced, e.g. restored)."""

@@ -3,11 +3,14 @@
 An algorithm whose ``needs_teacher`` is true (the ``distill`` algorithm, or
 any :class:`~rlax.plugins.algorithms.policy_gradient.PolicyGradient` with a
 distillation piece) reads the teacher's logprobs of the sampled tokens from
-the batch's ``ref_logprobs``. The trainer role loads the teacher named by
-``rlax.train.teacher`` and, before each step, adds its logprobs to the batch;
-the step then uses them wherever it would have used the frozen reference's
-(the reference mechanism: a batch that brings ``ref_logprobs`` keeps them), so
-a KL term to the reference targets the teacher too.
+the batch's ``teacher_logprobs``. The trainer role loads the teacher named by
+``rlax.train.teacher`` and, before each step, adds its logprobs to the batch
+under that key, which is the teacher's alone: the reference mechanism
+(``ref_logprobs``, :mod:`rlax.core.trainer.step`) means only the frozen
+starting policy. An algorithm that distils and also has a KL term to the
+reference (``needs_reference``) gets both, the teacher's logprobs for its
+distillation term and the starting policy's for its KL term; several updates
+per batch carry both to every minibatch.
 
 The teacher may differ from the student in size and architecture; it must
 use the same tokenizer (token ids), which is checked by vocabulary size. It
@@ -24,6 +27,8 @@ from flax import nnx
 from rlax.core.contracts import Distils
 from rlax.core.errors import ConfigError
 from rlax.core.models.transformer import Transformer, sequence_logprobs
+
+KEY = "teacher_logprobs"  # the batch's key of the teacher's logprobs [B, L]
 
 
 class Teacher:
@@ -62,8 +67,8 @@ class Teacher:
         return np.asarray(out)
 
     def annotate(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``arrays`` with the teacher's logprobs as ``ref_logprobs``."""
-        return {**arrays, "ref_logprobs": self.logprobs(arrays)}
+        """``arrays`` with the teacher's logprobs as ``teacher_logprobs``."""
+        return {**arrays, KEY: self.logprobs(arrays)}
 
 
 def needs_teacher(algorithm) -> bool:

@@ -76,13 +76,12 @@ from rlax.plugins.algorithms.ppo import ppo
 from rlax.plugins.algorithms.reinforcepp import reinforcepp, reinforcepp_baseline
 from rlax.plugins.algorithms.returns import Returns, gae, terminal_rewards, whiten
 from rlax.plugins.algorithms.rloo import rloo
-from rlax.plugins.algorithms.value import VALUE_MODELS, ValueLoss
+from rlax.plugins.algorithms.value import ValueLoss
 
 __all__ = [
     "AGGREGATIONS",
     "ALIGNMENTS",
     "KL_ESTIMATORS",
-    "VALUE_MODELS",
     "Aggregation",
     "Alignment",
     "Batch",

@@ -56,7 +56,8 @@ def distill(
       reward_coef: weight of GRPO's group-normalised reward advantages (0: pure
         distillation, the rewards are only logged).
       clip_eps: ε of the clipped surrogate (both sides).
-      kl_beta: β of a KL term in the loss (its target is the teacher too).
+      kl_beta: β of a KL term in the loss; its target is the frozen starting
+        policy (the reference), not the teacher.
       kl_estimator: ``k1``, ``k2`` or ``k3``.
       aggregation: any of the aggregations (token-mean).
       max_len: L of ``seq-mean-token-sum-norm`` (None: the generation budget).

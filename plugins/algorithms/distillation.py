@@ -18,10 +18,12 @@ advantages switched off (``reward_coef = 0`` in
 :func:`rlax.plugins.algorithms.distill.distill`) it is pure
 distillation; with both, the teacher's signal is a dense shaping of RL.
 
-The teacher's logprobs reach the loss as the batch's ``ref_logprobs``: the
-trainer role computes them with the teacher model named in gin
-(``rlax.train.teacher``, :mod:`rlax.core.trainer.teacher`) in place of the
-frozen starting policy, so a ``kl_beta`` KL term then also targets the teacher.
+The teacher's logprobs reach the loss as the batch's ``teacher_logprobs``:
+the trainer role computes them with the teacher model named in gin
+(``rlax.train.teacher``, :mod:`rlax.core.trainer.teacher`). They are not the
+reference's: a ``kl_beta`` KL term of the same algorithm keeps the frozen
+starting policy as its target (``ref_logprobs``), so distillation pulls the
+student towards the teacher while the KL term holds it near where it started.
 
 References:
   Agarwal et al., 2024, "On-Policy Distillation of Language Models: Learning from
@@ -64,7 +66,7 @@ class Distillation:
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """(advantages + the teacher's term, metrics: the reverse KL's k1 and k3 estimates)."""
         gap = jax.lax.stop_gradient(
-            batch["ref_logprobs"] - batch["train_logprobs"]
+            batch["teacher_logprobs"] - batch["train_logprobs"]
         )  # log T - log old
         metrics = {
             "distill_reverse_kl": masked_mean(-gap, mask),

@@ -17,12 +17,13 @@ package. Its loss is
 - the extra terms: a KL (k1, k2 or k3) to a frozen reference and a critic's
   value loss (:mod:`.value`);
 - on-policy distillation (:mod:`.distillation`): a teacher's per-token logprobs
-  added to the advantages.
+  (the batch's ``teacher_logprobs``) added to the advantages.
 
 The trainer calls ``loss(new_logprobs, batch)`` with the batch's arrays plus
 ``train_logprobs`` (its own logprobs at the start of the step, no gradient)
 and, for an algorithm with a critic, ``values`` (with gradient) and
-``old_values`` (no gradient); ``ref_logprobs`` when ``needs_reference``.
+``old_values`` (no gradient); ``ref_logprobs`` (the frozen starting policy's)
+when ``needs_reference``; ``teacher_logprobs`` when ``needs_teacher``.
 
 References:
   Zhou et al., 2025, RLAX, https://arxiv.org/abs/2512.06392 (the unified objective)
@@ -38,6 +39,7 @@ from typing import Protocol
 import jax
 import numpy as np
 
+from rlax.core.contracts import Critic
 from rlax.plugins.algorithms.aggregation import Aggregation, masked_mean
 from rlax.plugins.algorithms.alignment import Alignment
 from rlax.plugins.algorithms.distillation import Distillation
@@ -104,7 +106,7 @@ class PolicyGradient:
 
     @property
     def needs_teacher(self) -> bool:
-        """True: the batch's ``ref_logprobs`` must be a teacher's (``rlax.train.teacher``)."""
+        """True: the batch brings a teacher's ``teacher_logprobs`` (``rlax.train.teacher``)."""
         return self.distill is not None
 
     @property
@@ -112,8 +114,8 @@ class PolicyGradient:
         return self.critic is not None
 
     @property
-    def value_model(self) -> str:
-        """The critic's architecture, ``head`` or ``separate`` (only with a critic)."""
+    def value_model(self) -> Critic:
+        """The critic the trainer builds (only with a critic)."""
         if self.critic is None:
             raise AttributeError(f"{self.name} has no critic")
         return self.critic.model

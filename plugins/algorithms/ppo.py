@@ -17,9 +17,11 @@ values into per-token advantages, which are whitened over the batch:
               + c_V \\cdot \\tfrac12\\,\\mathrm{mean}_t \\max\\big((V_t - R_t)^2,
                 (V^{old}_t + \\mathrm{clip}(V_t - V^{old}_t, \\pm\\varepsilon_V) - R_t)^2\\big)
 
-The critic is a value head on the policy's own trunk (``value_model='head'``,
-one forward pass, shared features) or a separate value model initialised from
-the policy (``'separate'``, as verl and OpenRLHF do for LLMs).
+The critic is any critic component (``value_model``, a
+:class:`~rlax.core.contracts.Critic`): by default a value head on the policy's
+own trunk (``@critics.head()``, one forward pass, shared features), or a
+separate value model initialised from the policy (``@critics.separate()``, as
+verl and OpenRLHF do for LLMs).
 
 References:
   Schulman et al., 2017, PPO, https://arxiv.org/abs/1707.06347 (eq. 7, 9)
@@ -30,12 +32,13 @@ References:
 from __future__ import annotations
 
 from rlax.core import hookimpl
+from rlax.core.contracts import Critic
 from rlax.plugins.algorithms.advantages import raw_returns
 from rlax.plugins.algorithms.aggregation import Aggregation
 from rlax.plugins.algorithms.objectives import ClippedSurrogate
 from rlax.plugins.algorithms.policy_gradient import PolicyGradient, alignment_of, settings_of
 from rlax.plugins.algorithms.returns import Returns
-from rlax.plugins.algorithms.value import ValueLoss
+from rlax.plugins.algorithms.value import HEAD, ValueLoss
 
 
 def ppo(
@@ -45,7 +48,7 @@ def ppo(
     lam: float = 0.95,
     value_clip: float = 0.2,
     vf_coef: float = 0.5,
-    value_model: str = "head",
+    value_model: Critic = HEAD,
     whiten_advantages: bool = True,
     kl_beta: float = 0.0,
     aggregation: str = "token-mean",
@@ -63,7 +66,8 @@ def ppo(
       lam: λ of GAE.
       value_clip: ε_V of the clipped value loss.
       vf_coef: weight c_V of the value loss.
-      value_model: ``head`` (value head on the policy) or ``separate``.
+      value_model: the critic (gin: ``@critics.head()``, a value head on the
+        policy, or ``@critics.separate()``, a value model of its own).
       whiten_advantages: normalise advantages over the batch's tokens.
       kl_beta: β of the per-token k1 KL penalty in the reward (0 = none).
       aggregation: how per-token policy losses are reduced (token-mean).

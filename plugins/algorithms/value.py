@@ -7,8 +7,20 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from rlax.core.models.critic import VALUE_MODELS  # the architectures the trainer builds
+from rlax.core.configurables import configurables
+from rlax.core.contracts import Critic
 from rlax.plugins.algorithms.aggregation import masked_mean
+from rlax.plugins.critics import head, separate
+
+HEAD = head.HeadCritic()  # the default critic: a value head on the policy's trunk
+
+
+def critic_names() -> list[str]:
+    """The critics gin builds (the plugin manager's loaded last), or the built-ins if none was."""
+    found = configurables("critics")
+    if not found:
+        found = {**head.rlax_register_critics(), **separate.rlax_register_critics()}
+    return sorted(found)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +39,10 @@ class ValueLoss:
       clip_eps: ε_V; the value may move at most this far from the old value
         before the regression stops pulling it.
       coef: weight of :math:`L_V` in the total loss (c_1 in the PPO paper).
-      model: ``head`` (a value head on the policy's own trunk) or ``separate``
-        (a value model initialised from the policy, with its own trunk).
+      model: the critic the trainer builds and trains (a
+        :class:`~rlax.core.contracts.Critic`; in gin ``@critics.head()``, a value
+        head on the policy's own trunk, or ``@critics.separate()``, a value model
+        initialised from the policy, with its own trunk).
 
     References:
       Schulman et al., 2017, PPO, https://arxiv.org/abs/1707.06347 (eq. 9)
@@ -38,12 +52,13 @@ class ValueLoss:
 
     clip_eps: float = 0.2
     coef: float = 0.5
-    model: str = "head"
+    model: Critic = HEAD
 
     def __post_init__(self) -> None:
-        if self.model not in VALUE_MODELS:
-            raise ValueError(
-                f"unknown value model {self.model!r}; valid: {', '.join(VALUE_MODELS)}"
+        if isinstance(self.model, str):  # a name is not a critic: gin builds one by reference
+            raise ValueError(  # noqa: TRY004 -- a setting: settings_of names its algorithm
+                f"value model {self.model!r} is a name, not a critic: give the critic, in gin "
+                f"@critics.NAME(); valid critics: {', '.join(critic_names())}"
             )
         if self.clip_eps <= 0 or self.coef <= 0:
             raise ValueError(

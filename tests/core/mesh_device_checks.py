@@ -30,6 +30,7 @@ from rlax.core.parallel.mesh import MeshConfig, make_mesh, param_name, spec_for
 from rlax.core.trainer.step import Trainer, TrainerSettings
 from rlax.plugins.algorithms.grpo import grpo
 from rlax.plugins.algorithms.ppo import ppo
+from rlax.plugins.critics.head import HeadCritic
 
 CFG = TransformerConfig(
     vocab_size=64,
@@ -44,7 +45,7 @@ CFG = TransformerConfig(
 MESHES = {"fsdp4_tensor2": MeshConfig(1, 4, 2), "data2_fsdp4": MeshConfig(2, 4, 1)}
 ALGORITHMS = {
     "grpo+reference": lambda: grpo(kl_beta=0.1),
-    "ppo-head": lambda: ppo(value_model="head"),
+    "ppo-head": lambda: ppo(value_model=HeadCritic()),
 }
 
 

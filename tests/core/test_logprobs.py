@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from rlax.core.models.config import TransformerConfig
-from rlax.core.models.critic import build_critic, forward_with_values
+from rlax.core.models.critic import forward_with_values
 from rlax.core.models.logprobs import chunk_positions, chunked_token_logprobs
 from rlax.core.models.transformer import (
     Transformer,
@@ -20,6 +20,8 @@ from rlax.core.models.transformer import (
     token_logprobs,
 )
 from rlax.core.trainer.microbatch import cast_floats
+from rlax.plugins.critics.head import HeadCritic
+from rlax.plugins.critics.separate import SeparateCritic
 
 V = 97  # a vocabulary size no other dimension has, so [.., V] arrays are easy to spot
 CFG = TransformerConfig(
@@ -156,11 +158,13 @@ def test_a_single_token_sequence_has_no_predictions():
     assert logp.shape == entropy.shape == (2, 0)
 
 
-@pytest.mark.parametrize("value_model", ["head", "separate"])
-def test_forward_with_values_chunked_equals_the_full_logits(value_model):
+@pytest.mark.parametrize("critic", [HeadCritic(), SeparateCritic()], ids=["head", "separate"])
+def test_forward_with_values_chunked_equals_the_full_logits(critic):
     model = model_of(True, seed=1)
-    critic = build_critic(model, value_model)
-    logp, entropy, values = forward_with_values(model, critic, TOKENS, MASK, 0.9, chunk_tokens=4)
+    module = critic.build(model, nnx.Rngs(0))
+    logp, entropy, values = forward_with_values(
+        model, critic, module, TOKENS, MASK, 0.9, chunk_tokens=4
+    )
     want_logp, want_entropy = full_logprobs(model, TOKENS, MASK, 0.9)
     np.testing.assert_allclose(logp, want_logp, atol=1e-6)
     np.testing.assert_allclose(entropy, want_entropy, atol=1e-6)

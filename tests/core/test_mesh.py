@@ -11,7 +11,6 @@ from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 from rlax.core.models.config import TransformerConfig
-from rlax.core.models.critic import build_critic
 from rlax.core.models.transformer import Transformer
 from rlax.core.parallel.mesh import (
     AXES,
@@ -24,6 +23,8 @@ from rlax.core.parallel.mesh import (
     spec_for,
     tree_specs,
 )
+from rlax.plugins.critics.head import HeadCritic
+from rlax.plugins.critics.separate import SeparateCritic
 
 MESH = AbstractMesh((2, 4, 2), AXES)  # data 2, fsdp 4, tensor 2
 
@@ -116,8 +117,8 @@ def test_every_parameter_of_the_model_families_has_a_rule():
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     trees = [
         nnx.state(model),
-        nnx.state(build_critic(model, "separate")),
-        nnx.state(build_critic(model, "head")),
+        nnx.state(SeparateCritic().build(model, nnx.Rngs(0))),
+        nnx.state(HeadCritic().build(model, nnx.Rngs(0))),
     ]
     names = {param_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(trees[0])[0]}
     assert {"blocks/0/attn/q/bias", "blocks/0/attn/o/bias", "blocks/0/attn/k_norm/scale"} <= names

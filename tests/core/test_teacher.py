@@ -1,4 +1,5 @@
-"""On-policy distillation's teacher: its logprobs join the batch as ``ref_logprobs``."""
+"""On-policy distillation's teacher: its logprobs join the batch as ``teacher_logprobs``,
+apart from the reference's ``ref_logprobs``."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from rlax.core.errors import ConfigError
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.trainer.batches import make_batch
+from rlax.core.trainer.epochs import update_on_batch
+from rlax.core.trainer.settings import TrainerSettings
 from rlax.core.trainer.step import Trainer, batch_arrays
 from rlax.core.trainer.teacher import Teacher, check_teacher
 from rlax.core.types import Completion, Group, Prompt
@@ -30,7 +33,7 @@ CFG = TransformerConfig(
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def arrays():
+def train_batch():
     rng = np.random.default_rng(0)
     comps = tuple(
         Completion(
@@ -43,13 +46,24 @@ def arrays():
         for n in (2, 3)
     )
     group = Group(Prompt("0", "", np.array([3, 4, 5], np.int32), ""), comps, np.array([1.0, 0.0]))
-    return batch_arrays(make_batch([group], np.zeros((1, 2)), row_multiple=4))
+    return make_batch([group], np.zeros((1, 2)), row_multiple=4)
+
+
+def arrays():
+    return batch_arrays(train_batch())
+
+
+def mean_gap(a, b, mask) -> float:
+    """The mask-mean of ``a - b`` (k1 of a KL between the two logprobs)."""
+    return float(np.sum((np.asarray(a) - np.asarray(b)) * mask) / mask.sum())
 
 
 def test_the_teachers_logprobs_are_its_forward_pass_on_the_batch():
     teacher_model = Transformer(CFG, rngs=nnx.Rngs(1))
     a = arrays()
-    got = Teacher(teacher_model, temperature=0.7).annotate(a)["ref_logprobs"]
+    annotated = Teacher(teacher_model, temperature=0.7).annotate(a)
+    assert "ref_logprobs" not in annotated  # the reference's key is not the teacher's
+    got = annotated["teacher_logprobs"]
     want, _ = sequence_logprobs(
         teacher_model, jnp.asarray(a["tokens"]), jnp.asarray(a["attention_mask"]), 0.7
     )
@@ -70,10 +84,53 @@ def test_a_step_distils_from_the_teacher_in_the_batch():
     tokens, attn = jnp.asarray(a["tokens"]), jnp.asarray(a["attention_mask"])
     s, _ = sequence_logprobs(student, tokens, attn)
     t, _ = sequence_logprobs(other, tokens, attn)
-    mask = a["loss_mask"]
-    want = float(np.sum((np.asarray(s) - np.asarray(t)) * mask) / mask.sum())
+    want = mean_gap(s, t, a["loss_mask"])
     assert metrics["distill_reverse_kl"] == pytest.approx(want, abs=1e-5)
     assert metrics["grad_norm"] > 1e-3
+
+
+def test_distilling_with_a_kl_term_gets_the_teacher_and_the_reference():
+    # The KL term's target is the frozen starting student, not the teacher: at step 1 the
+    # student is its reference (KL 0) while the teacher differs; at step 2 the KL is the
+    # moved student's to the start.
+    start = Transformer(CFG, rngs=nnx.Rngs(0))
+    algo = distill(kl_beta=0.1, kl_estimator="k1")
+    assert algo.needs_teacher and algo.needs_reference
+    trainer = Trainer(Transformer(CFG, rngs=nnx.Rngs(0)), algo, optax.sgd(1.0))
+    teacher = Transformer(CFG, rngs=nnx.Rngs(1))
+    a = Teacher(teacher).annotate(arrays())
+    tokens, attn, mask = jnp.asarray(a["tokens"]), jnp.asarray(a["attention_mask"]), a["loss_mask"]
+    s0, _ = sequence_logprobs(start, tokens, attn)
+    t, _ = sequence_logprobs(teacher, tokens, attn)
+
+    first = trainer.step(a)
+    assert abs(first["kl_ref"]) < 1e-6
+    assert first["distill_reverse_kl"] == pytest.approx(mean_gap(s0, t, mask), abs=1e-5)
+    assert abs(first["distill_reverse_kl"]) > 1e-2  # so a teacher target would have shown
+
+    s1, _ = sequence_logprobs(trainer.model(), tokens, attn)
+    second = trainer.step(a)
+    assert second["kl_ref"] == pytest.approx(mean_gap(s1, s0, mask), abs=1e-5)
+    assert abs(second["kl_ref"]) > 1e-4  # the student moved away from its reference
+
+
+def test_several_updates_per_batch_carry_the_teacher_to_every_minibatch():
+    # Two updates on one batch: both read the teacher's logprobs against the anchors fixed
+    # at the start of the batch, so their mean reverse KL is the starting student's.
+    student = Transformer(CFG, rngs=nnx.Rngs(0))
+    teacher = Transformer(CFG, rngs=nnx.Rngs(1))
+    settings = TrainerSettings(epochs=2, minibatches=1)
+    trainer = Trainer(
+        Transformer(CFG, rngs=nnx.Rngs(0)), distill(), optax.sgd(1.0), settings=settings
+    )
+    b = train_batch()
+    a = Teacher(teacher).annotate(batch_arrays(b))
+    metrics = update_on_batch(trainer, a, a, seed=0, step=0, group_ids=b.group_ids)
+    tokens, attn = jnp.asarray(a["tokens"]), jnp.asarray(a["attention_mask"])
+    s, _ = sequence_logprobs(student, tokens, attn)
+    t, _ = sequence_logprobs(teacher, tokens, attn)
+    assert metrics["updates"] == 2.0
+    assert metrics["distill_reverse_kl"] == pytest.approx(mean_gap(s, t, a["loss_mask"]), abs=1e-5)
 
 
 def test_a_distilling_algorithm_needs_a_teacher_of_the_same_vocabulary():

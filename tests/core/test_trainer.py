@@ -19,6 +19,8 @@ from rlax.core.trainer.step import Trainer, batch_arrays
 from rlax.core.types import Completion, Group, Prompt
 from rlax.plugins.algorithms.grpo import grpo
 from rlax.plugins.algorithms.ppo import ppo
+from rlax.plugins.critics.head import HeadCritic
+from rlax.plugins.critics.separate import SeparateCritic
 
 CFG = TransformerConfig(
     vocab_size=9, num_layers=1, embed_dim=16, num_heads=2, num_kv_heads=1, head_dim=8, mlp_dim=32
@@ -152,7 +154,8 @@ def test_reference_policy_is_the_frozen_start():
 @pytest.mark.parametrize("value_model", ["head", "separate"])
 def test_critic_step_equals_a_hand_applied_sgd_update(value_model):
     model = Transformer(CFG, rngs=nnx.Rngs(5))
-    algo = ppo(value_model=value_model)
+    critic = HeadCritic() if value_model == "head" else SeparateCritic()
+    algo = ppo(value_model=critic)
     trainer = Trainer(model, algo, optax.sgd(0.1))
     critic_cls = ValueHead if value_model == "head" else ValueModel
     critic_def, critic0 = trainer.critic_graphdef, trainer.state.critic
@@ -165,6 +168,7 @@ def test_critic_step_equals_a_hand_applied_sgd_update(value_model):
         p, c = trainable
         logp, _, values = forward_with_values(
             nnx.merge(graphdef, p),
+            critic,
             nnx.merge(critic_def, c),
             arrays["tokens"],
             arrays["attention_mask"],
@@ -191,7 +195,7 @@ def test_critic_step_equals_a_hand_applied_sgd_update(value_model):
 
 def test_separate_critic_has_its_own_trunk():
     model = Transformer(CFG, rngs=nnx.Rngs(6))
-    trainer = Trainer(model, ppo(value_model="separate"), optax.sgd(0.1))
+    trainer = Trainer(model, ppo(value_model=SeparateCritic()), optax.sgd(0.1))
     critic = nnx.merge(trainer.critic_graphdef, trainer.state.critic)
     start = np.asarray(model.embed.embedding[...])
     np.testing.assert_array_equal(critic.trunk.embed.embedding[...], start)  # a copy of the policy

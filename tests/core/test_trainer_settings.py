@@ -19,6 +19,7 @@ from rlax.core.trainer.step import Trainer, TrainerSettings
 from rlax.plugins.algorithms.dapo import dapo
 from rlax.plugins.algorithms.grpo import grpo
 from rlax.plugins.algorithms.ppo import ppo
+from rlax.plugins.critics.head import HeadCritic
 
 CFG = TransformerConfig(
     vocab_size=32, num_layers=1, embed_dim=16, num_heads=2, num_kv_heads=1, head_dim=8, mlp_dim=32
@@ -66,7 +67,7 @@ def assert_trees_close(got, want, atol):
 
 # GRPO with a reference policy is checked the same way on 8 devices (test_mesh_devices.py).
 @pytest.mark.parametrize(
-    "algorithm", [dapo(), ppo(value_model="head")], ids=["dapo-token-mean", "ppo-critic"]
+    "algorithm", [dapo(), ppo(value_model=HeadCritic())], ids=["dapo-token-mean", "ppo-critic"]
 )
 def test_k_microbatches_equal_one_batch(algorithm):
     # The loss normalises over the whole batch (token means, a critic's value loss):

@@ -12,9 +12,7 @@ pytestmark = pytest.mark.e2e
 
 
 def run(run_dir, steps):
-    return finish(
-        start(run_dir, small(steps, "--gin.rlax.checkpointing.every=1"), role="inline")
-    )
+    return finish(start(run_dir, small(steps, "--gin.rlax.checkpointing.every=1"), role="inline"))
 
 
 def test_a_corrupt_newest_checkpoint_is_skipped_and_its_steps_redone(tmp_path):

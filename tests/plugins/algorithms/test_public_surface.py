@@ -79,7 +79,8 @@ def test_every_factory_and_building_block_is_public():
 
 def test_importing_the_algorithms_registers_nothing():
     # In a fresh process: no gin configurable of the kind exists afterwards, and no
-    # other plugin package is imported (loading is the plugin manager's, on request).
+    # other plugin package is imported (loading is the plugin manager's, on request)
+    # but the critics, whose head is PPO's default critic.
     code = (
         "import sys, gin, rlax.plugins.algorithms as a\n"
         "print(sorted(k for k, _ in gin.config._REGISTRY.items() if k.startswith('algorithms.')),"
@@ -87,4 +88,4 @@ def test_importing_the_algorithms_registers_nothing():
         " a.grpo.__name__)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["[]", "['algorithms']", "grpo"]
+    assert out.stdout.split() == ["[]", "['algorithms',", "'critics']", "grpo"]

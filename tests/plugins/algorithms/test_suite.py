@@ -22,6 +22,8 @@ from rlax.plugins.algorithms.gspo import gspo
 from rlax.plugins.algorithms.ppo import ppo
 from rlax.plugins.algorithms.reinforcepp import reinforcepp, reinforcepp_baseline
 from rlax.plugins.algorithms.rloo import rloo
+from rlax.plugins.critics.head import HeadCritic
+from rlax.plugins.critics.separate import SeparateCritic
 
 REWARDS = np.array([[1.0, 0.0, 0.0, 0.0]])
 LENGTHS = [3, 1, 2, 4]
@@ -133,7 +135,7 @@ def test_reinforcepp_baseline_subtracts_the_group_mean_first():
 
 def test_ppo_gae_advantages_and_value_loss_by_hand():
     algo = ppo(lam=0.95, gamma=1.0, vf_coef=0.5)
-    assert algo.needs_critic and algo.value_model == "head"
+    assert algo.needs_critic and algo.value_model == HeadCritic()
     batch = batch_for(algo)
     # V = 0 everywhere: delta_t = r_t, so A_t = lambda^(distance to the last token) * R.
     gae = np.zeros((4, 4))
@@ -156,7 +158,7 @@ def test_ppo_gae_advantages_and_value_loss_by_hand():
 
 
 def test_ppo_separate_value_model_and_reference_flags():
-    assert ppo(value_model="separate").value_model == "separate"
+    assert ppo(value_model=SeparateCritic()).value_model == SeparateCritic()
     assert ppo(kl_beta=0.05).needs_reference and not ppo().needs_reference
     assert reinforcepp(kl_beta=0.01).needs_reference
     assert grpo(kl_beta=0.1).needs_reference and not dapo().needs_reference
@@ -241,7 +243,7 @@ def test_without_alignment_the_ratio_is_taken_against_the_sampler():
         (lambda: cispo(eps_low=2.0), "cispo"),
         (lambda: rloo(is_cap=-1.0), "rloo"),
         (lambda: reinforcepp(kl_beta=-0.1), "reinforcepp"),
-        (lambda: ppo(value_model="tied"), "ppo"),
+        (lambda: ppo(value_model="tied"), "ppo"),  # a name is not a critic
         (lambda: ppo(lam=1.5), "ppo"),
     ],
 )

@@ -151,7 +151,7 @@ def test_distillation_adds_the_teachers_log_ratio_to_the_advantages_by_hand():
     old = jnp.array([[-1.0, -2.0, 0.0]])
     teacher = jnp.array([[-0.5, -3.0, 0.0]])
     mask = jnp.array([[1.0, 1.0, 0.0]])
-    batch = {"train_logprobs": old, "ref_logprobs": teacher}
+    batch = {"train_logprobs": old, "teacher_logprobs": teacher}
     adv, metrics = Distillation(coef=2.0)(jnp.zeros((1, 3)), batch, mask)
     np.testing.assert_allclose(adv, [[1.0, -2.0, 0.0]])  # 2 * (teacher - old) on the mask
     assert float(metrics["distill_reverse_kl"]) == pytest.approx((-0.5 + 1.0) / 2)
@@ -170,7 +170,7 @@ def test_pure_distillation_loss_and_gradient_by_hand():
         "old_logprobs": old,
         "train_logprobs": old,
         "advantages": jnp.zeros((2, 2)),
-        "ref_logprobs": jnp.array([[-0.5, -3.0], [0.0, 0.0]]),
+        "teacher_logprobs": jnp.array([[-0.5, -3.0], [0.0, 0.0]]),
     }
     (loss, _), g = jax.value_and_grad(algo.loss, has_aux=True)(old, batch)
     assert float(loss) == pytest.approx(-(0.5 - 1.0) / 2)
@@ -178,7 +178,24 @@ def test_pure_distillation_loss_and_gradient_by_hand():
     # reward_coef mixes in GRPO's advantages: +-0.7071 for rewards [1, 0].
     mixed = distill(reward_coef=0.5).advantages(np.array([[1.0, 0.0]]))
     np.testing.assert_allclose(mixed, [[0.5 / math.sqrt(2), -0.5 / math.sqrt(2)]], rtol=1e-5)
-    assert distill(kl_beta=0.1).needs_reference  # its KL term reads the same ref_logprobs
+    assert distill(kl_beta=0.1).needs_reference  # its KL term's target: the reference
+
+
+def test_distillation_and_a_kl_term_each_read_their_own_logprobs_by_hand():
+    # The teacher's shape the advantages; the KL term's target is the reference (k1: d).
+    algo = distill(coef=1.0, kl_beta=0.5, kl_estimator="k1")
+    old = jnp.array([[-1.0, -2.0]])
+    batch = {
+        "loss_mask": jnp.ones((1, 2)),
+        "old_logprobs": old,
+        "train_logprobs": old,
+        "advantages": jnp.zeros((1, 2)),
+        "teacher_logprobs": jnp.array([[-0.5, -3.0]]),
+        "ref_logprobs": jnp.array([[-1.5, -1.0]]),
+    }
+    _, metrics = algo.loss(old, batch)
+    assert float(metrics["distill_reverse_kl"]) == pytest.approx((-0.5 + 1.0) / 2)
+    assert float(metrics["kl_ref"]) == pytest.approx((0.5 - 1.0) / 2)
 
 
 def test_distillation_is_a_piece_any_policy_gradient_composes():
