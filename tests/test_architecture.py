@@ -152,6 +152,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "rlax.core.types",
             "rlax.core.errors",
+            "rlax.core.constraints",
             "rlax.core.episodes",
             "rlax.core.filters",
             "rlax.core.weight_lane",

@@ -180,7 +180,10 @@ def parse(
         binding_checks.check_required(origins)
         bindings_mod.resolve_paths(origins)
         binding_checks.check_types(origins, plugins)
-        binding_checks.check_values(origins, _validators())
+        binding_checks.check_constraints(origins)
+        binding_checks.check_values(
+            origins, {**_validators(), **binding_checks.declared_validators()}
+        )
         binding_checks.check_roles_agree(origins, SHARED_SETTINGS)
         binding_checks.check_settings_used(origins, SETTINGS_TAKEN_BY)
         gin.finalize()

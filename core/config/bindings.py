@@ -177,9 +177,22 @@ def hints(selector: str) -> dict[str, Any]:
     fn = getattr(info, "wrapped", None)
     if fn is None:
         return {}
-    target = fn.__init__ if inspect.isclass(fn) and not dataclasses.is_dataclass(fn) else fn
+    if not inspect.isclass(fn) or dataclasses.is_dataclass(fn):
+        return _annotations(fn)
+    found: dict[str, Any] = {}
+    for cls in fn.__mro__:  # a subclass's ``**kwargs`` go on to its bases' parameters
+        init = cls.__dict__.get("__init__")
+        if init is None or cls is object:
+            continue
+        found = {**_annotations(init), **found}
+        if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+            break
+    return found
+
+
+def _annotations(fn: Any) -> dict[str, Any]:
     try:
-        return typing.get_type_hints(target, include_extras=True)
+        return typing.get_type_hints(fn, include_extras=True)
     except (NameError, TypeError):  # a forward reference or annotation it cannot resolve
         return {}
 

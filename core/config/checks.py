@@ -9,8 +9,12 @@ names the binding, where it was written (``FILE:LINE`` or
 - :func:`check_types`: a bound literal its parameter's annotation refuses
   (macros followed to the literal; a name where a plugin component is expected
   gets the reference to write and the kind's valid names);
+- :func:`check_constraints`: a bound literal that breaks a constraint its
+  parameter declares (:mod:`rlax.core.constraints`: ``Annotated[int, AtLeast(1)]``),
+  or a number that is not finite;
 - :func:`check_values`: a component's own checks of its settings taken
-  together (a validator raising :class:`BadSetting`);
+  together (a validator raising :class:`BadSetting`: those of ``rlax.core.config``
+  and those a configurable carries, :func:`rlax.core.constraints.checked_by`);
 - :func:`check_roles_agree`: two roles of one run bound to different values of
   a setting they share (the workers' reward and the trainer's);
 - :func:`check_settings_used`: a settings object's parameters bound while the
@@ -47,6 +51,7 @@ from rlax.core.config.bindings import (
     is_reference,
     show,
 )
+from rlax.core.constraints import CHECK_ATTRIBUTE, refusal
 from rlax.core.errors import BadSetting, ConfigError
 from rlax.core.plugins import CONTRACTS
 
@@ -55,11 +60,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "arguments",
+    "check_constraints",
     "check_required",
     "check_roles_agree",
     "check_types",
     "check_values",
     "check_weights_kept",
+    "declared_validators",
 ]
 
 
@@ -185,6 +192,23 @@ def check_types(origins: Origins, plugins: PluginManager | None = None) -> None:
         )
 
 
+def check_constraints(origins: Origins) -> None:
+    """Raises ConfigError for the first bound literal that its parameter's constraints refuse.
+
+    The message reads ``WHERE: NAME: WHY``, e.g. ``--gin.samplers.jax.top_p=1.5:
+    samplers.jax.top_p: must be in (0, 1], got 1.5`` (:func:`rlax.core.constraints.refusal`).
+    """
+    for bound in bound_values(origins):
+        if is_reference(bound.value):
+            continue
+        why = refusal(bound.value, hints(bound.selector).get(bound.arg, Any))
+        if why is None:
+            continue
+        where = f"{bound.origin}: " if bound.origin else ""
+        via = f" (via %{bound.macro[0]})" if bound.macro else ""
+        raise ConfigError(f"{where}{bound.name}{via}: {why}")
+
+
 def _protocol_names(annotation: Any) -> set[str]:
     """The names of the Protocols in ``annotation`` (``Sequence[OnlineFilter]``: OnlineFilter)."""
     if isinstance(annotation, type) and getattr(annotation, "_is_protocol", False):
@@ -251,6 +275,18 @@ def check_values(origins: Origins, validators: dict[str, Callable[..., None]]) -
             origin = args.get(err.parameter, (None, None))[1]
             where = f"{origin}: " if origin else ""
             raise ConfigError(f"{where}{selector}.{err.parameter}: {err}") from err
+
+
+def declared_validators() -> dict[str, Callable[..., None]]:
+    """``{selector: validator}`` of the bound configurables that carry one (``checked_by``)."""
+    found = {}
+    for _, selector in list(gin.config._CONFIG):
+        check = getattr(
+            getattr(gin.config._REGISTRY.get(selector), "wrapped", None), CHECK_ATTRIBUTE, None
+        )
+        if check is not None:
+            found[selector] = check
+    return found
 
 
 def _shown(value: Any) -> str:
