@@ -246,16 +246,17 @@ def constraints_of(annotation: Any) -> list[Constraint]:
     return found + [c for a in typing.get_args(annotation) for c in constraints_of(a)]
 
 
-def check_arguments(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> None:
+def check_arguments(fn: Callable[..., Any], arguments: Mapping[str, Any], owner: str = "") -> None:
     """BadSetting for the first of ``arguments`` that ``fn``'s annotations refuse.
 
     For code that builds a component without gin (which checks before any role
-    starts): ``check_arguments(type(self).__init__, locals())``.
+    starts): ``check_arguments(MySampler.__init__, locals(), owner="my sampler")``;
+    the message reads ``my sampler: top_p: must be in (0, 1], got 1.5``.
     """
     hints = typing.get_type_hints(fn, include_extras=True)
     for name, value in arguments.items():
         if name in hints and (why := refusal(value, hints[name])):
-            raise BadSetting(name, why)
+            raise BadSetting(name, f"{owner}: {name}: {why}" if owner else why)
 
 
 def check_fields(settings: Any) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import collections
 import functools
 from collections.abc import Callable, Sequence
+from typing import Annotated
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +42,8 @@ import numpy as np
 from flax import nnx
 
 from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast, check_arguments, checked_by
+from rlax.core.errors import BadSetting
 from rlax.core.models.tokenizer import PAD
 from rlax.core.models.transformer import Transformer
 from rlax.core.types import PARTIAL, Completion, PartialGroup, Prompt
@@ -69,6 +72,28 @@ def _batches(items: list, size: int, keep_pairs: bool = False) -> list[list]:
     return [r for r in runs if r]
 
 
+def _tiers_fit(
+    *,
+    slots: int = 32,
+    tiers: Sequence[Sequence[int]] = (),
+    max_prompt_tokens: int = 256,
+    max_new_tokens: int = 8,
+    prompt_bucket: int = 8,
+    **_,
+) -> None:
+    """BadSetting unless ``tiers`` lays out ``slots`` rows over the ring these settings size."""
+    try:
+        make_ring(slots, _columns(max_prompt_tokens, max_new_tokens, prompt_bucket), tiers)
+    except ValueError as err:
+        raise BadSetting("tiers", str(err).removeprefix("engine sampler: ")) from None
+
+
+def _columns(max_prompt_tokens: int, max_new_tokens: int, prompt_bucket: int) -> int:
+    """Ring columns: the longest bucketed prefix plus the whole budget fits."""
+    return _bucket(max_prompt_tokens + max_new_tokens, prompt_bucket) + prompt_bucket
+
+
+@checked_by(_tiers_fit)
 class SlotEngine(JaxSampler):
     """Continuous-batching sampler (``samplers.engine``); a :class:`~rlax.core.contracts.Resumable`.
 
@@ -92,28 +117,22 @@ class SlotEngine(JaxSampler):
     def __init__(
         self,
         *,
-        slots: int = 32,
-        chunk: int = 32,
-        refill_at: int = 0,
+        slots: Annotated[int, AtLeast(1)] = 32,
+        chunk: Annotated[int, AtLeast(1)] = 32,
+        refill_at: Annotated[int, AtLeast(0, means="0: slots / 8")] = 0,
         share_prompts: bool = True,
-        max_prompt_tokens: int = 256,
-        tiers: Sequence[Sequence[int]] = (),
+        max_prompt_tokens: Annotated[int, AtLeast(1)] = 256,
+        tiers: Sequence[Sequence[Annotated[int, AtLeast(0)]]] = (),
         **sampling,
     ):
         super().__init__(**sampling)
-        if slots < 1 or chunk < 1 or refill_at < 0 or max_prompt_tokens < 1:
-            raise ValueError(
-                "engine sampler: need slots >= 1, chunk >= 1, refill_at >= 0, "
-                f"max_prompt_tokens >= 1; got {slots}, {chunk}, {refill_at}, {max_prompt_tokens}"
-            )
+        check_arguments(SlotEngine.__init__, locals(), owner="engine sampler")
         self.slots = slots
         self.chunk = chunk
         self.refill_at = refill_at or max(1, slots // 8)
         self.share_prompts = share_prompts
         self.max_prompt_tokens = max_prompt_tokens
-        # Ring columns: the longest bucketed prefix plus the whole budget fits.
-        self.columns = _bucket(max_prompt_tokens + self.max_new_tokens, self.prompt_bucket)
-        self.columns += self.prompt_bucket
+        self.columns = _columns(max_prompt_tokens, self.max_new_tokens, self.prompt_bucket)
         self.ring = make_ring(slots, self.columns, tiers, longest_prompt=max_prompt_tokens)
         self.step = 0  # the number of the next decode step (tier t writes column step % window)
         self.prefilled_tokens = 0  # prefix tokens prefilled, over every call (benchmarks)

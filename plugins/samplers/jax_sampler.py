@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Annotated
 
 import jax
 import jax.numpy as jnp
@@ -32,15 +33,20 @@ import numpy as np
 from flax import nnx
 
 from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast, OneOf, Range, check_arguments
 from rlax.core.models.tokenizer import PAD
 from rlax.core.models.transformer import KVCache, Transformer, init_cache, positions_from_mask
 from rlax.core.types import Completion, Prompt
-from rlax.plugins.samplers.sampling import sample_token
+from rlax.plugins.samplers.sampling import METHODS, sample_token
 
 # Above this vocabulary size the sampler draws by inverse CDF and computes the
 # prefill's logits at the last position only (smaller ones keep their exact
 # historical samples, which the quickstart's results depend on).
 _LARGE_VOCAB = 4096
+
+
+# Why a temperature of 0 is refused, and what to set instead.
+GREEDY_HINT = "for greedy decoding set method='greedy'"
 
 
 def _bucket(n: int, multiple: int) -> int:
@@ -153,37 +159,28 @@ class JaxSampler:
       stop_tokens: ids that end a completion besides the tokenizer's eos.
       stop_at_eos: whether the tokenizer's eos ends a completion (benchmarks
         turn it off to generate exactly ``max_new_tokens``).
-      method: how a token is drawn (:mod:`.sampling`): ``"gumbel"``,
-        ``"inverse_cdf"``, or ``"auto"`` (inverse CDF for vocabularies larger
-        than 4096, where per-entry noise dominates a decode step).
+      method: how a token is chosen (:mod:`.sampling`): ``"gumbel"``,
+        ``"inverse_cdf"``, ``"auto"`` (inverse CDF for vocabularies larger
+        than 4096, where per-entry noise dominates a decode step), or
+        ``"greedy"``: the most likely token (argmax), whatever the seed, with
+        its logprob under softmax(logits / temperature). A temperature of 0 is
+        refused, not read as greedy: the trainer recomputes logprobs at the
+        sampler's temperature.
     """
 
     def __init__(
         self,
         *,
-        max_new_tokens: int = 8,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        prompt_bucket: int = 8,
-        stop_tokens: Sequence[int] = (),
+        max_new_tokens: Annotated[int, AtLeast(1)] = 8,
+        temperature: Annotated[float, Range(gt=0, means=GREEDY_HINT)] = 1.0,
+        top_k: Annotated[int, AtLeast(0, means="0: off")] = 0,
+        top_p: Annotated[float, Range(gt=0, le=1, means="1: off")] = 1.0,
+        prompt_bucket: Annotated[int, AtLeast(1)] = 8,
+        stop_tokens: Sequence[Annotated[int, AtLeast(0)]] = (),
         stop_at_eos: bool = True,
-        method: str = "auto",
+        method: Annotated[str, OneOf("auto", *METHODS)] = "auto",
     ):
-        if method not in ("auto", "gumbel", "inverse_cdf"):
-            raise ValueError(f"jax sampler: method must be auto, gumbel or inverse_cdf: {method!r}")
-        if (
-            max_new_tokens < 1
-            or temperature <= 0
-            or top_k < 0
-            or prompt_bucket < 1
-            or not 0 < top_p <= 1
-        ):
-            raise ValueError(
-                "jax sampler: need max_new_tokens >= 1, temperature > 0, top_k >= 0, "
-                "0 < top_p <= 1, prompt_bucket >= 1; got "
-                f"{max_new_tokens}, {temperature}, {top_k}, {top_p}, {prompt_bucket}"
-            )
+        check_arguments(JaxSampler.__init__, locals(), owner="jax sampler")
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.top_k = top_k

@@ -7,6 +7,13 @@ same temperature), so sampler and trainer agree up to floating point, and the
 remaining train/inference mismatch is measured by the trainer. Top-k and top-p
 only restrict which tokens may be drawn.
 
+Greedy decoding is its own method, ``"greedy"``: the most likely token of
+each row (argmax of the logits, the first on a tie; top-k and top-p change
+nothing), with its logprob under softmax(logits / T) like every other. A
+temperature of 0 is refused rather than read as greedy: the trainer recomputes
+the logprobs at the sampler's temperature, and at 0 there is no distribution
+to recompute.
+
 Two exact ways to draw from softmax(allowed):
 
 - ``"gumbel"``: argmax of logits plus Gumbel noise (``jax.random.categorical``):
@@ -26,6 +33,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+# How a token is chosen: the two exact draws, and the most likely token.
+METHODS = ("gumbel", "inverse_cdf", "greedy")
 
 
 def restrict_top_k(scaled: jax.Array, k: int) -> jax.Array:
@@ -87,10 +97,17 @@ def sample_token(
     top_p: float = 1.0,
     method: str = "gumbel",
 ) -> tuple[jax.Array, jax.Array]:
-    """Draws one token per row; returns (tokens [B], logprobs [B] under softmax(logits / T))."""
-    if method not in ("gumbel", "inverse_cdf"):
-        raise ValueError(f"sampling method must be 'gumbel' or 'inverse_cdf', got {method!r}")
+    """Draws one token per row; returns (tokens [B], logprobs [B] under softmax(logits / T)).
+
+    ``method="greedy"`` takes the most likely token of each row instead of drawing one.
+    """
+    if method not in METHODS:
+        raise ValueError(f"sampling method must be one of {', '.join(METHODS)}, got {method!r}")
     scaled = logits / temperature
+    if method == "greedy":
+        tok = jnp.argmax(logits, axis=-1)
+        logp = jax.nn.log_softmax(scaled, axis=-1)
+        return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
     restricted = bool(top_k) or top_p < 1.0
     if method == "inverse_cdf" and not restricted:
         # One pass of exp serves both the draw and the logprob's normaliser.

@@ -89,6 +89,15 @@ def test_greedy_rows_equal_the_static_samplers(model):
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
 
 
+def test_the_greedy_method_gives_the_static_samplers_argmax_rows(model):
+    static = JaxSampler(max_new_tokens=BUDGET, method="greedy", stop_at_eos=False)
+    static.setup(model, TOK)
+    want = static.generate(PROMPTS, 2, seed=0)
+    got = engine(model, method="greedy").generate(PROMPTS, 2, seed=5)
+    assert tokens(got) == tokens(want)
+    assert tokens(want) == tokens(engine(model, top_k=1).generate(PROMPTS, 2, seed=0))
+
+
 def test_every_requested_sample_comes_back_once_in_its_place(model):
     # Distinct forced lengths name each sample: (prompt i, sample j) gets 1 + 3i + j tokens.
     budgets = [[1 + 3 * i + j for j in range(3)] for i in range(3)]
@@ -174,7 +183,7 @@ def test_bad_settings_and_inputs_are_refused_with_the_reason():
         make_ring(4, 64, ((3, 16), (2, 0)))  # 5 rows for 4 slots
     with pytest.raises(ValueError, match="tiers .* must be"):
         make_ring(4, 64, ((2, 32), (2, 16)))  # the last tier must read the whole ring
-    with pytest.raises(ValueError, match="slots >= 1"):
+    with pytest.raises(ValueError, match="slots: must be >= 1, got 0"):
         SlotEngine(slots=0)
     e = SlotEngine(max_prompt_tokens=3, max_new_tokens=4)
     e.setup(Transformer(CFG, rngs=nnx.Rngs(0)), TOK)

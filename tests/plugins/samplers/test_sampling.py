@@ -10,7 +10,7 @@ from flax import nnx
 
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.tokenizer import CharTokenizer
-from rlax.core.models.transformer import Transformer
+from rlax.core.models.transformer import Transformer, causal_mask, positions_from_mask
 from rlax.core.types import Prompt
 from rlax.plugins.samplers.jax_sampler import JaxSampler
 from rlax.plugins.samplers.sampling import (
@@ -192,3 +192,42 @@ def test_large_vocabulary_path_logprobs_equal_a_full_forward():
     logp, _ = sequence_logprobs(model, batch.tokens, batch.attention_mask, 0.9)
     mask = batch.loss_mask > 0
     np.testing.assert_allclose(np.asarray(logp)[mask], batch.old_logprobs[mask], atol=1e-5)
+
+
+def test_greedy_is_the_argmax_whatever_the_seed_with_the_tempered_logprob():
+    # Row 0: token 2 is the most likely; row 1: a tie between 0 and 3 goes to the first.
+    logits = jnp.array([[0.0, 1.0, 3.0, 2.0], [2.0, -1.0, 0.0, 2.0]])
+    t = 0.5
+    for seed in range(4):
+        tok, logp = sample_token(
+            logits, jax.random.key(seed), jnp.float32(t), top_k=2, top_p=0.3, method="greedy"
+        )
+        assert np.asarray(tok).tolist() == [2, 0]
+        # log softmax(logits / 0.5) at the chosen token, by hand: row 0 is [0, 2, 6, 4].
+        row0 = 6 - np.log(np.exp(0) + np.exp(2) + np.exp(6) + np.exp(4))
+        row1 = 4 - np.log(2 * np.exp(4) + np.exp(-2) + np.exp(0))
+        np.testing.assert_allclose(np.asarray(logp), [row0, row1], rtol=1e-6)
+
+
+def test_the_greedy_method_decodes_the_model_s_argmax_token_by_token(model):
+    s = JaxSampler(max_new_tokens=5, method="greedy", stop_at_eos=False)
+    s.setup(model, TOK)
+    a = s.generate([prompt("3+4=")], 3, seed=0)[0]
+    b = s.generate([prompt("3+4=")], 3, seed=7)[0]
+    assert len({tuple(c.tokens) for c in a + b}) == 1
+    # The model itself, one token at a time: each generated token is its argmax.
+    tokens = list(TOK.encode("3+4=", bos=True))
+    for generated in a[0].tokens:
+        mask = jnp.ones((1, len(tokens)), bool)
+        logits, _ = model(jnp.asarray([tokens]), positions_from_mask(mask), causal_mask(mask))
+        assert int(generated) == int(jnp.argmax(logits[0, -1]))
+        tokens.append(int(generated))
+
+
+def test_a_temperature_of_zero_is_refused_pointing_at_the_greedy_method():
+    with pytest.raises(ValueError) as info:
+        JaxSampler(temperature=0.0)
+
+    assert str(info.value) == (
+        "jax sampler: temperature: must be > 0 (for greedy decoding set method='greedy'), got 0.0"
+    )
