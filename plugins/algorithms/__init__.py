@@ -45,10 +45,18 @@ from rlax.plugins.algorithms.advantages import (
 from rlax.plugins.algorithms.aggregation import (
     AGGREGATIONS,
     Aggregation,
+    AggregationMode,
+    MaxLen,
     aggregate,
     completion_width,
 )
-from rlax.plugins.algorithms.alignment import ALIGNMENTS, Alignment
+from rlax.plugins.algorithms.alignment import (
+    ALIGNMENTS,
+    Alignment,
+    AlignmentMode,
+    IsBounds,
+    IsCap,
+)
 from rlax.plugins.algorithms.cispo import cispo
 from rlax.plugins.algorithms.dapo import dapo
 from rlax.plugins.algorithms.distill import distill
@@ -58,10 +66,17 @@ from rlax.plugins.algorithms.grpo import grpo
 from rlax.plugins.algorithms.gspo import gspo
 from rlax.plugins.algorithms.objectives import (
     KL_ESTIMATORS,
+    ClipEps,
     ClippedISWeight,
     ClippedSurrogate,
+    DualClip,
+    EpsHigh,
+    KlBeta,
+    KlEstimator,
     SequenceClippedSurrogate,
+    StdEps,
     clipped_surrogate,
+    dual_clip_above_clip,
     k3_kl,
     kl_estimate,
 )
@@ -83,15 +98,26 @@ __all__ = [
     "ALIGNMENTS",
     "KL_ESTIMATORS",
     "Aggregation",
+    "AggregationMode",
     "Alignment",
+    "AlignmentMode",
     "Batch",
+    "ClipEps",
     "ClippedISWeight",
     "ClippedSurrogate",
     "Distillation",
+    "DualClip",
+    "EpsHigh",
+    "IsBounds",
+    "IsCap",
+    "KlBeta",
+    "KlEstimator",
+    "MaxLen",
     "Objective",
     "PolicyGradient",
     "Returns",
     "SequenceClippedSurrogate",
+    "StdEps",
     "ValueLoss",
     "aggregate",
     "alignment_of",
@@ -101,6 +127,7 @@ __all__ = [
     "dapo",
     "distill",
     "drgrpo",
+    "dual_clip_above_clip",
     "gae",
     "group_centered",
     "group_normalized",

@@ -18,10 +18,12 @@ References:
 from __future__ import annotations
 
 import dataclasses
+from typing import Annotated
 
 import jax
 import jax.numpy as jnp
 
+from rlax.core.constraints import AtLeast, OneOf
 from rlax.core.masked import masked_mean
 
 AGGREGATIONS = (
@@ -30,6 +32,10 @@ AGGREGATIONS = (
     "seq-mean-token-sum-norm",
     "seq-mean-token-sum",
 )
+
+# The aggregation's settings as an algorithm declares them (rlax.core.constraints).
+AggregationMode = Annotated[str, OneOf(*AGGREGATIONS)]
+MaxLen = Annotated[int, AtLeast(1, means="None: the generation budget")] | None
 
 
 def completion_width(mask: jax.Array) -> jax.Array:

@@ -49,13 +49,20 @@ References:
 from __future__ import annotations
 
 import dataclasses
+from typing import Annotated
 
 import jax
 import jax.numpy as jnp
 
+from rlax.core.constraints import OneOf, Positive, Range
 from rlax.plugins.algorithms.aggregation import masked_mean
 
 ALIGNMENTS = ("none", "tis", "mask", "icepop", "seq-tis", "seq-mis")
+
+# The alignment's settings as an algorithm declares them (rlax.core.constraints).
+AlignmentMode = Annotated[str, OneOf(*ALIGNMENTS)]
+IsCap = Annotated[float, Positive]
+IsBounds = tuple[Annotated[float, Range(ge=0, lt=1)], Annotated[float, Range(gt=1)]]
 
 
 @dataclasses.dataclass(frozen=True)

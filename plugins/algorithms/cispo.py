@@ -17,22 +17,25 @@ Reference: MiniMax, 2025, MiniMax-M1, https://arxiv.org/abs/2506.13585 (section 
 from __future__ import annotations
 
 import functools
+from typing import Annotated
 
 from rlax.core import hookimpl
+from rlax.core.constraints import Range
 from rlax.plugins.algorithms.advantages import group_normalized
 from rlax.plugins.algorithms.aggregation import Aggregation
-from rlax.plugins.algorithms.objectives import ClippedISWeight
+from rlax.plugins.algorithms.alignment import AlignmentMode, IsBounds, IsCap
+from rlax.plugins.algorithms.objectives import ClippedISWeight, EpsHigh, StdEps
 from rlax.plugins.algorithms.policy_gradient import PolicyGradient, alignment_of, settings_of
 
 
 def cispo(
     *,
-    eps_low: float = 1.0,
-    eps_high: float = 0.28,
-    std_eps: float = 1e-6,
-    alignment: str = "none",
-    is_cap: float = 2.0,
-    is_bounds: tuple[float, float] = (0.5, 2.0),
+    eps_low: Annotated[float, Range(gt=0, le=1)] = 1.0,
+    eps_high: EpsHigh = 0.28,
+    std_eps: StdEps = 1e-6,
+    alignment: AlignmentMode = "none",
+    is_cap: IsCap = 2.0,
+    is_bounds: IsBounds = (0.5, 2.0),
 ) -> PolicyGradient:
     """Clipped IS-weight Policy Optimization (arXiv 2506.13585).
 

@@ -28,25 +28,37 @@ from __future__ import annotations
 import functools
 
 from rlax.core import hookimpl
+from rlax.core.constraints import checked_by
 from rlax.plugins.algorithms.advantages import group_normalized
-from rlax.plugins.algorithms.aggregation import Aggregation
-from rlax.plugins.algorithms.objectives import ClippedSurrogate
+from rlax.plugins.algorithms.aggregation import Aggregation, AggregationMode, MaxLen
+from rlax.plugins.algorithms.alignment import AlignmentMode, IsBounds, IsCap
+from rlax.plugins.algorithms.objectives import (
+    ClipEps,
+    ClippedSurrogate,
+    DualClip,
+    EpsHigh,
+    KlBeta,
+    KlEstimator,
+    StdEps,
+    dual_clip_above_clip,
+)
 from rlax.plugins.algorithms.policy_gradient import PolicyGradient, alignment_of, settings_of
 
 
+@checked_by(dual_clip_above_clip)
 def dapo(
     *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    kl_beta: float = 0.0,
-    aggregation: str = "token-mean",
-    max_len: int | None = None,
-    std_eps: float = 1e-6,
-    dual_clip: float | None = None,
-    kl_estimator: str = "k3",
-    alignment: str = "none",
-    is_cap: float = 2.0,
-    is_bounds: tuple[float, float] = (0.5, 2.0),
+    eps_low: ClipEps = 0.2,
+    eps_high: EpsHigh = 0.28,
+    kl_beta: KlBeta = 0.0,
+    aggregation: AggregationMode = "token-mean",
+    max_len: MaxLen = None,
+    std_eps: StdEps = 1e-6,
+    dual_clip: DualClip = None,
+    kl_estimator: KlEstimator = "k3",
+    alignment: AlignmentMode = "none",
+    is_cap: IsCap = 2.0,
+    is_bounds: IsBounds = (0.5, 2.0),
 ) -> PolicyGradient:
     """Decoupled Clip and Dynamic sAmpling Policy Optimization (arXiv 2503.14476).
 

@@ -20,14 +20,23 @@ Thinking Machines' on-policy distillation).
 from __future__ import annotations
 
 import functools
+from typing import Annotated
 
 import numpy as np
 
 from rlax.core import hookimpl
+from rlax.core.constraints import NonNegative, Positive
 from rlax.plugins.algorithms.advantages import group_normalized
-from rlax.plugins.algorithms.aggregation import Aggregation
+from rlax.plugins.algorithms.aggregation import Aggregation, AggregationMode, MaxLen
+from rlax.plugins.algorithms.alignment import AlignmentMode, IsBounds, IsCap
 from rlax.plugins.algorithms.distillation import Distillation
-from rlax.plugins.algorithms.objectives import ClippedSurrogate
+from rlax.plugins.algorithms.objectives import (
+    ClipEps,
+    ClippedSurrogate,
+    KlBeta,
+    KlEstimator,
+    StdEps,
+)
 from rlax.plugins.algorithms.policy_gradient import PolicyGradient, alignment_of, settings_of
 
 
@@ -37,17 +46,17 @@ def _scaled_group_normalized(rewards: np.ndarray, *, coef: float, eps: float) ->
 
 def distill(
     *,
-    coef: float = 1.0,
-    reward_coef: float = 0.0,
-    clip_eps: float = 0.2,
-    kl_beta: float = 0.0,
-    kl_estimator: str = "k3",
-    aggregation: str = "token-mean",
-    max_len: int | None = None,
-    std_eps: float = 1e-6,
-    alignment: str = "none",
-    is_cap: float = 2.0,
-    is_bounds: tuple[float, float] = (0.5, 2.0),
+    coef: Annotated[float, Positive] = 1.0,
+    reward_coef: Annotated[float, NonNegative] = 0.0,
+    clip_eps: ClipEps = 0.2,
+    kl_beta: KlBeta = 0.0,
+    kl_estimator: KlEstimator = "k3",
+    aggregation: AggregationMode = "token-mean",
+    max_len: MaxLen = None,
+    std_eps: StdEps = 1e-6,
+    alignment: AlignmentMode = "none",
+    is_cap: IsCap = 2.0,
+    is_bounds: IsBounds = (0.5, 2.0),
 ) -> PolicyGradient:
     """On-policy distillation from the teacher ``rlax.train.teacher`` names (module doc).
 

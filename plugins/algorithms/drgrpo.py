@@ -18,23 +18,35 @@ Perspective", https://arxiv.org/abs/2503.20783 (section 3.2, eq. 3).
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast, checked_by
 from rlax.plugins.algorithms.advantages import group_centered
 from rlax.plugins.algorithms.aggregation import Aggregation
-from rlax.plugins.algorithms.objectives import ClippedSurrogate
+from rlax.plugins.algorithms.alignment import AlignmentMode, IsBounds, IsCap
+from rlax.plugins.algorithms.objectives import (
+    ClipEps,
+    ClippedSurrogate,
+    DualClip,
+    KlBeta,
+    KlEstimator,
+    dual_clip_above_clip,
+)
 from rlax.plugins.algorithms.policy_gradient import PolicyGradient, alignment_of, settings_of
 
 
+@checked_by(dual_clip_above_clip)
 def drgrpo(
     *,
-    max_len: int,
-    clip_eps: float = 0.2,
-    kl_beta: float = 0.0,
-    dual_clip: float | None = None,
-    kl_estimator: str = "k3",
-    alignment: str = "none",
-    is_cap: float = 2.0,
-    is_bounds: tuple[float, float] = (0.5, 2.0),
+    max_len: Annotated[int, AtLeast(1)],
+    clip_eps: ClipEps = 0.2,
+    kl_beta: KlBeta = 0.0,
+    dual_clip: DualClip = None,
+    kl_estimator: KlEstimator = "k3",
+    alignment: AlignmentMode = "none",
+    is_cap: IsCap = 2.0,
+    is_bounds: IsBounds = (0.5, 2.0),
 ) -> PolicyGradient:
     """Dr.GRPO (arXiv 2503.20783).
 

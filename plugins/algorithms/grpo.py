@@ -30,9 +30,27 @@ from __future__ import annotations
 import functools
 
 from rlax.core import hookimpl
+from rlax.core.constraints import checked_by
 from rlax.plugins.algorithms.advantages import group_normalized
-from rlax.plugins.algorithms.aggregation import AGGREGATIONS, Aggregation, aggregate
-from rlax.plugins.algorithms.objectives import ClippedSurrogate, clipped_surrogate, k3_kl
+from rlax.plugins.algorithms.aggregation import (
+    AGGREGATIONS,
+    Aggregation,
+    AggregationMode,
+    MaxLen,
+    aggregate,
+)
+from rlax.plugins.algorithms.alignment import AlignmentMode, IsBounds, IsCap
+from rlax.plugins.algorithms.objectives import (
+    ClipEps,
+    ClippedSurrogate,
+    DualClip,
+    KlBeta,
+    KlEstimator,
+    StdEps,
+    clipped_surrogate,
+    dual_clip_above_clip,
+    k3_kl,
+)
 from rlax.plugins.algorithms.policy_gradient import PolicyGradient, alignment_of, settings_of
 
 # The walking skeleton's names, still importable from here.
@@ -48,18 +66,19 @@ __all__ = [
 ]
 
 
+@checked_by(dual_clip_above_clip)
 def grpo(
     *,
-    clip_eps: float = 0.2,
-    kl_beta: float = 0.0,
-    aggregation: str = "seq-mean-token-mean",
-    max_len: int | None = None,
-    std_eps: float = 1e-6,
-    dual_clip: float | None = None,
-    kl_estimator: str = "k3",
-    alignment: str = "none",
-    is_cap: float = 2.0,
-    is_bounds: tuple[float, float] = (0.5, 2.0),
+    clip_eps: ClipEps = 0.2,
+    kl_beta: KlBeta = 0.0,
+    aggregation: AggregationMode = "seq-mean-token-mean",
+    max_len: MaxLen = None,
+    std_eps: StdEps = 1e-6,
+    dual_clip: DualClip = None,
+    kl_estimator: KlEstimator = "k3",
+    alignment: AlignmentMode = "none",
+    is_cap: IsCap = 2.0,
+    is_bounds: IsBounds = (0.5, 2.0),
 ) -> PolicyGradient:
     """Group Relative Policy Optimization (arXiv 2402.03300).
 

@@ -26,18 +26,19 @@ import functools
 from rlax.core import hookimpl
 from rlax.plugins.algorithms.advantages import group_normalized
 from rlax.plugins.algorithms.aggregation import Aggregation
-from rlax.plugins.algorithms.objectives import SequenceClippedSurrogate
+from rlax.plugins.algorithms.alignment import AlignmentMode, IsBounds, IsCap
+from rlax.plugins.algorithms.objectives import ClipEps, EpsHigh, SequenceClippedSurrogate, StdEps
 from rlax.plugins.algorithms.policy_gradient import PolicyGradient, alignment_of, settings_of
 
 
 def gspo(
     *,
-    eps_low: float = 3e-4,
-    eps_high: float = 4e-4,
-    std_eps: float = 1e-6,
-    alignment: str = "none",
-    is_cap: float = 2.0,
-    is_bounds: tuple[float, float] = (0.5, 2.0),
+    eps_low: ClipEps = 3e-4,
+    eps_high: EpsHigh = 4e-4,
+    std_eps: StdEps = 1e-6,
+    alignment: AlignmentMode = "none",
+    is_cap: IsCap = 2.0,
+    is_bounds: IsBounds = (0.5, 2.0),
 ) -> PolicyGradient:
     """Group Sequence Policy Optimization (arXiv 2507.18071).
 

@@ -17,10 +17,13 @@ Shapes: the legend of :mod:`rlax.core.types` (B rows, L target positions).
 from __future__ import annotations
 
 import dataclasses
+from typing import Annotated
 
 import jax
 import jax.numpy as jnp
 
+from rlax.core.constraints import NonNegative, OneOf, Positive, Range
+from rlax.core.errors import BadSetting
 from rlax.plugins.algorithms.aggregation import masked_mean
 
 
@@ -52,6 +55,27 @@ def k3_kl(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
 
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
+
+# The objectives' settings as an algorithm declares them (rlax.core.constraints).
+ClipEps = Annotated[float, Range(gt=0, le=0.999)]  # epsilon of a clip's lower side, symmetric ones
+EpsHigh = Annotated[float, Positive]  # epsilon of a clip's upper side
+KlBeta = Annotated[float, NonNegative]
+KlEstimator = Annotated[str, OneOf(*KL_ESTIMATORS)]
+DualClip = Annotated[float, Range(gt=1, means="None: off")] | None
+StdEps = Annotated[float, Positive]  # added to a group's std
+
+
+def dual_clip_above_clip(
+    *, dual_clip: float | None = None, clip_eps: float = 0.2, eps_high: float | None = None, **_
+) -> None:
+    """BadSetting unless dual-clip's c is above the clip's upper end, 1 + eps_high."""
+    high = clip_eps if eps_high is None else eps_high
+    if dual_clip is not None and dual_clip <= 1.0 + high:
+        raise BadSetting(
+            "dual_clip",
+            f"must be > 1 + {'eps_high' if eps_high is not None else 'clip_eps'} "
+            f"= {1.0 + high}, got {dual_clip}",
+        )
 
 
 def kl_estimate(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> jax.Array:

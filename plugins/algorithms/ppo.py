@@ -31,32 +31,43 @@ References:
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from rlax.core import hookimpl
+from rlax.core.constraints import Positive, Probability, checked_by
 from rlax.core.contracts import Critic
 from rlax.plugins.algorithms.advantages import raw_returns
-from rlax.plugins.algorithms.aggregation import Aggregation
-from rlax.plugins.algorithms.objectives import ClippedSurrogate
+from rlax.plugins.algorithms.aggregation import Aggregation, AggregationMode, MaxLen
+from rlax.plugins.algorithms.alignment import AlignmentMode, IsBounds, IsCap
+from rlax.plugins.algorithms.objectives import (
+    ClipEps,
+    ClippedSurrogate,
+    DualClip,
+    KlBeta,
+    dual_clip_above_clip,
+)
 from rlax.plugins.algorithms.policy_gradient import PolicyGradient, alignment_of, settings_of
 from rlax.plugins.algorithms.returns import Returns
 from rlax.plugins.algorithms.value import HEAD, ValueLoss
 
 
+@checked_by(dual_clip_above_clip)
 def ppo(
     *,
-    clip_eps: float = 0.2,
-    gamma: float = 1.0,
-    lam: float = 0.95,
-    value_clip: float = 0.2,
-    vf_coef: float = 0.5,
+    clip_eps: ClipEps = 0.2,
+    gamma: Annotated[float, Probability] = 1.0,
+    lam: Annotated[float, Probability] = 0.95,
+    value_clip: Annotated[float, Positive] = 0.2,
+    vf_coef: Annotated[float, Positive] = 0.5,
     value_model: Critic = HEAD,
     whiten_advantages: bool = True,
-    kl_beta: float = 0.0,
-    aggregation: str = "token-mean",
-    max_len: int | None = None,
-    dual_clip: float | None = None,
-    alignment: str = "none",
-    is_cap: float = 2.0,
-    is_bounds: tuple[float, float] = (0.5, 2.0),
+    kl_beta: KlBeta = 0.0,
+    aggregation: AggregationMode = "token-mean",
+    max_len: MaxLen = None,
+    dual_clip: DualClip = None,
+    alignment: AlignmentMode = "none",
+    is_cap: IsCap = 2.0,
+    is_bounds: IsBounds = (0.5, 2.0),
 ) -> PolicyGradient:
     """Proximal Policy Optimization with a critic (arXiv 1707.06347, 1506.02438).
 

@@ -29,7 +29,8 @@ import numpy as np
 from rlax.core import hookimpl
 from rlax.plugins.algorithms.advantages import group_centered, raw_returns
 from rlax.plugins.algorithms.aggregation import Aggregation
-from rlax.plugins.algorithms.objectives import ClippedSurrogate
+from rlax.plugins.algorithms.alignment import AlignmentMode, IsBounds, IsCap
+from rlax.plugins.algorithms.objectives import ClipEps, ClippedSurrogate, KlBeta
 from rlax.plugins.algorithms.policy_gradient import PolicyGradient, alignment_of, settings_of
 from rlax.plugins.algorithms.returns import Returns
 
@@ -37,11 +38,11 @@ from rlax.plugins.algorithms.returns import Returns
 def _build(
     name: str,
     estimator: Callable[[np.ndarray], np.ndarray],
-    clip_eps: float,
-    kl_beta: float,
-    alignment: str,
-    is_cap: float,
-    is_bounds: tuple[float, float],
+    clip_eps: ClipEps,
+    kl_beta: KlBeta,
+    alignment: AlignmentMode,
+    is_cap: IsCap,
+    is_bounds: IsBounds,
 ) -> PolicyGradient:
     with settings_of(name):
         return PolicyGradient(
@@ -56,11 +57,11 @@ def _build(
 
 def reinforcepp(
     *,
-    clip_eps: float = 0.2,
-    kl_beta: float = 0.0,
-    alignment: str = "none",
-    is_cap: float = 2.0,
-    is_bounds: tuple[float, float] = (0.5, 2.0),
+    clip_eps: ClipEps = 0.2,
+    kl_beta: KlBeta = 0.0,
+    alignment: AlignmentMode = "none",
+    is_cap: IsCap = 2.0,
+    is_bounds: IsBounds = (0.5, 2.0),
 ) -> PolicyGradient:
     """REINFORCE++ (arXiv 2501.03262): raw rewards, KL-shaped returns, global whitening.
 
@@ -77,11 +78,11 @@ def reinforcepp(
 
 def reinforcepp_baseline(
     *,
-    clip_eps: float = 0.2,
-    kl_beta: float = 0.0,
-    alignment: str = "none",
-    is_cap: float = 2.0,
-    is_bounds: tuple[float, float] = (0.5, 2.0),
+    clip_eps: ClipEps = 0.2,
+    kl_beta: KlBeta = 0.0,
+    alignment: AlignmentMode = "none",
+    is_cap: IsCap = 2.0,
+    is_bounds: IsBounds = (0.5, 2.0),
 ) -> PolicyGradient:
     """REINFORCE++-baseline: group-mean baseline, then REINFORCE++'s global whitening.
 

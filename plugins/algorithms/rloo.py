@@ -20,21 +20,29 @@ https://arxiv.org/abs/2402.14740 (section 3.3, eq. 6).
 from __future__ import annotations
 
 from rlax.core import hookimpl
+from rlax.core.constraints import checked_by
 from rlax.plugins.algorithms.advantages import leave_one_out
-from rlax.plugins.algorithms.aggregation import Aggregation
-from rlax.plugins.algorithms.objectives import ClippedSurrogate
+from rlax.plugins.algorithms.aggregation import Aggregation, AggregationMode, MaxLen
+from rlax.plugins.algorithms.alignment import AlignmentMode, IsBounds, IsCap
+from rlax.plugins.algorithms.objectives import (
+    ClipEps,
+    ClippedSurrogate,
+    DualClip,
+    dual_clip_above_clip,
+)
 from rlax.plugins.algorithms.policy_gradient import PolicyGradient, alignment_of, settings_of
 
 
+@checked_by(dual_clip_above_clip)
 def rloo(
     *,
-    clip_eps: float = 0.2,
-    aggregation: str = "seq-mean-token-sum",
-    max_len: int | None = None,
-    dual_clip: float | None = None,
-    alignment: str = "none",
-    is_cap: float = 2.0,
-    is_bounds: tuple[float, float] = (0.5, 2.0),
+    clip_eps: ClipEps = 0.2,
+    aggregation: AggregationMode = "seq-mean-token-sum",
+    max_len: MaxLen = None,
+    dual_clip: DualClip = None,
+    alignment: AlignmentMode = "none",
+    is_cap: IsCap = 2.0,
+    is_bounds: IsBounds = (0.5, 2.0),
 ) -> PolicyGradient:
     """REINFORCE Leave-One-Out (arXiv 2402.14740).
 

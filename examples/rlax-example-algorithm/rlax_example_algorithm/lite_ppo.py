@@ -24,8 +24,10 @@ def group_mean_batch_std(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     return (centred / (rewards.std() + eps)).astype(np.float32)
 
 
-def lite_ppo(*, clip_eps: float = 0.2, alignment: str = "none") -> algos.PolicyGradient:
-    """Lite PPO; ``alignment`` is ``none``, ``tis`` or ``mask`` as for the built-ins."""
+def lite_ppo(
+    *, clip_eps: algos.ClipEps = 0.2, alignment: algos.AlignmentMode = "none"
+) -> algos.PolicyGradient:
+    """Lite PPO; ``alignment`` as for the built-ins (the types carry the valid values)."""
     return algos.PolicyGradient(
         name="lite_ppo",
         estimator=group_mean_batch_std,

@@ -6,9 +6,10 @@ entry point ``shouting`` in this package's ``pyproject.toml`` points here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast, check_arguments
 
 if TYPE_CHECKING:
     from rlax.core.types import Prompt
@@ -25,9 +26,10 @@ class ShoutingReward:
       min_length: the fewest letters a completion needs to score above 0.
     """
 
-    def __init__(self, *, min_length: int = 1) -> None:
-        if min_length < 0:
-            raise ValueError(f"min_length must be >= 0, got {min_length}")
+    def __init__(self, *, min_length: Annotated[int, AtLeast(0)] = 1) -> None:
+        # rlax checks the annotation on the bound value before any role starts;
+        # check_arguments holds code that builds the reward without gin to it too.
+        check_arguments(ShoutingReward.__init__, locals(), owner="rewards.shouting")
         self.min_length = min_length
 
     def score(self, prompt: Prompt, completion_text: str) -> float:
