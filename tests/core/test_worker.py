@@ -9,6 +9,7 @@ from flax import nnx
 
 from rlax.core.models.bundle import load_model
 from rlax.core.runtime.preemption import Preemption
+from rlax.core.types import Group
 from rlax.core.wire import WirePlan
 from rlax.core.worker.role import Worker, _serve
 from rlax.plugins.curation.zero_variance import ZeroVarianceFilter
@@ -64,7 +65,7 @@ def test_one_round_submits_every_leased_prompt_tagged_with_its_version(ps, bundl
     assert (q.leased, q.queued) == (0, 3)
     _, entries, _ = ps.client.take(3, current_version=0, max_staleness=0, wait_s=0)
     assert len(entries) == 3
-    kept = [e for e in entries if not isinstance(e, np.ndarray)]
+    kept = [e for e in entries if isinstance(e, Group)]
     assert q.filtered == 3 - len(kept)
     for group in kept:
         assert all(c.policy_version == 0 for c in group.completions)
