@@ -48,13 +48,14 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import functools
 import math
 import os
 import re
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from rlax.core.errors import BadSetting
 
@@ -71,7 +72,9 @@ __all__ = [
     "check_arguments",
     "check_fields",
     "checked_by",
+    "constrained",
     "constraints_of",
+    "ordered",
     "refusal",
 ]
 
@@ -294,3 +297,50 @@ def checked_by(validator: Callable[..., None]) -> Callable[[T], T]:
         return target
 
     return attach
+
+
+def ordered(low: str, high: str, *, zero_is_unbounded: bool = False) -> Callable[..., None]:
+    """A rule between two settings: ``low <= high`` (``checked_by(ordered("min_rate", "max_rate"))``).
+
+    ``zero_is_unbounded``: ``high = 0`` means no upper end, and always passes. A
+    setting that is not given (no default, not bound) is not compared.
+    """
+
+    def check(**settings: Any) -> None:
+        a: Any = settings.get(low)
+        b: Any = settings.get(high)
+        if not (_is_number(a) and _is_number(b)) or (zero_is_unbounded and b == 0):
+            return
+        if a > b:
+            unbounded = " or 0 (no limit)" if zero_is_unbounded else ""
+            raise BadSetting(high, f"must be >= {low} ({a!r}){unbounded}, got {b!r}")
+
+    check.__doc__ = f"BadSetting unless {low} <= {high}."
+    return check
+
+
+def constrained(
+    fn: Callable[..., Any], check: Callable[..., None] | None = None, **marks: Constraint
+) -> Callable[..., Any]:
+    """``fn`` (a library's function, registered as a gin configurable) with constraints added.
+
+    The parameters, defaults and behaviour stay ``fn``'s; ``marks`` add a
+    constraint to a parameter's annotation and ``check`` is a rule between
+    settings (:func:`checked_by`)::
+
+        register_configurables("optax", {"adam": constrained(optax.adam, learning_rate=Positive)})
+    """
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except (NameError, TypeError):  # an annotation that cannot be resolved: marks alone
+        hints = {}
+    call.__annotations__ = {
+        **hints,
+        **{name: Annotated[hints.get(name, Any), mark] for name, mark in marks.items()},
+    }
+    return checked_by(check)(call) if check is not None else call

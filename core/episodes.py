@@ -18,10 +18,11 @@ model's (1) and which the environment's (0).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import numpy as np
 
+from rlax.core.constraints import AtLeast, Positive
 from rlax.core.types import Prompt, RewardResult
 
 __all__ = ["Environment", "Episode", "EpisodeLimits", "Observation", "ToolCall", "ToolParser"]
@@ -56,6 +57,12 @@ class ToolCall:
     arguments: dict[str, Any]
 
 
+# An environment's limits as its gin parameters declare them (rlax.core.constraints).
+MaxTurns = Annotated[int, AtLeast(1)]
+MaxTurnTokens = Annotated[int, AtLeast(0, means="0: the sampler's max_new_tokens")]
+MaxEpisodeTokens = Annotated[int, AtLeast(1)]
+
+
 @dataclasses.dataclass(frozen=True)
 class EpisodeLimits:
     """How long an episode may run; an environment's gin parameters set them.
@@ -69,10 +76,10 @@ class EpisodeLimits:
       tool_timeout_s: wall-clock seconds one tool call may take.
     """
 
-    max_turns: int = 4
-    max_turn_tokens: int = 0
-    max_episode_tokens: int = 256
-    tool_timeout_s: float = 5.0
+    max_turns: MaxTurns = 4
+    max_turn_tokens: MaxTurnTokens = 0
+    max_episode_tokens: MaxEpisodeTokens = 256
+    tool_timeout_s: Annotated[float, Positive] = 5.0
 
     def __post_init__(self) -> None:
         if self.max_turns < 1 or self.max_turn_tokens < 0 or self.max_episode_tokens < 1:

@@ -25,12 +25,20 @@ from typing import Annotated, Any
 
 import numpy as np
 
+from rlax.core.constraints import AtLeast
+
 PATH_MARK = "rlax:path"
 #: A string parameter that names a file, a directory or a model reference. A
 #: relative path written in a gin file is read relative to that file's folder
 #: (``rlax.core.config.bindings.resolve_paths``); ``pypi:...`` and other
 #: ``scheme:`` references are left as they are.
 ConfigPath = Annotated[str, PATH_MARK]
+
+# The settings the roles of a run share (rlax.core.config.SHARED_SETTINGS), declared once.
+PromptsPerStep = Annotated[int, AtLeast(1)]
+GroupSize = Annotated[int, AtLeast(1)]
+#: How many weight versions behind a group may be (0: the newest only).
+Staleness = Annotated[int, AtLeast(0, means="0: the newest weights only")]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -205,7 +205,7 @@ CASES = {
             "param_server",
             "--gin.rlax.param_server.saved_weights=-1",
         ],
-        "rlax.param_server.saved_weights must be >= 0 (0: save none), got -1",
+        "rlax.param_server.saved_weights: must be >= 0 (0: save none), got -1",
     ),
     "--resume with no run of that name": (
         ["run", "--gin", "quickstart", "--resume"],
@@ -222,8 +222,8 @@ CASES = {
     "a negative evaluation period": (
         ["run", "--gin", "quickstart", "--gin.rlax.watch.eval_every=-1"],
         (
-            "--gin.rlax.watch.eval_every=-1: rlax.watch.eval_every: a number of steps, >= 0 "
-            "(0: never), got -1"
+            "--gin.rlax.watch.eval_every=-1: rlax.watch.eval_every: must be >= 0 (0: never), "
+            "got -1"
         ),
     ),
     "no group to trace": (
@@ -265,6 +265,48 @@ CASES = {
             *FAST,
         ],
         "loggers.wandb.mode: one of online, offline, disabled, got 'later'",
+    ),
+    # The table of issue 36: plausible mistakes, each refused before any role starts.
+    "a temperature of 0 for greedy": (
+        ["run", "--gin", "quickstart", "--gin.samplers.jax.temperature=0.0"],
+        (
+            "--gin.samplers.jax.temperature=0.0: samplers.jax.temperature: must be > 0 "
+            "(for greedy decoding set method='greedy'), got 0.0"
+        ),
+    ),
+    "a top_p above 1": (
+        ["run", "--gin", "quickstart", "--gin.samplers.jax.top_p=1.5"],
+        "--gin.samplers.jax.top_p=1.5: samplers.jax.top_p: must be in (0, 1] (1: off), got 1.5",
+    ),
+    "no new tokens": (
+        ["run", "--gin", "quickstart", "--gin.samplers.jax.max_new_tokens=0"],
+        "--gin.samplers.jax.max_new_tokens=0: samplers.jax.max_new_tokens: must be >= 1, got 0",
+    ),
+    "no prompts per step": (
+        ["run", "--gin", "quickstart", "--gin.PROMPTS_PER_STEP=0"],
+        "(via %PROMPTS_PER_STEP): must be >= 1, got 0",
+    ),
+    "a negative group size": (
+        ["run", "--gin", "quickstart", "--gin.GROUP_SIZE=-4"],
+        "(via %GROUP_SIZE): must be >= 1, got -4",
+    ),
+    "a negative learning rate": (
+        ["run", "--gin", "quickstart", "--gin.LEARNING_RATE=-0.001"],
+        (
+            "--gin.LEARNING_RATE=-0.001: optax.linear_schedule.end_value (via %LEARNING_RATE): "
+            "must be >= 0 (a learning rate; below 0 the loss would go up), got -0.001"
+        ),
+    ),
+    "no workers": (
+        ["run", "--gin", "quickstart", "--gin.rlax.local_cluster.num_workers=0"],
+        (
+            "--gin.rlax.local_cluster.num_workers=0: rlax.local_cluster.num_workers: "
+            "must be >= 1, got 0"
+        ),
+    ),
+    "an infinite temperature": (
+        ["run", "--gin", "quickstart", "--gin.samplers.jax.temperature=1e999"],
+        "samplers.jax.temperature: must be a finite number, got inf",
     ),
     "eval --out into a missing folder": (
         [

@@ -41,29 +41,17 @@ __all__ = [
     "register_core_configurables",
 ]
 
-_OPTAX_NAMES = (
-    "adam",
-    "adamw",
-    "sgd",
-    "constant_schedule",
-    "linear_schedule",
-    "warmup_cosine_decay_schedule",
-)
-
-
 # -------------------------------------------------------------------------
 # Registering configurables
 # -------------------------------------------------------------------------
 
 
 def register_core_configurables() -> None:
-    """Registers optax optimisers/schedules (``optax.*``), ``rlax.train``/``rlax.evaluate``
-    and ``rlax.clipped_optimizer``.
+    """Registers optax optimisers/schedules (``optax.*``, with their constraints),
+    ``rlax.train``/``rlax.evaluate`` and ``rlax.clipped_optimizer``.
 
     Idempotent. Imports optax and the role modules only when called.
     """
-    import optax
-
     from rlax.core.evaluation import evaluate as evaluation
     from rlax.core.launch import local_cluster
     from rlax.core.models import lora
@@ -77,7 +65,7 @@ def register_core_configurables() -> None:
     from rlax.core.trainer import step as trainer_step
     from rlax.core.worker import role as worker_role
 
-    register_configurables("optax", {name: getattr(optax, name) for name in _OPTAX_NAMES})
+    register_configurables("optax", optim.optax_configurables())
     register_configurables(
         "preemption",
         {
@@ -212,23 +200,14 @@ SETTINGS_TAKEN_BY: dict[str, str] = {
 
 
 def _validators() -> dict[str, Callable[..., None]]:
-    """Checks of a configurable's settings taken together, run on the bound literals."""
+    """Checks of a configurable's settings taken together, run on the bound literals
+    (one setting alone is held to its annotation: :mod:`rlax.core.constraints`)."""
     from rlax.core.evaluation.evaluate import HeldOutSettings, check_eval_settings
-    from rlax.core.trainer.checkpoint import CheckpointSettings
-    from rlax.core.trainer.observe import check_observe_settings
 
     def held_out(*, samples: int = 8, ks: Any = (1, 8), **_: Any) -> None:
         HeldOutSettings(samples=samples, ks=ks)  # its own check
 
-    def checkpointing(*, every: int = 100, keep: int = 3, **_: Any) -> None:
-        CheckpointSettings(every=every, keep=keep)
-
-    return {
-        "rlax.held_out": held_out,
-        "rlax.evaluate": check_eval_settings,
-        "rlax.checkpointing": checkpointing,
-        "rlax.watch": check_observe_settings,
-    }
+    return {"rlax.held_out": held_out, "rlax.evaluate": check_eval_settings}
 
 
 _INCLUDING_DIRS: list[str] = []  # directory of each gin file being parsed, innermost last

@@ -7,11 +7,12 @@ import dataclasses
 import json
 import pathlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from tqdm import tqdm
 
+from rlax.core.constraints import AtLeast
 from rlax.core.contracts import Reward, Sampler, Task
 from rlax.core.errors import BadSetting, ConfigError
 from rlax.core.evaluation.metrics import mean_pass_at_k
@@ -33,6 +34,10 @@ def load_policy(path: str | pathlib.Path, setting: str) -> ModelBundle:
         return load_model(path)
     except (FileNotFoundError, ValueError) as err:
         raise ConfigError(f"{setting}: {err}") from err
+
+
+Samples = Annotated[int, AtLeast(1)]  # samples per problem
+K = Annotated[int, AtLeast(1)]  # the k of a pass@k
 
 
 def check_eval_settings(*, eval_samples: int = 8, eval_ks: Sequence[int] = (1, 8), **_) -> None:
@@ -64,8 +69,8 @@ class HeldOutSettings:
     which ``rlax eval`` reads too.)
     """
 
-    samples: int = 8
-    ks: Sequence[int] = (1, 8)
+    samples: Samples = 8
+    ks: Sequence[K] = (1, 8)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ks", tuple(self.ks))
@@ -118,8 +123,8 @@ def evaluate(
     reward: Reward,
     sampler: Sampler,
     seed: int = 0,
-    eval_samples: int = 8,
-    eval_ks: Sequence[int] = (1, 8),
+    eval_samples: Samples = 8,
+    eval_ks: Sequence[K] = (1, 8),
     progress: bool = True,
 ) -> int:
     """Prints the held-out pass@k table of the model in ``checkpoint``; returns 0.

@@ -27,13 +27,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-from typing import Any
+from typing import Annotated, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rlax.core.constraints import AtLeast, OneOf, Positive, Range
 from rlax.core.errors import ConfigError
 
 __all__ = [
@@ -80,10 +81,10 @@ class LoraConfig:
     """
 
     targets: tuple[str, ...] = DEFAULT_TARGETS
-    rank: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.0
-    base_dtype: str = "float32"
+    rank: Annotated[int, AtLeast(1)] = 8
+    alpha: Annotated[float, Positive] = 16.0
+    dropout: Annotated[float, Range(ge=0, lt=1)] = 0.0
+    base_dtype: Annotated[str, OneOf(*BASE_DTYPES)] = "float32"
     seed: int = 0
 
     def __post_init__(self) -> None:

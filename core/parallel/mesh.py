@@ -27,12 +27,14 @@ import dataclasses
 import math
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from rlax.core.constraints import AtLeast, checked_by
+from rlax.core.errors import BadSetting
 from rlax.core.wire import leaf_name
 
 AXES = ("data", "fsdp", "tensor")
@@ -58,6 +60,21 @@ DEFAULT_RULES: tuple[Rule, ...] = (
 )
 
 
+# An axis's size: >= 1, or -1 for every device the other axes leave.
+MeshAxis = Annotated[int, AtLeast(-1, means="-1: the devices left; 0 is no size")]
+
+
+def _one_axis_left(*, data: int = 1, fsdp: int = -1, tensor: int = 1, **_: Any) -> None:
+    """BadSetting for a size of 0 or for more than one axis of -1."""
+    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    if zero := next((name for name, size in sizes.items() if size == 0), None):
+        raise BadSetting(zero, "must be >= 1, or -1 (the devices left), got 0")
+    if sum(size == -1 for size in sizes.values()) > 1:
+        second = [name for name, size in sizes.items() if size == -1][1]
+        raise BadSetting(second, "at most one axis may be -1 (the devices left), got two")
+
+
+@checked_by(_one_axis_left)
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
     """Sizes of the mesh axes; at most one may be -1 (all the devices left).
@@ -69,9 +86,9 @@ class MeshConfig:
         rlax.mesh.tensor = 2
     """
 
-    data: int = 1
-    fsdp: int = -1
-    tensor: int = 1
+    data: MeshAxis = 1
+    fsdp: MeshAxis = -1
+    tensor: MeshAxis = 1
 
     def __post_init__(self) -> None:
         sizes = dataclasses.astuple(self)

@@ -33,12 +33,13 @@ import dataclasses
 import os
 import pickle
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
+from rlax.core.constraints import AtLeast
 from rlax.core.parallel.mesh import batch_spec
 
 ENV = {
@@ -65,9 +66,9 @@ class DistributedSettings:
     """
 
     coordinator: str | None = None
-    num_processes: int | None = None
-    process_id: int | None = None
-    initialization_timeout_s: int = 300
+    num_processes: Annotated[int, AtLeast(1)] | None = None
+    process_id: Annotated[int, AtLeast(0)] | None = None
+    initialization_timeout_s: Annotated[int, AtLeast(1)] = 300
 
     def resolved(self, env: Mapping[str, str] | None = None) -> DistributedSettings:
         env = os.environ if env is None else env

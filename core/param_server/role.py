@@ -12,8 +12,9 @@ import logging
 import pathlib
 import socket
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Annotated, Any
 
+from rlax.core.constraints import AtLeast, Positive
 from rlax.core.contracts import Curriculum, Task
 from rlax.core.errors import ConfigError
 from rlax.core.models.tokenizer import load_tokenizer
@@ -25,7 +26,7 @@ from rlax.core.param_server.weights.persist import WeightPersister
 from rlax.core.rollout.groups import task_prompts
 from rlax.core.runtime.preemption import Preemption
 from rlax.core.runtime.run_dir import RunDir
-from rlax.core.types import ConfigPath, Prompt
+from rlax.core.types import ConfigPath, Prompt, PromptsPerStep, Staleness
 
 SPOOL = ".spool"  # in RUN/param_server/weights: the files pushes are received into
 
@@ -38,15 +39,15 @@ def param_server(
     task: Task,
     init_checkpoint: ConfigPath,
     settings: ServerSettings,
-    prompts_per_step: int,
-    max_staleness: int = 0,
-    reload_staleness: int = 0,
-    capacity: int | None = None,
-    lease_ttl_s: float = 120.0,
+    prompts_per_step: PromptsPerStep,
+    max_staleness: Staleness = 0,
+    reload_staleness: Staleness = 0,
+    capacity: Annotated[int, AtLeast(1)] | None = None,
+    lease_ttl_s: Annotated[float, Positive] = 120.0,
     curricula: Sequence[Curriculum] = (),
     seed: int = 0,
     state_dir: str | None = None,
-    saved_weights: int = 1,
+    saved_weights: Annotated[int, AtLeast(0, means="0: save none")] = 1,
     run_dir: RunDir | pathlib.Path | None = None,
     preemption_notices: Sequence[Any] | None = None,
 ) -> int:

@@ -15,9 +15,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+from typing import Annotated
 
 import grpc
 
+from rlax.core.constraints import AtLeast, OneOf
 from rlax.core.types import ConfigPath
 
 ADDRESS_ENV = "RLAX_PS_ADDRESS"
@@ -68,13 +70,13 @@ class ServerSettings:
     tls_cert: ConfigPath | None = None
     tls_key: ConfigPath | None = None
     tls_server_name: str | None = None
-    chunk_mb: int = 4
-    max_message_mb: int = 64
-    max_version_mb: int = 16_384
-    wire_dtype: str = "float32"
+    chunk_mb: Annotated[int, AtLeast(1)] = 4
+    max_message_mb: Annotated[int, AtLeast(1)] = 64
+    max_version_mb: Annotated[int, AtLeast(1)] = 16_384
+    wire_dtype: Annotated[str, OneOf("float32", "bfloat16")] = "float32"
     weight_lanes: tuple[str, ...] = ("split", "relay", "bulk", "grpc")
-    relay_fanout: int = 0
-    relay_direct: int = 1
+    relay_fanout: Annotated[int, AtLeast(0, means="0: no relays")] = 0
+    relay_direct: Annotated[int, AtLeast(1)] = 1
     relay_host: str = "127.0.0.1"
     weight_shards: tuple[str, ...] = ()
 

@@ -37,8 +37,9 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, Self
+from typing import Annotated, Any, Protocol, Self
 
+from rlax.core.constraints import Positive
 from rlax.core.errors import Preempted, RunFinished
 
 __all__ = [
@@ -134,7 +135,7 @@ class FileNotice(_Poller):
       poll_s: seconds between checks.
     """
 
-    def __init__(self, *, path: str, poll_s: float = 1.0):
+    def __init__(self, *, path: str, poll_s: Annotated[float, Positive] = 1.0):
         super().__init__(poll_s)
         self.path = pathlib.Path(path)
 
@@ -153,7 +154,11 @@ class GceMetadataNotice(_Poller):
     """
 
     def __init__(
-        self, *, url: str = GCE_PREEMPTED_URL, poll_s: float = 5.0, timeout_s: float = 2.0
+        self,
+        *,
+        url: str = GCE_PREEMPTED_URL,
+        poll_s: Annotated[float, Positive] = 5.0,
+        timeout_s: Annotated[float, Positive] = 2.0,
     ):
         super().__init__(poll_s)
         self.url, self.timeout_s = url, timeout_s

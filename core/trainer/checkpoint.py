@@ -45,13 +45,13 @@ import time
 import warnings
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from rlax.core.errors import BadSetting
+from rlax.core.constraints import AtLeast, check_fields
 from rlax.core.parallel import multihost
 from rlax.core.wire import leaf_name
 
@@ -71,14 +71,11 @@ class CheckpointSettings:
     A crash redoes at most ``every`` steps; a preemption notice redoes none.
     """
 
-    every: int = 100
-    keep: int = 3
+    every: Annotated[int, AtLeast(0, means="0: never")] = 100
+    keep: Annotated[int, AtLeast(1)] = 3
 
     def __post_init__(self) -> None:
-        if self.every < 0:
-            raise BadSetting("every", f"a number of steps, >= 0 (0: never), got {self.every}")
-        if self.keep < 1:
-            raise BadSetting("keep", f"must be >= 1, got {self.keep}")
+        check_fields(self)
 
 
 class CorruptCheckpointWarning(UserWarning):

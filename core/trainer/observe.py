@@ -23,10 +23,10 @@ import dataclasses
 import logging
 import pathlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Annotated, Any
 
+from rlax.core.constraints import AtLeast, check_fields
 from rlax.core.contracts import Logger, Reward
-from rlax.core.errors import BadSetting
 from rlax.core.evaluation import traces
 from rlax.core.evaluation.plot import HELDOUT, plot_curves
 from rlax.core.runtime.run_dir import RunDir
@@ -35,19 +35,8 @@ from rlax.core.types import Group
 _log = logging.getLogger("rlax.trainer")
 
 
-def check_observe_settings(
-    *, eval_every: int = 0, trace_every: int = 10, trace_groups: int = 2, plot_every: int = 50, **_
-) -> None:
-    """BadSetting for a period below 0 (0 turns the thing off) or fewer than one traced group."""
-    for name, every in (
-        ("eval_every", eval_every),
-        ("trace_every", trace_every),
-        ("plot_every", plot_every),
-    ):
-        if every < 0:
-            raise BadSetting(name, f"a number of steps, >= 0 (0: never), got {every}")
-    if trace_groups < 1:
-        raise BadSetting("trace_groups", f"must be >= 1, got {trace_groups}")
+# A period in steps (0 turns the thing off).
+Every = Annotated[int, AtLeast(0, means="0: never")]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,15 +52,15 @@ class WatchSettings:
     """
 
     loggers: Sequence[Logger] = ()
-    eval_every: int = 0
-    trace_every: int = 10
-    trace_groups: int = 2
-    plot_every: int = 50
+    eval_every: Every = 0
+    trace_every: Every = 10
+    trace_groups: Annotated[int, AtLeast(1)] = 2
+    plot_every: Every = 50
     curves: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "loggers", tuple(self.loggers))
-        check_observe_settings(**self.schedule())
+        check_fields(self)
 
     def schedule(self) -> dict[str, Any]:
         """Every setting but the loggers, as :class:`Observer` takes them."""

@@ -82,11 +82,12 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import jax
 import optax
 
+from rlax.core.constraints import AtLeast
 from rlax.core.contracts import (
     Algorithm,
     OnlineFilter,
@@ -123,7 +124,7 @@ from rlax.core.trainer.observe import Observer, WatchSettings
 from rlax.core.trainer.sources import InlineRollouts, RemoteRollouts
 from rlax.core.trainer.step import Trainer, TrainerSettings
 from rlax.core.trainer.teacher import Teacher, check_teacher
-from rlax.core.types import ConfigPath
+from rlax.core.types import ConfigPath, GroupSize, PromptsPerStep, Staleness
 from rlax.core.wire import WirePlan
 
 
@@ -326,10 +327,10 @@ def train(
     init_checkpoint: ConfigPath,
     settings: ServerSettings | None = None,
     curation: Sequence[OnlineFilter] = (),
-    steps: int = 100,
-    prompts_per_step: int = 16,
-    group_size: int = 8,
-    max_staleness: int = 0,
+    steps: Annotated[int, AtLeast(1)] = 100,
+    prompts_per_step: PromptsPerStep = 16,
+    group_size: GroupSize = 8,
+    max_staleness: Staleness = 0,
     seed: int = 0,
     run_root: str = "runs",
     run_name: str = "run",

@@ -4,9 +4,11 @@ placements, and how many updates each rollout batch gives (epochs x minibatches)
 from __future__ import annotations
 
 import dataclasses
+from typing import Annotated
 
 import jax.numpy as jnp
 
+from rlax.core.constraints import AtLeast, OneOf
 from rlax.core.models.logprobs import DEFAULT_CHUNK_TOKENS
 from rlax.core.trainer.microbatch import REMAT_POLICIES
 
@@ -49,15 +51,15 @@ class TrainerSettings:
         never exist; smaller saves memory, larger saves loop steps.
     """
 
-    microbatches: int = 1
-    remat: str = "none"
-    compute_dtype: str = "float32"
-    reference_placement: str = "sharded"
-    critic_placement: str = "sharded"
+    microbatches: Annotated[int, AtLeast(1)] = 1
+    remat: Annotated[str, OneOf(*REMAT_POLICIES)] = "none"
+    compute_dtype: Annotated[str, OneOf(*COMPUTE_DTYPES)] = "float32"
+    reference_placement: Annotated[str, OneOf(*PLACEMENTS)] = "sharded"
+    critic_placement: Annotated[str, OneOf(*PLACEMENTS)] = "sharded"
     post_update_kl: bool = True
-    epochs: int = 1
-    minibatches: int = 1
-    logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    epochs: Annotated[int, AtLeast(1)] = 1
+    minibatches: Annotated[int, AtLeast(1)] = 1
+    logprob_chunk_tokens: Annotated[int, AtLeast(1)] = DEFAULT_CHUNK_TOKENS
 
     def __post_init__(self) -> None:
         for field in ("microbatches", "epochs", "minibatches", "logprob_chunk_tokens"):

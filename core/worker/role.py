@@ -29,10 +29,11 @@ import os
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import grpc
 
+from rlax.core.constraints import AtLeast, Positive
 from rlax.core.contracts import OnlineFilter, Resumable, Reward, Sampler
 from rlax.core.errors import ConfigError
 from rlax.core.models.bundle import load_model
@@ -48,7 +49,7 @@ from rlax.core.rollout.groups import (
 )
 from rlax.core.rollout.reward_pool import RewardPool
 from rlax.core.runtime.preemption import Preemption
-from rlax.core.types import ConfigPath, Group, PartialGroup
+from rlax.core.types import ConfigPath, Group, GroupSize, PartialGroup, Staleness
 from rlax.core.wire import WirePlan
 
 log = logging.getLogger("rlax.worker")
@@ -263,15 +264,15 @@ def worker(
     init_checkpoint: ConfigPath,
     settings: ServerSettings,
     curation: Sequence[OnlineFilter] = (),
-    group_size: int = 8,
-    prompts_per_lease: int = 16,
-    reload_staleness: int = 0,
-    reward_workers: int = 1,
-    reward_timeout_s: float = 10.0,
+    group_size: GroupSize = 8,
+    prompts_per_lease: Annotated[int, AtLeast(1)] = 16,
+    reload_staleness: Staleness = 0,
+    reward_workers: Annotated[int, AtLeast(0, means="0: in this process")] = 1,
+    reward_timeout_s: Annotated[float, Positive] = 10.0,
     seed: int = 0,
     deterministic: bool = False,
     reload_in_flight: bool = False,
-    refresh_interval_s: float = 0.5,
+    refresh_interval_s: Annotated[float, Positive] = 0.5,
     preemption_notices: Sequence[Any] | None = None,
 ) -> int:
     """Runs the worker role until a preemption notice (SIGTERM/SIGINT by default).

@@ -11,8 +11,10 @@ they appear verbatim.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated
 
 from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast
 from rlax.core.types import ConfigPath, Prompt
 from rlax.plugins.curation.dedup import shingles
 from rlax.plugins.curation.offline import Curated, normalized_words
@@ -37,8 +39,8 @@ class Decontaminate:
         eval_files: Sequence[ConfigPath] = (),
         eval_fields: Sequence[str] = ("question",),
         eval_texts: Sequence[str] = (),
-        ngram: int = 8,
-        min_overlap: int = 1,
+        ngram: Annotated[int, AtLeast(1)] = 8,
+        min_overlap: Annotated[int, AtLeast(1)] = 1,
     ) -> None:
         if ngram < 1 or min_overlap < 1:
             raise ValueError("curation.decontaminate: ngram and min_overlap must be >= 1")

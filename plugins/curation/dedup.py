@@ -14,10 +14,12 @@ from __future__ import annotations
 import collections
 import hashlib
 from collections.abc import Sequence
+from typing import Annotated
 
 import numpy as np
 
 from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast, Range
 from rlax.core.types import Prompt
 from rlax.plugins.curation.offline import Curated, normalized_words
 
@@ -58,10 +60,10 @@ class Dedup:
     def __init__(
         self,
         *,
-        threshold: float = 0.8,
-        ngram: int = 3,
-        bands: int = 16,
-        rows: int = 4,
+        threshold: Annotated[float, Range(gt=0, le=1)] = 0.8,
+        ngram: Annotated[int, AtLeast(1)] = 3,
+        bands: Annotated[int, AtLeast(1)] = 16,
+        rows: Annotated[int, AtLeast(1)] = 4,
         seed: int = 0,
     ) -> None:
         if not 0 < threshold <= 1:

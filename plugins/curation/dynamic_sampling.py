@@ -26,10 +26,12 @@ section 3.2, "Dynamic Sampling").
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated
 
 import numpy as np
 
 from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast, NonNegative
 from rlax.core.types import Group
 
 
@@ -42,7 +44,12 @@ class DynamicSampling:
       tolerance: a group is kept if max(reward) - min(reward) exceeds it.
     """
 
-    def __init__(self, *, extra_rounds: int = 3, tolerance: float = 0.0):
+    def __init__(
+        self,
+        *,
+        extra_rounds: Annotated[int, AtLeast(0)] = 3,
+        tolerance: Annotated[float, NonNegative] = 0.0,
+    ):
         if extra_rounds < 0 or tolerance < 0:
             raise ValueError(
                 "dynamic_sampling: need extra_rounds >= 0 and tolerance >= 0, "

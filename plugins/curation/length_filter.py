@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated
 
 from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast, OneOf, checked_by, ordered
 from rlax.core.types import Prompt
 from rlax.plugins.curation.offline import Curated
 
 __all__ = ["LengthFilter"]
 
 
+@checked_by(ordered("min_length", "max_length", zero_is_unbounded=True))
 class LengthFilter:
     """Drops prompts shorter than ``min_length`` or longer than ``max_length``.
 
@@ -20,7 +23,13 @@ class LengthFilter:
       unit: ``"chars"``, ``"words"`` or ``"tokens"`` (the prompt's token ids).
     """
 
-    def __init__(self, *, min_length: int = 0, max_length: int = 0, unit: str = "chars") -> None:
+    def __init__(
+        self,
+        *,
+        min_length: Annotated[int, AtLeast(0)] = 0,
+        max_length: Annotated[int, AtLeast(0, means="0: no limit")] = 0,
+        unit: Annotated[str, OneOf("chars", "words", "tokens")] = "chars",
+    ) -> None:
         if unit not in ("chars", "words", "tokens"):
             raise ValueError(f"curation.length: unit must be chars, words or tokens, got {unit!r}")
         if min_length < 0 or max_length < 0 or (max_length and max_length < min_length):

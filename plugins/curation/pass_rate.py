@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
 from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast, Probability, Range, checked_by, ordered
 from rlax.core.types import Group, Prompt
 from rlax.plugins.curation.offline import Curated
 
 __all__ = ["PassRateCurriculum", "PassRateFilter"]
 
 
+@checked_by(ordered("min_rate", "max_rate"))
 class PassRateFilter:
     """Keeps prompts whose pass rate under the policy lies in ``[min_rate, max_rate]``.
 
@@ -52,12 +54,12 @@ class PassRateFilter:
         reward: Any,
         policy: Any,
         checkpoint: str = "",
-        samples: int = 8,
-        min_rate: float = 0.05,
-        max_rate: float = 0.95,
+        samples: Annotated[int, AtLeast(1)] = 8,
+        min_rate: Annotated[float, Probability] = 0.05,
+        max_rate: Annotated[float, Probability] = 0.95,
         pass_threshold: float = 1.0,
-        batch_prompts: int = 32,
-        reward_workers: int = 0,
+        batch_prompts: Annotated[int, AtLeast(1)] = 32,
+        reward_workers: Annotated[int, AtLeast(0, means="0: in this process")] = 0,
         seed: int = 0,
     ) -> None:
         if samples < 1:
@@ -133,7 +135,11 @@ class PassRateCurriculum:
     """
 
     def __init__(
-        self, *, window: int = 3, solved_rate: float = 1.0, pass_threshold: float = 1.0
+        self,
+        *,
+        window: Annotated[int, AtLeast(1)] = 3,
+        solved_rate: Annotated[float, Range(gt=0, le=1)] = 1.0,
+        pass_threshold: float = 1.0,
     ) -> None:
         if window < 1:
             raise ValueError(f"curation.pass_rate_curriculum: window must be >= 1, got {window}")

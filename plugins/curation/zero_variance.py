@@ -8,17 +8,19 @@ algorithm suite's job, this filter is the reusable half).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated
 
 import numpy as np
 
 from rlax.core import hookimpl
+from rlax.core.constraints import NonNegative
 from rlax.core.types import Group
 
 
 class ZeroVarianceFilter:
     """Keeps a group only if max(reward) - min(reward) > ``tolerance``."""
 
-    def __init__(self, *, tolerance: float = 0.0):
+    def __init__(self, *, tolerance: Annotated[float, NonNegative] = 0.0):
         if tolerance < 0:
             raise ValueError(f"zero_variance: tolerance must be >= 0, got {tolerance}")
         self.tolerance = tolerance

@@ -17,12 +17,13 @@ chat template; a chat model gets it in its template, :mod:`.chat`).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
 from rlax.core import hookimpl
-from rlax.core.episodes import EpisodeLimits, Observation
+from rlax.core.constraints import Range
+from rlax.core.episodes import EpisodeLimits, MaxEpisodeTokens, MaxTurns, MaxTurnTokens, Observation
 from rlax.core.types import Prompt, RewardResult
 from rlax.plugins.environments.chat import observation_ids
 
@@ -41,7 +42,7 @@ class GuessTask:
 
     alphabet = ALPHABET
 
-    def __init__(self, *, size: int = 32):
+    def __init__(self, *, size: Annotated[int, Range(ge=2, le=10000)] = 32):
         if not 2 <= size <= 10_000:
             raise ValueError(f"tasks.guess: size must be in [2, 10000], got {size}")
         self.size = size
@@ -111,7 +112,11 @@ class GuessEnvironment:
     """
 
     def __init__(
-        self, *, max_turns: int = 5, max_turn_tokens: int = 3, max_episode_tokens: int = 24
+        self,
+        *,
+        max_turns: MaxTurns = 5,
+        max_turn_tokens: MaxTurnTokens = 3,
+        max_episode_tokens: MaxEpisodeTokens = 24,
     ):
         self.limits = EpisodeLimits(
             max_turns=max_turns,

@@ -16,11 +16,19 @@ episode runner. An answer (a turn without calls) ends the episode; the
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any
 
 from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast, Positive
 from rlax.core.contracts import Reward, ToolParser
-from rlax.core.episodes import EpisodeLimits, Observation, ToolCall
+from rlax.core.episodes import (
+    EpisodeLimits,
+    MaxEpisodeTokens,
+    MaxTurns,
+    MaxTurnTokens,
+    Observation,
+    ToolCall,
+)
 from rlax.core.rollout.reward_pool import score_one
 from rlax.core.types import Prompt, RewardResult
 from rlax.plugins.environments.chat import observation_ids
@@ -50,12 +58,12 @@ class PythonToolEnvironment:
         *,
         reward: Reward,
         parser: ToolParser | None = None,
-        max_turns: int = 4,
-        max_turn_tokens: int = 0,
-        max_episode_tokens: int = 512,
-        tool_timeout_s: float = 5.0,
-        memory_mb: int = 256,
-        max_output_chars: int = 400,
+        max_turns: MaxTurns = 4,
+        max_turn_tokens: MaxTurnTokens = 0,
+        max_episode_tokens: MaxEpisodeTokens = 512,
+        tool_timeout_s: Annotated[float, Positive] = 5.0,
+        memory_mb: Annotated[int, AtLeast(1)] = 256,
+        max_output_chars: Annotated[int, AtLeast(0)] = 400,
         role: str = "user",
         namespaces: bool = True,
         allow_weak_isolation: bool = False,

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Annotated
 
 from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast
 from rlax.core.episodes import ToolCall
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -29,7 +31,7 @@ class HermesToolParser:
       max_calls: calls read from one turn; more is a malformed turn.
     """
 
-    def __init__(self, *, max_calls: int = 4):
+    def __init__(self, *, max_calls: Annotated[int, AtLeast(1)] = 4):
         if max_calls < 1:
             raise ValueError(f"tool_parsers.hermes: max_calls must be >= 1, got {max_calls}")
         self.max_calls = max_calls

@@ -13,9 +13,10 @@ import importlib.util
 import math
 import pathlib
 import re
-from typing import Any
+from typing import Annotated, Any
 
 from rlax.core import hookimpl
+from rlax.core.constraints import Positive
 from rlax.core.errors import ConfigError
 
 #: tensorboardX replaces these characters in a tag with ``_`` (rlax's own metric names have none).
@@ -60,7 +61,9 @@ class TensorBoardLogger:
       flush_secs: how often the writer flushes to disk, in seconds.
     """
 
-    def __init__(self, *, subdir: str = "tensorboard", flush_secs: float = 10.0):
+    def __init__(
+        self, *, subdir: str = "tensorboard", flush_secs: Annotated[float, Positive] = 10.0
+    ):
         if importlib.util.find_spec("tensorboardX") is None:
             raise ConfigError(
                 "loggers.tensorboard needs tensorboardX: pip install 'rlax-llm[observe]'"

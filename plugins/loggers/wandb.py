@@ -17,9 +17,10 @@ import os
 import pathlib
 import secrets
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
 from rlax.core import hookimpl
+from rlax.core.constraints import OneOf
 from rlax.core.errors import ConfigError
 
 ID_FILE = "wandb_run_id"
@@ -61,7 +62,7 @@ class WandbLogger:
         project: str = "rlax",
         entity: str | None = None,
         name: str | None = None,
-        mode: str | None = None,
+        mode: Annotated[str, OneOf(*MODES)] | None = None,
         tags: Sequence[str] = (),
     ):
         if importlib.util.find_spec("wandb") is None:

@@ -21,8 +21,10 @@ setting) unless ``allow_weak_tests=True``, and its reason then says
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
 from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast, Positive
 from rlax.core.types import Prompt, RewardResult
 from rlax.plugins.rewards.code_sandbox import Limits, SandboxResult, run_tests
 from rlax.plugins.rewards.code_tests import plan_tests, read_tests
@@ -62,11 +64,11 @@ class CodeReward:
     def __init__(
         self,
         *,
-        cpu_s: int = 5,
-        wall_s: float = 10.0,
-        memory_mb: int = 512,
-        file_mb: int = 16,
-        processes: int = 16,
+        cpu_s: Annotated[int, AtLeast(1)] = 5,
+        wall_s: Annotated[float, Positive] = 10.0,
+        memory_mb: Annotated[int, AtLeast(1)] = 512,
+        file_mb: Annotated[int, AtLeast(1)] = 16,
+        processes: Annotated[int, AtLeast(1)] = 16,
         partial_credit: bool = False,
         namespaces: bool = True,
         allow_weak_isolation: bool = False,

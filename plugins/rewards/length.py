@@ -12,7 +12,10 @@ one also discourages answers that are too short (e.g. skipping the reasoning).
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast, OneOf, checked_by, ordered
 from rlax.core.types import Prompt, RewardResult
 
 __all__ = ["LengthReward", "length_penalty"]
@@ -24,6 +27,7 @@ def length_penalty(length: int, min_length: int, max_length: int, width: int) ->
     return -min(1.0, excess / width)
 
 
+@checked_by(ordered("min_length", "max_length"))
 class LengthReward:
     """Linear penalty outside ``[min_length, max_length]``.
 
@@ -35,7 +39,12 @@ class LengthReward:
     """
 
     def __init__(
-        self, *, min_length: int = 0, max_length: int, width: int = 100, unit: str = "chars"
+        self,
+        *,
+        min_length: Annotated[int, AtLeast(0)] = 0,
+        max_length: Annotated[int, AtLeast(0)],
+        width: Annotated[int, AtLeast(1)] = 100,
+        unit: Annotated[str, OneOf("chars", "words")] = "chars",
     ) -> None:
         if not 0 <= min_length <= max_length:
             raise ValueError(

@@ -11,9 +11,10 @@ as it is.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from rlax.core import hookimpl
+from rlax.core.constraints import Positive
 from rlax.core.types import Prompt, RewardResult
 from rlax.plugins.rewards.math_deadline import on_main_thread, within
 from rlax.plugins.rewards.math_equivalence import equivalent, load_math_verify
@@ -54,7 +55,7 @@ class MathReward:
     def __init__(
         self,
         *,
-        timeout_s: float = 5.0,
+        timeout_s: Annotated[float, Positive] = 5.0,
         fallback_last_number: bool = True,
         symbolic: bool = True,
         correct_score: float = 1.0,

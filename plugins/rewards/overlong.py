@@ -23,9 +23,10 @@ Reference: Yu et al., 2025, DAPO, https://arxiv.org/abs/2503.14476 (eq. 13,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast, checked_by, ordered
 from rlax.core.types import Prompt, RewardResult
 
 
@@ -39,6 +40,7 @@ def overlong_penalty(length: int, max_length: int, cache_length: int) -> float:
     return -1.0
 
 
+@checked_by(ordered("cache_length", "max_length"))
 class OverlongPenalty:
     """Soft overlong punishment, optionally added to a ``base`` reward.
 
@@ -48,7 +50,13 @@ class OverlongPenalty:
       base: a reward whose score the penalty is added to (None: penalty only).
     """
 
-    def __init__(self, *, max_length: int, cache_length: int, base: Any = None):
+    def __init__(
+        self,
+        *,
+        max_length: Annotated[int, AtLeast(1)],
+        cache_length: Annotated[int, AtLeast(1)],
+        base: Any = None,
+    ):
         if not 0 < cache_length <= max_length:
             raise ValueError(
                 "overlong: need 0 < cache_length <= max_length, "

@@ -11,10 +11,13 @@ from __future__ import annotations
 import hashlib
 import operator
 from collections.abc import Iterator
+from typing import Annotated
 
 import numpy as np
 
 from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast, Range, checked_by
+from rlax.core.errors import BadSetting
 from rlax.core.types import Prompt
 
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
@@ -27,6 +30,34 @@ def is_held_out(problem: str, eval_fraction: float) -> bool:
     return int.from_bytes(digest, "little") % 10_000 < eval_fraction * 10_000
 
 
+def _problems(
+    *,
+    digits: int = 2,
+    operations: str = "+",
+    eval_fraction: float = 0.1,
+    num_eval: int = 200,
+    template: str = "{problem}=",
+    **_,
+) -> None:
+    """BadSetting: operations not from '+-*', more held-out problems than the space
+    holds, or a template that does not show the problem."""
+    if not operations or set(operations) - set(_OPS):
+        raise BadSetting("operations", f"a string of '+-*', got {operations!r}")
+    space = len(operations) * 10 ** (2 * min(digits, 50))
+    if 0 < eval_fraction < 1 and num_eval > space * eval_fraction / 2:
+        raise BadSetting(
+            "num_eval",
+            f"{num_eval} is too many for ~{int(space * eval_fraction)} held-out problems",
+        )
+    try:
+        shown = template.format(problem="1+2")
+    except (KeyError, IndexError, ValueError) as err:
+        raise BadSetting("template", f"{template!r} must use only {{problem}}: {err!r}") from None
+    if "1+2" not in shown:
+        raise BadSetting("template", f"{template!r} does not show {{problem}}")
+
+
+@checked_by(_problems)
 class ArithmeticTask:
     """Prompts like ``"123+45="``; the answer is the integer result as text.
 
@@ -46,10 +77,10 @@ class ArithmeticTask:
     def __init__(
         self,
         *,
-        digits: int = 2,
+        digits: Annotated[int, AtLeast(1)] = 2,
         operations: str = "+",
-        eval_fraction: float = 0.1,
-        num_eval: int = 200,
+        eval_fraction: Annotated[float, Range(gt=0, lt=1)] = 0.1,
+        num_eval: Annotated[int, AtLeast(1)] = 200,
         template: str = "{problem}=",
     ):
         if digits < 1:

@@ -27,11 +27,12 @@ import logging
 import pathlib
 import string
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
 from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast, OneOf, Range
 from rlax.core.types import ConfigPath, Prompt
 
 __all__ = ["DatasetTask", "MalformedRow", "load_rows"]
@@ -171,9 +172,9 @@ class DatasetTask:
         answer_field: str = "answer",
         id_field: str = "",
         metadata_fields: Sequence[str] = (),
-        eval_fraction: float = 0.0,
-        num_eval: int = 0,
-        on_malformed: str = "skip",
+        eval_fraction: Annotated[float, Range(ge=0, lt=1)] = 0.0,
+        num_eval: Annotated[int, AtLeast(0, means="0: all")] = 0,
+        on_malformed: Annotated[str, OneOf("skip", "error")] = "skip",
         reward: str = "math",
     ) -> None:
         if isinstance(train_files, str) or isinstance(eval_files, str):

@@ -25,6 +25,8 @@ from rlax.core.constraints import (
     check_arguments,
     check_fields,
     checked_by,
+    constrained,
+    ordered,
     refusal,
 )
 from rlax.core.errors import BadSetting, ConfigError
@@ -233,3 +235,53 @@ def test_existing_path_marker_refuses_a_missing_file_in_a_list(tmp_path):
     assert str(info.value).endswith(
         f"ctest.knobs.files: item 0: no such file or directory: {missing}"
     )
+
+
+def test_ordered_refuses_a_low_end_above_the_high_end_and_zero_can_mean_no_limit():
+    rates = ordered("min_rate", "max_rate")
+    lengths = ordered("min_length", "max_length", zero_is_unbounded=True)
+
+    rates(min_rate=0.2, max_rate=0.2)
+    lengths(min_length=50, max_length=0)
+    with pytest.raises(BadSetting) as info:
+        rates(min_rate=0.6, max_rate=0.5)
+    assert (info.value.parameter, str(info.value)) == (
+        "max_rate",
+        "must be >= min_rate (0.6), got 0.5",
+    )
+    with pytest.raises(BadSetting, match=r"must be >= min_length \(9\) or 0 \(no limit\), got 3"):
+        lengths(min_length=9, max_length=3)
+
+
+def library_step(rate, *, momentum=0.0):
+    return rate, momentum
+
+
+def test_constrained_adds_marks_to_a_library_function_and_keeps_its_behaviour():
+    wrapped = constrained(library_step, rate=Positive, momentum=Range(ge=0, lt=1))
+    config.register_configurables("ctest", {"step": wrapped})
+
+    assert wrapped(0.5, momentum=0.9) == (0.5, 0.9)
+    with pytest.raises(ConfigError, match=r"ctest.step.rate: must be > 0, got -0.5$"):
+        config.parse([], ["step.rate=-0.5"])
+    config.parse([], ["step.rate=0.5", "step.momentum=0.5"])
+    assert config.configured("ctest", "step")() == (0.5, 0.5)
+
+
+def test_the_learning_rate_is_held_to_be_positive_and_a_schedule_to_be_non_zero():
+    from rlax.core.trainer.optimizer import optax_configurables
+
+    config.register_configurables("optax", optax_configurables())
+    with pytest.raises(ConfigError, match=r"optax.adam.learning_rate: must be > 0, got -0.001$"):
+        config.parse([], ["optax.adam.learning_rate=-0.001"])
+    with pytest.raises(ConfigError, match="learning rate would be 0 throughout"):
+        config.parse(
+            [],
+            [
+                "optax.linear_schedule.init_value=0.0",
+                "optax.linear_schedule.end_value=0.0",
+                "optax.linear_schedule.transition_steps=5",
+            ],
+        )
+    with pytest.raises(ConfigError, match=r"must be >= 1 \(for no warm-up set init_value to"):
+        config.parse([], ["optax.linear_schedule.transition_steps=0"])

@@ -42,18 +42,41 @@ def test_async_mode_trains_on_groups_at_most_max_staleness_old(tmp_path):
     )  # it did run ahead
 
 
+CRASHES_IN_WORKERS = """
+import os
+
+from rlax.core import hookimpl
+from rlax.plugins.rewards.arithmetic import ArithmeticReward
+
+
+class CrashesInWorkers(ArithmeticReward):
+    def __init__(self):
+        if os.environ.get("RLAX_WORKER_ID"):
+            raise RuntimeError("this reward cannot start in a worker")
+
+
+@hookimpl
+def rlax_register_rewards():
+    return {"crashes_in_workers": CrashesInWorkers}
+"""
+
+
 def test_a_dead_worker_is_reported_and_fails_the_run(tmp_path):
-    # A worker that crashes at start (its reward pool refuses -1 processes); a model path
-    # for the workers alone is refused before anything starts (the roles must agree).
+    # A worker that crashes at start (its reward, from a test plugin, raises in a worker
+    # process only; every setting is valid, so nothing refuses it before it starts).
     # No restarts: the first death fails the run (restarts are the preemption tests').
+    (tmp_path / "crashes_in_workers.py").write_text(CRASHES_IN_WORKERS)
     proc = rlax_process(
         *quickstart_cluster(
             CLUSTER_STEPS,
-            "--gin.rlax.worker.reward_workers=-1",
+            "--gin.REWARD=@rewards.crashes_in_workers()",
             "--gin.rlax.local_cluster.max_restarts=0",
         ),
+        "-p",
+        "crashes_in_workers",
         "--run-dir",
         str(tmp_path / "run"),
+        env={"PYTHONPATH": str(tmp_path)},
     )
     assert proc.returncode == 1
     # Both workers fail at start; whichever the supervisor sees first is named.

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable
+from typing import Annotated
 
 import grpc
 
 from rlax.core import hookimpl
+from rlax.core.constraints import Positive
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.codec import tensor_list
 from rlax.core.param_server.transport import transfer
@@ -27,7 +29,7 @@ ABSENT = "the parameter server has no bulk lane"
 class BulkLane:
     """Push and pull over the bulk lane; ``timeout_s``: a transfer's socket timeout."""
 
-    def __init__(self, *, timeout_s: float = 120.0):
+    def __init__(self, *, timeout_s: Annotated[float, Positive] = 120.0):
         self.timeout_s = timeout_s
         self.link: LaneLink | None = None
         self.host = ""

@@ -21,11 +21,12 @@ import concurrent.futures
 import copy
 import threading
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Annotated, cast
 
 import grpc
 
 from rlax.core import hookimpl
+from rlax.core.constraints import Positive
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.transport import transfer
 from rlax.core.param_server.weights.split import ranged, split_header, split_points, whole_sizes
@@ -40,7 +41,7 @@ ATTEMPTS = 30  # rounds of "wait for the laggards" before a pull gives up (UNAVA
 class SplitLane:
     """Pushes and pulls a store split over ``address`` and ``weight_shards``."""
 
-    def __init__(self, *, gather_timeout_s: float = 60.0):
+    def __init__(self, *, gather_timeout_s: Annotated[float, Positive] = 60.0):
         self.gather_timeout_s = gather_timeout_s
         self.servers: list[Lanes] = []  # the onward lanes to each server, ``address`` first
 
