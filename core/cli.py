@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import pathlib
 import sys
 import traceback
@@ -43,6 +44,7 @@ from rlax.core.errors import (
     EXIT_OK,
     EXIT_PREEMPTED,
     EXIT_USAGE,
+    USAGE_ERROR_FILE_ENV,
     ConfigError,
     PluginError,
     Preempted,
@@ -223,6 +225,9 @@ def _error(message: str, status: int) -> int:
     # gin appends "In call to configurable ..." to errors raised inside a
     # configurable; the message already says what and where.
     message = message.split("\n  In call to configurable")[0]
+    if status == EXIT_USAGE and (report := os.environ.get(USAGE_ERROR_FILE_ENV)):
+        pathlib.Path(report).write_text(message)  # the supervisor prints it, once
+        return status
     print(f"rlax: error: {message}", file=sys.stderr)
     return status
 

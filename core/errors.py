@@ -14,6 +14,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_PREEMPTED",
     "EXIT_USAGE",
+    "USAGE_ERROR_FILE_ENV",
     "BadSetting",
     "ConfigError",
     "DuplicatePluginError",
@@ -32,6 +33,11 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2  # bad arguments, gin configuration or plugins
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped at a safe point; restart to resume
+
+# A supervised child (``rlax run --role all``'s) writes its usage error here instead of
+# printing it and exits EXIT_USAGE; the supervisor prints the first one, once, and
+# restarts nothing (several workers refusing the same setting make one line).
+USAGE_ERROR_FILE_ENV = "RLAX_USAGE_ERROR_FILE"
 
 
 class ConfigError(Exception):

@@ -221,10 +221,7 @@ CASES = {
     ),
     "a negative evaluation period": (
         ["run", "--gin", "quickstart", "--gin.rlax.watch.eval_every=-1"],
-        (
-            "--gin.rlax.watch.eval_every=-1: rlax.watch.eval_every: must be >= 0 (0: never), "
-            "got -1"
-        ),
+        ("--gin.rlax.watch.eval_every=-1: rlax.watch.eval_every: must be >= 0 (0: never), got -1"),
     ),
     "no group to trace": (
         ["run", "--gin", "quickstart", "--gin.rlax.watch.trace_groups=0"],
@@ -376,6 +373,25 @@ def test_a_busy_port_for_the_parameter_server_is_one_line(tmp_path):
         f"rlax: error: rlax.ps_settings.address: cannot listen on {address} "
         "(Address already in use); RLAX_PS_ADDRESS overrides the address\n"
     )
+
+
+@pytest.mark.e2e
+def test_a_setting_only_the_workers_can_check_ends_the_run_in_one_line(tmp_path, rlax_main):
+    """The workers refuse it as they start (each with exit status 2): no worker is
+    restarted, the run ends with status 2 and one line however many refused, and the
+    run directory made for it is gone."""
+    result, seconds = rlax_main(
+        "run", "--gin", "quickstart", "--gin.rlax.worker.reload_in_flight=True", *FAST, cwd=tmp_path
+    )
+
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr == (
+        "rlax: error: rlax.worker.reload_in_flight: JaxSampler is not Resumable (no "
+        "generate_groups), so it loads weights between batches only; set it to False\n"
+    )
+    assert "restarting" not in result.stderr + result.stdout
+    assert seconds < SECONDS
+    assert list(tmp_path.rglob("*")) == []
 
 
 @pytest.fixture

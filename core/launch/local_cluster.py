@@ -7,7 +7,11 @@ bindings and its own ``--role`` — and supervises them. The server's address
 and a fresh token reach the children through the environment. A child that
 exits — preempted (status 75) or crashed — is reported by name, pid and
 status and restarted, as a cluster scheduler would, up to ``max_restarts``
-times each; past that the run fails. When the trainer finishes, the workers
+times each; past that the run fails. A child that stops on a configuration
+error (status 2) is not restarted: restarting cannot fix a setting. It hands
+its one-line message to the supervisor (a file named by
+``RLAX_USAGE_ERROR_FILE``) instead of printing it, and the run ends with status
+2 and that line, once, however many workers refused the same setting. When the trainer finishes, the workers
 and the server are stopped and the trainer's status is the run's. A notice to
 the supervisor itself (SIGTERM, SIGINT) is passed on to every child; the
 trainer checkpoints, and the run exits with status 75, to be resumed by
@@ -24,16 +28,20 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
+import pathlib
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Annotated, Any
 
-from rlax.core.errors import EXIT_PREEMPTED, EXIT_USAGE, ConfigError
+from rlax.core.constraints import AtLeast, check_arguments
+from rlax.core.errors import EXIT_PREEMPTED, EXIT_USAGE, USAGE_ERROR_FILE_ENV
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ADDRESS_ENV, TOKEN_ENV, ServerSettings
 from rlax.core.runtime.preemption import FINISH_SIGNAL, Preemption
@@ -71,11 +79,26 @@ class _Child:
     """
 
     def __init__(
-        self, name: str, argv: list[str], env: dict[str, str], cores: Sequence[int] | None
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        cores: Sequence[int] | None,
+        reports: pathlib.Path | None = None,
     ):
         self.name, self.argv, self.env, self.cores = name, argv, env, cores
+        self.report = reports / name if reports is not None else None
+        if self.report is not None:  # a usage error comes back here, not on stderr
+            self.env = dict(env, **{USAGE_ERROR_FILE_ENV: str(self.report)})
         self.restarts = 0
         self.start()
+
+    def usage_error(self) -> str | None:
+        """The usage error the process reported before it exited EXIT_USAGE, if any."""
+        try:
+            return self.report.read_text() if self.report is not None else None
+        except OSError:
+            return None
 
     def start(self) -> None:
         self.proc = subprocess.Popen(self.argv, env=self.env, preexec_fn=_die_with_parent)  # noqa: PLW1509 -- no locks taken in it
@@ -137,10 +160,10 @@ def local_cluster(
     *,
     argv: Sequence[str],
     settings: ServerSettings,
-    num_workers: int = 2,
-    trainer_cores: Sequence[int] | None = None,
-    worker_cores: Sequence[int] | None = None,
-    max_restarts: int = 3,
+    num_workers: Annotated[int, AtLeast(1)] = 2,
+    trainer_cores: Sequence[Annotated[int, AtLeast(0)]] | None = None,
+    worker_cores: Sequence[Annotated[int, AtLeast(0)]] | None = None,
+    max_restarts: Annotated[int, AtLeast(0)] = 3,
     preemption_notices: Sequence[Any] | None = None,
 ) -> int:
     """Runs parameter server, trainer and workers as supervised child processes.
@@ -163,14 +186,12 @@ def local_cluster(
       stopped on a configuration error (which it printed); 1 if a child failed
       more than ``max_restarts`` times.
     """
-    if num_workers < 1:
-        raise ConfigError(f"rlax.local_cluster.num_workers must be >= 1, got {num_workers}")
-    if max_restarts < 0:
-        raise ConfigError(f"rlax.local_cluster.max_restarts must be >= 0, got {max_restarts}")
+    check_arguments(local_cluster, {"num_workers": num_workers, "max_restarts": max_restarts})
     env = _cluster_env()
     base = [sys.executable, "-m", "rlax.core.cli", "run", *argv]
     stop = Preemption(preemption_notices, role="local").start()
-    server = _Child("param_server", [*base, "--role", "param_server"], env, None)
+    reports = pathlib.Path(tempfile.mkdtemp(prefix="rlax-usage-errors-"))
+    server = _Child("param_server", [*base, "--role", "param_server"], env, None, reports)
     children = [server]
     status = 1
     try:
@@ -178,20 +199,23 @@ def local_cluster(
             dataclasses.replace(settings, address=env[ADDRESS_ENV], token=env[TOKEN_ENV]), server
         )
         if exited is not None:
-            status = _start_failure(exited)
+            status = _start_failure(server, exited)
             return status
-        trainer = _Child("trainer", [*base, "--role", "trainer"], env, trainer_cores)
+        trainer = _Child("trainer", [*base, "--role", "trainer"], env, trainer_cores, reports)
         children.append(trainer)
         for i in range(num_workers):
             worker_env = dict(env, **{WORKER_ID_ENV: f"worker-{i}"})
             children.append(
-                _Child(f"worker-{i}", [*base, "--role", "worker"], worker_env, worker_cores)
+                _Child(
+                    f"worker-{i}", [*base, "--role", "worker"], worker_env, worker_cores, reports
+                )
             )
         status = _supervise(trainer, children, max_restarts, stop)
         return status
     finally:
         stop.close()
         _end_children(children, status)
+        shutil.rmtree(reports, ignore_errors=True)
 
 
 def _cluster_env() -> dict[str, str]:
@@ -203,9 +227,10 @@ def _cluster_env() -> dict[str, str]:
     return env
 
 
-def _start_failure(exited: int) -> int:
+def _start_failure(server: _Child, exited: int) -> int:
     """The run's status when the server exited at start with ``exited``."""
-    if exited == EXIT_USAGE:  # it printed the configuration error
+    if exited == EXIT_USAGE:
+        _say_usage_error(server)
         return EXIT_USAGE
     print(
         f"rlax: parameter server exited at start with {describe_status(exited)}",
@@ -213,6 +238,12 @@ def _start_failure(exited: int) -> int:
         flush=True,
     )
     return 1
+
+
+def _say_usage_error(child: _Child) -> None:
+    """Prints the usage error ``child`` reported, as its one line (the others' are dropped)."""
+    if message := child.usage_error():
+        print(f"rlax: error: {message}", file=sys.stderr, flush=True)
 
 
 def _end_children(children: list[_Child], status: int) -> None:
@@ -238,7 +269,8 @@ def _supervise(trainer: _Child, children: list[_Child], max_restarts: int, stop:
                 continue
             if child is trainer and code == 0:
                 return 0
-            if code == EXIT_USAGE:  # a configuration error, printed: restarting cannot fix it
+            if code == EXIT_USAGE:  # a configuration error: restarting cannot fix it
+                _say_usage_error(child)
                 return EXIT_USAGE
             what = f"rlax: {child.name} (pid {child.proc.pid}) died with {describe_status(code)}"
             if child.restarts >= max_restarts:
