@@ -4,7 +4,7 @@
 
     rlax plugins [--json] [-p no:NAME | -p MODULE ...]
     rlax run  --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...]
-              [--run-dir DIR | --resume [DIR]] [--role ROLE]
+              [--run-dir DIR | --resume [DIR]] [--start-over] [--role ROLE]
     rlax eval --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...] --checkpoint DIR
               [--out FILE]
     rlax curate --gin FILE [--gin FILE ...] [--gin.NAME=VALUE ...] [-p ...] [--out DIR]
@@ -26,6 +26,7 @@ before any code touches a device.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -192,6 +193,12 @@ def _add_run_command(
         help="continue the run in DIR (default: the newest run of rlax.train.run_name)",
     )
     run.add_argument(
+        "--start-over",
+        action="store_true",
+        help="with --resume or --run-dir: if none of the run's checkpoints can be restored, "
+        "train it again from step 0 (they are moved aside) instead of refusing",
+    )
+    run.add_argument(
         "--role",
         choices=ROLES,
         default="all",
@@ -308,14 +315,14 @@ def _train(
         assert run_dir is not None
         child_argv = [a for f in args.gin for a in ("--gin", f)]
         child_argv += [f"--gin.{b}" for b in bindings] + [f"-p{p}" for p in args.plugins]
-        child_argv += ["--run-dir", str(run_dir)]
+        child_argv += ["--run-dir", str(run_dir)] + ["--start-over"] * args.start_over
         status = _status(config.configured("rlax", "local_cluster")(argv=child_argv))
         if status == EXIT_PREEMPTED:
             _say_how_to_resume(args, bindings, run_dir)
         return status
     train = config.configured("rlax", "train")
     extra = {"inline": True} if args.role == "inline" else {}
-    return _status(train(hook=pm.hook, run_dir=run_dir.path if run_dir else None, **extra))
+    return _status(train(hook=pm.hook, run_dir=run_dir, **extra))
 
 
 def _says_finished(run_dir: RunDir, lead: bool) -> bool:
@@ -337,8 +344,12 @@ def _given_run_dir(args: argparse.Namespace) -> RunDir | None:
     """``--run-dir DIR``; ``--resume DIR``: DIR, checked; bare ``--resume``: the newest run
     of that name; neither: None."""
     if args.resume:
-        return RunDir.resumed(args.resume, train_setting("run_root"), train_setting("run_name"))
-    return RunDir(args.run_dir) if args.run_dir else None
+        given = RunDir.resumed(args.resume, train_setting("run_root"), train_setting("run_name"))
+    elif args.run_dir:
+        given = RunDir(args.run_dir)
+    else:
+        return None
+    return dataclasses.replace(given, start_over=args.start_over)
 
 
 def _say_how_to_resume(

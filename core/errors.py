@@ -19,6 +19,7 @@ __all__ = [
     "ConfigError",
     "DuplicatePluginError",
     "LostStep",
+    "NothingToResume",
     "PluginError",
     "PluginLoadError",
     "Preempted",
@@ -71,6 +72,21 @@ class SourceMismatch(ConfigError):
     def __init__(self, made_with: str):
         super().__init__(f"the checkpoint was trained with {made_with}; resume it the same way")
         self.made_with = made_with
+
+
+class NothingToResume(ConfigError):
+    """A run's checkpoints are there, and none of them can be restored.
+
+    Resuming would start the run over from step 0; the trainer refuses unless it was
+    asked to (``rlax run --start-over``), and moves nothing.
+    """
+
+    def __init__(self, directory: pathlib.Path, step: int, why: str):
+        super().__init__(
+            f"{directory}: no checkpoint can be restored (the newest, step {step}: {why}); "
+            "to train this run again from step 0, add --start-over (its checkpoints are "
+            "moved aside, not deleted)"
+        )
 
 
 class PluginError(Exception):

@@ -19,6 +19,7 @@ on a process's stderr, and a port another process holds.
 
 from __future__ import annotations
 
+import json
 import logging
 import pathlib
 import socket
@@ -146,6 +147,40 @@ def case_param_server_without_a_token(tmp):
     return (
         ["run", "--gin", "quickstart", "--role", "param_server"],
         "--role param_server: parameter server: no token; set RLAX_PS_TOKEN",
+    )
+
+
+def case_resuming_garbage(tmp):
+    run = tmp / "runs" / "garbage"
+    (run / "train_state" / "5" / "state").mkdir(parents=True)
+    (run / "train_state" / "5" / "state" / "data").write_bytes(bytes(range(256)))
+    (run / "operative_config.gin").write_bytes(b"\x00\xff not a config \xfe")
+    return (
+        ["run", "--gin", "quickstart", "--role", "inline", "--resume", str(run), *FAST],
+        (f"{run / 'train_state'}: no checkpoint can be restored (the newest, step 5: "),
+    )
+
+
+def case_model_without_its_tokenizer(tmp):
+    meta = json.loads((ROOT / "assets" / "quickstart-base" / "model.json").read_text())
+    del meta["tokenizer"]
+    model = tmp / "model"
+    write(model / "model.json", json.dumps(meta))
+    return (
+        ["eval", "--gin", "quickstart", "--checkpoint", str(model), *FAST],
+        (
+            f"--checkpoint: {model / 'model.json'}: no 'tokenizer': not a complete rlax model "
+            "(its model.json holds the format, the config and the tokenizer)"
+        ),
+    )
+
+
+def case_gin_file_not_utf8(tmp):
+    gin_file = tmp / "latin1.gin"
+    gin_file.write_bytes("include 'quickstart.gin'\n# caf\u00e9 au lait\n".encode("latin-1"))
+    return (
+        ["run", "--gin", str(gin_file)],
+        f"{gin_file}:2: not UTF-8 text (byte 0xe9 at column 6)",
     )
 
 
@@ -305,6 +340,9 @@ CASES = {
         ["run", "--gin", "quickstart", "--gin.samplers.jax.temperature=1e999"],
         "samplers.jax.temperature: must be a finite number, got inf",
     ),
+    "resuming a run whose checkpoint and config are garbage": case_resuming_garbage,
+    "a model folder without its tokenizer": case_model_without_its_tokenizer,
+    "a gin file that is not UTF-8": case_gin_file_not_utf8,
     "eval --out into a missing folder": (
         [
             "eval",
@@ -392,6 +430,22 @@ def test_a_setting_only_the_workers_can_check_ends_the_run_in_one_line(tmp_path,
     assert "restarting" not in result.stderr + result.stdout
     assert seconds < SECONDS
     assert list(tmp_path.rglob("*")) == []
+
+
+@pytest.mark.e2e
+def test_asking_to_start_over_trains_the_garbage_run_again_from_step_0(tmp_path, rlax_main):
+    args, _ = case_resuming_garbage(tmp_path)
+    run = tmp_path / "runs" / "garbage"
+
+    result, _ = rlax_main(*args, "--start-over", "--gin.rlax.train.steps=1", cwd=tmp_path)
+
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "train_state/5 cannot be restored" in result.stderr  # said once, as a warning
+    assert sorted(p.name.split("-")[0] for p in (run / "train_state").iterdir()) == [
+        "1",
+        "5.corrupt",
+    ]
+    assert json.loads((run / "eval.json").read_text())["after"]
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import re
 import tokenize
 from collections.abc import Callable, Iterator, Sequence
@@ -226,9 +227,27 @@ def _resolve(path: str) -> str | None:
     return find_packaged(path)
 
 
+def _check_utf8(path: str) -> None:
+    """ConfigError naming the file, line and column of the first byte that is not UTF-8."""
+    try:
+        data = pathlib.Path(path).read_bytes()
+    except OSError:
+        return  # open() below says what is wrong
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x} at column {column}); "
+            "gin files are read as UTF-8: save it as UTF-8"
+        ) from None
+
+
 @contextlib.contextmanager
 def _open_gin_file(path: str) -> Iterator[IO[str]]:
     resolved = _resolve(path) or path
+    _check_utf8(resolved)
     with open(resolved, encoding="utf-8") as f:
         _INCLUDING_DIRS.append(os.path.dirname(resolved))
         try:
@@ -266,8 +285,15 @@ _UNKNOWN = re.compile(r"No configurable matching (?:reference )?'@?(?P<selector>
 def _as_config_error(plugins: PluginManager | None, binding: str | None = None) -> Iterator[None]:
     try:
         yield
-    except ConfigError:
-        raise
+    except ConfigError as exc:
+        text = str(exc)
+        if not _LOCATION.search(text):
+            raise
+        # gin appended where an include of the file at fault was: one line instead
+        chain = "".join(
+            f" (included from {m['file']}:{m['line']})" for m in _LOCATION.finditer(text)
+        )
+        raise ConfigError(re.split(r"\n\s*In file", text, maxsplit=1)[0] + chain) from exc
     except SyntaxError as exc:
         where = f"{exc.filename}:{exc.lineno}" if exc.filename else f"--gin.{binding}"
         raise ConfigError(f"{where}: syntax error: {_syntax_message(exc.msg)}") from exc

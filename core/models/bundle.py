@@ -39,7 +39,7 @@ import xxhash
 from flax import nnx
 
 from rlax.core.models.config import TransformerConfig
-from rlax.core.models.tokenizer import CharTokenizer
+from rlax.core.models.tokenizer import CharTokenizer, model_part
 from rlax.core.models.transformer import Transformer, abstract_transformer
 
 FORMAT = "rlax-model/1"
@@ -233,10 +233,11 @@ def load_model(path: str | pathlib.Path, *, weights: bool = True) -> ModelBundle
         meta = json.loads(meta_path.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{meta_path}: corrupt model metadata: {err}") from None
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
-    cfg = TransformerConfig.from_dict(meta["config"])
-    tokenizer = CharTokenizer.from_dict(meta["tokenizer"])
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise ValueError(f"{meta_path}: format {found!r}, expected {FORMAT!r}")
+    cfg = model_part(meta, "config", meta_path, TransformerConfig.from_dict)
+    tokenizer = model_part(meta, "tokenizer", meta_path, CharTokenizer.from_dict)
     model = abstract_model(cfg)  # the random weights are never materialised, only shapes
     if not weights:
         return ModelBundle(model=model, tokenizer=tokenizer, info=meta.get("info", {}))

@@ -7,10 +7,12 @@ names the character, never a silent drop.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 PAD, BOS, EOS = 0, 1, 2
 _SPECIALS = 3
@@ -60,6 +62,26 @@ class CharTokenizer:
         return cls(values["alphabet"])
 
 
+def model_part(meta: Any, key: str, meta_path: Any, build: Callable[[dict], T]) -> T:
+    """``build(meta[key])`` for a piece of a ``model.json`` (``config``, ``tokenizer``).
+
+    Raises:
+      ValueError: the piece is missing or incomplete; the message names the file and
+        the piece, not a bare ``KeyError``.
+    """
+    if not isinstance(meta, dict) or not isinstance(meta.get(key), dict):
+        raise ValueError(  # noqa: TRY004 -- a file's content, not a caller's type error
+            f"{meta_path}: no {key!r}: not a complete rlax model (its model.json holds the "
+            "format, the config and the tokenizer)"
+        )
+    try:
+        return build(meta[key])
+    except (KeyError, TypeError) as err:
+        raise ValueError(
+            f"{meta_path}: its {key!r} is incomplete ({type(err).__name__}: {err})"
+        ) from None
+
+
 def load_tokenizer(model_dir) -> Any:
     """The tokenizer of a model reference, read without loading its weights.
 
@@ -93,4 +115,4 @@ def load_tokenizer(model_dir) -> Any:
         ) from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: corrupt model metadata: {err}") from None
-    return CharTokenizer.from_dict(meta["tokenizer"])
+    return model_part(meta, "tokenizer", path, CharTokenizer.from_dict)

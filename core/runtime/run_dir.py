@@ -49,10 +49,13 @@ class RunDir:
     """The run directory at ``path`` (see the module doc); ``str()`` is the path's.
 
     ``made_root``: the run root, when :meth:`make` made it too (:meth:`remove_fresh`).
+    ``start_over``: if none of the run's checkpoints can be restored, train it again from
+    step 0 (``rlax run --start-over``) rather than refuse to.
     """
 
     path: pathlib.Path
     made_root: pathlib.Path | None = dataclasses.field(default=None, compare=False)
+    start_over: bool = dataclasses.field(default=False, compare=False)
 
     # Each file and folder of a run, named once (names(): every one of them).
     OPERATIVE_CONFIG: ClassVar[str] = "operative_config.gin"

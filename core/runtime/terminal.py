@@ -41,6 +41,18 @@ def log_as_rlax() -> None:
     for handler in plain:
         if handler.stream in (sys.stderr, sys.__stderr__):
             handler.setFormatter(Lines())
+    logging.getLogger("absl").addFilter(_NOISE)  # once: a filter is added only once
+
+
+class _CheckpointNoise(logging.Filter):
+    """Drops orbax's "Metadata file does not exist" (a step folder without orbax's
+    metadata): whether that checkpoint restores is said once, by rlax, in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Metadata file does not exist")
+
+
+_NOISE = _CheckpointNoise()
 
 
 def show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -52,6 +52,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from rlax.core.constraints import AtLeast, check_fields
+from rlax.core.errors import NothingToResume
 from rlax.core.parallel import multihost
 from rlax.core.wire import leaf_name
 
@@ -285,24 +286,35 @@ class Checkpointer:
 
     # -- restoring -------------------------------------------------------------
 
-    def restore_latest(self, template: Any) -> Restored | None:
+    def restore_latest(self, template: Any, *, start_over: bool = True) -> Restored | None:
         """The newest checkpoint that restores cleanly into ``template``'s structure, or None.
 
-        Checkpoints that fail are moved aside with a :class:`CorruptCheckpointWarning`.
+        Checkpoints newer than the one restored that fail are moved aside with a
+        :class:`CorruptCheckpointWarning`. When none restores, ``start_over`` moves
+        them all aside (None: training starts over); otherwise nothing is moved and
+        :class:`~rlax.core.errors.NothingToResume` is raised.
         """
         self.wait()
+        failed: list[tuple[int, str]] = []
         for step in sorted(self._manager.all_steps(), reverse=True):
             try:
-                return self._restore(step, template)
+                restored = self._restore(step, template)
             except Exception as err:  # noqa: BLE001 -- orbax/tensorstore raise many types
-                aside = self._set_aside(step, "corrupt")
-                message = (
-                    f"checkpoint {self.directory / str(step)} cannot be restored "
-                    f"({_short(err)}); moved to {aside} and skipped"
-                )
-                # One report: the CLI shows rlax's warnings as one 'rlax: warning:' line.
-                warnings.warn(message, CorruptCheckpointWarning, stacklevel=2)
+                failed.append((step, _short(err)))
+                continue
+            self._set_aside_failed(failed)
+            return restored
+        if failed and not start_over:
+            raise NothingToResume(self.directory, *failed[0])
+        self._set_aside_failed(failed)
         return None
+
+    def _set_aside_failed(self, failed: list[tuple[int, str]]) -> None:
+        for step, why in failed:
+            aside = self._set_aside(step, "corrupt")
+            # One report: the CLI shows rlax's warnings as one 'rlax: warning:' line.
+            message = f"checkpoint {self.directory / str(step)} cannot be restored ({why}); "
+            warnings.warn(f"{message}moved to {aside} and skipped", CorruptCheckpointWarning, 3)
 
     def _read_alone(self, step: int, sizes: list[int]) -> Iterator[dict[str, np.ndarray]]:
         """``step``'s arrays, whole, as numpy, read by this process alone (no barrier).

@@ -177,7 +177,7 @@ def _restore(
         keep=checkpointing.keep,
         on_saved=on_saved if multihost.is_lead() else None,
     )
-    restored = ckpt.restore_latest(state_tree(trainer.state))
+    restored = ckpt.restore_latest(state_tree(trainer.state), start_over=run_dir.start_over)
     if restored is not None:
         apply_restored(trainer, restored)
     return ckpt, restored

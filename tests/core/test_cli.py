@@ -13,6 +13,7 @@ from rlax.core import cli, config
 from rlax.core.errors import Preempted
 from rlax.core.evaluation import evaluate as evaluation
 from rlax.core.runtime import terminal
+from rlax.core.runtime.run_dir import RunDir
 from rlax.core.trainer import role as experiment
 
 RECORDER = """
@@ -160,7 +161,9 @@ def test_run_calls_the_configured_train_with_the_hook(site, fake_experiment, tmp
     status = cli.main(["run", *args, "--run-dir", "out"])
 
     assert status == cli.EXIT_OK
-    assert fake_experiment["train"] == {"run_dir": pathlib.Path("out"), "steps": 2, "label": "cli"}
+    # The run directory as a RunDir: it carries --start-over (a RunDir equals one of its path).
+    run_dir = RunDir(pathlib.Path("out"))
+    assert fake_experiment["train"] == {"run_dir": run_dir, "steps": 2, "label": "cli"}
     assert sys.modules[recorder].CALLS == [(1, {"loss": 1.0}), (2, {"loss": 0.5})]
 
 

@@ -288,3 +288,20 @@ def test_a_bare_word_is_a_syntax_error_with_a_hint_not_an_ast_repr(tmp_path):
         f"{path}:2: syntax error: five is not a value (a string is quoted: 'five'; "
         "a macro is %five; a configurable is @five())"
     )
+
+
+def test_a_gin_file_that_is_not_utf8_names_the_file_line_and_byte(tmp_path):
+    bad = tmp_path / "bad.gin"
+    bad.write_bytes(b"point.x = 1\n# na\xefve\npoint.y = 2\n")
+    outer = write(tmp_path / "outer.gin", "include 'bad.gin'\n")
+
+    with pytest.raises(ConfigError) as alone:
+        config.parse([str(bad)])
+    with pytest.raises(ConfigError) as included:
+        config.parse([outer])
+
+    assert str(alone.value) == (
+        f"{bad}:2: not UTF-8 text (byte 0xef at column 5); gin files are read as UTF-8: "
+        "save it as UTF-8"
+    )
+    assert str(included.value) == f"{alone.value} (included from {outer}:1)"

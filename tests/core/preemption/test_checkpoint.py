@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 
+from rlax.core.errors import NothingToResume
 from rlax.core.trainer import checkpoint
 from rlax.core.trainer.checkpoint import Checkpointer, CorruptCheckpointWarning, crc32
 
@@ -150,6 +151,25 @@ def test_a_checkpoint_of_another_model_is_skipped(tmp_path):
     ckpt.close()
     with pytest.warns(CorruptCheckpointWarning):
         assert Checkpointer(tmp_path).restore_latest(state(0.0)) is None
+
+
+def test_when_none_restores_nothing_is_moved_unless_asked_to_start_over(tmp_path):
+    ckpt = Checkpointer(tmp_path, keep=2)
+    ckpt.save(5, ({"other": jnp.zeros(3)}, None, None), {})
+    ckpt.close()
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CorruptCheckpointWarning)
+        with pytest.raises(
+            NothingToResume, match=r"no checkpoint can be restored \(the newest, step 5"
+        ):
+            Checkpointer(tmp_path).restore_latest(state(0.0), start_over=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before == ["5"]
+
+    with pytest.warns(CorruptCheckpointWarning):
+        assert Checkpointer(tmp_path).restore_latest(state(0.0), start_over=True) is None
+    assert [p.name.split("-")[0] for p in tmp_path.iterdir()] == ["5.corrupt"]
 
 
 def test_save_blocks_for_a_fraction_of_the_write(tmp_path):
