@@ -270,6 +270,27 @@ def check_my_reward(b: Block, tmp_path: pathlib.Path) -> None:
     entry_point_of_example(b.key)
 
 
+def check_settings(b: Block, tmp_path: pathlib.Path) -> None:
+    pm = manager(run(b))
+    band = pm.get("rewards", "length_band").factory(min_length=2, max_length=3)
+    assert [band.score(prompt(), t) for t in ("a", "ab", "abcd")] == [0.0, 1.0, 0.0]
+    config.register_core_configurables()
+    refused = {
+        "rewards.length_band.unit='lines'": "rewards.length_band.unit: one of chars, words, got 'lines'",
+        "rewards.length_band.miss=1.5": "rewards.length_band.miss: must be in [0, 1], got 1.5",
+        "rewards.length_band.min_length=90": (
+            "rewards.length_band.max_length: must be >= min_length (90), got 80"
+        ),
+    }
+    for binding, message in refused.items():  # the text block's lines, through the parse
+        with pytest.raises(ConfigError) as info:
+            config.parse([], [binding], plugins=pm)
+        assert str(info.value).endswith(message)
+    config.parse(
+        [], ["rewards.length_band.miss=0.5", "rewards.length_band.unit='words'"], plugins=pm
+    )
+
+
 def tiny_groups() -> list[Group]:
     rng = np.random.default_rng(0)
     groups = []
@@ -617,6 +638,7 @@ HOOKS = "docs/plugin_hooks.md § "
 CHECKS: dict[str, Callable[..., None]] = {
     "README.md § Writing a plugin": check_readme_plugin,
     HOOKS + "Writing and installing a plugin": check_my_reward,
+    HOOKS + "What a setting may be": check_settings,
     HOOKS + "rlax_register_algorithms() -> dict[str, Callable[..., object]]": check_algorithm,
     HOOKS + "rlax_register_rewards() -> dict[str, Callable[..., object]]": check_reward,
     HOOKS + "rlax_register_samplers() -> dict[str, Callable[..., object]]": check_sampler,
