@@ -202,11 +202,13 @@ def _kind_fits(value: Any, annotation: Any) -> bool:
         return _is_number(value)
     if annotation in (int, str, bool):
         return isinstance(value, annotation) and (annotation is bool or not isinstance(value, bool))
-    if _is_sequence(typing.get_origin(annotation)):
+    origin = typing.get_origin(annotation)
+    if _is_sequence(origin):
         return isinstance(value, (list, tuple))
-    if isinstance(annotation, type):
+    target = origin if isinstance(origin, type) else annotation  # Callable[...]: Callable
+    if isinstance(target, type):
         try:
-            return isinstance(value, annotation)
+            return isinstance(value, target)
         except TypeError:  # a Protocol that cannot be checked at run time
             return True
     return True

@@ -262,7 +262,8 @@ def check_values(origins: Origins, validators: dict[str, Callable[..., None]]) -
 
     A validator takes the parameters it checks by keyword (and ``**_``) and
     raises :class:`BadSetting` naming the parameter at fault; the message is
-    prefixed with where that parameter's value was written.
+    prefixed with where that parameter's value was written (or, if it kept its
+    default, where another of the configurable's values was).
     """
     bound = {selector for (_, selector) in gin.config._CONFIG}
     for selector, validate in validators.items():
@@ -272,7 +273,10 @@ def check_values(origins: Origins, validators: dict[str, Callable[..., None]]) -
         try:
             validate(**{name: value for name, (value, _) in args.items()})
         except BadSetting as err:
-            origin = args.get(err.parameter, (None, None))[1]
+            # The parameter at fault's binding; if it kept its default, one that was bound.
+            origin = args.get(err.parameter, (None, None))[1] or next(
+                (o for _, o in args.values() if o is not None), None
+            )
             where = f"{origin}: " if origin else ""
             raise ConfigError(f"{where}{selector}.{err.parameter}: {err}") from err
 

@@ -17,8 +17,10 @@ _BETA = Range(ge=0, lt=1)
 _NO_WARMUP = "for no warm-up set init_value to end_value"
 
 
-def _not_zero_throughout(*, init_value: float = 0.0, end_value: float = 0.0, **_: Any) -> None:
-    """A linear schedule that is 0 from start to end trains nothing."""
+def _not_zero_throughout(
+    *, init_value: float | None = None, end_value: float | None = None, **_: Any
+) -> None:
+    """A linear schedule that is 0 from start to end trains nothing (both must be given)."""
     if init_value == 0 and end_value == 0:
         raise BadSetting(
             "end_value", "the learning rate would be 0 throughout (init_value and end_value 0)"
