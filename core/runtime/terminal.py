@@ -45,11 +45,15 @@ def log_as_rlax() -> None:
 
 
 class _CheckpointNoise(logging.Filter):
-    """Drops orbax's "Metadata file does not exist" (a step folder without orbax's
-    metadata): whether that checkpoint restores is said once, by rlax, in one line."""
+    """Drops two lines orbax logs through absl that tell a user nothing: "Metadata file
+    does not exist" (a step folder without orbax's metadata: whether that checkpoint
+    restores is said once, by rlax) and "Global object size logging disabled" (every
+    checkpointer of one process)."""
+
+    NOISE = ("Metadata file does not exist", "Global object size logging disabled")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Metadata file does not exist")
+        return not record.getMessage().startswith(self.NOISE)
 
 
 _NOISE = _CheckpointNoise()
