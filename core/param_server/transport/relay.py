@@ -81,12 +81,12 @@ def send_view(
 ) -> None:
     """Sends ``view`` (one ``sendall`` without a limiter), counting bytes as they go.
 
-    With ``alive``, stops with ConnectionError as soon as it returns False.
+    Bytes are counted as they are handed to the socket, before the peer can hold
+    them (see ``_counted``). With ``alive``, stops with ConnectionError as soon
+    as it returns False.
     """
     if limiter is None and alive is None:
-        conn.sendall(view)
-        if count is not None:
-            count(len(view))
+        _counted(count, len(view), conn.sendall, view)
         return
     for start in range(0, len(view), _STEP):
         if alive is not None and not alive():
@@ -94,9 +94,27 @@ def send_view(
         step = view[start : start + _STEP]
         if limiter is not None:
             limiter.take(len(step))
-        conn.sendall(step)
+        _counted(count, len(step), conn.sendall, step)
+
+
+def _counted(
+    count: Callable[[int], None] | None, n: int, send: Callable[..., object], *args: object
+) -> None:
+    """Counts ``n`` bytes, then sends them; takes the count back if the send fails.
+
+    Counting first means a peer that holds the bytes always finds them counted:
+    a puller that reads a server's counter right after its pull ends sees its
+    own transfer in full (counted after ``sendall``, the last chunk could still
+    be missing from it while the puller already had it).
+    """
+    if count is not None:
+        count(n)
+    try:
+        send(*args)
+    except BaseException:
         if count is not None:
-            count(len(step))
+            count(-n)
+        raise
 
 
 def send_file(
@@ -118,10 +136,12 @@ def send_file(
             n = min(step, nbytes - start)
             if limiter is not None:
                 limiter.take(n)
-            if conn.sendfile(f, start, n) != n:
-                raise ConnectionError(f"sendfile: the file ended before byte {start + n}")
-            if count is not None:
-                count(n)
+            _counted(count, n, _send_part, conn, f, start, n)
+
+
+def _send_part(conn: socket.socket, f, start: int, n: int) -> None:
+    if conn.sendfile(f, start, n) != n:
+        raise ConnectionError(f"sendfile: the file ended before byte {start + n}")
 
 
 class Relay:

@@ -18,7 +18,13 @@ import pytest
 
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
-from rlax.core.param_server.transport.relay import Limiter, relay_hello, relay_key
+from rlax.core.param_server.transport.relay import (
+    Limiter,
+    relay_hello,
+    relay_key,
+    send_file,
+    send_view,
+)
 from rlax.core.param_server.transport.relay_routes import RelayDirectory
 from rlax.core.wire import WirePlan
 
@@ -31,19 +37,6 @@ TREE = {
 }
 PLAN = WirePlan.for_tree(TREE)
 NBYTES = PLAN.nbytes  # 1 MiB and a bit
-
-
-def served_bytes(client: ParamServerClient, settle_s: float = 0.2, limit_s: float = 10.0) -> int:
-    """The server's ``bytes_served`` once it stops changing: a sender counts its last chunk
-    after the puller already has it, so a read right after a pull can be a transfer short."""
-    last, deadline = client.stat().bytes_served, time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        time.sleep(settle_s)
-        now = client.stat().bytes_served
-        if now == last:
-            return now
-        last = now
-    return last
 
 
 def _settings(fanout: int, direct: int = 1) -> ServerSettings:
@@ -91,7 +84,7 @@ def test_a_fleet_pulls_through_a_tree_and_the_server_sends_the_version_once(make
     expected = PLAN.pack(TREE).tobytes()
     assert len(got) == 7 and all(b == expected for b in got.values())
     stat = running.client.stat()
-    assert served_bytes(running.client) == NBYTES  # one direct pull; six came from relays
+    assert running.client.stat().bytes_served == NBYTES  # one direct pull; six came from relays
     assert stat.relay_assignments == 6
     nodes = running.server.relays.nodes()
     assert len(nodes) == 7 and sum(n.parent == "" for n in nodes) == 1
@@ -141,7 +134,7 @@ def test_a_relay_killed_mid_transfer_costs_its_pullers_a_retry_never_a_corrupt_v
         version, _, buf = out["result"]
         assert version == 0 and bytes(buf) == expected  # verified, complete
     # The retries went elsewhere (the server, or B once it re-registered): bounded.
-    assert NBYTES * 2 <= served_bytes(running.client) <= NBYTES * 3
+    assert NBYTES * 2 <= running.client.stat().bytes_served <= NBYTES * 3
     assert all(n.worker != a.relay_id for n in running.server.relays.nodes())
 
 
@@ -154,7 +147,7 @@ def test_a_relay_serving_wrong_bytes_costs_a_retry_and_is_dropped(make_ps, pulle
     buf_a[12345] ^= 0xFF  # A's copy is corrupt (a bad DIMM); it still relays it
     version, _, buf_b = b.pull(-1)
     assert version == 0 and bytes(buf_b) == PLAN.pack(TREE).tobytes()
-    assert served_bytes(running.client) == 2 * NBYTES  # B's retry came from the server
+    assert running.client.stat().bytes_served == 2 * NBYTES  # B's retry came from the server
     assert [n.worker for n in running.server.relays.nodes()] == [b.relay_id]  # A is dropped
 
 
@@ -168,7 +161,7 @@ def test_a_stale_relay_is_never_served_as_new(make_ps, pullers):
     running.client.push(PLAN, newer, 1)
     version, _, buf = b.pull(-1)  # A has room, but holds version 0: B is fed by the server
     assert version == 1 and bytes(buf) == PLAN.pack(newer).tobytes()
-    assert served_bytes(running.client) == 2 * NBYTES
+    assert running.client.stat().bytes_served == 2 * NBYTES
     assert running.client.stat().relay_assignments == 0
     # Asked for version 1 directly, A (holding 0) closes without a byte.
     a.lane("relay").relay.begin_wait_s = 0.2
@@ -211,7 +204,7 @@ def test_without_relays_every_pull_is_direct_and_nothing_listens(make_ps, puller
     assert all(p.lane("relay") is None for p in pullers)
     for p in pullers:
         assert bytes(p.pull(-1)[2]) == PLAN.pack(TREE).tobytes()
-    assert served_bytes(running.client) == 2 * NBYTES
+    assert running.client.stat().bytes_served == 2 * NBYTES
 
 
 def test_relay_settings_are_checked():
@@ -234,3 +227,48 @@ def test_a_relaying_client_of_a_server_without_the_bulk_lane_pulls_over_grpc(mak
     assert client.lane("relay") is not None
     version, _, buf = client.pull(-1)
     assert version == 0 and bytes(buf) == PLAN.pack(TREE).tobytes() and client.lane("bulk").absent
+
+
+def _peer_holds(peer: socket.socket) -> int:
+    try:
+        return len(peer.recv(1 << 22, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except BlockingIOError:
+        return 0
+
+
+@pytest.mark.parametrize("how", ["sendall", "stepped", "limited", "file"])
+def test_a_peer_never_holds_bytes_the_sender_has_not_counted(tmp_path, how):
+    # The law behind reading bytes_served right after a pull: every count is
+    # made before its bytes can reach the peer, so when the count callback runs
+    # the peer holds at most what was counted before it; a send that fails
+    # takes its count back.
+    payload = bytes(range(256)) * 768  # 192 KiB: three 64 KiB steps, fits the socket buffer
+    ours, peer = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    counted, seen = [0], []
+
+    def count(n: int) -> None:
+        seen.append((_peer_holds(peer), counted[0]))
+        counted[0] += n
+
+    with ours, peer:
+        if how == "file":
+            path = tmp_path / "w.bin"
+            path.write_bytes(payload)
+            with open(path, "rb") as f:
+                send_file(ours, f.fileno(), len(payload), Limiter(1 << 40), count)
+        else:
+            limiter = Limiter(1 << 40) if how == "limited" else None
+            alive = (lambda: True) if how == "stepped" else None
+            send_view(ours, memoryview(payload), limiter, count, alive)
+        assert counted[0] == len(payload) == _peer_holds(peer)
+        assert seen and all(holds <= before for holds, before in seen)
+        # A send to a closed peer fails and counts nothing.
+        peer.close()
+        failed = [0]
+        with pytest.raises(OSError):
+            send_view(
+                ours, memoryview(payload), None, lambda n: failed.__setitem__(0, failed[0] + n)
+            )
+        assert failed[0] == 0
