@@ -296,7 +296,11 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> int:
         lead = role == "all" or _multihost().is_lead()  # the supervisor never starts JAX
         if _says_finished(given, lead):  # before any role starts
             return EXIT_OK
-        return _train(args, bindings, pm, given)
+        before = given.contents() if role == "all" else frozenset()
+        status = _train(args, bindings, pm, given)
+        if status == EXIT_USAGE and role == "all":  # a child refused: take back what it made
+            given.remove_new(before)
+        return status
     if role != "all":  # trainer process 0 makes it, once the trainer's settings are checked
         return _train(args, bindings, pm, None)
     # One run directory for every child and every restart: resuming needs it.

@@ -71,6 +71,7 @@ __all__ = [
     "Range",
     "check_arguments",
     "check_fields",
+    "check_rules",
     "checked_by",
     "constrained",
     "constraints_of",
@@ -299,6 +300,22 @@ def checked_by(validator: Callable[..., None]) -> Callable[[T], T]:
         return target
 
     return attach
+
+
+def check_rules(target: Any, owner: str, **values: Any) -> None:
+    """Runs the rule between settings that :func:`checked_by` attached to ``target``.
+
+    For code that builds ``target`` without gin (gin runs the rule before any
+    role starts): the BadSetting names ``owner.parameter``, e.g.
+    ``check_rules(DatasetTask, "tasks.dataset", template=template)``.
+    """
+    validator = getattr(target, CHECK_ATTRIBUTE, None)
+    if validator is None:
+        return
+    try:
+        validator(**values)
+    except BadSetting as err:
+        raise BadSetting(err.parameter, f"{owner}.{err.parameter}: {err}") from None
 
 
 def ordered(low: str, high: str, *, zero_is_unbounded: bool = False) -> Callable[..., None]:

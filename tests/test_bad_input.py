@@ -184,6 +184,17 @@ def case_gin_file_not_utf8(tmp):
     )
 
 
+def case_dataset_template_without_a_column(tmp):
+    gin_file = dataset_gin(tmp, train=GOOD_ROWS, test=GOOD_ROWS, on_malformed="skip")
+    return (
+        ["run", "--gin", gin_file, "--gin.tasks.dataset.template='Question:'"],
+        (
+            "--gin.tasks.dataset.template='Question:': tasks.dataset.template: 'Question:' "
+            "shows no column (e.g. '{question}')"
+        ),
+    )
+
+
 CASES = {
     "a string for an int": (
         ["run", "--gin", "quickstart", "--gin.rlax.train.steps='five'"],
@@ -340,6 +351,23 @@ CASES = {
         ["run", "--gin", "quickstart", "--gin.samplers.jax.temperature=1e999"],
         "samplers.jax.temperature: must be a finite number, got inf",
     ),
+    # Rules on text, checked as the numbers are: before any role starts.
+    "a dataset template that shows no column": case_dataset_template_without_a_column,
+    "a format pattern that is not a regular expression": (
+        ["run", "--gin", "quickstart", "--gin.rewards.format.pattern='<answer>(.*'"],
+        (
+            "--gin.rewards.format.pattern='<answer>(.*': rewards.format.pattern: not a regular "
+            "expression (missing ), unterminated subpattern at position 8): '<answer>(.*'"
+        ),
+    ),
+    "a format tag that is not a word": (
+        ["run", "--gin", "quickstart", "--gin.rewards.format.answer_tag='final answer'"],
+        "rewards.format.answer_tag: a tag is a word (letters, digits, _ or -), got 'final answer'",
+    ),
+    "an arithmetic template without the problem": (
+        ["run", "--gin", "quickstart", "--gin.tasks.arithmetic.template='Solve it:'"],
+        "tasks.arithmetic.template: 'Solve it:' does not show {problem}",
+    ),
     "resuming a run whose checkpoint and config are garbage": case_resuming_garbage,
     "a model folder without its tokenizer": case_model_without_its_tokenizer,
     "a gin file that is not UTF-8": case_gin_file_not_utf8,
@@ -413,6 +441,61 @@ def test_a_busy_port_for_the_parameter_server_is_one_line(tmp_path):
     )
 
 
+PICKY_TASK = """
+from rlax.core import hookimpl
+
+
+class PickyTask:
+    # What only the data shows: no rule on the literal settings can see it.
+    def __init__(self, *, rows: str = "rows.txt"):
+        with open(rows) as f:
+            if not f.read().strip():
+                raise ValueError(f"tasks.picky: {rows} holds no rows")
+
+
+@hookimpl
+def rlax_register_tasks():
+    return {"picky": PickyTask}
+"""
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        ("", "tasks.picky: rows.txt holds no rows"),
+        (None, "tasks.picky: [Errno 2] No such file or directory: 'rows.txt'"),
+    ],
+)
+def test_a_component_refusing_its_settings_as_it_is_built_is_one_line(
+    tmp_path, rlax_main, monkeypatch, rows, expected
+):
+    """Refused as gin builds the role's components: exit 2, one line naming the
+    component, which a supervisor does not restart (a crash would be)."""
+    plugins = tmp_path.parent / f"{tmp_path.name}-plugins"
+    write(plugins / "picky_task.py", PICKY_TASK)
+    monkeypatch.syspath_prepend(str(plugins))
+    if rows is not None:
+        write(tmp_path / "rows.txt", rows)
+    before = sorted(tmp_path.rglob("*"))
+
+    result, seconds = rlax_main(
+        "run",
+        "--gin",
+        "quickstart",
+        "-p",
+        "picky_task",
+        "--role",
+        "param_server",
+        "--gin.TASK=@tasks.picky()",
+        cwd=tmp_path,
+        env={"RLAX_PS_TOKEN": "t", "RLAX_PS_ADDRESS": "127.0.0.1:0"},
+    )
+
+    assert (result.returncode, result.stderr) == (2, f"rlax: error: {expected}\n")
+    assert seconds < SECONDS
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 @pytest.mark.e2e
 def test_a_setting_only_the_workers_can_check_ends_the_run_in_one_line(tmp_path, rlax_main):
     """The workers refuse it as they start (each with exit status 2): no worker is
@@ -430,6 +513,27 @@ def test_a_setting_only_the_workers_can_check_ends_the_run_in_one_line(tmp_path,
     assert "restarting" not in result.stderr + result.stdout
     assert seconds < SECONDS
     assert list(tmp_path.rglob("*")) == []
+
+
+@pytest.mark.e2e
+def test_resuming_garbage_with_every_role_is_one_line_and_leaves_the_run_as_it_was(
+    tmp_path, rlax_main
+):
+    """The trainer child refuses it after the parameter server child made its state:
+    that state is taken back, and the run's own files are untouched."""
+    args, expected = case_resuming_garbage(tmp_path)
+    args = [a for a in args if a not in ("--role", "inline")]
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    folders = sorted(p for p in tmp_path.rglob("*") if p.is_dir())
+
+    result, seconds = rlax_main(*args, cwd=tmp_path)
+
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.startswith(f"rlax: error: {expected}")
+    assert result.stderr.count("\n") == 1 and "restarting" not in result.stderr + result.stdout
+    assert seconds < SECONDS
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_dir()) == folders
 
 
 @pytest.mark.e2e

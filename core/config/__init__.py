@@ -24,6 +24,7 @@ import gin
 
 from rlax.core.config import bindings as bindings_mod
 from rlax.core.config import checks as binding_checks
+from rlax.core.config.building import refusing_components
 from rlax.core.config.finder import find_gin_file, find_packaged, packaged_configs
 from rlax.core.configurables import gin_registry, register_configurables
 from rlax.core.errors import ConfigError
@@ -99,13 +100,16 @@ def register_core_configurables() -> None:
 def configured(module: str, name: str) -> Callable[..., Any]:
     """Returns the gin-wrapped callable ``<module>.<name>`` (bindings applied on call).
 
+    A component that refuses its settings while gin builds the callable's
+    arguments raises ConfigError (:func:`~rlax.core.config.building.refusing_components`).
+
     Raises:
       ConfigError: nothing is registered under that name.
     """
     selector = f"{module}.{name}"
     if gin_registry().get(selector) is None:
         raise ConfigError(f"no gin configurable {selector!r} is registered")
-    return gin.get_configurable(selector)
+    return refusing_components(gin.get_configurable(selector))
 
 
 def operative_config_text() -> str:

@@ -159,6 +159,24 @@ class RunDir:
             with contextlib.suppress(OSError):  # only if nothing else is in it
                 self.made_root.rmdir()
 
+    def contents(self) -> frozenset[pathlib.Path]:
+        """Every path under this directory (none if it is not there)."""
+        return frozenset(self.path.rglob("*")) if self.path.is_dir() else frozenset()
+
+    def remove_new(self, before: frozenset[pathlib.Path]) -> None:
+        """Removes what appeared under this directory since ``before`` (:meth:`contents`):
+        the roles refused their settings. What was there before stays as it was, and if a
+        checkpoint appeared meanwhile (a role refused only after training began), nothing
+        is removed: a saved step is never taken back."""
+        new = self.contents() - before
+        if any(path.is_relative_to(self.train_state) for path in new):
+            return
+        for path in sorted(new, key=lambda p: len(p.parts)):
+            if path.is_dir() and not path.is_symlink():  # the outermost new one first
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.exists() or path.is_symlink():
+                path.unlink(missing_ok=True)
+
     def open(self) -> RunDir:
         """Makes the directory if it is not there yet (``--run-dir`` may name a new one)."""
         self.path.mkdir(parents=True, exist_ok=True)

@@ -10,11 +10,32 @@ from __future__ import annotations
 import re
 
 from rlax.core import hookimpl
+from rlax.core.constraints import check_rules, checked_by
+from rlax.core.errors import BadSetting
 from rlax.core.types import Prompt, RewardResult
 
 __all__ = ["FormatReward"]
 
 
+def _layout(
+    *, reasoning_tag: str = "think", answer_tag: str = "answer", pattern: str = "", **_: object
+) -> None:
+    """BadSetting: neither a pattern nor a tag, a tag that is not a word, or a pattern
+    that is not a regular expression."""
+    if not all(isinstance(v, str) for v in (reasoning_tag, answer_tag, pattern)):
+        return  # the annotations' checks say so
+    if not (reasoning_tag or answer_tag or pattern):
+        raise BadSetting("pattern", "give a pattern or at least one tag (all are empty)")
+    for name, tag in (("reasoning_tag", reasoning_tag), ("answer_tag", answer_tag)):
+        if tag and not re.fullmatch(r"[\w-]+", tag):
+            raise BadSetting(name, f"a tag is a word (letters, digits, _ or -), got {tag!r}")
+    try:
+        re.compile(pattern, re.DOTALL)
+    except re.error as err:
+        raise BadSetting("pattern", f"not a regular expression ({err}): {pattern!r}") from None
+
+
+@checked_by(_layout)
 class FormatReward:
     """``score`` if the completion matches the layout, ``partial_score`` if it
     holds every tag pair but also other text, else 0.
@@ -38,12 +59,14 @@ class FormatReward:
         score: float = 1.0,
         partial_score: float = 0.0,
     ) -> None:
+        check_rules(
+            FormatReward,
+            "rewards.format",
+            reasoning_tag=reasoning_tag,
+            answer_tag=answer_tag,
+            pattern=pattern,
+        )
         tags = [t for t in (reasoning_tag, answer_tag) if t]
-        if not tags and not pattern:
-            raise ValueError("rewards.format: give a pattern or at least one tag")
-        for tag in tags:
-            if not re.fullmatch(r"[\w-]+", tag):
-                raise ValueError(f"rewards.format: tag {tag!r} must be a word")
         layout = r"\s*".join(rf"<{t}>(?!\s*</{t}>).+?</{t}>" for t in tags)
         self.pattern = re.compile(pattern or rf"\s*{layout}\s*", re.DOTALL)
         self._pairs = [re.compile(rf"<{t}>.*?</{t}>", re.DOTALL) for t in tags]

@@ -16,7 +16,7 @@ from typing import Annotated
 import numpy as np
 
 from rlax.core import hookimpl
-from rlax.core.constraints import AtLeast, Range, checked_by
+from rlax.core.constraints import AtLeast, Range, check_arguments, check_rules, checked_by
 from rlax.core.errors import BadSetting
 from rlax.core.types import Prompt
 
@@ -83,29 +83,16 @@ class ArithmeticTask:
         num_eval: Annotated[int, AtLeast(1)] = 200,
         template: str = "{problem}=",
     ):
-        if digits < 1:
-            raise ValueError(f"arithmetic task: digits must be >= 1, got {digits}")
-        bad = set(operations) - set(_OPS)
-        if not operations or bad:
-            raise ValueError(f"arithmetic task: operations must be from '+-*', got {operations!r}")
-        if not 0 < eval_fraction < 1:
-            raise ValueError(
-                f"arithmetic task: eval_fraction must be in (0, 1), got {eval_fraction}"
-            )
-        space = len(operations) * 10 ** (2 * digits)
-        if num_eval > space * eval_fraction / 2:
-            raise ValueError(
-                f"arithmetic task: num_eval={num_eval} is too many for ~{int(space * eval_fraction)} "
-                "held-out problems"
-            )
-        try:
-            shown = template.format(problem="1+2")
-        except (KeyError, IndexError, ValueError) as err:
-            raise ValueError(
-                f"arithmetic task: template {template!r} must use only {{problem}}: {err!r}"
-            ) from None
-        if "1+2" not in shown:
-            raise ValueError(f"arithmetic task: template {template!r} does not show {{problem}}")
+        check_arguments(ArithmeticTask.__init__, locals(), owner="tasks.arithmetic")
+        check_rules(
+            ArithmeticTask,
+            "tasks.arithmetic",
+            digits=digits,
+            operations=operations,
+            eval_fraction=eval_fraction,
+            num_eval=num_eval,
+            template=template,
+        )
         self.template = template
         self.digits = digits
         self.operations = operations

@@ -32,7 +32,8 @@ from typing import Annotated, Any
 import numpy as np
 
 from rlax.core import hookimpl
-from rlax.core.constraints import AtLeast, OneOf, Range
+from rlax.core.constraints import AtLeast, OneOf, Range, check_arguments, check_rules, checked_by
+from rlax.core.errors import BadSetting
 from rlax.core.types import ConfigPath, Prompt
 
 __all__ = ["DatasetTask", "MalformedRow", "load_rows"]
@@ -140,6 +141,43 @@ def held_out(text: str, eval_fraction: float) -> bool:
     return int.from_bytes(digest, "little") % 10_000 < eval_fraction * 10_000
 
 
+def template_fields(template: str) -> list[str]:
+    """The columns ``template`` shows (``"Q: {question}"``: ``["question"]``).
+
+    Raises:
+      ValueError: ``template`` is not a ``str.format`` string.
+    """
+    return [field for _, field, _, _ in string.Formatter().parse(template) if field]
+
+
+def _sources_and_template(
+    *,
+    train_files: Any = (),
+    eval_files: Any = (),
+    hub_name: str = "",
+    template: str = "{question}",
+    **_: Any,
+) -> None:
+    """BadSetting: a path where a list of paths belongs, no source of rows, or a
+    template that shows no column (or is not a ``str.format`` string)."""
+    for name, files in (("train_files", train_files), ("eval_files", eval_files)):
+        if isinstance(files, str | pathlib.Path):
+            raise BadSetting(
+                name, f"a list of paths, got one: {str(files)!r} (write [{str(files)!r}])"
+            )
+    if not train_files and not hub_name:
+        raise BadSetting("train_files", "set train_files (local files) or hub_name")
+    if not isinstance(template, str):
+        return  # the annotation's check says so
+    try:
+        fields = template_fields(template)
+    except ValueError as err:
+        raise BadSetting("template", f"{template!r} is not a str.format string: {err}") from None
+    if not fields:
+        raise BadSetting("template", f"{template!r} shows no column (e.g. '{{question}}')")
+
+
+@checked_by(_sources_and_template)
 class DatasetTask:
     """Prompts from jsonl / parquet files or a hub dataset.
 
@@ -177,19 +215,16 @@ class DatasetTask:
         on_malformed: Annotated[str, OneOf("skip", "error")] = "skip",
         reward: str = "math",
     ) -> None:
-        if isinstance(train_files, str) or isinstance(eval_files, str):
-            raise TypeError("tasks.dataset: train_files / eval_files are lists of paths")
-        if not train_files and not hub_name:
-            raise ValueError("tasks.dataset: set train_files (local files) or hub_name")
-        if on_malformed not in ("skip", "error"):
-            raise ValueError(
-                f"tasks.dataset: on_malformed must be 'skip' or 'error', got {on_malformed!r}"
-            )
-        if not 0 <= eval_fraction < 1:
-            raise ValueError(f"tasks.dataset: eval_fraction must be in [0, 1), got {eval_fraction}")
-        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f]
-        if not fields:
-            raise ValueError(f"tasks.dataset: template {template!r} uses no column")
+        check_arguments(DatasetTask.__init__, locals(), owner="tasks.dataset")
+        check_rules(
+            DatasetTask,
+            "tasks.dataset",
+            train_files=train_files,
+            eval_files=eval_files,
+            hub_name=hub_name,
+            template=template,
+        )
+        fields = template_fields(template)
         self.train_files, self.eval_files = list(train_files), list(eval_files)
         self.hub_name, self.hub_config, self.hub_splits = hub_name, hub_config, tuple(hub_splits)
         self.template, self.template_fields = template, fields

@@ -24,6 +24,7 @@ from rlax.core.constraints import (
     Range,
     check_arguments,
     check_fields,
+    check_rules,
     checked_by,
     constrained,
     ordered,
@@ -285,3 +286,18 @@ def test_the_learning_rate_is_held_to_be_positive_and_a_schedule_to_be_non_zero(
         )
     with pytest.raises(ConfigError, match=r"must be >= 1 \(for no warm-up set init_value to"):
         config.parse([], ["optax.linear_schedule.transition_steps=0"])
+
+
+def test_check_rules_runs_a_configurable_s_rule_without_gin_naming_owner_and_parameter():
+    @checked_by(ordered("low", "high"))
+    class Band:
+        pass
+
+    check_rules(Band, "rewards.band", low=1, high=2)
+    check_rules(object, "anything", low=9, high=1)  # nothing attached: nothing to check
+    with pytest.raises(BadSetting) as info:
+        check_rules(Band, "rewards.band", low=3, high=2)
+    assert (info.value.parameter, str(info.value)) == (
+        "high",
+        "rewards.band.high: must be >= low (3), got 2",
+    )

@@ -60,6 +60,34 @@ def test_remove_fresh_removes_what_make_made_and_no_more(tmp_path):
     assert not (tmp_path / "new").exists()  # the root it made, empty again, goes too
 
 
+def test_remove_new_takes_back_what_appeared_and_leaves_what_was_there(tmp_path):
+    run = RunDir(tmp_path / "run")
+    (run.path / "train_state" / "5").mkdir(parents=True)
+    (run.path / "operative_config.gin").write_text("old")
+    before = run.contents()
+    (run.path / "param_server" / "weights").mkdir(parents=True)
+    (run.path / "param_server" / "queue.sqlite").write_text("q")
+    (run.path / "train_state" / "5" / "note").write_text("")  # inside train_state: not removed
+    (run.path / "train.log").write_text("log")
+
+    run.remove_new(before | {run.path / "train_state" / "5" / "note"})
+
+    assert run.contents() == before | {run.path / "train_state" / "5" / "note"}
+    assert (run.path / "operative_config.gin").read_text() == "old"
+
+
+def test_remove_new_removes_nothing_once_a_checkpoint_appeared(tmp_path):
+    run = RunDir(tmp_path / "run")
+    (run.path / "train_state").mkdir(parents=True)
+    before = run.contents()
+    (run.path / "param_server").mkdir()
+    (run.path / "train_state" / "1").mkdir()  # a step was saved before a role refused
+
+    run.remove_new(before)
+
+    assert run.contents() == before | {run.path / "param_server", run.path / "train_state" / "1"}
+
+
 def test_finished_is_the_final_policy_s_step_with_eval_json(tmp_path):
     assert finished_at(tmp_path / "done", 4).finished() == 4
     assert finished_at(tmp_path / "no_eval", 4, eval_json=False).finished() is None

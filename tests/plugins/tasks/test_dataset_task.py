@@ -112,7 +112,8 @@ def test_train_stream_is_endless_and_reshuffled_by_seed(tmp_path):
     [
         ({"train_files": []}, "train_files"),
         ({"on_malformed": "ignore"}, "on_malformed"),
-        ({"template": "no fields"}, "uses no column"),
+        ({"template": "no fields"}, "tasks.dataset.template: 'no fields' shows no column"),
+        ({"template": "{"}, "tasks.dataset.template: '{' is not a str.format string"),
         ({"eval_fraction": 1.0}, "eval_fraction"),
     ],
 )
@@ -121,8 +122,8 @@ def test_bad_settings_are_rejected(kwargs, match):
         DatasetTask(**({"train_files": ["x.jsonl"]} | kwargs))
 
 
-def test_a_single_path_string_is_a_type_error():
-    with pytest.raises(TypeError, match="lists of paths"):
+def test_a_single_path_string_is_refused_naming_the_list_to_write():
+    with pytest.raises(ValueError, match=r"train_files: a list of paths, got one: 'a.jsonl'"):
         DatasetTask(train_files="a.jsonl")
 
 
