@@ -16,6 +16,11 @@ Each turn the inner sampler continues the episode's ids as they stand
 decoded and encoded again, so what the trainer scores is exactly what the
 sampler produced (``retokenized_tokens`` is 0 by construction; the tests
 check it). Turns of all live episodes are sampled in one batched call.
+
+Tool text is text (:mod:`.chat`): an observation may hold the control ids of
+its chat framing and no other; one whose text brought control tokens (a
+tool's output encoded with its ``<|im_end|>`` as the real token) ends its
+episode with reward 0 and that reason, before any of it reaches the context.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from rlax.core import hookimpl
 from rlax.core.contracts import Environment, Episode, Sampler
 from rlax.core.episodes import EpisodeLimits, Observation
 from rlax.core.types import Completion, Prompt, RewardResult
+from rlax.plugins.environments.chat import ControlTokens
 
 log = logging.getLogger("rlax.environments")
 
@@ -84,6 +90,7 @@ class EpisodeSampler:
         self.sampler = sampler
         self.environment = environment
         self.tokenizer: Any = None
+        self._control: ControlTokens | None = None
 
     @property
     def limits(self) -> EpisodeLimits:
@@ -101,6 +108,7 @@ class EpisodeSampler:
     def setup(self, model, tokenizer) -> None:
         self.sampler.setup(model, tokenizer)
         self.tokenizer = tokenizer
+        self._control = ControlTokens(tokenizer)
 
     def load_weights(self, params, version: int) -> None:
         self.sampler.load_weights(params, version)
@@ -155,7 +163,14 @@ class EpisodeSampler:
         if last:
             live.finish = "length"  # turns are used up; the observation is not appended
             return
-        ids = np.asarray(observation.tokens, np.int32)[: limits.max_episode_tokens - live.length]
+        ids = np.asarray(observation.tokens, np.int32)
+        if self._control is None:
+            self._control = ControlTokens(self.tokenizer)
+        refused = self._control.refusal(ids)
+        if refused is not None:
+            live.fail(f"environment observation refused: {refused}")
+            return
+        ids = ids[: limits.max_episode_tokens - live.length]
         live.append(ids, np.zeros(len(ids)), False, np.full(len(ids), versions[k - 1]))
         live.parts.append(observation.text)
         live.observation_tokens += len(ids)
