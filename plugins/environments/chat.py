@@ -126,7 +126,7 @@ def observation_parts(tokenizer: Any, text: str, *, role: str = "user") -> tuple
 def observation_ids(tokenizer: Any, text: str, *, role: str = "user") -> np.ndarray:
     """int32 [O]: the template's framing with its special tokens, ``text`` as plain text.
 
-    The framing's text next to the observation (``user\n`` after ``<|im_start|>``)
+    The framing's text next to the observation (``user\\n`` after ``<|im_start|>``)
     is encoded with it, as plain text, so for text without special spellings the
     ids are those of the whole rendering: special tokens split it there anyway.
     """
