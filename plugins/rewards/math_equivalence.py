@@ -1,6 +1,7 @@
 """Deciding whether two math answers are the same.
 
-Three stages, cheapest first:
+Three stages, cheapest first, after a multiple-choice letter (``B``,
+``(B)``, ``[B]``: compared as a letter, whatever the case of the other side):
 
 1. **Numbers** (:mod:`rlax.plugins.rewards.math_numbers`), compared exactly
    as rationals (``fractions.Fraction``): integers, decimals, thousands
@@ -9,14 +10,19 @@ Three stages, cheapest first:
    ``\\dfrac34``), mixed numbers (``2\\frac{1}{4}``), percentages
    (``12.5\\%`` equals both ``12.5`` and ``0.125``), powers (``10^{308}``
    equals ``1e308``), currency signs and trailing unit words
-   (``18 dollars``), but not words that change the value (``5 thousand``,
-   ``3 million``, ``5 pi``).
+   (``18 dollars``), repeating decimals (``0.1\\overline{6}``, ``0.1(6)``,
+   ``0.1\\dot{6}`` are 1/6) and numerals with a base subscript (``12_8`` is
+   10), but not words that change the value (``5 thousand``, ``3 million``,
+   ``5 pi``). A reference in base ``b`` reads the prediction's bare digits in
+   base ``b`` (``12`` answers ``12_8``, ``10`` does not); a subscripted number
+   anywhere else is never equal to anything but its own spelling.
 2. **Words**: an answer containing a word (two or more letters that are not a
    LaTeX command or a function name) is compared as text, case-insensitively.
    It never reaches sympy, which would read ``grown`` as the product
    ``g*r*o*w*n`` and call it equal to ``wrong``.
 3. **Symbolic**: everything else (``\\sqrt{2}/2``, ``\\pi``, intervals,
-   tuples, expressions) goes to math-verify; power towers, huge exponents and
+   tuples, expressions) goes to math-verify, ``i`` standing alone read as the
+   imaginary unit (``i^2`` is -1); power towers, huge exponents and
    factorials are refused before it (the deadline would stop them, but only
    after the whole timeout).
 
@@ -42,7 +48,13 @@ from rlax.plugins.rewards.math_deadline import (
     within,
 )
 from rlax.plugins.rewards.math_extraction import unify_characters
-from rlax.plugins.rewards.math_numbers import Refused, compare_numbers, parse_number
+from rlax.plugins.rewards.math_numbers import (
+    Refused,
+    compare_numbers,
+    numeral_base,
+    parse_number,
+    subscripted_number,
+)
 
 __all__ = [
     "Verdict",
@@ -137,6 +149,31 @@ def has_words(answer: str) -> bool:
     return any(w.lower() not in _FUNCTIONS for w in words)
 
 
+_CHOICE = re.compile(r"\(\s*([A-Za-z])\s*\)|\[\s*([A-Za-z])\s*\]|([A-Za-z])\)?")
+
+
+def _choice(answer: str) -> tuple[str, bool] | None:
+    """``(letter, upper-case)`` if ``answer`` is one letter, bare or bracketed (``(B)``)."""
+    match = _CHOICE.fullmatch(answer)
+    if match is None:
+        return None
+    letter = match[1] or match[2] or match[3]
+    return letter.upper(), letter.isupper()
+
+
+def _choice_stage(p: str, g: str) -> Verdict | None:
+    """Two multiple-choice letters, compared as letters; None unless one side is one.
+
+    A capital letter alone (``B``, ``(B)``) is an option's label: the other
+    side must be the same label, in either case, and nothing else (``2`` is
+    not ``(B)``, and never reaches sympy, which reads ``(B)`` as the symbol b).
+    """
+    mine, theirs = _choice(p), _choice(g)
+    if not ((mine is not None and mine[1]) or (theirs is not None and theirs[1])):
+        return None
+    return Verdict(mine is not None and theirs is not None and mine[0] == theirs[0], "choice")
+
+
 def _text_key(answer: str) -> str:
     s = re.sub(r"\s+", " ", answer.lower()).strip(" .")
     return re.sub(r"^\(([a-z])\)$", r"\1", s)
@@ -149,7 +186,7 @@ def _text_key(answer: str) -> str:
 # Refused at once (the deadline would stop them, after the whole timeout), on
 # the text with its braces removed: "{9}^{{9}^{9}}" is "9^9^9".
 _TOWER = re.compile(
-    r"\d\s*\^\s*\(?\s*[-+]?\d+\s*\)?\s*\^"  # 9^9^9, 10^(10)^10
+    r"\^\s*\(?\s*[-+]?\d+\s*\)?\s*\^"  # 9^9^9, 10^(10)^10, (1+i)^(10^9): a tower
     r"|\^\s*\(?\s*[-+]?\d{4,}"  # 10^1000
     r"|\^\s*\(?\s*\d+\s*(?:\\cdot|\\times|\*)"  # 10^(999*999*999)
     r"|(?:\d{4,}|\^\s*\(?\s*\d+)\s*\)?\s*!"  # 99999!, (10^10)!
@@ -185,10 +222,23 @@ def _symbolic(pred: str, gold: str) -> bool:
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))  # type: ignore[operator]
 
 
+# i alone (not in a word, a command or a subscript) is the imaginary unit, as in
+# every complex-number answer (3+4i); latex2sympy reads I as sympy.I, and {I}
+# keeps its powers (it reads I^2 as I).
+_IMAGINARY = re.compile(r"(?<![A-Za-z\\_])(?<!_\{)i(?![A-Za-z])")
+_INDEXED = re.compile(r"\\(?:sum|prod)")  # i is an index there
+
+
+def imaginary_unit(answer: str) -> str:
+    """``answer`` with each ``i`` that stands alone written as sympy's imaginary unit."""
+    return answer if _INDEXED.search(answer) else _IMAGINARY.sub("{I}", answer)
+
+
 def _symbolic_stage(p: str, g: str, timeout_s: float) -> Verdict:
     """math-verify under the deadline: an alarm here, a killed child off the main thread."""
     if any(_TOWER.search(s.replace("{", "").replace("}", "")) for s in (p, g)):
         return Verdict(False, "refused: exponent tower or huge power/factorial")
+    p, g = imaginary_unit(p), imaginary_unit(g)
     if on_main_thread():
         return Verdict(_symbolic(p, g), "symbolic")
     try:
@@ -231,12 +281,19 @@ def _decide(pred: str, gold: str, timeout_s: float, symbolic: bool) -> Verdict:
         return Verdict(False, "empty prediction")
     if p == g:
         return Verdict(True, "identical")
+    choice = _choice_stage(p, g)
+    if choice is not None:
+        return choice
     try:
-        p_num, g_num = parse_number(p), parse_number(g)
+        p_num = parse_number(p, digits_base=numeral_base(g) or 10)
+        g_num = parse_number(g)
     except Refused as exc:
         return Verdict(False, str(exc))
     if p_num is not None and g_num is not None:
         return Verdict(compare_numbers(p_num, g_num), "numbers")
+    if any(subscripted_number(s) or numeral_base(s) for s in (p, g)):
+        # sympy drops a number's subscript: 12_8 + 1 would equal 13.
+        return Verdict(False, "refused: a number with a base subscript, not one numeral")
     if has_words(p) or has_words(g):
         return Verdict(_text_key(p) == _text_key(g), "text")
     if not symbolic:

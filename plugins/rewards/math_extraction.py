@@ -2,9 +2,10 @@
 
 In order of precedence, the answer is: the argument of the *last* ``\\boxed{...}``
 or ``\\fbox{...}`` (braces may nest), else what follows the last GSM8K marker
-``#### ``, else what follows the last "the answer is" / "final answer:", else
-(when allowed, and only when the text has none of these markers) the last
-number in the text, or its last formula (``$...$``) if that comes later.
+``#### ``, else what follows the last "the answer is" / "final answer:" or a
+multiple-choice letter after a later "Answer:" (``Answer: (B)``), else (when
+allowed, and only when the text has none of these markers) the last number
+in the text, or its last formula (``$...$``) if that comes later.
 Earlier candidates are ignored on purpose: a solution that boxes several
 values is judged by the last, the one it settled on, rather than by the set
 of all of them.
@@ -42,13 +43,25 @@ _BRACE = re.compile(r"(?<!\\)[{}]")
 _GSM8K = re.compile(r"####[ \t]*")  # the answer is on its line
 _ANSWER_IS = re.compile(r"(?:final\s+answer|the\s+answer)\s*(?:is|:|=)\s*:?\s*", re.IGNORECASE)
 _LINE = re.compile(r"[^\n]*")
+_LABEL = re.compile(r"(?<![A-Za-z])answer\s*:\s*", re.IGNORECASE)
+_DECORATION = re.compile(r"\*\*|\$|\\text(?:bf)?\s*\{\s*(\(?[A-Z]\)?)\s*\}")
+# An option's label, which the option's text may follow: (B), [B] or B) ...; or a
+# capital letter alone on its line: B, B.
+_OPTION = re.compile(r"\s*(?:\(([A-Z])\)|\[([A-Z])\]|([A-Z])\))(?:\s.*)?|\s*([A-Z])\.?\s*")
 _SENTENCE_END = re.compile(r"\.\s")
 NUMBER = (
     r"[-+]?(?:(?:\d{1,3}(?:(?:,|\\,)\d{3})+|\d+)(?:\.\d+)?|\.\d+)"
     r"(?:[eE][-+]?\d+)?(?:/\d+)?(?:\\?%)?"
 )
+# A repeating decimal (0.\overline{3}, 0.(3), 0.\dot{3}) and a base subscript (12_8)
+# belong to their number: the last number of "x = 0.(3)" is not 3, nor 12 of "12_8".
+_REPEATING = (
+    r"[-+]?\d*\.\d*(?:\\(?:overline|bar)\s*(?:\{\d+\}|\d)|\(\d+\)"
+    r"|\\dot\s*\{?\d\}?(?:\d*\\dot\s*\{?\d\}?)?)"
+)
 _LAST_NUMBER = re.compile(
-    rf"(?<![\w.])(?:[-+]?\\[dt]?frac\s*\{{\s*\d+\s*\}}\s*\{{\s*\d+\s*\}}|{NUMBER})"
+    rf"(?<![\w.])(?:[-+]?\\[dt]?frac\s*\{{\s*\d+\s*\}}\s*\{{\s*\d+\s*\}}|{_REPEATING}"
+    rf"|{NUMBER}(?:_\{{?\d{{1,2}}\}}?)?)"
 )
 _DELIMITER = re.compile(r"(?<!\\)(?:\$\$|\$)|\\\(|\\\)|\\\[|\\\]")  # not \$: a dollar sign
 _CLOSER = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
@@ -60,8 +73,8 @@ class Extraction:
 
     Attributes:
       answer: the answer as written (LaTeX or plain), stripped.
-      method: ``"boxed"``, ``"gsm8k"``, ``"answer_is"``, ``"last_number"`` or
-        ``"last_formula"``.
+      method: ``"boxed"``, ``"gsm8k"``, ``"answer_is"``, ``"choice"``,
+        ``"last_number"`` or ``"last_formula"``.
     """
 
     answer: str
@@ -119,8 +132,8 @@ def _clean(answer: str) -> str:
     return answer.rstrip(" .。").strip()
 
 
-def _after_last(marker: re.Pattern[str], text: str) -> str | None:
-    """What follows the last ``marker`` to the end of its line (or sentence), or None.
+def _last(marker: re.Pattern[str], text: str) -> re.Match[str] | None:
+    """The last match of ``marker`` in ``text``, or None.
 
     Markers are found on their own, not with the answer: "the answer is 4. No,
     the answer is 9." holds two markers, and the answer follows the second.
@@ -128,12 +141,34 @@ def _after_last(marker: re.Pattern[str], text: str) -> str | None:
     last = None
     for last in marker.finditer(text):
         pass
-    if last is None:
-        return None
-    line = _LINE.match(text, last.end())
+    return last
+
+
+def _answer_after(marker: re.Match[str], text: str) -> str:
+    """What follows ``marker`` to the end of its line (or sentence), cleaned."""
+    line = _LINE.match(text, marker.end())
     answer = line.group() if line is not None else ""
     end = _SENTENCE_END.search(answer)
     return _clean(answer[: end.start()] if end is not None else answer)
+
+
+def _option(line: str) -> str | None:
+    """The option letter a line states (``(B)``, ``[B]``, ``B) 42``, ``**B**``), or None.
+
+    Only a capital letter that is a label or stands alone: ``A pair of 3`` or
+    ``I think 4`` is prose, not option A or I.
+    """
+    match = _OPTION.fullmatch(_DECORATION.sub(lambda m: m[1] or "", line))
+    return None if match is None else next(g for g in match.groups() if g)
+
+
+def _choice_after(text: str, after: int) -> str | None:
+    """The option letter of the last "Answer:" that begins at ``after`` or later, or None."""
+    last = _last(_LABEL, text)
+    if last is None or last.start() < after:
+        return None
+    line = _LINE.match(text, last.end())
+    return _option(line.group() if line is not None else "")
 
 
 def _last_math_span(text: str) -> tuple[str, int] | None:
@@ -190,12 +225,19 @@ def extract_answer(text: str, *, fallback_last_number: bool = True) -> Extractio
     if boxed:
         return Extraction(boxed[-1].strip(), "boxed")
     marked = box_opened
-    for method, pattern in (("gsm8k", _GSM8K), ("answer_is", _ANSWER_IS)):
-        answer = _after_last(pattern, text)
-        if answer is not None:
-            marked = True
-            if answer:
-                return Extraction(answer, method)
+    gsm8k = _last(_GSM8K, text)
+    if gsm8k is not None:
+        marked = True
+        if answer := _answer_after(gsm8k, text):
+            return Extraction(answer, "gsm8k")
+    stated = _last(_ANSWER_IS, text)
+    choice = _choice_after(text, stated.end() if stated is not None else 0)
+    if choice is not None:  # an "Answer:" line after the last "the answer is"
+        return Extraction(choice, "choice")
+    if stated is not None:
+        marked = True
+        if answer := _answer_after(stated, text):
+            return Extraction(_option(answer) or answer, "answer_is")
     if fallback_last_number and not marked:
         return _fallback(text)
     return None

@@ -4,10 +4,13 @@
 (:func:`rlax.plugins.rewards.math_equivalence.normalize`) as one rational
 number (``fractions.Fraction``): an integer, a decimal with or without
 thousands separators, e-notation, a fraction or mixed number, a power, a
-percentage, a number word, with a trailing unit word or none; a word that
-changes the value is never taken for a unit. :func:`compare_numbers` compares
-two, a percentage equal to both its number and its hundredth. An exponent
-too large to evaluate is :class:`Refused`, never computed.
+percentage, a number word, a repeating decimal (``0.\\overline{3}``,
+``0.(3)``, ``0.\\dot{3}``), a numeral with a base subscript (``12_8``), with
+a trailing unit word or none; a word that changes the value is never taken
+for a unit. :func:`compare_numbers` compares two, a percentage equal to both
+its number and its hundredth. An exponent too large to evaluate is
+:class:`Refused`, never computed, and so is a numeral with a digit its base
+does not have (``19_8``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,14 @@ import math
 import re
 from fractions import Fraction
 
-__all__ = ["MAX_EXPONENT", "Refused", "compare_numbers", "parse_number"]
+__all__ = [
+    "MAX_EXPONENT",
+    "Refused",
+    "compare_numbers",
+    "numeral_base",
+    "parse_number",
+    "subscripted_number",
+]
 
 MAX_EXPONENT = 400  # 10**400 is cheap; 10**(10**8) is not
 
@@ -35,6 +45,21 @@ _FRAC = re.compile(
 )
 _SLASH = re.compile(rf"(?P<sign>[-+])?\s*(?P<a>{_DECIMAL})\s*/\s*(?P<b>{_DECIMAL})")
 _UNIT = re.compile(r"(?:[A-Za-z]+\.?(?:\s*\^\s*\{?[23]\}?)?(?:/[A-Za-z]+)?\s*)+")
+# The repeating block of a decimal: \overline{16} or \bar{16}, (16), or a dot over
+# its one digit (\dot{6}) or over its first and last (\dot{1}4\dot{2} is 142 repeated).
+_REPEATING = re.compile(
+    r"(?P<sign>[-+])?\s*(?P<whole>\d*)\.(?P<fixed>\d*)\s*(?:"
+    r"\\(?:overline|bar)\s*(?:\{\s*(?P<bar>\d+)\s*\}|(?P<bar1>\d))"
+    r"|\((?P<paren>\d+)\)"
+    r"|\\dot\s*(?:\{(?P<first>\d)\}|(?P<first1>\d))"
+    r"(?:(?P<middle>\d*)\\dot\s*(?:\{(?P<last>\d)\}|(?P<last1>\d)))?)"
+)
+# A numeral and its base: 12_8, 12_{8}, 1A_{16}, -1010_2 (the base in decimal, 2..36).
+_BASE = re.compile(
+    r"(?P<sign>[-+])?\s*(?P<digits>[0-9A-Z]+)\s*_\s*(?:\{\s*(?P<b>\d{1,2})\s*\}|(?P<b1>\d{1,2}))"
+)
+_BARE = re.compile(r"(?P<sign>[-+])?\s*(?P<digits>[0-9A-Z]+)")  # a numeral, its base implied
+_SUBSCRIPTED = re.compile(r"\d\s*_")
 _POWER = re.compile(
     r"(?P<sign>[-+])?\s*(?P<base>\d+)\s*\^\s*(?:\{\s*(?P<e>[-+]?\d+)\s*\}|(?P<e1>\d))"
 )
@@ -130,7 +155,7 @@ def _decimal(text: str) -> Fraction:
     return Fraction(re.sub(_SEP, "", text).rstrip(".") or "0")
 
 
-def parse_number(answer: str) -> tuple[Fraction, bool] | None:
+def parse_number(answer: str, *, digits_base: int = 10) -> tuple[Fraction, bool] | None:
     """``(value, is_percentage)`` if a normalized answer is one number, else None.
 
     Trailing words are allowed when they are a unit or name what is counted
@@ -138,17 +163,36 @@ def parse_number(answer: str) -> tuple[Fraction, bool] | None:
     value or join another answer (``5 thousand``, ``3 million``, ``5 pi``,
     ``2 or 3``, see ``_NOT_UNITS``) or are one letter (``5 x`` is a product).
 
+    Args:
+      answer: a normalized answer.
+      digits_base: the base of a numeral written without a subscript. A
+        reference in base ``b`` (``12_8``) asks for an answer in base ``b``:
+        :func:`numeral_base` of the reference is passed here for the
+        prediction, whose bare digits (``12``) are then read in that base.
+        With any base but 10, only a whole numeral is a number.
+
     Raises:
-      Refused: an exponent past ``MAX_EXPONENT``.
+      Refused: an exponent past ``MAX_EXPONENT``, a numeral of more than
+        ``MAX_EXPONENT`` digits, or a digit its base does not have.
     """
     s = answer.strip()
+    based = _BASE.fullmatch(s)
+    if based is not None:
+        value = _in_base(based["digits"], int(based["b"] or based["b1"]))
+        return None if value is None else (-value if based["sign"] == "-" else value, False)
+    if digits_base != 10:
+        bare = _BARE.fullmatch(s)
+        if bare is None:
+            return None
+        value = _in_base(bare["digits"], digits_base, required=True)
+        return None if value is None else (-value if bare["sign"] == "-" else value, False)
     if s.lower().endswith(" percent"):
         s = s[: -len("percent")].strip() + "%"
     percent = s.endswith("%")
     s = s.rstrip("%").strip()
     if s.lower() in _WORDS:
         return Fraction(_WORDS[s.lower()]), percent
-    for pattern in (_FRAC, _SLASH, _POWER, _PLAIN):
+    for pattern in (_REPEATING, _FRAC, _SLASH, _POWER, _PLAIN):
         match = pattern.match(s)
         if match is None or not _is_unit(s[match.end() :], percent):
             continue
@@ -156,6 +200,42 @@ def parse_number(answer: str) -> tuple[Fraction, bool] | None:
         if value is None:
             continue
         return (-value if match["sign"] == "-" else value), percent
+    return None
+
+
+def numeral_base(answer: str) -> int | None:
+    """The base of an answer that is one numeral of its subscript's base (``12_8``: 8), else None."""
+    match = _BASE.fullmatch(answer.strip())
+    if match is None or len(match["digits"]) > MAX_EXPONENT:
+        return None
+    base = int(match["b"] or match["b1"])
+    return base if _is_numeral(match["digits"], base) else None
+
+
+def _is_numeral(digits: str, base: int) -> bool:
+    return 2 <= base <= 36 and all(int(d, 36) < base for d in digits)
+
+
+def subscripted_number(answer: str) -> bool:
+    """Whether a digit in ``answer`` carries a subscript (``12_8``, ``3_{2}+1``)."""
+    return _SUBSCRIPTED.search(answer) is not None
+
+
+def _in_base(digits: str, base: int, *, required: bool = False) -> Fraction | None:
+    """The numeral ``digits`` read in ``base`` (2..36; ``A``..``Z`` are 10..35).
+
+    Place-value notation, as in Knuth, *The Art of Computer Programming*
+    vol. 2, section 4.1: ``12_8`` is 1*8 + 2 = 10. Refused when it is no
+    numeral of that base but was written as one (a decimal digit, or
+    ``required``); letters alone that are no numeral (``P_{12}``, a name with
+    an index) are None, for the other stages.
+    """
+    if len(digits) > MAX_EXPONENT:
+        raise Refused(f"refused: a numeral of more than {MAX_EXPONENT} digits")
+    if _is_numeral(digits, base):
+        return Fraction(int(digits, base))
+    if required or any(d.isdigit() for d in digits):
+        raise Refused(f"refused: {digits[:20]} is no numeral in base {base}")
     return None
 
 
@@ -181,7 +261,28 @@ def _power(match: re.Match[str]) -> Fraction | None:
     return Fraction(base) ** exponent
 
 
+def _repeating(match: re.Match[str]) -> Fraction:
+    """A decimal whose block repeats forever: ``0.1\\overline{6}`` is 1/6.
+
+    With ``a`` digits before the block ``R`` of ``r`` digits after the point,
+    ``0.A(R) = (AR - A) / (10^a (10^r - 1))``, the usual conversion of a
+    recurring decimal to a fraction (Hardy & Wright, *An Introduction to the
+    Theory of Numbers*, ch. IX). ``0.\\overline{9}`` is 1.
+    """
+    fixed = match["fixed"]
+    block = match["bar"] or match["bar1"] or match["paren"]
+    if block is None:  # dots: over one digit, or over the first and last of the block
+        first, last = match["first"] or match["first1"], match["last"] or match["last1"]
+        block = first if last is None else first + (match["middle"] or "") + last
+    if len(fixed) + len(block) > MAX_EXPONENT:
+        raise Refused(f"refused: a repeating decimal of more than {MAX_EXPONENT} digits")
+    repeated = Fraction(int(fixed + block) - int(fixed or "0"))
+    return int(match["whole"] or "0") + repeated / (10 ** len(fixed) * (10 ** len(block) - 1))
+
+
 def _value(pattern: re.Pattern[str], match: re.Match[str]) -> Fraction | None:
+    if pattern is _REPEATING:
+        return _repeating(match)
     if pattern is _POWER:
         return _power(match)
     if pattern is _PLAIN:

@@ -20,6 +20,28 @@ Policy (what "correct" means here, decided before the verifier was run):
   and a bare letter is a variable (``5 x``).
 - **Words are text**, compared case-insensitively, whatever their length:
   ``no`` is not ``on`` and ``grown`` is not ``wrong``.
+- **Repeating decimals are exact.** ``0.\\overline{3}``, ``0.\\bar{3}``,
+  ``0.(3)`` and ``0.\\dot{3}`` are 1/3; ``0.1\\overline{6}`` is 1/6; dots over
+  the first and last digit mark a longer block (``0.\\dot{1}4285\\dot{7}`` is
+  1/7). ``0.\\overline{9}`` is 1, and a truncation (``0.333``) is still not 1/3.
+  In prose the block belongs to its number: the last number of ``x = 0.(3)``
+  is 1/3, not 3.
+- **A choice is a capital letter on the last "Answer:" line.** ``Answer: (B)``,
+  ``Answer: B``, ``**Answer:** B``, ``Answer: (B) 42`` (the option's text may
+  follow a label) answer B, unless a box or ``####`` outranks them or a later
+  "the answer is" follows. A capital letter in prose is no choice
+  (``Answer: A pair of ...``, ``Option A looks right``), nor is a lower-case
+  ``Answer: b``. Letters compare as labels: ``(B)`` is ``B`` (and a boxed
+  ``b``), never ``2``.
+- **i standing alone is the imaginary unit** (not inside a word, a command, a
+  subscript or a sum): ``i^2`` is -1, ``2i`` is ``2 i``, ``(1+i)^2`` is ``2i``;
+  real answers are judged as before.
+- **A numeral's subscript is its base** (2 to 36; digits, then A-Z):
+  ``12_8`` and ``12_{8}`` are 10, ``1010_2`` is 10, so ``12_8`` is not 12; a
+  digit the base lacks (``19_8``) is wrong. A reference in base b asks for
+  base b: the prediction's bare digits are read in it (``12`` answers
+  ``12_8``, ``10`` does not, ``10_{10}`` does). A subscripted number inside
+  an expression (``12_8+1``) equals only its own spelling.
 - Everything else is equal when it is mathematically the same expression,
   interval or tuple (math-verify decides), within the timeout.
 """
@@ -331,4 +353,118 @@ TABLE: list[tuple[str, str, bool]] = [
     ("\\boxed{" * 5000, "1", False),
     ("\\boxed{" * 5000 + " 1", "1", False),  # unclosed boxes: not the last number
     ("$" * 20000 + "1", "1", True),  # no closed formula after it: the last number
+    # --- repeating decimals are exact: the block repeats forever
+    (r"\boxed{0.\overline{3}}", "1/3", True),
+    (r"\boxed{0.\overline{3}}", r"\frac{1}{3}", True),
+    (r"\boxed{\frac{1}{3}}", r"0.\overline{3}", True),
+    (r"\boxed{0.\overline3}", "1/3", True),
+    (r"\boxed{0.\bar{3}}", "1/3", True),
+    (r"\boxed{0.(3)}", "1/3", True),
+    (r"\boxed{0.\dot{3}}", "1/3", True),
+    (r"\boxed{0.1\overline{6}}", "1/6", True),
+    (r"\boxed{0.1(6)}", "1/6", True),
+    (r"\boxed{0.1\dot{6}}", r"\frac{1}{6}", True),
+    (r"\boxed{0.\overline{142857}}", r"\frac{1}{7}", True),
+    (r"\boxed{0.\dot{1}4285\dot{7}}", "1/7", True),  # dots over the block's ends
+    (r"\boxed{0.\overline{12}}", "4/33", True),
+    (r"\boxed{2.\overline{5}}", "23/9", True),
+    (r"\boxed{-0.\overline{3}}", r"-\frac{1}{3}", True),
+    (r"\boxed{33.\overline{3}\%}", "1/3", True),
+    (r"\boxed{0.\overline{9}}", "1", True),
+    ("So x = 0.(3)", "1/3", True),  # last number: the block belongs to it
+    (r"So $x = 0.\overline{3}$", "1/3", True),
+    (r"\boxed{0.\overline{3}}", "0.3", False),
+    (r"\boxed{0.\overline{3}}", "0.333", False),
+    (r"\boxed{0.333}", r"0.\overline{3}", False),
+    (r"\boxed{0.(6)}", "1/6", False),  # 2/3
+    (r"\boxed{0.1\overline{6}}", "1/16", False),
+    (r"\boxed{0.\overline{16}}", "1/6", False),  # 16/99
+    (r"\boxed{0.\overline{142857}}", r"\frac{1}{6}", False),
+    (r"\boxed{0.\overline{3}}", r"-\frac{1}{3}", False),
+    ("So x = 0.(3)", "3", False),  # not its last digit
+    (r"The decimal is 0.\overline{3}", "3", False),
+    # --- a multiple-choice letter on the last "Answer:" line
+    ("Answer: (B)", "B", True),
+    ("Answer: (B)", "(B)", True),
+    ("Answer: B", "(B)", True),
+    ("Answer: B", "B", True),
+    ("Answer: B.", "B", True),
+    ("Answer: [B]", "B", True),
+    ("Answer: **B**", "B", True),
+    ("**Answer:** B", "B", True),
+    (r"Answer: $\text{(B)}$", "B", True),
+    ("Answer: (B) 42", "B", True),  # the label, then the option's text
+    ("Answer: B) 42", "B", True),
+    ("ANSWER: D", "D", True),
+    ("The options differ in sign.\nAnswer: D.", "D", True),
+    ("So it is A, I think.\nAnswer: B", "B", True),  # the stray A is prose
+    ("Answer: B\nWait, that is wrong.\nAnswer: C", "C", True),  # the last one counts
+    ("The answer is 5.\nAnswer: B", "B", True),  # a later Answer: line
+    ("The answer is (A) 12", "A", True),
+    (r"\boxed{(B)}", "B", True),
+    (r"\boxed{b}", "(B)", True),  # a label, in either case
+    ("Answer: (C)", "B", False),
+    ("Answer: B", "C", False),
+    ("Answer: (B)", "2", False),
+    (r"\boxed{2}", "(B)", False),  # a number is no label (sympy reads (B) as b)
+    ("Answer: B\nWait, that is wrong.\nAnswer: C", "B", False),
+    ("Answer: A pair of shoes costs 5", "A", False),  # prose: the last number, 5
+    ("Answer: I think it is 5", "I", False),
+    ("A is the correct option.", "A", False),  # no marker, no number: no answer
+    ("Option A looks right, so the count is 4", "A", False),
+    ("Answer: b", "B", False),  # a lower-case letter after Answer: is prose
+    ("Answer: B, since 2 + 2 = 4", "B", False),  # not alone on its line: the last number
+    ("#### 5\nAnswer: B", "B", False),  # #### outranks
+    (r"\boxed{C} Answer: B", "B", False),  # the box outranks
+    ("Answer: B\nThe answer is C.", "B", False),  # a later "the answer is"
+    # --- i standing alone is the imaginary unit
+    (r"\boxed{i^2}", "-1", True),
+    (r"\boxed{-1}", "i^2", True),
+    (r"\boxed{2i}", "2 i", True),
+    (r"\boxed{(1+i)^2}", "2i", True),
+    (r"\boxed{i^3}", "-i", True),
+    (r"\boxed{3+4i}", "4i+3", True),
+    (r"\boxed{\frac{1+i}{1-i}}", "i", True),
+    (r"\boxed{i}", r"\sqrt{-1}", True),
+    (r"\boxed{e^{i\pi}}", "-1", True),
+    (r"\boxed{i\sqrt{2}}", r"\sqrt{2}i", True),
+    (r"\boxed{\mathrm{i}}", "i", True),
+    (r"\boxed{\sin(\pi/6)}", r"\frac{1}{2}", True),  # real answers as before
+    (r"\boxed{\sum_{i=1}^{3} i}", "6", True),  # an index, not the unit
+    (r"\boxed{x_i}", "x_i", True),
+    (r"\boxed{i^2}", "1", False),
+    (r"\boxed{2i}", "2", False),
+    (r"\boxed{i}", "1", False),
+    (r"\boxed{3-4i}", "3+4i", False),
+    (r"\boxed{(1+i)^2}", "2", False),
+    (r"\boxed{(1+i)^2}", "-2i", False),
+    (r"\boxed{i^{10^{9}}}", "1", False),  # a tower: refused before sympy
+    # --- a numeral's subscript is its base
+    (r"\boxed{12_8}", "10", True),
+    (r"\boxed{12_{8}}", "10", True),
+    (r"\boxed{1010_2}", "10", True),
+    (r"\boxed{-12_8}", "-10", True),
+    (r"\boxed{1A_{16}}", "26", True),
+    (r"\boxed{FF_{16}}", "255", True),
+    (r"\boxed{\text{A}_{11}}", "10", True),
+    (r"\boxed{12_8}", "12_{8}", True),
+    (r"\boxed{1010_2}", "12_8", True),  # both explicit: the same number
+    (r"\boxed{12}", "12_8", True),  # bare digits in the reference's base
+    (r"\boxed{10_{10}}", "12_8", True),
+    ("So the number is 12_8", "10", True),  # last number: the subscript belongs to it
+    (r"\boxed{12_8}", "12", False),  # 10, not 12
+    (r"\boxed{12_{8}}", "12", False),
+    (r"\boxed{1010_2}", "1010", False),
+    (r"\boxed{10}", "12_8", False),  # the question asked for base 8
+    (r"\boxed{12.0}", "12_8", False),
+    (r"\boxed{9}", "11_8", False),  # no base-8 numeral
+    (r"\boxed{19_8}", "17", False),  # 9 is no base-8 digit
+    (r"\boxed{19_8}", "19", False),
+    (r"\boxed{12_1}", "12", False),
+    (r"\boxed{12_{40}}", "12", False),
+    (r"\boxed{1A_{16}}", "1A", False),
+    (r"\boxed{12_8+1}", "13", False),  # sympy would drop the subscript
+    (r"\boxed{12_8+1}", "11", False),
+    (r"\boxed{12_8 \text{ apples}}", "10", False),
+    ("So the number is 12_8", "12", False),
 ]

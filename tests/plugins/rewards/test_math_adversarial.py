@@ -61,6 +61,43 @@ def test_every_adversarial_input_is_wrong_within_its_timeout(reward, name, compl
     assert elapsed < TIMEOUT_S, f"{name}: {elapsed:.2f}s ({result.reason})"
 
 
+_N = 100_000
+
+# 100 k characters aimed at the choice, repeating-decimal and base-subscript rules:
+# each must be judged on its own (no "timeout" reason), so no step is quadratic.
+NOTATIONS = [
+    ("choice, then spaces", "Answer: B" + " " * _N + "x", "B"),
+    ("Answer: repeated", "Answer:" * (_N // 7), "B"),
+    ("Answer: ( repeated", "Answer: (" * (_N // 9), "B"),
+    ("labels repeated", "Answer: " + "(B) " * (_N // 4), "C"),
+    ("spaces before a letter", "Answer:" + " " * _N + "B x", "B"),
+    ("decorations", "Answer: " + "**$" * (_N // 3) + "B x", "B"),
+    ("a long decimal, then (", "0." + "1" * _N + "(", "1"),
+    ("decimal points", ". " * (_N // 2), "1"),
+    ("open overlines", r"\overline{" * (_N // 10), "1"),
+    ("dots", r"0.\dot{1}" + "1" * _N, "1"),
+    ("subscripts", "_8" * (_N // 2), "1"),
+    ("open subscripts", "1_{" * (_N // 3), "2"),
+    ("digits, then a subscript", "1" * _N + "_8", "1"),
+    ("imaginary units", "i" * _N, "1"),
+    ("an answer of imaginary units", r"\boxed{" + "i+" * 190 + "}", "1"),
+    ("a subscripted numeral at the cap", r"\boxed{" + "1" * 390 + "_2}", "1"),
+    ("a repeating block at the cap", r"\boxed{0.\overline{" + "3" * 380 + "}}", "1"),
+]
+
+
+@pytest.mark.parametrize(("name", "completion", "gold"), NOTATIONS, ids=[n[0] for n in NOTATIONS])
+@pytest.mark.serial  # a wall-clock bound (tests/test_suite_rules.py)
+def test_the_notation_rules_are_linear_in_the_text(reward, name, completion, gold):
+    gc.collect()
+    start = time.perf_counter()
+    result = reward.score(prompt(gold), completion)
+    elapsed = time.perf_counter() - start
+    assert result.score == 0.0, result.reason
+    assert not result.reason.startswith("timeout"), f"{name}: {result.reason}"
+    assert elapsed < TIMEOUT_S / 2, f"{name}: {elapsed:.2f}s ({result.reason})"
+
+
 def test_there_are_enough_and_some_are_100k_characters():
     assert len(ADVERSARIAL) >= 30
     assert sum(len(completion) >= 100_000 for _, completion, _ in ADVERSARIAL) >= 10
