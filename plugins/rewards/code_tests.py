@@ -16,7 +16,9 @@ sandbox, and the expected outputs, which never do (:class:`TestPlan`). Assert
 statements are converted where their meaning is a comparison of a call's
 value with a literal: ``assert f(1, "a") == [2]`` (either side),
 ``assert f(x) is None / True / False``, ``assert f(x)``, ``assert not f(x)``,
-``assert math.isclose(f(x), 2.5, rel_tol=..)``, arguments being literals.
+``assert math.isclose(f(x), 2.5, rel_tol=..)``, arguments being literals;
+a constant expression of literals (``10**9 + 7``, ``[0] * 5``) counts as its
+value (``code_constants.py``: folded here, bounded).
 Any other assert (it computes with the program's objects, inside the
 program's interpreter) can only run there, where the program can forge its
 outcome; such a test set is *weak* and runs only where the caller allows it.
@@ -27,6 +29,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 from typing import Any
+
+from rlax.plugins.rewards.code_constants import NotConstant, fold
 
 __all__ = ["CallTest", "StdioTest", "TestPlan", "plan_tests", "read_tests"]
 
@@ -113,9 +117,9 @@ def _call_of(node: ast.expr) -> tuple[str, tuple[Any, ...], dict[str, Any]] | No
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
         return None
     try:
-        args = tuple(ast.literal_eval(a) for a in node.args)
-        kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg}
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        args = tuple(fold(a) for a in node.args)
+        kwargs = {k.arg: fold(k.value) for k in node.keywords if k.arg}
+    except NotConstant:
         return None
     if len(kwargs) != len(node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
         return None
@@ -124,8 +128,8 @@ def _call_of(node: ast.expr) -> tuple[str, tuple[Any, ...], dict[str, Any]] | No
 
 def _literal(node: ast.expr) -> tuple[bool, Any]:
     try:
-        return True, ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return True, fold(node)
+    except NotConstant:
         return False, None
 
 

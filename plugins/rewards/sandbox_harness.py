@@ -10,28 +10,46 @@ format is ``sandbox_values.py``'s), ``{"i": index, "stdout": text}``
 holds no expected output, and the trusted side compares what it received.
 This file shares the interpreter with the program, which may replace any of
 its functions; that gains the program nothing but the power to send other
-outputs, which it had anyway.
+outputs, which it had anyway. ``exit`` and ``quit`` are defined as ``site``
+would (the harness runs without it).
 
 Jobs (see ``code_tests.py`` for where they come from):
 
 - ``{"mode": "call", "calls": [[function, args, kwargs], ...], "setup": code}``:
   the solution runs once as module ``solution``, then each call;
 - ``{"mode": "stdio", "inputs": [text, ...]}``: the solution runs as
-  ``__main__`` once per input, with that stdin; a ``SystemExit`` ends a case
-  normally (competitive programs call ``exit()``);
+  ``__main__`` once per input, each in a fork of the harness whose fd 0 is a
+  file holding the input and fd 1 a file the harness reads back (real file
+  descriptors: ``open(0)``, ``fileno()``, ``os.write(1, ...)`` work); a
+  ``SystemExit`` ends a case normally (competitive programs call ``exit()``);
 - ``{"mode": "asserts", "asserts": [...], "setup": code, "nonce": hex}``: the
   weak mode, for tests that only the program's interpreter can evaluate: the
   harness runs them and reports ``{"nonce", "passed", "total", "failure"}``,
   a verdict the program can forge.
 """
 
-import io
+import builtins
 import json
 import os
 import sys
 
 CHANNEL = 3
+STDOUT_LIMIT = 4 * 1024 * 1024  # more of one case's stdout than the channel carries is moot
+INT_BITS = 256  # a larger int travels as hex: no decimal conversion, no digit limit
 _SEQUENCES = {"tuple": tuple, "set": set, "frozenset": frozenset}
+
+
+class _Exit:
+    """``exit()`` / ``quit()`` as ``site`` defines them (the harness runs without ``site``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Use {self.name}() or Ctrl-D (i.e. EOF) to exit"
+
+    def __call__(self, code=None):
+        raise SystemExit(code)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -42,24 +60,40 @@ def _send(message: dict) -> None:
     os.write(CHANNEL, (json.dumps(message) + "\n").encode())
 
 
+def _int(value: int):
+    return value if value.bit_length() <= INT_BITS else {"int": format(value, "x")}
+
+
 def _encode(value, depth=0):
-    """The tagged wire form of ``value``, by exact type (a subclass is refused)."""
-    kind = type(value)
+    """The tagged wire form of ``value``.
+
+    A subclass of a built-in type (``Counter``, ``OrderedDict``, a named tuple,
+    an ``IntEnum``) is sent as the built-in value it holds, read with the base
+    type's own methods: its data, whatever its class says about equality.
+    """
     if depth > 64:
         raise TypeError("value nested too deep")
-    if value is None or kind in (bool, int, float, str):
+    if value is None or value is True or value is False:
         return value
-    if kind is list:
-        return [_encode(v, depth + 1) for v in value]
-    if kind in (tuple, set, frozenset):
-        return {kind.__name__: [_encode(v, depth + 1) for v in value]}
-    if kind is dict:
-        return {"dict": [[_encode(k, depth + 1), _encode(v, depth + 1)] for k, v in value.items()]}
-    if kind is bytes:
-        return {"bytes": value.hex()}
-    if kind is complex:
-        return {"complex": [value.real, value.imag]}
-    raise TypeError(f"the returned type {kind.__name__} is not a built-in value type")
+    if isinstance(value, int):
+        return _int(int.__int__(value))
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, list | tuple | set | frozenset):
+        base = next(k for k in (list, tuple, set, frozenset) if isinstance(value, k))
+        iterate = vars(base)["__iter__"]  # the base type's own, not the subclass's override
+        items = [_encode(v, depth + 1) for v in iterate(value)]
+        return items if base is list else {base.__name__: items}
+    if isinstance(value, dict):
+        pairs = dict.items(value)
+        return {"dict": [[_encode(k, depth + 1), _encode(v, depth + 1)] for k, v in pairs]}
+    if isinstance(value, bytes):
+        return {"bytes": bytes.hex(value)}
+    if isinstance(value, complex):
+        return {"complex": [complex.real.__get__(value), complex.imag.__get__(value)]}
+    raise TypeError(f"the returned type {type(value).__name__} is not a built-in value type")
 
 
 def _decode(data):
@@ -73,6 +107,8 @@ def _decode(data):
             return {_decode(k): _decode(v) for k, v in body}
         if tag == "bytes":
             return bytes.fromhex(body)
+        if tag == "int":
+            return int(body, 16)
         return complex(*body)
     return data
 
@@ -91,27 +127,113 @@ def _run_calls(source: str, job: dict) -> None:
             _send({"i": i, "error": _first_line(exc)})
 
 
-def _run_stdio(source: str, job: dict) -> None:
-    code = compile(source, "solution.py", "exec")
-    real = sys.stdin, sys.stdout
-    for i, given in enumerate(job["inputs"]):
-        out = io.BytesIO()
-        writer = io.TextIOWrapper(out, encoding="utf-8", write_through=True)
-        sys.stdin = io.TextIOWrapper(io.BytesIO(given.encode()), encoding="utf-8")
-        sys.stdout, error = writer, None
+def _scratch(data: bytes) -> tuple[int, int | None]:
+    """(fd 0 for a case, the pipe end to feed it or None): a regular file holding ``data``
+    at offset 0, unlinked (``os.fstat(0).st_size`` then tells the input's size, as the
+    fast-input idiom expects), or a pipe where the file-size limit refuses the file."""
+    name = f".rlax-case-{os.getpid()}-{len(data)}"
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.unlink(name)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        return fd, None
+    except OSError:  # EFBIG / ENOSPC: past the sandbox's file limits
+        os.close(fd)
+    read, write = os.pipe()
+    return read, write
+
+
+def _case(code, fds: tuple[int, int], report: int) -> None:
+    """In a forked child: the program as ``__main__`` with real fds 0 and 1 (never returns)."""
+    status = 0
+    try:
+        for target, fd in zip((0, 1), fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.close(CHANNEL)  # the harness's channel is not the program's
+        for name, fd, mode in (("stdin", 0, "r"), ("stdout", 1, "w")):
+            stream = open(fd, mode, encoding="utf-8", closefd=False)  # noqa: SIM115
+            setattr(sys, name, stream)
+            setattr(sys, f"__{name}__", stream)
         try:
             exec(code, {"__name__": "__main__"})  # noqa: S102
         except SystemExit:
             pass
         except BaseException as exc:  # noqa: BLE001 -- a failing case is a result
-            error = _first_line(exc)
-        sys.stdin, sys.stdout = real
+            os.write(report, _first_line(exc).encode()[:400])
+            status = 1
+        for out in (sys.stdout, sys.__stdout__):  # what interpreter exit would flush
+            try:
+                out.flush()  # type: ignore[union-attr]
+            except BaseException:  # noqa: BLE001, S110 -- a closed or replaced stream
+                pass
+    finally:
+        os._exit(status)
+
+
+def _feed(fd: int, data: bytes) -> None:
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:  # the program left without reading it all
+        pass
+    os.close(fd)
+
+
+def _read_all(fd: int, limit: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks, size = [], 0
+    while size < limit and (chunk := os.read(fd, min(1 << 20, limit - size))):
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _stdio_case(code, given: str) -> dict:
+    """One stdin/stdout case in its own process: ``{"stdout": text}`` or ``{"error": why}``."""
+    data = given.encode()
+    stdin, feed = _scratch(data)
+    stdout, _ = _scratch(b"")
+    report_read, report = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(report_read)
+        if feed is not None:
+            os.close(feed)
+        _case(code, (stdin, stdout), report)
+    for fd in (report, stdin):
+        os.close(fd)
+    if feed is not None:
+        _feed(feed, data)
+    _, status = os.waitpid(child, 0)
+    os.set_blocking(report_read, False)  # a daemon of the case may hold the write end
+    try:
+        error = os.read(report_read, 4096).decode("utf-8", "replace")
+    except BlockingIOError:
+        error = ""
+    os.close(report_read)
+    text = _read_all(stdout, STDOUT_LIMIT).decode("utf-8", "replace")
+    os.close(stdout)
+    if os.WIFSIGNALED(status):
+        error = f"killed by signal {os.WTERMSIG(status)}"
+    return {"error": error} if error else {"stdout": text}
+
+
+def _run_stdio(source: str, job: dict) -> None:
+    """Each case runs in a fork of this process, so ``open(0)``, ``sys.stdin.fileno()``,
+    ``os.read(0, ...)`` and ``os.write(1, ...)`` reach the case's own input and output,
+    and no case sees what an earlier one changed."""
+    code = compile(source, "solution.py", "exec")
+    for i, given in enumerate(job["inputs"]):
         try:
-            writer.flush()
-            text = out.getvalue().decode("utf-8", "replace")
-        except ValueError:  # the program closed its stdout: what it wrote is lost
-            text = ""
-        _send({"i": i, "error": error} if error else {"i": i, "stdout": text})
+            outcome = _stdio_case(code, given)
+        except OSError as exc:  # no fork (the process limit), no scratch file
+            outcome = {"error": _first_line(exc)}
+        _send({"i": i, **outcome})
 
 
 def _run_asserts(source: str, job: dict) -> None:
@@ -135,6 +257,8 @@ def _run_asserts(source: str, job: dict) -> None:
 
 def main() -> None:
     job = json.loads(sys.stdin.readline())
+    for name in ("exit", "quit"):
+        setattr(builtins, name, _Exit(name))
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the job pipe is not the program's
     sys.stdin = open(os.devnull)  # noqa: SIM115
     with open("solution.py", encoding="utf-8") as f:

@@ -6,6 +6,7 @@ than a list is a one-key tag::
     None, True, 3, 2.5, "s", [..]         as themselves
     {"tuple": [..]}  {"set": [..]}  {"frozenset": [..]}
     {"dict": [[key, value], ..]}  {"bytes": "hex"}  {"complex": [re, im]}
+    {"int": "hex"}                        an int of more than 256 bits
 
 :func:`encode` writes test arguments for the harness; :func:`decode` reads
 what the program sent back. Decoding checks every node with ``type(x) is``
@@ -25,6 +26,7 @@ from typing import Any
 __all__ = ["WireError", "decode", "encode", "matches", "parse_line"]
 
 MAX_DEPTH = 64
+INT_BITS = 256  # a larger int travels as hex (the harness's rule too)
 _ATOMS = (type(None), bool, int, float, str)
 
 
@@ -41,6 +43,8 @@ def encode(value: Any, depth: int = 0) -> Any:
     if depth > MAX_DEPTH:
         raise WireError(f"value nested deeper than {MAX_DEPTH}")
     kind = type(value)
+    if kind is int and value.bit_length() > INT_BITS:
+        return {"int": format(value, "x")}
     if kind in _ATOMS:
         return value
     if kind is list:
@@ -80,6 +84,11 @@ def _decode_tag(tag: str, body: Any, depth: int) -> Any:
             return bytes.fromhex(body)
         except ValueError:
             raise WireError("bytes body must be hex") from None
+    if tag == "int" and type(body) is str:
+        try:
+            return int(body, 16)
+        except ValueError:
+            raise WireError("int body must be hex") from None
     complex_body = type(body) is list and len(body) == 2
     if tag == "complex" and complex_body and all(type(x) in (int, float) for x in body):
         return complex(body[0], body[1])

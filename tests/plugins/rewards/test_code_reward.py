@@ -439,3 +439,82 @@ def test_inputs_larger_than_a_pipe_buffer_arrive_whole():
     assert CodeReward(**LIMITS).score(prompt(tests), program).score == 1.0
     call = {"calls": [{"function": "f", "args": [big], "expected": 600_000 - 1}]}
     assert CodeReward(**LIMITS).score(prompt(call), "def f(s):\n    return len(s)\n").score == 1.0
+
+
+# ---- right programs (issue 35): constants, real file descriptors, big ints ---------------
+
+
+@pytest.mark.parametrize(
+    ("source", "value"),
+    [
+        ("10**9 + 7", 1_000_000_007),
+        ("2**31 - 1", 2_147_483_647),
+        ("[0] * 5", [0, 0, 0, 0, 0]),
+        ("-(3)", -3),
+        ("(1, 2) * 2", (1, 2, 1, 2)),
+        ("3 * 'ab'", "ababab"),
+        ("{1: [2] * 2, 'k': (1 << 4) | 1}", {1: [2, 2], "k": 17}),
+        ("7 // 2 + 7 % 2 + 1 / 4", 4.25),
+        ("~0 ^ 5", -6),
+        ("set()", set()),
+        ("2**20000", 2**20000),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_constant_expressions_of_literals_are_folded(source, value):
+    plan = plan_tests({"asserts": [f"assert f() == {source}"]})
+    assert plan.mode == "call" and plan.tests == (CallTest("f", (), {}, value),)
+    assert type(plan.tests[0].expected) is type(value)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "2**10**8",  # 100 million bits: refused before it is computed
+        "[0] * 10**9",
+        "'ab' * 10**7",
+        "[[0] * 1000] * 2000",  # 2 million elements nested
+        "1 << 10**9",
+        "1 / 0",
+        "2.0**100000",  # overflow
+        "'%d' % 3",
+        "x + 1",
+        "len('ab')",
+        "-'a'",
+    ],
+)
+def test_what_is_not_a_bounded_constant_stays_weak(source):
+    assert plan_tests({"asserts": [f"assert f() == {source}"]}).weak
+
+
+def test_ints_of_any_size_cross_the_boundary_as_hex():
+    big = 3**20000  # 9,543 digits
+    assert encode(big) == {"int": format(big, "x")} and encode(-big) == {"int": format(-big, "x")}
+    assert encode(2**256 - 1) == 2**256 - 1  # small ones stay JSON numbers
+    assert decode(encode([big, -big, 5])) == [big, -big, 5]
+
+
+def test_each_stdio_case_is_its_own_process_with_real_descriptors():
+    # Case 0 breaks print and closes stdout; case 1 starts clean: its own fork of the harness.
+    program = (
+        "import builtins, os, sys\n"
+        "size = os.fstat(0).st_size\n"
+        "line = open(0).read().strip()\n"
+        "os.write(1, f'{line}:{size}\\n'.encode())\n"
+        "if line == 'first':\n"
+        "    builtins.print = None\n"
+        "    sys.stdout.close()\n"
+        "print('clean')\n"
+    )
+    tests = {"stdio": [["first\n", "first:6"], ["second\n", "second:7\nclean"]]}
+    result = CodeReward(**LIMITS).run(prompt(tests), program)
+    assert (result.status, result.passed) == ("failed", 1), result  # case 0 raised
+    assert result.detail.startswith("test 0: raised TypeError"), result.detail
+
+
+def test_an_input_past_the_file_limit_arrives_on_a_pipe():
+    big = "1 " * (600 * 1024)  # 1.2 MB, past file_mb=1: fd 0 is a pipe then
+    program = "import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())))\n"
+    tests = {"stdio": [[big, str(600 * 1024)], ["2 2", "4"]]}
+    limits = {**LIMITS, "file_mb": 1}
+    assert CodeReward(**limits).score(prompt(tests), program).score == 1.0

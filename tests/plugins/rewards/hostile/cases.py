@@ -69,7 +69,7 @@ HONEST = {
     ),
     "word_count": (
         "import collections\ndef word_count(s):\n    return dict(collections.Counter(s.split()))\n",
-        "import collections\ndef word_count(s):\n    return collections.Counter(s.split())\n",
+        "import collections\ndef word_count(s):\n    return collections.Counter(s)\n",  # letters
     ),
     "mean": (
         "def mean(xs):\n    return sum(xs) / len(xs)\n",
@@ -83,6 +83,91 @@ HONEST = {
     "echo_upper": (
         "import sys\nfor line in sys.stdin.buffer:\n    print(line.decode().strip().upper())\n",
         "import sys\nprint(sys.stdin.read().upper().replace('\\n', ' '))\n",
+    ),
+}
+
+# ---- right programs: each scores 1 (issue 35) -------------------------------------------
+FACTORIAL_2000 = 1
+for _k in range(2, 2001):
+    FACTORIAL_2000 *= _k  # 5,736 digits: past Python's 4,300-digit int-to-str limit
+SUM_STDIO = TESTS["sum_stdin"]
+FAST_IO = """import os, sys
+class Out:
+    def __init__(self):
+        self.parts = []
+    def write(self, text):
+        self.parts.append(text)
+    def flush(self):
+        os.write(sys.stdout_fd, ''.join(self.parts).encode())
+        self.parts = []
+sys.stdout_fd = sys.stdout.fileno()
+data, chunk = b'', os.read(sys.stdin.fileno(), os.fstat(0).st_size or 1)
+while chunk:
+    data += chunk
+    chunk = os.read(0, 1 << 16)
+sys.stdout = Out()
+print(sum(map(int, data.split())))
+"""
+COUNTS = ["assert word_count('a b a') == {'a': 2, 'b': 1}", "assert word_count('') == {}"]
+CONSTANTS = [
+    "assert modulus() == 10**9 + 7",
+    "assert int_max() == 2**31 - 1",
+    "assert zeros(5) == [0] * 5",
+    "assert negative() == -(3)",
+    "assert twice((1, 2)) == (1, 2) * 2",
+    "assert power(20000) == 2**20000",  # folded to 6,021 digits
+]
+# name -> (tests, a right program)
+RIGHT: dict[str, tuple[object, str]] = {
+    "stdio ends with exit()": (SUM_STDIO, "print(sum(map(int, input().split())))\nexit()\n"),
+    "stdio ends with quit(0)": (
+        SUM_STDIO,
+        "print(sum(map(int, input().split())))\nquit(0)\nprint('never')\n",
+    ),
+    "stdio reads open(0)": (SUM_STDIO, "print(sum(map(int, open(0).read().split())))\n"),
+    "stdio fast I/O on fileno(), fstat and os.read": (SUM_STDIO, FAST_IO),
+    "stdio writes with os.write(1, ...)": (
+        SUM_STDIO,
+        "import os\nos.write(1, b'%d\\n' % sum(map(int, input().split())))\n",
+    ),
+    "stdio writes sys.stdout.buffer": (
+        SUM_STDIO,
+        "import sys\nsys.stdout.buffer.write(str(sum(map(int, input().split()))).encode())\n",
+    ),
+    "returns an int of 5,736 digits": (
+        {"calls": [{"function": "fact", "args": [2000], "expected": FACTORIAL_2000}]},
+        "import math\ndef fact(n):\n    return math.factorial(n)\n",
+    ),
+    "takes an int of 5,001 digits": (
+        {"calls": [{"function": "inc", "args": [10**5000], "expected": 10**5000 + 1}]},
+        "def inc(n):\n    return n + 1\n",
+    ),
+    "returns a Counter for a dict": (
+        COUNTS,
+        "import collections\ndef word_count(s):\n    return collections.Counter(s.split())\n",
+    ),
+    "returns an OrderedDict for a dict": (
+        COUNTS,
+        (
+            "import collections\ndef word_count(s):\n    d = collections.OrderedDict()\n"
+            "    for w in sorted(s.split(), reverse=True):\n        d[w] = d.get(w, 0) + 1\n"
+            "    return d\n"
+        ),
+    ),
+    "returns a defaultdict for a dict": (
+        COUNTS,
+        (
+            "import collections\ndef word_count(s):\n    d = collections.defaultdict(int)\n"
+            "    for w in s.split():\n        d[w] += 1\n    return d\n"
+        ),
+    ),
+    "asserts with constant expressions": (
+        CONSTANTS,
+        (
+            "def modulus():\n    return 1000000007\ndef int_max():\n    return 2147483647\n"
+            "def zeros(n):\n    return [0] * n\ndef negative():\n    return -3\n"
+            "def twice(t):\n    return t + t\ndef power(n):\n    return 2**n\n"
+        ),
     ),
 }
 

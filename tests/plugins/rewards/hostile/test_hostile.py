@@ -7,7 +7,10 @@ the work dir's parent in the weak mode (no entry of the sandbox uid, no
 ``rlax-hostile*`` marker), a host directory and a canary file the programs aim
 at (unchanged), a loopback listener (nothing connected), and a process of
 ours that a program might try to kill (alive). Honest programs of eight
-problems score 1 (right) and 0 (wrong), so the zeros mean something.
+problems score 1 (right) and 0 (wrong), so the zeros mean something, and the
+right-program table (``RIGHT``: ``exit()``, ``open(0)``, fast I/O on real file
+descriptors, ints past 4,300 digits, ``Counter`` for a dict, constant
+expressions in asserts) scores 1.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ pytestmark = pytest.mark.skipif(
 CASES = runpy.run_path(str(pathlib.Path(__file__).with_name("cases.py")))
 processes_of = CASES["processes_of"]
 HOSTILE, HONEST, TESTS = CASES["HOSTILE"], CASES["HONEST"], CASES["TESTS"]
+RIGHT = CASES["RIGHT"]
 PROJECT = str(pathlib.Path(__file__).resolve().parents[4])
 SECRET = "hunter2-red-team-secret"
 LIMITS = {"cpu_s": 1, "wall_s": 1.5, "memory_mb": 256, "file_mb": 4, "processes": 8}
@@ -144,3 +148,16 @@ def test_right_solutions_score_one_and_wrong_ones_zero(problem):
     assert good.passed == good.total == len(plan_tests(read_tests(TESTS[problem])).tests)
     assert reward.judge(bad).score == 0.0 and bad.status == "failed", bad
     assert bad.total == good.total and bad.passed < bad.total
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_right_programs_score_one(name):
+    tests, program = RIGHT[name]
+    reward = CodeReward(**LIMITS)
+    plan = plan_tests(read_tests(tests))
+    assert not plan.weak  # constant expressions are folded: no weak refusal
+    result = reward.run(
+        Prompt(id=name, text="", tokens=np.zeros(1, np.int32), answer=tests), program
+    )
+    assert reward.judge(result).score == 1.0, (result.detail, result.stderr[-300:])
+    assert result.passed == result.total == len(plan.tests)
