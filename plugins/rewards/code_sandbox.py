@@ -2,10 +2,11 @@
 
 :func:`run_tests` runs a solution against a :class:`~rlax.plugins.rewards.
 code_tests.TestPlan`: only the tests' inputs go into the sandbox (on the
-program's stdin, never in a file), the harness (``sandbox_harness.py``) sends
-back the outputs, and :mod:`rlax.plugins.rewards.sandbox_verdict` compares
-them here, in the calling process, with the expected outputs, which never
-leave it. :func:`run_sandboxed` starts ``sandbox_supervisor.py`` (see its
+harness's stdin; nothing is written to a file on this side), the harness
+(``sandbox_harness.py``) sends back the outputs, and
+:mod:`rlax.plugins.rewards.sandbox_verdict` compares them here, in the calling
+process, with the expected outputs, which never leave it; the run and the
+judging end by the call's deadline (``wall_s + GRACE_S``). :func:`run_sandboxed` starts ``sandbox_supervisor.py`` (see its
 docstring for the process tree). What contains a hostile program:
 
 =====================  =====================================================
@@ -51,6 +52,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 import warnings
 from typing import Any
 
@@ -73,6 +75,7 @@ _HERE = pathlib.Path(__file__).resolve().parent
 SUPERVISOR = _HERE / "sandbox_supervisor.py"
 HARNESS = _HERE / "sandbox_harness.py"
 UID_BASE = 1_000_000  # far above any real account
+GRACE_S = 10.0  # past wall_s: starting the supervisor and its world, reading the report
 # The supervisor runs from -c, so that its command line (readable in the sandbox's
 # /proc) names no host path; the module's directory travels in the job on stdin.
 _BOOTSTRAP = (
@@ -216,6 +219,7 @@ def run_sandboxed(
     limits: Limits = Limits(),
     namespaces: bool = True,
     allow_weak_isolation: bool = False,
+    deadline: float | None = None,
 ) -> SandboxResult:
     """Runs ``argv`` in a sandbox whose work dir holds ``files``.
 
@@ -228,12 +232,16 @@ def run_sandboxed(
         the weak mode (warned once per process).
       allow_weak_isolation: where the kernel refuses namespaces, run in the weak
         mode anyway (warned) instead of returning an ``"error"`` result.
+      deadline: the call's ``time.monotonic()`` deadline (default: ``wall_s``
+        plus ``GRACE_S`` from now); the supervisor is killed there.
 
     Returns:
       ``"finished"``, ``"timeout"`` or ``"error"``, with the outputs channel.
     """
     if not namespaces:
         _warn_weak("namespaces=False")
+    if deadline is None:
+        deadline = time.monotonic() + limits.wall_s + GRACE_S
     fallback = tempfile.mkdtemp(prefix="rlax-sandbox-")
     uid = _sandbox_uid()
     job = _supervisor_job(
@@ -248,7 +256,8 @@ def run_sandboxed(
         start_new_session=True,
     )
     try:
-        out, err = proc.communicate(json.dumps(job).encode(), timeout=limits.wall_s + 10)
+        timeout = max(0.0, deadline - time.monotonic())
+        out, err = proc.communicate(json.dumps(job).encode(), timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
@@ -309,8 +318,16 @@ def run_tests(
     limits: Limits = Limits(),
     namespaces: bool = True,
     allow_weak_isolation: bool = False,
+    deadline: float | None = None,
 ) -> SandboxResult:
-    """Runs ``solution`` on ``plan``'s inputs in the sandbox; judges its outputs here."""
+    """Runs ``solution`` on ``plan``'s inputs in the sandbox; judges its outputs here.
+
+    The run and the judging both end by ``deadline`` (a ``time.monotonic()``;
+    default ``limits.wall_s + GRACE_S`` from now): past it the result is a
+    ``"timeout"``, whatever the program sent.
+    """
+    if deadline is None:
+        deadline = time.monotonic() + limits.wall_s + GRACE_S
     nonce = os.urandom(16).hex()
     run = run_sandboxed(
         {"harness.py": HARNESS.read_text(), "solution.py": solution},
@@ -319,6 +336,7 @@ def run_tests(
         limits=limits,
         namespaces=namespaces,
         allow_weak_isolation=allow_weak_isolation,
+        deadline=deadline,
     )
     if run.status != "finished":
         return run
@@ -326,8 +344,11 @@ def run_tests(
         verdict = judge_weak(plan, run.channel, nonce)
         answered = verdict is not None
     else:
-        verdict = judge(plan, run.channel)
+        verdict = judge(plan, run.channel, deadline)
         answered = verdict.answered > 0
+        if verdict.late:
+            detail = "the call's deadline passed while judging the program's outputs"
+            return dataclasses.replace(run, status="timeout", detail=detail)
     by = "program" if plan.weak else "supervisor"
     if verdict is None or not answered:
         how = f"killed by signal {run.signal}" if run.signal else f"exit status {run.returncode}"

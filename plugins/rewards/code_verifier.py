@@ -16,6 +16,12 @@ other assert can only be judged inside the program's interpreter, where the
 program can forge the verdict, so it is refused (a ``ValueError`` naming the
 setting) unless ``allow_weak_tests=True``, and its reason then says
 ``[weak: ...]``. The reason also says when the network was not cut off.
+
+Every call of :meth:`CodeReward.score` (in a reward pool, directly, in a tool
+environment, in evaluation) is bounded by its own deadline, ``wall_s`` plus
+``code_sandbox.GRACE_S``: the sandbox is killed there, and judging the
+program's outputs, bounded in size, depth and work by ``sandbox_verdict.py``,
+stops there too (a ``timeout``, scored 0).
 """
 
 from __future__ import annotations

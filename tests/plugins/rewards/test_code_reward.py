@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 import pathlib
+import random
 import runpy
 import subprocess
 import time
@@ -13,10 +16,11 @@ import numpy as np
 import pytest
 
 from rlax.core.types import Prompt
-from rlax.plugins.rewards.code_sandbox import Limits, run_python_tests
+from rlax.plugins.rewards.code_sandbox import Limits, run_python_tests, run_tests
 from rlax.plugins.rewards.code_tests import CallTest, plan_tests
 from rlax.plugins.rewards.code_verifier import CodeReward, extract_code, read_tests
-from rlax.plugins.rewards.sandbox_values import WireError, decode, encode, matches
+from rlax.plugins.rewards.sandbox_equality import matches
+from rlax.plugins.rewards.sandbox_values import WireError, encode, parse_line
 from rlax.plugins.rewards.sandbox_verdict import judge
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="the sandbox needs Linux")
@@ -388,18 +392,30 @@ def test_one_unconvertible_assert_makes_the_whole_set_weak():
     assert plan_tests({"asserts": ["assert f(1) == 2", "assert f(1) < 2"]}).weak
 
 
+HARNESS = runpy.run_path(
+    str(pathlib.Path(__file__).parents[3] / "plugins" / "rewards" / "sandbox_harness.py")
+)
+
+
+def wire(value):
+    """A returned ``value`` as the trusted side receives it: encoded by the harness, parsed."""
+    return parse_line(json.dumps(HARNESS["_encode"](value)))
+
+
 def test_wire_format_round_trips_and_rejects_what_it_does_not_define():
     value = [None, True, -3, 2.5, "s", (1, [2]), {"k": {3}}, frozenset({4}), b"\x01", 1j]
-    assert decode(encode(value)) == value
-    assert type(decode(encode((1,)))) is tuple and type(decode(encode([1]))) is list
-    for bad in ({"object": 1}, {"tuple": 1}, {"a": 1, "b": 2}, {"set": [[1]]}, {"bytes": "zz"}):
+    assert matches(wire(value), value)
+    assert matches(wire((1,)), (1,)) and not matches(wire([1]), (1,))
+    assert not matches(wire((1,)), [1])
+    for bad in ({"object": 1}, {"tuple": 1}, {"a": 1, "b": 2}, {"bytes": "zz"}, {"int": "xyz"}):
         with pytest.raises(WireError):
-            decode(bad)
+            matches(parse_line(json.dumps(bad)), (1,) if "tuple" in bad else b"")
+    assert not matches(parse_line('{"set": [[1]]}'), {1})  # an unhashable member: unequal
     deep: list = []
     for _ in range(100):
         deep = [deep]
     with pytest.raises(WireError, match="deeper"):
-        decode(deep)
+        matches(parse_line(json.dumps(deep)), deep)
 
     class Sneaky(int):
         pass
@@ -409,11 +425,47 @@ def test_wire_format_round_trips_and_rejects_what_it_does_not_define():
 
 
 def test_matches_compares_builtin_values_only():
-    assert matches((1, 2), (1, 2)) and not matches([1, 2], (1, 2))
-    assert matches(None, None, "is") and not matches(0, None, "is") and not matches(1, True, "is")
-    assert matches(0.50001, 0.5, "isclose", (1e-3, 0.0)) and not matches("0.5", 0.5, "isclose")
-    assert matches([0], None, "truthy") and matches("", None, "falsy")
-    assert not matches(float("nan"), float("nan"))
+    assert matches(wire((1, 2)), (1, 2)) and not matches(wire([1, 2]), (1, 2))
+    assert matches(wire(None), None, "is") and not matches(wire(0), None, "is")
+    assert not matches(wire(1), True, "is")
+    assert matches(wire(0.50001), 0.5, "isclose", (1e-3, 0.0))
+    assert not matches(wire("0.5"), 0.5, "isclose")
+    assert not matches(wire(10**400), 1.0, "isclose")  # too large for a float: not close
+    assert matches(wire([0]), None, "truthy") and matches(wire(""), None, "falsy")
+    assert matches(wire({}), None, "falsy") and matches(wire(3**300), None, "truthy")
+    assert not matches(wire(float("nan")), float("nan"))
+    assert not matches(wire({float("nan"): 1}), {float("nan"): 1})  # a NaN key equals nothing
+
+
+def _values(rng: random.Random, depth: int = 0):
+    """A random built-in value from a small domain, so that equal pairs are common."""
+    atoms = [0, 1, 1.0, True, False, -0.0, 2, 2**300, "a", "b", b"a", None, 1 + 0j, 2j]
+    kind = rng.randrange(7 if depth < 3 else 1)
+    if kind == 0:
+        return rng.choice(atoms)
+    hashable = [v for v in atoms if v is not None] + [(1, "a"), frozenset({1, 2}), ()]
+    size = rng.randrange(4)
+    if kind in (1, 2):
+        items = [_values(rng, depth + 1) for _ in range(size)]
+        return items if kind == 1 else tuple(items)
+    if kind in (3, 4):
+        members = {rng.choice(hashable) for _ in range(size)}
+        return members if kind == 3 else frozenset(members)
+    return {rng.choice(hashable): _values(rng, depth + 1) for _ in range(size)}
+
+
+def test_equality_on_the_wire_is_pythons_equality():
+    """The law: for built-in values without NaN, ``matches(wire(v), w) == (v == w)``."""
+    rng = random.Random(35)
+    pool = [_values(rng) for _ in range(400)]
+    pairs = [(v, v) for v in pool] + [(rng.choice(pool), rng.choice(pool)) for _ in range(6000)]
+    pairs += [({1: "a", 2.0: "b"}, {2: "b", True: "a"}), ({(1, 2.0)}, {(1.0, 2)})]
+    pairs += [(collections.Counter("aab"), {"a": 2, "b": 1}), ([{1, 2}], [frozenset({2, 1})])]
+    equal = 0
+    for v, w in pairs:
+        assert matches(wire(v), w) == (v == w), (v, w)
+        equal += v == w
+    assert equal > len(pool) + 100  # the table holds many equal pairs of different shapes
 
 
 def test_judge_counts_the_first_answer_per_test_and_ignores_the_rest():
@@ -491,7 +543,8 @@ def test_ints_of_any_size_cross_the_boundary_as_hex():
     big = 3**20000  # 9,543 digits
     assert encode(big) == {"int": format(big, "x")} and encode(-big) == {"int": format(-big, "x")}
     assert encode(2**256 - 1) == 2**256 - 1  # small ones stay JSON numbers
-    assert decode(encode([big, -big, 5])) == [big, -big, 5]
+    assert matches(wire([big, -big, 5]), [big, -big, 5])
+    assert not matches(wire([big + 1]), [big])
 
 
 def test_each_stdio_case_is_its_own_process_with_real_descriptors():
@@ -518,3 +571,108 @@ def test_an_input_past_the_file_limit_arrives_on_a_pipe():
     tests = {"stdio": [[big, str(600 * 1024)], ["2 2", "4"]]}
     limits = {**LIMITS, "file_mb": 1}
     assert CodeReward(**limits).score(prompt(tests), program).score == 1.0
+
+
+# ---- bounded on the trusted side (issue 35) ----------------------------------------------
+
+MIB4 = 4 * 2**20 - 64  # just under the channel's 4 MiB
+HASH_MODULUS = 2**61 - 1  # ints equal modulo it share a hash, whatever the seed
+
+
+def _filled(prefix: str, unit: str, suffix: str) -> str:
+    return prefix + unit * ((MIB4 - len(prefix) - len(suffix)) // len(unit)) + suffix
+
+
+def _answer(value_json: str) -> str:
+    return '{"i": 0, "value": ' + value_json + "}"
+
+
+def _colliding(tag: str, count: int, pair: bool) -> str:
+    items = [f"[{k * HASH_MODULUS}, 0]" if pair else str(k * HASH_MODULUS) for k in range(count)]
+    return _answer('{"' + tag + '": [' + ", ".join(items) + "]}")
+
+
+# name -> (channel of about 4 MiB, expected value of test 0, why it scores 0)
+DECODE_BOMBS = {
+    "nested 4 million deep": ("[" * MIB4, 3, "no output"),
+    "two million elements": (_answer(_filled("[", "0,", "0]")), [0, 0, 0], "wrong value"),
+    "a million empty lists": (_answer(_filled("[", "[],", "[]]")), [[]] * 3, "no output"),
+    "a million shallow towers": (_answer(_filled("[", "[[[[]]]],", "0]")), 3, "no output"),
+    "a 4-million-digit decimal int": (_answer("9" * (MIB4 - 20)), 3, "no output"),
+    "a 4-million-digit hex int": (
+        _answer('{"int": "' + "f" * (MIB4 - 40) + '"}'),
+        3,
+        "malformed value",
+    ),
+    "colliding dict keys against an equally long dict": (
+        _colliding("dict", 160_000, pair=True),
+        dict.fromkeys(range(160_000), 0),
+        "wrong value",
+    ),
+    "colliding set members against an equally long set": (
+        _colliding("set", 200_000, pair=False),
+        set(range(200_000)),
+        "wrong value",
+    ),
+    "two million junk lines": ("x\n" * (MIB4 // 2), 3, "no output"),
+    "four million blank lines": ("\n" * MIB4, 3, "no output"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DECODE_BOMBS))
+def test_a_hostile_4_mib_answer_is_refused_or_judged_wrong(name):
+    channel, expected, why = DECODE_BOMBS[name]
+    assert len(channel) >= 3 * 2**20 or "colliding" in name  # colliding: 2.5 MiB and up
+    plan = plan_tests({"calls": [{"function": "f", "args": [], "expected": expected}] * 2})
+    verdict = judge(plan, channel, deadline=time.monotonic() + 600)
+    assert (verdict.passed, verdict.total, verdict.late) == (0, 2, False)
+    assert verdict.failure.startswith(f"test 0: {why}"), verdict.failure
+
+
+def test_a_right_answer_of_4_mib_still_passes():
+    text = "ab[{" * (MIB4 // 8)  # brackets inside a string are no containers
+    plan = plan_tests({"calls": [{"function": "f", "args": [], "expected": [text, {1: text}]}]})
+    channel = _answer(json.dumps([text, {"dict": [[1, text]]}]))
+    assert judge(plan, channel).passed == 1
+    stdio = plan_tests({"stdio": [["", text]]})
+    assert judge(stdio, json.dumps({"i": 0, "stdout": text + "  \n"})).passed == 1
+
+
+def test_judging_stops_at_the_deadline():
+    plan = plan_tests({"calls": [{"function": "f", "args": [], "expected": list(range(5000))}]})
+    verdict = judge(plan, _answer(json.dumps(list(range(5000)))), deadline=time.monotonic() - 1)
+    assert verdict.late and verdict.answered == 0 and verdict.passed == 0
+    plan = plan_tests({"asserts": TESTS})
+    gone = run_tests(GOOD, plan, limits=Limits(**LIMITS), deadline=time.monotonic() - 1)
+    assert gone.status == "timeout" and CodeReward(**LIMITS).judge(gone).score == 0.0
+    on_time = run_tests(GOOD, plan, limits=Limits(**LIMITS), deadline=time.monotonic() + 30)
+    assert on_time.status == "passed"
+
+
+COLLIDING_PROGRAM = (
+    "import os\nM = 2**61 - 1\n"
+    "pairs = ', '.join(f'[{k * M}, 1]' for k in range(130_000))\n"
+    'os.write(3, (\'{"i": 0, "value": {"dict": [\' + pairs + \']}}\\n\').encode())\n'
+    "def ones(n):\n    return None\n"
+)
+ONES = {
+    "calls": [{"function": "ones", "args": [130_000], "expected": dict.fromkeys(range(130_000), 1)}]
+}
+
+
+def test_every_scoring_path_judges_a_hostile_answer_within_the_call():
+    """Direct, pool, tool environment and trace (``score_one``) paths: 0, with the judge's reason."""
+    from rlax.core.rollout.reward_pool import RewardPool, score_one
+    from rlax.plugins.environments.python_tool import PythonToolEnvironment
+
+    reward = CodeReward(**LIMITS)
+    text = f"```python\n{COLLIDING_PROGRAM}```"
+    wanted = "failed 0/1: test 0: wrong value"
+    assert reward.score(prompt(ONES), text).reason.startswith(wanted)
+    assert score_one(reward, prompt(ONES), text) == (0.0, reward.score(prompt(ONES), text).reason)
+    with RewardPool(reward, workers=1, timeout_s=120.0) as pool:
+        scored = pool.score([prompt(ONES)], [text])
+    assert scored.timeouts == scored.errors == 0 and scored.reasons[0].startswith(wanted)
+    episode = PythonToolEnvironment(reward=reward).start(prompt(ONES), tokenizer=None)
+    assert episode.step(text) is None  # an answer, no tool call: scored by the reward
+    assert episode.reward().score == 0.0 and episode.reward().reason.startswith(wanted)

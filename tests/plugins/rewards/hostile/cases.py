@@ -10,9 +10,11 @@ program must not reach), ``CANARY`` (a host file it must not touch),
 ``PROJECT`` (this repository's root), ``SECRET`` (a secret in the caller's
 environment).
 
-``kind`` is ``"contain"`` (the sandbox's walls) or ``"forge"`` (the verdict);
-forging defences do not depend on namespaces, so those also run in the weak
-mode.
+``kind`` is ``"contain"`` (the sandbox's walls), ``"forge"`` (the verdict)
+or ``"decode"`` (the caller: an answer of about 4 MiB built to stall the
+trusted side's decoding: nesting, element counts, huge ints, keys that share a
+hash, junk lines); forging defences do not depend on namespaces, so those also
+run in the weak mode.
 """
 
 from __future__ import annotations
@@ -54,6 +56,15 @@ TESTS = {
     "close": ["assert math.isclose(third(1), 0.3333333333, rel_tol=1e-6)"],
     "sum_stdin": {"stdio": [["1 2 3\n", "6\n"], ["10 -3\n", "7"]]},
     "echo_upper": {"inputs": ["ab\ncd\n"], "outputs": ["AB\nCD"]},
+    # large expected values: an answer of the same length takes the full comparison
+    "ones": {
+        "calls": [
+            {"function": "ones", "args": [130_000], "expected": dict.fromkeys(range(130_000), 1)}
+        ]
+    },
+    "members": {
+        "calls": [{"function": "members", "args": [150_000], "expected": set(range(150_000))}]
+    },
 }
 
 # problem -> (right solution, wrong solution)
@@ -489,5 +500,71 @@ HOSTILE: dict[str, tuple[str, str, str]] = {
             '        os.write(3, b\'{"passed": 2, "total": 2}\\n\')\n    def flush(self):\n'
             "        pass\nsys.stdout = Out()\nprint('passed')\nsys.stdout.close = None\n"
         ),
+    ),
+    # ---- decoding: the caller (answers of about 4 MiB) -----------------------------------
+    "answers 4 million levels deep": (
+        "decode",
+        "add",
+        "import os\nos.write(3, b'{\"i\": 0, \"value\": ' + b'[' * (4 * 2**20 - 40) + b'\\n')\n"
+        + WRONG,
+    ),
+    "answers with 1.3 million elements": (
+        "decode",
+        "add",
+        "import os\nos.write(3, b'{\"i\": 0, \"value\": [' + b'0, ' * 1_300_000 + b'0]}\\n')\n"
+        + WRONG,
+    ),
+    "answers with a million empty lists": (
+        "decode",
+        "add",
+        "import os\nos.write(3, b'{\"i\": 0, \"value\": [' + b'[], ' * 1_000_000 + b'[]]}\\n')\n"
+        + WRONG,
+    ),
+    "returns 400,000 elements through the harness": (
+        "decode",
+        "add",
+        "def add(a, b):\n    return [a] * 400_000\n",
+    ),
+    "answers with an int of 3 million digits": (
+        "decode",
+        "add",
+        "def add(a, b):\n    return 2**10_000_000\n",
+    ),
+    "answers with 4 million decimal digits": (
+        "decode",
+        "add",
+        "import os\nos.write(3, b'{\"i\": 0, \"value\": ' + b'9' * (4 * 2**20 - 40) + b'}\\n')\n"
+        + WRONG,
+    ),
+    "answers with dict keys that share a hash": (
+        "decode",
+        "ones",
+        (
+            "import os\nM = 2**61 - 1\n"
+            "pairs = ', '.join(f'[{k * M}, 1]' for k in range(130_000))\n"
+            'os.write(3, (\'{"i": 0, "value": {"dict": [\' + pairs + \']}}\\n\').encode())\n'
+            "def ones(n):\n    return None\n"
+        ),
+    ),
+    "answers with set members that share a hash": (
+        "decode",
+        "members",
+        (
+            "import os\nM = 2**61 - 1\n"
+            "items = ', '.join(str(k * M) for k in range(150_000))\n"
+            'os.write(3, (\'{"i": 0, "value": {"set": [\' + items + \']}}\\n\').encode())\n'
+            "def members(n):\n    return None\n"
+        ),
+    ),
+    "floods the channel with junk lines": (
+        "decode",
+        "add",
+        "import os\nos.write(3, b'x\\n' * (2 * 2**20 - 32))\n" + WRONG,
+    ),
+    "answers after 4 million blank lines": (
+        "decode",
+        "add",
+        "import os\nos.write(3, b'\\n' * (4 * 2**20 - 64))\n"
+        'os.write(3, b\'{"i": 0, "value": 3}\\n\')\n' + WRONG,
     ),
 }

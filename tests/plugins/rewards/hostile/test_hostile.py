@@ -137,6 +137,7 @@ def test_hostile_program_scores_zero_and_leaves_nothing(name, namespaces, host, 
 def test_the_table_covers_every_class_of_attack():
     kinds = [kind for kind, _, _ in HOSTILE.values()]
     assert len(HOSTILE) >= 30 and kinds.count("forge") >= 15 and kinds.count("contain") >= 15
+    assert kinds.count("decode") >= 9
 
 
 @pytest.mark.parametrize("problem", sorted(HONEST))
