@@ -145,6 +145,8 @@ def _isclose(test: ast.expr) -> CallTest | None:
     tol = {k.arg: _literal(k.value) for k in test.keywords}
     if call is None or not ok or any(not good for good, _ in tol.values()):
         return None
+    if any(type(value) not in (int, float) for _, value in tol.values()):
+        return None  # a tolerance is a real number
     rel, abs_ = tol.get("rel_tol", (True, 1e-9))[1], tol.get("abs_tol", (True, 0.0))[1]
     return CallTest(*call, expected, "isclose", (float(rel), float(abs_)))
 

@@ -39,6 +39,8 @@ MAX_INT_HEX = 1 << 20  # hex digits of one int: 4 million bits
 _SLACK = 16
 _FIRST = operator.itemgetter(0)
 _CONTAINER = object()  # _atom's answer for a list or a container tag
+_PLAIN = frozenset({type(None), bool, int, float, complex, bytes})  # atoms without brackets
+_JSON_ATOMS = frozenset({type(None), bool, int, float, str})
 _TAGS = ("tuple", "set", "frozenset", "dict", "bytes", "complex", "int")
 
 
@@ -73,9 +75,13 @@ def _count(value: Any, cap: int, brackets: list[int] | None = None) -> int:
     while stack and count < cap:
         item = stack.pop()
         count += 1
-        if brackets is not None and isinstance(item, str):
-            brackets[0] += item.count("[") + item.count("{")
-        if isinstance(item, dict):
+        kind = type(item)
+        if kind in _PLAIN:
+            continue
+        if isinstance(item, str):
+            if brackets is not None:
+                brackets[0] += item.count("[") + item.count("{")
+        elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list | tuple | set | frozenset):
@@ -138,6 +144,11 @@ def _atom(node: Any) -> Any:
 
 
 def _canon_atom(value: Any) -> tuple:
+    kind = type(value)
+    if kind is int or kind is bool:  # the common keys first, by exact type
+        return (0, value, 0)
+    if kind is str:
+        return (1, value)
     if value is None:
         return (3,)
     if isinstance(value, str):
@@ -158,6 +169,11 @@ def _canon_atom(value: Any) -> tuple:
 def _canon(node: Any, depth: int, budget: Budget) -> tuple:
     """The canonical form of a hashable wire value (a dict key, a set member)."""
     budget.spend()
+    kind = type(node)
+    if kind is int or kind is bool:  # the common keys first
+        return (0, node, 0)
+    if kind is str:
+        return (1, node)
     if depth > MAX_DEPTH:
         raise WireError(f"value nested deeper than {MAX_DEPTH}")
     if type(node) is tuple and (body := _body(node, ("tuple", "frozenset"))) is not None:
@@ -203,6 +219,8 @@ def _equal(node: Any, expected: Any, depth: int, budget: Budget) -> bool:
     budget.spend()
     if depth > MAX_DEPTH:
         raise WireError(f"value nested deeper than {MAX_DEPTH}")
+    if type(expected) in _JSON_ATOMS and type(node) in _JSON_ATOMS:
+        return bool(node == expected)  # built-in atoms on both sides
     if isinstance(expected, dict):
         return _equal_dict(node, expected, depth, budget)
     if isinstance(expected, set | frozenset):

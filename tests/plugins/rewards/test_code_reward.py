@@ -676,3 +676,11 @@ def test_every_scoring_path_judges_a_hostile_answer_within_the_call():
     episode = PythonToolEnvironment(reward=reward).start(prompt(ONES), tokenizer=None)
     assert episode.step(text) is None  # an answer, no tool call: scored by the reward
     assert episode.reward().score == 0.0 and episode.reward().reason.startswith(wanted)
+
+
+def test_an_isclose_tolerance_must_be_a_real_number():
+    assert (
+        plan_tests({"asserts": ["assert math.isclose(f(1), 0.5, rel_tol=1e-3 * 2)"]}).mode == "call"
+    )
+    for tol in ("1j", "'x'", "None"):
+        assert plan_tests({"asserts": [f"assert math.isclose(f(1), 0.5, rel_tol={tol})"]}).weak
