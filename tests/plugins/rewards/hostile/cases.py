@@ -366,6 +366,18 @@ HOSTILE: dict[str, tuple[str, str, str]] = {
             "def word_count(s):\n    return D()\n"
         ),
     ),
+    "a dict subclass whose methods lie about its data": (
+        "forge",
+        "word_count",
+        (
+            "class D(dict):\n    def items(self):\n        return iter([('a', 2), ('b', 1)])\n"
+            "    def __iter__(self):\n        return iter(['a', 'b'])\n"
+            "    def __len__(self):\n        return 2\n"
+            "    def __getitem__(self, key):\n        return {'a': 2, 'b': 1}[key]\n"
+            "    keys = __iter__\n"
+            "def word_count(s):\n    return D(x=0) if s else D(y=0)\n"
+        ),
+    ),
     "patches json.dumps": (
         "forge",
         "add",
