@@ -170,7 +170,9 @@ def red_team() -> tuple[list[tuple], dict[str, int]]:
             if canary.read_text() != "do not touch" or len(os.listdir(hostdir)) != 1:
                 touched.append("target dir")
             wrong = score > 0 or any(t.startswith("process") for t in touched)
-            forged, escaped = wrong and kind == "forge", wrong and kind == "contain"
+            # A decode case that scores is a forged verdict too (the caller was stalled or fooled).
+            forged = wrong and kind in ("forge", "decode")
+            escaped = wrong and kind == "contain"
             counts["forged"] += forged
             counts["escaped"] += escaped
             counts["host_touched"] += bool(touched)
