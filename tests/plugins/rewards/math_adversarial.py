@@ -19,7 +19,7 @@ import numpy as np
 from rlax.core.types import Prompt
 from rlax.plugins.rewards.math_verifier import MathReward
 
-__all__ = ["ADVERSARIAL", "score_adversarial", "slowest_adversarial"]
+__all__ = ["ADVERSARIAL", "NOTATIONS", "score_adversarial", "slowest_adversarial"]
 
 _NEST = 40
 _LONG = 100_000
@@ -64,6 +64,29 @@ ADVERSARIAL: list[tuple[str, str, str]] = [
 ]
 
 
+# 100 k characters aimed at the choice, repeating-decimal and base-subscript rules:
+# each must be judged on its own (no "timeout" reason), so no step is quadratic.
+NOTATIONS = [
+    ("choice, then spaces", "Answer: B" + " " * _LONG + "x", "B"),
+    ("Answer: repeated", "Answer:" * (_LONG // 7), "B"),
+    ("Answer: ( repeated", "Answer: (" * (_LONG // 9), "B"),
+    ("labels repeated", "Answer: " + "(B) " * (_LONG // 4), "C"),
+    ("spaces before a letter", "Answer:" + " " * _LONG + "B x", "B"),
+    ("decorations", "Answer: " + "**$" * (_LONG // 3) + "B x", "B"),
+    ("a long decimal, then (", "0." + "1" * _LONG + "(", "1"),
+    ("decimal points", ". " * (_LONG // 2), "1"),
+    ("open overlines", r"\overline{" * (_LONG // 10), "1"),
+    ("dots", r"0.\dot{1}" + "1" * _LONG, "1"),
+    ("subscripts", "_8" * (_LONG // 2), "1"),
+    ("open subscripts", "1_{" * (_LONG // 3), "2"),
+    ("digits, then a subscript", "1" * _LONG + "_8", "1"),
+    ("imaginary units", "i" * _LONG, "1"),
+    ("an answer of imaginary units", r"\boxed{" + "i+" * 190 + "}", "1"),
+    ("a subscripted numeral at the cap", r"\boxed{" + "1" * 390 + "_2}", "1"),
+    ("a repeating block at the cap", r"\boxed{0.\overline{" + "3" * 380 + "}}", "1"),
+]
+
+
 def _prompt(answer: str) -> Prompt:
     return Prompt(id="adversarial", text="q", tokens=np.zeros(1, np.int32), answer=answer)
 
@@ -77,7 +100,7 @@ def score_adversarial(timeout_s: float) -> list[tuple[str, float, float, str]]:
     reward = MathReward(timeout_s=timeout_s)
     reward.score(_prompt("1"), r"\boxed{\sqrt{2}}")  # imports outside the timing
     rows = []
-    for name, completion, gold in ADVERSARIAL:
+    for name, completion, gold in [*ADVERSARIAL, *NOTATIONS]:
         start = time.perf_counter()
         result = reward.score(_prompt(gold), completion)
         rows.append((name, result.score, time.perf_counter() - start, result.reason))

@@ -20,7 +20,7 @@ from rlax.plugins.rewards.math_equivalence import equivalent
 from rlax.plugins.rewards.math_verifier import MathReward
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from math_adversarial import ADVERSARIAL, slowest_adversarial  # next to this file
+from math_adversarial import ADVERSARIAL, NOTATIONS, slowest_adversarial  # next to this file
 
 TIMEOUT_S = 2.0
 
@@ -59,31 +59,6 @@ def test_every_adversarial_input_is_wrong_within_its_timeout(reward, name, compl
     elapsed = time.perf_counter() - start
     assert result.score == 0.0, result.reason
     assert elapsed < TIMEOUT_S, f"{name}: {elapsed:.2f}s ({result.reason})"
-
-
-_N = 100_000
-
-# 100 k characters aimed at the choice, repeating-decimal and base-subscript rules:
-# each must be judged on its own (no "timeout" reason), so no step is quadratic.
-NOTATIONS = [
-    ("choice, then spaces", "Answer: B" + " " * _N + "x", "B"),
-    ("Answer: repeated", "Answer:" * (_N // 7), "B"),
-    ("Answer: ( repeated", "Answer: (" * (_N // 9), "B"),
-    ("labels repeated", "Answer: " + "(B) " * (_N // 4), "C"),
-    ("spaces before a letter", "Answer:" + " " * _N + "B x", "B"),
-    ("decorations", "Answer: " + "**$" * (_N // 3) + "B x", "B"),
-    ("a long decimal, then (", "0." + "1" * _N + "(", "1"),
-    ("decimal points", ". " * (_N // 2), "1"),
-    ("open overlines", r"\overline{" * (_N // 10), "1"),
-    ("dots", r"0.\dot{1}" + "1" * _N, "1"),
-    ("subscripts", "_8" * (_N // 2), "1"),
-    ("open subscripts", "1_{" * (_N // 3), "2"),
-    ("digits, then a subscript", "1" * _N + "_8", "1"),
-    ("imaginary units", "i" * _N, "1"),
-    ("an answer of imaginary units", r"\boxed{" + "i+" * 190 + "}", "1"),
-    ("a subscripted numeral at the cap", r"\boxed{" + "1" * 390 + "_2}", "1"),
-    ("a repeating block at the cap", r"\boxed{0.\overline{" + "3" * 380 + "}}", "1"),
-]
 
 
 @pytest.mark.parametrize(("name", "completion", "gold"), NOTATIONS, ids=[n[0] for n in NOTATIONS])
@@ -199,7 +174,7 @@ def test_off_the_main_thread_the_symbolic_stage_runs_in_a_child():
 
 def test_slowest_adversarial_names_an_input_and_its_time():
     name, seconds = slowest_adversarial(timeout_s=1.0)
-    assert name in {a[0] for a in ADVERSARIAL}
+    assert name in {a[0] for a in [*ADVERSARIAL, *NOTATIONS]}
     assert 0.0 < seconds < 1.0
 
 
