@@ -7,6 +7,16 @@ template) that prompt becomes the user turn of the template, rendered with the
 generation prompt, so the model sees the conversation format it was tuned on.
 A base model gets its bos token instead (when its config asks for one).
 
+Text is text. Every text this class encodes (``encode``'s text, every
+message's content) is untrusted: the spelling of a special token in it
+(``<|im_end|>``, ``<|im_start|>``) becomes the ordinary tokens of those
+characters, never the control id. Control ids come only from the chat
+template's own framing, rendered around placeholders that stand for the
+messages' contents (:meth:`HFTokenizer.chat_parts`), and from explicit ids
+(``bos_id``). Plain text next to the framing is encoded with it, so for text
+without special spellings the ids are those of the whole rendering encoded
+with its special tokens, as before.
+
 Sources: an HF directory (``tokenizer.json`` + ``tokenizer_config.json``, the
 template possibly in ``chat_template.jinja``) or GGUF metadata (built by
 :mod:`rlax.core.models.gguf`). Chat templates are jinja, rendered the way
@@ -15,8 +25,10 @@ transformers renders them (sandboxed, ``trim_blocks`` and ``lstrip_blocks``).
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -26,6 +38,11 @@ if TYPE_CHECKING:
     import jinja2
 
 __all__ = ["HFTokenizer", "TokenizerError"]
+
+
+# Stands for message k's content while the template renders its framing.
+_SLOT = "\x00rlax-text-{}\x00"
+_SLOTS = re.compile("\x00rlax-text-([0-9]+)\x00")
 
 
 class TokenizerError(ValueError):
@@ -81,18 +98,25 @@ class HFTokenizer:
     # -- encoding --------------------------------------------------------------
 
     def encode(self, text: str, *, bos: bool = False) -> np.ndarray:
-        """Token ids of ``text``; with ``bos`` it is a prompt (templated or bos-prefixed)."""
+        """int32 [T]: ``text`` as plain text; with ``bos`` it is a prompt (templated or bos-prefixed).
+
+        No control id comes from ``text``: special tokens' spellings in it are ordinary text.
+        """
         if bos and self.use_chat_template:
             return self.encode_chat([{"role": "user", "content": text}])
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        ids = self._plain_ids(text)
         if bos and self.add_bos and self.bos_id is not None:
             ids = [self.bos_id, *ids]
         return np.asarray(ids, dtype=np.int32)
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
+        self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True
     ) -> str:
-        """The conversation rendered by the model's jinja chat template."""
+        """The conversation rendered by the model's jinja chat template, as text.
+
+        To read, not to encode: its special spellings cannot be told from the
+        messages' (use :meth:`encode_chat`).
+        """
         if self.chat_template is None:
             raise ValueError("this tokenizer has no chat template (a base model)")
         if self._template is None:
@@ -104,9 +128,131 @@ class HFTokenizer:
             eos_token=self.token(self.eos_id) or "",
         )
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> np.ndarray:
-        text = self.apply_chat_template(messages, add_generation_prompt=True)
-        return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
+    def encode_chat(
+        self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True
+    ) -> np.ndarray:
+        """int32 [T]: the rendered conversation, control ids from the template's framing only."""
+        return self.encode_parts(
+            self.chat_parts(messages, add_generation_prompt=add_generation_prompt)
+        )
+
+    def chat_parts(
+        self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True
+    ) -> list[str]:
+        """The rendering as [framing, text, framing, ..., text, framing], in message order.
+
+        Each text is a message's content as the template renders it; the framing
+        between is the template's own, rendered with placeholders for every
+        content, so it holds no message's text. Messages without a ``content``
+        string (None or absent) have no text part.
+
+        Raises:
+          ValueError: a content that is not a string; a template that does not
+            show a content exactly once, shows contents out of order, or frames a
+            content differently from a placeholder (its framing depends on the text).
+        """
+        texts = []
+        for k, message in enumerate(messages):
+            content = message.get("content")
+            if isinstance(content, str):
+                texts.append(k)
+            elif content is not None:
+                raise ValueError(f"message {k}'s content is not text: {type(content).__name__}")
+
+        def render(real: int | None) -> str:
+            shown = [
+                {**m, "content": _SLOT.format(k)} if k in texts and k != real else m
+                for k, m in enumerate(messages)
+            ]
+            return self.apply_chat_template(shown, add_generation_prompt=add_generation_prompt)
+
+        pieces = _SLOTS.split(render(None))  # framing, k, framing, k, ..., framing
+        order = [int(k) for k in pieces[1::2]]
+        if order != texts:
+            raise ValueError(
+                f"the chat template shows message contents {order}, not each of {texts} once in order"
+            )
+        shown = [_SLOT.format(p) if i % 2 else p for i, p in enumerate(pieces)]
+        parts = list(pieces)
+        for n, k in enumerate(texts):
+            before, after = "".join(shown[: 2 * n + 1]), "".join(shown[2 * n + 2 :])
+            full = render(k)
+            if not (
+                full.startswith(before)
+                and full.endswith(after)
+                and len(full) >= len(before) + len(after)
+            ):
+                raise ValueError(f"the chat template's framing of message {k} depends on its text")
+            parts[2 * n + 1] = full[len(before) : len(full) - len(after)]
+        return parts
+
+    def encode_parts(self, parts: Sequence[str]) -> np.ndarray:
+        """int32 [T]: [framing, text, framing, ...]; control ids from the framing only.
+
+        Even parts are the template's framing: the spellings of special tokens
+        there are their ids. Odd parts are text, encoded as plain text together
+        with the framing's plain text next to them (up to the nearest special
+        token), so for text without special spellings the ids are those of the
+        joined parts encoded with their special tokens.
+        """
+        ids: list[int] = []
+        run: list[str] = []  # plain text not yet encoded
+        pattern, by_group = self._specials
+        for k, part in enumerate(parts):
+            if k % 2 or pattern is None:
+                run.append(part)
+                continue
+            start = 0
+            for found in pattern.finditer(part):
+                run.append(part[start : found.start()])
+                ids += self._plain_ids("".join(run))
+                ids.append(by_group[found.lastindex or 0])
+                run, start = [], found.end()
+            run.append(part[start:])
+        ids += self._plain_ids("".join(run))
+        return np.asarray(ids, np.int32)
+
+    @property
+    def control_ids(self) -> frozenset[int]:
+        """Ids text must never produce: every added token registered as special, bos, eos, pad."""
+        ids = {self.eos_id, self.pad_id, *self._specials[1].values()}
+        if self.bos_id is not None:
+            ids.add(self.bos_id)
+        return frozenset(ids)
+
+    def _plain_ids(self, text: str) -> list[int]:
+        return self._plain.encode(text, add_special_tokens=False).ids if text else []
+
+    @functools.cached_property
+    def _plain(self) -> Any:
+        """A copy of the ``tokenizers`` object that reads special tokens' spellings as text."""
+        from tokenizers import Tokenizer
+
+        plain = Tokenizer.from_str(self.tokenizer.to_str())
+        plain.encode_special_tokens = True
+        return plain
+
+    @functools.cached_property
+    def _specials(self) -> tuple[re.Pattern[str] | None, dict[int, int]]:
+        """A pattern of the special tokens' spellings (longest first) and group -> id.
+
+        Matched as ``tokenizers`` matches them: ``lstrip`` / ``rstrip`` take the
+        whitespace beside the spelling with it.
+        """
+        added = self.tokenizer.get_added_tokens_decoder()
+        special = sorted(
+            ((i, t) for i, t in added.items() if t.special and t.content),
+            key=lambda it: -len(it[1].content),
+        )
+        if not special:
+            return None, {}
+        alternatives = [
+            ("\\s*" if t.lstrip else "")
+            + f"({re.escape(t.content)})"
+            + ("\\s*" if t.rstrip else "")
+            for _, t in special
+        ]
+        return re.compile("|".join(alternatives)), {g + 1: i for g, (i, _) in enumerate(special)}
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """Text of ``ids`` up to the first eos; special tokens are dropped."""

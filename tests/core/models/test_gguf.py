@@ -71,20 +71,28 @@ def test_config_read_off_the_file(smollm2):
 
 
 def test_token_ids_match_transformers(smollm2, hf_tokenizer):
+    """Text is plain text (special spellings split, as transformers' ``split_special_tokens``);
+    the ``tokenizers`` object the template's framing is read with parses them as transformers."""
     _, tok = smollm2
     for text in TEXTS:
-        assert tok.encode(text).tolist() == hf_tokenizer.encode(text, add_special_tokens=False), (
-            text
-        )
-        if "<" not in text:  # special tokens are dropped by decode
-            assert tok.decode(tok.encode(text)) == text
+        plain = hf_tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        assert tok.encode(text).tolist() == plain, text
+        assert tok.decode(tok.encode(text)) == text  # special spellings are text: kept
+        parsed = tok.tokenizer.encode(text, add_special_tokens=False).ids
+        assert parsed == hf_tokenizer.encode(text, add_special_tokens=False), text
+        if "<" not in text:
+            assert parsed == plain
 
 
 def test_every_control_token_is_special(smollm2):
+    """Each control token is one id in the template's framing, and never from text."""
     _, tok = smollm2
     for i in range(17):
         piece = tok.token(i)
-        assert tok.encode(f"a{piece}b").tolist()[1] == i, piece
+        assert tok.tokenizer.encode(f"a{piece}b").ids[1] == i, piece
+        assert tok.encode_parts([f"a{piece}b"]).tolist()[1] == i, piece
+        assert i in tok.control_ids
+        assert not tok.control_ids & set(tok.encode(f"a{piece}b").tolist()), piece
 
 
 def test_digits_are_split_before_byte_level(smollm2):

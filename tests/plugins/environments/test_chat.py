@@ -43,15 +43,15 @@ def test_appending_ids_gives_the_ids_of_the_whole_conversation(chat_tokenizer):
     prompt = tok.encode("What is 6*7?", bos=True)  # the templated user turn
     turn = np.append(tok.encode("Let me check."), tok.eos_id)  # as the sampler returns it
     appended = np.r_[prompt, turn, observation_ids(tok, "42")].tolist()
-    whole = tok.apply_chat_template(
-        [
-            {"role": "user", "content": "What is 6*7?"},
-            {"role": "assistant", "content": "Let me check."},
-            {"role": "user", "content": "42"},
-        ],
-        add_generation_prompt=True,
-    )
-    assert appended == tok.encode(whole).tolist()
+    messages = [
+        {"role": "user", "content": "What is 6*7?"},
+        {"role": "assistant", "content": "Let me check."},
+        {"role": "user", "content": "42"},
+    ]
+    assert appended == tok.encode_chat(messages).tolist()
+    # ... which, for text without special spellings, is the whole rendering read with its specials.
+    whole = tok.apply_chat_template(messages, add_generation_prompt=True)
+    assert appended == tok.tokenizer.encode(whole, add_special_tokens=False).ids
     assert tok.eos_id in appended and appended.count(tok.eos_id) == 3
 
 

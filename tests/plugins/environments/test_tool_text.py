@@ -88,9 +88,11 @@ def test_hf_tokenizers_observation_text_with_every_special_token_has_no_special_
     assert {"<|im_start|>", "<|im_end|>", "<|endoftext|>"} <= set(specials.values())
     assert {tok.eos_id, tok.bos_id} <= set(specials)
     text = forged(specials.values())
-    assert set(tok.encode(text).tolist()) & set(specials)  # as written, they are control ids
+    raw = tok.tokenizer.encode(text, add_special_tokens=False).ids
+    assert set(raw) & set(specials)  # read with special tokens, they would be control ids
 
     ids = text_ids(tok, text)
+    assert ids.tolist() == tok.encode(text).tolist()  # the core's encode is already plain
     assert not set(ids.tolist()) & set(specials)
     assert tok.decode(ids) == text
 
@@ -125,7 +127,8 @@ def test_an_ordinary_observation_encodes_as_the_template_renders_it(hf_tokenizer
     tok = hf_tokenizer
     for text in ("too low", "42\n", " 3.14 and 2**10 = 1024", "naïve — ünïcode 数字", "a\n\nb  "):
         rendered = observation_text(tok, text, role="tool")
-        assert observation_ids(tok, text, role="tool").tolist() == tok.encode(rendered).tolist()
+        whole = tok.tokenizer.encode(rendered, add_special_tokens=False).ids  # specials parsed
+        assert observation_ids(tok, text, role="tool").tolist() == whole
         before, content, after = observation_parts(tok, text, role="tool")
         assert before + content + after == rendered and content == text
 
@@ -203,7 +206,10 @@ def test_the_sandboxed_python_tool_printing_a_forged_turn_is_read_as_text(gguf_t
 
 
 class RawEnvironment:
-    """Encodes its observation with ``tokenizer.encode`` as written: special spellings and all."""
+    """Encodes its observation with the ``tokenizers`` object as written: special spellings and all.
+
+    (``HFTokenizer.encode`` reads them as text; this environment goes around it.)
+    """
 
     limits = EpisodeLimits(max_turns=3, max_episode_tokens=512)
 
@@ -220,7 +226,8 @@ class RawEpisode:
 
     def step(self, text):
         self.steps += 1
-        ids = np.asarray(self.tokenizer.encode(self.shown), np.int32)
+        raw = self.tokenizer.tokenizer.encode(self.shown, add_special_tokens=False).ids
+        ids = np.asarray(raw, np.int32)
         return None if self.steps == 2 else Observation(ids, self.shown)
 
     def reward(self):
@@ -242,7 +249,8 @@ def test_an_observation_with_control_ids_from_its_text_ends_the_episode(gguf_tok
     assert play(tok, RawEnvironment("again"), ["a", "b"]).episode["failed"] == 0
     control = ControlTokens(tok)
     assert control.refusal(observation_ids(tok, "<|im_end|>", role="tool")) is None
-    assert control.refusal(tok.encode("<|endoftext|>")) is not None
+    assert control.refusal(tok.tokenizer.encode("<|endoftext|>").ids) is not None
+    assert control.refusal(tok.encode("<|endoftext|>")) is None  # the core encodes it as text
 
 
 def test_the_character_tokenizer_s_special_ids_are_refused_in_an_observation():
