@@ -11,16 +11,15 @@
     rlax show RUN [--traces N]
 
 Start-up, in this order: let host memory be reused from step to step
-(:mod:`rlax.core.parallel.host_memory`; it must come before JAX starts), build the
-plugin manager and load the plugins
-(registering their components with gin), register the core configurables,
-parse the gin files and bindings; then call the configured ``rlax.train`` or
-``rlax.evaluate``. Exit statuses are the ``EXIT_*`` constants of :mod:`rlax.core.errors`.
+(:mod:`rlax.core.parallel.host_memory`; before JAX starts), build the plugin manager and
+load the plugins (registering their components with gin), register the core
+configurables, parse the gin files and bindings; in a role that compiles, turn the
+compilation cache on (:mod:`rlax.core.runtime.compile_cache`); then call the configured
+``rlax.train`` or ``rlax.evaluate``. Exit statuses: :mod:`rlax.core.errors`' ``EXIT_*``.
 
-A trainer of several processes (``rlax.train.distributed``, or the
-``RLAX_*`` variables of docs/mesh.md) joins the others before gin builds
-anything (the sampler, the task): JAX's multi-process runtime must start
-before any code touches a device.
+A trainer of several processes (``rlax.train.distributed``, or the ``RLAX_*`` variables
+of docs/mesh.md) joins the others before gin builds anything (the sampler, the task):
+JAX's multi-process runtime must start before any code touches a device.
 """
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ from rlax.core.plugins import (
     build_plugin_manager,
     installed_entry_points,
 )
-from rlax.core.runtime import terminal
+from rlax.core.runtime import compile_cache, terminal
 from rlax.core.runtime.run_dir import RunDir
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE", "main"]
@@ -67,6 +66,7 @@ __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE", "main"]
 
 ROLES = ("all", "inline", "param_server", "trainer", "worker")
 _BINDING_PREFIX = "--gin."
+_COMPILE_CACHE = ("rlax", "compile_cache")  # its settings: rlax.core.runtime.compile_cache
 _PLUGIN_COLUMNS = ("kind", "name", "plugin", "distribution", "version")
 
 
@@ -95,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bindings and args.command in ("plugins", "show"):
         return _error("--gin.NAME=VALUE bindings apply to 'run' and 'eval' only", EXIT_USAGE)
     try:
-        return args.handler(args, bindings)
+        with compile_cache.session():  # a refused role takes back the cache folder it made
+            return args.handler(args, bindings)
     except (ConfigError, PluginError) as exc:
         return _error(str(exc), EXIT_USAGE)
     except RunFinished:
@@ -229,8 +230,7 @@ def _split_bindings(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _error(message: str, status: int) -> int:
-    # gin appends "In call to configurable ..." to errors raised inside a
-    # configurable; the message already says what and where.
+    # gin appends "In call to configurable ..."; the message already says what and where.
     message = message.split("\n  In call to configurable")[0]
     if status == EXIT_USAGE and (report := os.environ.get(USAGE_ERROR_FILE_ENV)):
         pathlib.Path(report).write_text(message)  # the supervisor prints it, once
@@ -289,6 +289,8 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> int:
     given = _given_run_dir(args)
     if role in ("trainer", "inline"):
         join_trainer_processes()
+    if role not in ("all", "param_server"):  # they compile nothing (the supervisor: no JAX)
+        compile_cache.start(config.configured(*_COMPILE_CACHE)(), given)  # None: in RUN, later
     if role not in ("all", "trainer", "inline"):
         where = {"run_dir": given.path} if role == "param_server" and given else {}
         return _status(config.configured("rlax", role)(hook=pm.hook, **where))
@@ -345,8 +347,7 @@ def _multihost() -> Any:
 
 
 def _given_run_dir(args: argparse.Namespace) -> RunDir | None:
-    """``--run-dir DIR``; ``--resume DIR``: DIR, checked; bare ``--resume``: the newest run
-    of that name; neither: None."""
+    """``--run-dir DIR``, ``--resume DIR`` (checked), bare ``--resume`` (newest run), or None."""
     if args.resume:
         given = RunDir.resumed(args.resume, train_setting("run_root"), train_setting("run_name"))
     elif args.run_dir:
@@ -367,9 +368,9 @@ def _say_how_to_resume(
 
 
 def _eval(args: argparse.Namespace, bindings: list[str]) -> int:
-    # The model evaluated is the run's model: configs that require INIT_CHECKPOINT
-    # (configs/base/roles.gin) need no placeholder for `rlax eval`.
+    # INIT_CHECKPOINT is the checkpoint: configs that require it need no placeholder here.
     pm = _configure(args, [*bindings, f"INIT_CHECKPOINT = {str(args.checkpoint)!r}"])
+    compile_cache.start(config.configured(*_COMPILE_CACHE)(), RunDir.owning(args.checkpoint))
     evaluate = config.configured("rlax", "evaluate")
     extra = {"out": args.out} if args.out else {}
     return _status(evaluate(hook=pm.hook, checkpoint=args.checkpoint, **extra))

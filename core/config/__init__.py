@@ -60,7 +60,7 @@ def register_core_configurables() -> None:
     from rlax.core.parallel import mesh, multihost
     from rlax.core.param_server import role as ps_role
     from rlax.core.param_server import settings
-    from rlax.core.runtime import preemption
+    from rlax.core.runtime import compile_cache, preemption
     from rlax.core.trainer import checkpoint, observe
     from rlax.core.trainer import optimizer as optim
     from rlax.core.trainer import role as trainer_role
@@ -93,6 +93,7 @@ def register_core_configurables() -> None:
             "watch": observe.WatchSettings,
             "lora": lora.LoraConfig,
             "distributed": multihost.DistributedSettings,
+            "compile_cache": compile_cache.CompileCacheSettings,
         },
     )
 

@@ -14,6 +14,7 @@ each role wraps the path in a :class:`RunDir` and asks it where a file goes::
     adapter/                       with LoRA: the adapters in PEFT's layout
     train_state/                   resumable checkpoints of the whole trainer state
     param_server/                  the parameter server's queue and weights
+    compile_cache/                 the programs the roles compiled (JAX's persistent cache)
 
 A directory holding ``operative_config.gin`` (or a ``train_state/``) is a run
 that can be resumed; a run is finished once it has exported its final policy
@@ -68,6 +69,7 @@ class RunDir:
     ADAPTER: ClassVar[str] = "adapter"
     TRAIN_STATE: ClassVar[str] = "train_state"
     PARAM_SERVER: ClassVar[str] = "param_server"
+    COMPILE_CACHE: ClassVar[str] = "compile_cache"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", pathlib.Path(self.path))
@@ -130,11 +132,21 @@ class RunDir:
     def param_server(self) -> pathlib.Path:
         return self.path / self.PARAM_SERVER
 
+    @property
+    def compile_cache(self) -> pathlib.Path:
+        return self.path / self.COMPILE_CACHE
+
     def staged_final_policy(self, which: Literal["new", "old"]) -> pathlib.Path:
         """Beside the final policy: the one being exported (new), the one replaced (old)."""
         return self.path / f"{self.FINAL_POLICY}.{which}"
 
     # -- making, finding, finishing ----------------------------------------------------
+
+    @classmethod
+    def owning(cls, path: str | os.PathLike[str]) -> RunDir | None:
+        """The run ``path`` is a file or folder of (its final policy), or None."""
+        run = cls(pathlib.Path(path).resolve().parent)
+        return run if run.holds_run() else None
 
     @classmethod
     def make(cls, run_root: str | os.PathLike[str], run_name: str) -> RunDir:

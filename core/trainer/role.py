@@ -112,6 +112,7 @@ from rlax.core.parallel.multihost import initialize as initialize_distributed
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.rollout.groups import check_online_filters
+from rlax.core.runtime import compile_cache
 from rlax.core.runtime.preemption import Preemption
 from rlax.core.runtime.run_dir import RunDir
 from rlax.core.runtime.run_files import save_run_config
@@ -145,6 +146,7 @@ def _open_run_dir(run_dir: RunDir | pathlib.Path | None, run_root: str, run_name
     if not run_dir:
         run_dir = multihost.run_on_lead(lambda: RunDir.make(run_root, run_name))
     opened = RunDir.of(run_dir).open()
+    compile_cache.start_in_run(opened)  # if it waited for the run directory
     if multihost.is_lead():
         print(f"run directory: {opened}", flush=True)  # at start: a preempted run resumes there
     return opened

@@ -1,0 +1,100 @@
+"""A role's JAX work in a process of its own, for ``test_compile_cache.py``.
+
+``python compile_cache_role.py RUN [other-jaxlib]`` turns the run's compilation cache on
+as a role does (:func:`rlax.core.runtime.compile_cache.start`, before anything
+compiles), loads a tiny policy (as from a checkpoint: host arrays, nothing compiled)
+and takes two trainer steps on it, then prints one JSON line: the cache's hits and
+misses, how many programs this process asked the cache for, and the losses.
+``other-jaxlib`` makes this process's jaxlib version read differently, as a role of
+another release would, and stops once the trainer is built (its first program).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"  # JAX asks the cache
+
+
+def main(run: str, other_jaxlib: bool) -> None:
+    import jax
+
+    from rlax.core.runtime import compile_cache
+    from rlax.core.runtime.run_dir import RunDir
+
+    if other_jaxlib:  # the version JAX writes into each cache key
+        from jax._src import cache_key
+
+        cache_key.jaxlib_version_str += ".other"
+    requests: list[str] = []
+    jax.monitoring.register_event_listener(
+        lambda event, **_: requests.append(event) if event == REQUESTS else None
+    )
+    where = compile_cache.start(compile_cache.CompileCacheSettings(), RunDir(run))
+    trainer = _trainer()
+    losses = [] if other_jaxlib else [trainer.step(_batch())["loss"] for _ in range(2)]
+    counts = compile_cache.counts()
+    report = {"cache": str(where), "hits": counts.hits, "misses": counts.misses}
+    print(json.dumps({**report, "requests": len(requests), "losses": losses}))
+
+
+def _trainer():
+    """The trainer of a tiny policy loaded as from a checkpoint (host arrays: no program)."""
+    import jax
+    import optax
+    from flax import nnx
+
+    from rlax.core.models.bundle import abstract_model
+    from rlax.core.models.config import TransformerConfig
+    from rlax.core.trainer.step import Trainer
+    from rlax.plugins.algorithms.grpo import grpo
+
+    cfg = TransformerConfig(
+        vocab_size=9,
+        num_layers=1,
+        embed_dim=16,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=8,
+        mlp_dim=32,
+    )
+    rng = np.random.default_rng(0)
+    model = abstract_model(cfg)
+    state = nnx.state(model)
+    weights = jax.tree.map(
+        lambda x: (0.3 * rng.standard_normal(x.shape)).astype(x.dtype), nnx.to_pure_dict(state)
+    )
+    nnx.replace_by_pure_dict(state, weights)
+    nnx.update(model, state)
+    return Trainer(model, grpo(), optax.sgd(0.1))
+
+
+def _batch():
+    """Two groups of three completions, rewards (1, 0, 0)."""
+    from rlax.core.trainer.batches import make_batch
+    from rlax.core.types import Completion, Group, Prompt
+    from rlax.plugins.algorithms.grpo import grpo
+
+    rng = np.random.default_rng(1)
+    groups = []
+    for i in range(2):
+        prompt = Prompt(str(i), "", rng.integers(3, 9, size=3 + i).astype(np.int32), "")
+        completions = tuple(
+            Completion(
+                rng.integers(3, 9, size=n).astype(np.int32),
+                -rng.random(n).astype(np.float32),
+                "",
+                "stop",
+                0,
+            )
+            for n in (2, 3, 1)
+        )
+        groups.append(Group(prompt, completions, np.array([1.0, 0.0, 0.0], np.float32)))
+    return make_batch(groups, grpo().advantages(np.stack([g.rewards for g in groups])))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], other_jaxlib=sys.argv[2:] == ["other-jaxlib"])
