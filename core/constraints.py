@@ -62,6 +62,7 @@ from rlax.core.errors import BadSetting
 __all__ = [
     "CHECK_ATTRIBUTE",
     "AtLeast",
+    "Built",
     "Constraint",
     "ExistingPath",
     "NonNegative",
@@ -271,6 +272,20 @@ def check_fields(settings: Any) -> None:
     for field in dataclasses.fields(settings):
         if why := refusal(getattr(settings, field.name), hints.get(field.name, Any)):
             raise BadSetting(field.name, why)
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """What a setting bound by reference (``@samplers.engine()``) will build, as a rule
+    between settings sees it before anything is built: the configurable's ``selector``
+    and its ``factory`` (the class or function gin will call).
+
+    A rule gets one only for a parameter it names in its own signature (a rule taking
+    ``**settings`` alone never does), so a rule between numbers never meets one.
+    """
+
+    selector: str
+    factory: Any
 
 
 # The attribute :func:`checked_by` sets on a configurable; ``rlax.core.config`` calls it.

@@ -368,6 +368,14 @@ CASES = {
         ["run", "--gin", "quickstart", "--gin.tasks.arithmetic.template='Solve it:'"],
         "tasks.arithmetic.template: 'Solve it:' does not show {problem}",
     ),
+    "in-flight reloads of a sampler that cannot do them": (
+        ["run", "--gin", "quickstart", "--gin.rlax.worker.reload_in_flight=True"],
+        (
+            "--gin.rlax.worker.reload_in_flight=True: rlax.worker.reload_in_flight: JaxSampler "
+            "is not Resumable (no generate_groups), so it loads weights between batches only; "
+            "set it to False"
+        ),
+    ),
     "resuming a run whose checkpoint and config are garbage": case_resuming_garbage,
     "a model folder without its tokenizer": case_model_without_its_tokenizer,
     "a gin file that is not UTF-8": case_gin_file_not_utf8,
@@ -497,22 +505,34 @@ def test_a_component_refusing_its_settings_as_it_is_built_is_one_line(
 
 
 @pytest.mark.e2e
-def test_a_setting_only_the_workers_can_check_ends_the_run_in_one_line(tmp_path, rlax_main):
-    """The workers refuse it as they start (each with exit status 2): no worker is
-    restarted, the run ends with status 2 and one line however many refused, and the
-    run directory made for it is gone."""
+def test_a_component_only_the_roles_can_check_ends_the_run_in_one_line(
+    tmp_path, rlax_main, monkeypatch
+):
+    """The roles that build it refuse it as they start (each with exit status 2): no
+    process is restarted, the run ends with status 2 and one line however many refused,
+    and the run directory made for it is gone."""
+    plugins = tmp_path.parent / f"{tmp_path.name}-plugins"
+    write(plugins / "picky_task.py", PICKY_TASK)
+    monkeypatch.syspath_prepend(str(plugins))
+    write(tmp_path / "rows.txt", "")
+
     result, seconds = rlax_main(
-        "run", "--gin", "quickstart", "--gin.rlax.worker.reload_in_flight=True", *FAST, cwd=tmp_path
+        "run",
+        "--gin",
+        "quickstart",
+        "-p",
+        "picky_task",
+        "--gin.TASK=@tasks.picky()",
+        *FAST,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(plugins)},
     )
 
     assert result.returncode == 2, result.stderr[-2000:]
-    assert result.stderr == (
-        "rlax: error: rlax.worker.reload_in_flight: JaxSampler is not Resumable (no "
-        "generate_groups), so it loads weights between batches only; set it to False\n"
-    )
+    assert result.stderr == "rlax: error: tasks.picky: rows.txt holds no rows\n"
     assert "restarting" not in result.stderr + result.stdout
     assert seconds < SECONDS
-    assert list(tmp_path.rglob("*")) == []
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["rows.txt"]
 
 
 @pytest.mark.e2e

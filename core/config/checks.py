@@ -36,7 +36,7 @@ import pathlib
 import re
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import gin
@@ -51,7 +51,7 @@ from rlax.core.config.bindings import (
     is_reference,
     show,
 )
-from rlax.core.constraints import CHECK_ATTRIBUTE, refusal
+from rlax.core.constraints import CHECK_ATTRIBUTE, Built, refusal
 from rlax.core.errors import BadSetting, ConfigError
 from rlax.core.plugins import CONTRACTS
 
@@ -233,13 +233,15 @@ def _reference_hint(annotation: Any, value: Any, plugins: PluginManager | None) 
 
 
 def arguments(
-    selector: str, origins: Origins, scope: str = ""
+    selector: str, origins: Origins, scope: str = "", references: Collection[str] = ()
 ) -> dict[str, tuple[Any, Origin | None]]:
     """The literal arguments the configurable ``selector`` will get: ``{name: (value, origin)}``.
 
     Bound literals (macros followed) and the signature's defaults (origin
-    None); a parameter bound to a reference is left out, since what it builds
-    is not known before it is called.
+    None). A parameter bound to a reference is left out, since what it builds
+    is not known before it is called -- unless it is named in ``references``:
+    then it is a :class:`~rlax.core.constraints.Built` (the configurable and
+    its factory, not built).
     """
     info = gin.config._REGISTRY.get(selector)
     fn = getattr(info, "wrapped", None)
@@ -250,7 +252,10 @@ def arguments(
                 found[p.name] = (p.default, None)
     for bound in bound_values(origins):
         if bound.selector == selector and bound.scope == scope:
-            if is_reference(bound.value):
+            if is_reference(bound.value) and bound.arg in references:
+                built = bound.value.configurable
+                found[bound.arg] = (Built(built.selector, built.wrapped), bound.origin)
+            elif is_reference(bound.value):
                 found.pop(bound.arg, None)
             else:
                 found[bound.arg] = (bound.value, bound.origin)
@@ -269,7 +274,7 @@ def check_values(origins: Origins, validators: dict[str, Callable[..., None]]) -
     for selector, validate in validators.items():
         if selector not in bound:
             continue
-        args = arguments(selector, origins)
+        args = arguments(selector, origins, references=_named(validate))
         try:
             validate(**{name: value for name, (value, _) in args.items()})
         except BadSetting as err:
@@ -279,6 +284,12 @@ def check_values(origins: Origins, validators: dict[str, Callable[..., None]]) -
             )
             where = f"{origin}: " if origin else ""
             raise ConfigError(f"{where}{selector}.{err.parameter}: {err}") from err
+
+
+def _named(validate: Callable[..., None]) -> frozenset[str]:
+    """The parameters a rule names in its signature (those it may get as ``Built``)."""
+    named = inspect.signature(validate).parameters.values()
+    return frozenset(p.name for p in named if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 def declared_validators() -> dict[str, Callable[..., None]]:

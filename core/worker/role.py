@@ -33,9 +33,8 @@ from typing import Annotated, Any
 
 import grpc
 
-from rlax.core.constraints import AtLeast, Positive
+from rlax.core.constraints import AtLeast, Positive, checked_by
 from rlax.core.contracts import OnlineFilter, Resumable, Reward, Sampler
-from rlax.core.errors import ConfigError
 from rlax.core.models.bundle import load_model
 from rlax.core.models.lora_wire import AdapterApplier, unpacked
 from rlax.core.param_server.client import ParamServerClient
@@ -51,6 +50,7 @@ from rlax.core.rollout.reward_pool import RewardPool
 from rlax.core.runtime.preemption import Preemption
 from rlax.core.types import ConfigPath, Group, GroupSize, PartialGroup, Staleness
 from rlax.core.wire import WirePlan
+from rlax.core.worker.rules import check_reload_in_flight, reload_needs_resumable
 
 log = logging.getLogger("rlax.worker")
 
@@ -256,6 +256,7 @@ class Worker:
         )
 
 
+@checked_by(reload_needs_resumable)
 def worker(
     *,
     hook: Any = None,
@@ -357,15 +358,6 @@ def _adapters(init_checkpoint: ConfigPath) -> AdapterApplier:
     from flax import nnx
 
     return AdapterApplier(lambda: nnx.state(load_model(init_checkpoint).model))
-
-
-def check_reload_in_flight(sampler: object, reload_in_flight: bool) -> None:
-    """ConfigError if in-flight reloads are asked of a sampler that cannot do them."""
-    if reload_in_flight and not isinstance(sampler, Resumable):
-        raise ConfigError(
-            f"rlax.worker.reload_in_flight: {type(sampler).__name__} is not Resumable (no "
-            "generate_groups), so it loads weights between batches only; set it to False"
-        )
 
 
 def _serve(w: Worker, plan: WirePlan, stop: Preemption, max_backoff_s: float = 5.0) -> None:

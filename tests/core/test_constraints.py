@@ -16,6 +16,7 @@ from rlax.core.config import checks
 from rlax.core.config.bindings import Origins, hints
 from rlax.core.constraints import (
     AtLeast,
+    Built,
     ExistingPath,
     NonNegative,
     OneOf,
@@ -301,3 +302,41 @@ def test_check_rules_runs_a_configurable_s_rule_without_gin_naming_owner_and_par
         "high",
         "rewards.band.high: must be >= low (3), got 2",
     )
+
+
+class Gear:
+    built = 0
+
+    def __init__(self):
+        Gear.built += 1
+
+
+def test_a_rule_that_names_a_parameter_bound_by_reference_sees_what_it_will_build():
+    seen: dict[str, object] = {}
+
+    def names_it(*, gear=None, turns=1, **_):
+        seen["named"] = gear
+        if isinstance(gear, Built) and turns > 1:
+            raise BadSetting("turns", f"{gear.factory.__name__} turns once, got {turns}")
+
+    def takes_all(**settings):
+        seen["all"] = sorted(settings)
+
+    @checked_by(names_it)
+    def machine(*, gear=None, turns: int = 1):
+        return gear, turns
+
+    @checked_by(takes_all)
+    def other(*, gear=None, turns: int = 1):
+        return gear, turns
+
+    config.register_configurables("rtest", {"gear": Gear, "machine": machine, "other": other})
+    config.parse([], ["GEAR = @rtest.gear()", "machine.gear = %GEAR", "other.gear = %GEAR"])
+
+    assert seen["named"] == Built("rtest.gear", Gear)  # through the macro, not built
+    assert seen["all"] == ["turns"]  # a rule that does not name it never meets a Built
+    assert Gear.built == 0
+    with pytest.raises(
+        ConfigError, match=r"^--gin.machine.turns=2: rtest.machine.turns: Gear turns once"
+    ):
+        config.parse([], ["machine.gear = @rtest.gear()", "machine.turns=2"])
