@@ -151,10 +151,15 @@ def _stop() -> None:
 
 def _turn_on(directory: pathlib.Path, min_compile_time_s: float) -> None:
     import jax  # here, not at import: the supervisor imports this module and never starts JAX
+    from jax.experimental.compilation_cache import compilation_cache
 
     global _made, _on
     _made = None if directory.exists() else directory
     _on = True
+    # JAX decides once per process whether it uses a cache, at its first compilation: a
+    # process that compiled before this (a trainer loading its policy before it made its
+    # run directory) would keep compiling without one. Reset makes it look again.
+    compilation_cache.reset_cache()
     # JAX makes the folder at the first compilation: a role refused before that leaves none.
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", str(directory))

@@ -178,3 +178,24 @@ def test_compile_cache_false_turns_it_off(roles, tmp_path):
     args = ["run", "--gin", "exp.gin", "--role", "worker", "--run-dir", "run"]
     assert cli.main([*args, "--gin.rlax.compile_cache.path=False"]) == 0
     assert roles["worker"] is None and not (tmp_path / "run").exists()
+
+
+def test_a_process_that_compiled_before_the_cache_was_turned_on_still_writes_it(tmp_path):
+    # JAX decides at a process's first compilation whether it uses a cache; a trainer that
+    # compiled while loading its policy, before it made its run directory, must still get one.
+    import jax
+    import jax.numpy as jnp
+
+    from rlax.core.runtime import compile_cache
+    from rlax.core.runtime.run_dir import RunDir
+
+    jax.jit(lambda x: x * 5.5 - 2.25)(jnp.arange(3.0)).block_until_ready()  # no cache yet
+    run = RunDir(tmp_path / "run")
+    with compile_cache.session():
+        assert compile_cache.start(compile_cache.CompileCacheSettings(), run) == (
+            run.compile_cache.absolute()
+        )
+        jax.jit(lambda x: x * 7.5 - 4.25)(jnp.arange(3.0)).block_until_ready()
+
+    assert len(list(run.compile_cache.glob("*-cache"))) == 1
+    assert jax.config.jax_compilation_cache_dir is None
