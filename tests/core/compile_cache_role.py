@@ -12,6 +12,7 @@ another release would, and stops once the trainer is built (its first program).
 from __future__ import annotations
 
 import json
+import pathlib
 import sys
 
 import numpy as np
@@ -73,27 +74,11 @@ def _trainer():
 
 
 def _batch():
-    """Two groups of three completions, rewards (1, 0, 0)."""
-    from rlax.core.trainer.batches import make_batch
-    from rlax.core.types import Completion, Group, Prompt
-    from rlax.plugins.algorithms.grpo import grpo
+    """The shared toy batch (tests/toy_groups.py): two groups of three, rewards (1, 0, 0)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
+    from toy_groups import toy_batch
 
-    rng = np.random.default_rng(1)
-    groups = []
-    for i in range(2):
-        prompt = Prompt(str(i), "", rng.integers(3, 9, size=3 + i).astype(np.int32), "")
-        completions = tuple(
-            Completion(
-                rng.integers(3, 9, size=n).astype(np.int32),
-                -rng.random(n).astype(np.float32),
-                "",
-                "stop",
-                0,
-            )
-            for n in (2, 3, 1)
-        )
-        groups.append(Group(prompt, completions, np.array([1.0, 0.0, 0.0], np.float32)))
-    return make_batch(groups, grpo().advantages(np.stack([g.rewards for g in groups])))
+    return toy_batch(seed=1)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,12 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from toy_groups import toy_batch, toy_groups
 
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.critic import ValueHead, ValueModel, forward_with_values
 from rlax.core.models.transformer import Transformer, sequence_logprobs
-from rlax.core.trainer.batches import make_batch
 from rlax.core.trainer.step import Trainer, batch_arrays
-from rlax.core.types import Completion, Group, Prompt
 from rlax.plugins.algorithms.grpo import grpo
 from rlax.plugins.algorithms.ppo import ppo
 from rlax.plugins.critics.head import HeadCritic
@@ -28,28 +27,11 @@ CFG = TransformerConfig(
 
 
 def groups():
-    rng = np.random.default_rng(0)
-    out = []
-    for i in range(2):
-        prompt = Prompt(str(i), "", rng.integers(3, 9, size=3 + i).astype(np.int32), "")
-        comps = tuple(
-            Completion(
-                rng.integers(3, 9, size=n).astype(np.int32),
-                -rng.random(n).astype(np.float32),
-                "",
-                "stop",
-                0,
-            )
-            for n in (2, 3, 1)
-        )
-        out.append(Group(prompt, comps, np.array([1.0, 0.0, 0.0], np.float32)))
-    return out
+    return toy_groups()
 
 
 def batch(algorithm=None):
-    gs = groups()
-    adv = (algorithm or grpo()).advantages(np.stack([g.rewards for g in gs]))
-    return make_batch(gs, adv)
+    return toy_batch(algorithm)
 
 
 def arrays_of(b):

@@ -10,14 +10,13 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from toy_groups import toy_batch
 
 from rlax.core.errors import ConfigError
 from rlax.core.models import lora
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.transformer import Transformer, causal_mask, positions_from_mask
-from rlax.core.trainer.batches import make_batch
 from rlax.core.trainer.step import Trainer, TrainState
-from rlax.core.types import Completion, Group, Prompt
 from rlax.plugins.algorithms.grpo import grpo
 
 CFG = TransformerConfig(
@@ -33,22 +32,7 @@ def logits(model):
 
 
 def batch():
-    rng = np.random.default_rng(0)
-    groups = []
-    for i in range(2):
-        prompt = Prompt(str(i), "", rng.integers(3, 9, size=3 + i).astype(np.int32), "")
-        comps = tuple(
-            Completion(
-                rng.integers(3, 9, size=n).astype(np.int32),
-                -rng.random(n).astype(np.float32),
-                "",
-                "stop",
-                0,
-            )
-            for n in (2, 3, 1)
-        )
-        groups.append(Group(prompt, comps, np.array([1.0, 0.0, 0.0], np.float32)))
-    return make_batch(groups, grpo().advantages(np.stack([g.rewards for g in groups])))
+    return toy_batch()
 
 
 def random_b(params: lora.LoraParams, seed: int = 1) -> lora.LoraParams:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import gin
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import pytest
 from flax import nnx
+from toy_groups import toy_batch
 
 from rlax.core import config, hookimpl
 from rlax.core.errors import ConfigError
@@ -18,9 +18,7 @@ from rlax.core.masked import masked_mean
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.transformer import Transformer
 from rlax.core.plugins import build_plugin_manager
-from rlax.core.trainer.batches import make_batch
 from rlax.core.trainer.step import Trainer, batch_arrays
-from rlax.core.types import Completion, Group, Prompt
 from rlax.plugins.algorithms.ppo import ppo
 from rlax.plugins.critics.head import HeadCritic
 from rlax.plugins.critics.separate import SeparateCritic
@@ -70,23 +68,7 @@ def ppo_from_gin(pm, *bindings: str):
 
 
 def batch():
-    rng = np.random.default_rng(0)
-    groups = []
-    for i in range(2):
-        prompt = Prompt(str(i), "", rng.integers(3, 9, size=3 + i).astype(np.int32), "")
-        comps = tuple(
-            Completion(
-                rng.integers(3, 9, size=n).astype(np.int32),
-                -rng.random(n).astype(np.float32),
-                "",
-                "stop",
-                0,
-            )
-            for n in (2, 3, 1)
-        )
-        groups.append(Group(prompt, comps, np.array([1.0, 0.0, 0.0], np.float32)))
-    adv = ppo().advantages(np.stack([g.rewards for g in groups]))
-    return make_batch(groups, adv)
+    return toy_batch(ppo())
 
 
 def test_hook_rlax_register_critics(with_constant):
