@@ -18,30 +18,45 @@ private scratch        ``/tmp``, a size-capped tmpfs, the only writable place;
                        the work dir is ``/tmp/work``
 scrubbed environment   ``PATH``, ``HOME``, ``LANG``, ``TMPDIR`` only: no
                        tokens or secrets of the caller
+user namespace         its own per run, mapping one uid (the sandbox uid as
+                       root, the caller's own as an ordinary user): nothing
+                       the kernel keeps per user (keyrings, process counts)
+                       is shared with another run; the same sandbox as root
+                       and rootless
+system calls           an allow-list compiled by libseccomp
+                       (``sandbox_seccomp.py``): keyrings, new namespaces,
+                       ``ptrace``, ``bpf``, ``memfd_create``, ``userfaultfd``,
+                       System V shared memory, sockets but ``AF_UNIX``, ...
+                       fail with ``EPERM``
 CPU time               ``RLIMIT_CPU`` per process (SIGKILL one second later)
-memory                 ``RLIMIT_AS``
+memory                 ``RLIMIT_AS`` per process; the whole run, mapped or
+                       not, ``run_memory_mb`` in its cgroup where one can be
+                       had (``sandbox_cgroup.py``; its peak in ``isolation``)
 file size              ``RLIMIT_FSIZE`` (and the size-capped tmpfs)
-process count          ``RLIMIT_NPROC`` under a uid of its own: a fork bomb
-                       hits the limit, never the machine (root is exempt from
-                       this limit, hence the unprivileged uid)
+process count          ``RLIMIT_NPROC``, counted in the run's user namespace
+                       (and ``pids.max`` of its cgroup): a fork bomb hits the
+                       limit, never the machine
 wall time              the sandbox's init kills everything at ``wall_s``; the
                        caller kills the whole process group as a backstop
 no survivors           a pid namespace whose init sweeps it; without one, the
                        process group and (as root) every process of the uid
 network                a new network namespace with no interface up
-privileges             dropped to the sandbox uid, no supplementary groups,
-                       ``no_new_privs`` (setuid binaries cannot elevate)
+privileges             no capability after ``execve``, no supplementary
+                       groups, ``no_new_privs`` (setuid binaries cannot elevate)
 =====================  =====================================================
 
 The weak mode, without namespaces (no private world, no network or pid
 isolation; the host's files readable as any unprivileged user can), runs only
 when asked for: ``namespaces=False``, or ``allow_weak_isolation=True`` where
-the kernel refuses namespaces. It warns once per process
+the kernel refuses a user namespace (otherwise such a run is an ``"error"``
+naming that setting). Where ``libseccomp.so.2`` is missing, a run is an
+``"error"`` naming ``allow_weak_isolation`` too, and with it runs unfiltered. It warns once per process
 (:class:`WeakIsolationWarning`) and the result's ``isolation`` says so.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import itertools
 import json
@@ -58,6 +73,8 @@ from typing import Any
 
 from rlax.plugins.rewards.code_tests import CallTest, StdioTest, TestPlan, plan_tests
 from rlax.plugins.rewards.sandbox_interpreter import interpreter_world, python_for_sandbox
+from rlax.plugins.rewards.sandbox_seccomp import SeccompUnavailable, filter_program
+from rlax.plugins.rewards.sandbox_types import Limits, SandboxResult
 from rlax.plugins.rewards.sandbox_values import encode
 from rlax.plugins.rewards.sandbox_verdict import judge, judge_weak
 
@@ -88,91 +105,29 @@ class WeakIsolationWarning(UserWarning):
     """A sandboxed run without namespaces: no private world, network or pid isolation."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    """Resource limits of one sandboxed run.
-
-    Attributes:
-      cpu_s: CPU seconds per process.
-      wall_s: wall-clock seconds for the whole run.
-      memory_mb: address space per process.
-      file_mb: largest file the program may write.
-      processes: processes (and threads) the sandbox uid may have at once.
-      open_files: open file descriptors per process.
-    """
-
-    cpu_s: int = 5
-    wall_s: float = 10.0
-    memory_mb: int = 512
-    file_mb: int = 16
-    processes: int = 16
-    open_files: int = 64
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            if getattr(self, field.name) <= 0:
-                raise ValueError(f"sandbox limit {field.name} must be > 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxResult:
-    """What happened in one sandboxed run.
-
-    Attributes:
-      status: ``"passed"`` (every test), ``"failed"`` (not all passed),
-        ``"no_verdict"`` (no output for any test: an early exit, a crash, a
-        kill), ``"timeout"``, ``"error"`` (the sandbox itself failed), or
-        ``"finished"`` (:func:`run_sandboxed` alone: the program ended).
-      passed: tests whose output matched, counted by the trusted side.
-      total: the plan's number of tests (never the program's claim).
-      detail: the first failure, or why there is no verdict.
-      network_isolated: whether the program ran without network access.
-      isolation: what the supervisor applied (namespaces, filesystem, cleanup).
-      returncode: the program's exit status, if it exited.
-      signal: the signal that ended the program, if one did.
-      stdout: the start of what the program printed (for logs only).
-      stderr: the start of its error output.
-      uid: the uid the program ran as.
-      wall_s: seconds the program ran.
-      channel: what the program wrote to its outputs channel (fd 3).
-      verdict_by: ``"supervisor"`` (outputs compared here) or ``"program"``
-        (the weak asserts mode: the harness's own word).
-    """
-
-    status: str
-    passed: int = 0
-    total: int = 0
-    detail: str = ""
-    network_isolated: bool = False
-    isolation: dict[str, Any] = dataclasses.field(default_factory=dict)
-    returncode: int | None = None
-    signal: int | None = None
-    stdout: str = ""
-    stderr: str = ""
-    uid: int = -1
-    wall_s: float = 0.0
-    channel: str = ""
-    verdict_by: str = "supervisor"
-
-
+DEFAULT_LIMITS = Limits()
 _uid_lock = threading.Lock()
 _uid_counter = itertools.count()
 _warned = threading.Event()
 
 
 def _sandbox_uid() -> int:
-    """A uid no other concurrent sandbox on this machine uses (pid-derived)."""
+    """As root, a uid no other concurrent sandbox on this machine uses (pid-derived);
+    as an ordinary user, that user's uid (mapped to itself in the run's user namespace)."""
+    if os.geteuid() != 0:
+        return os.geteuid()
     with _uid_lock:
         slot = next(_uid_counter) % 16
     return UID_BASE + (os.getpid() % 4_000_000) * 16 + slot
 
 
-def _warn_weak(why: str) -> None:
+def _warn_weak(why: str, what: str = "namespaces") -> None:
     if not _warned.is_set():
         _warned.set()
         warnings.warn(
-            f"code sandbox: running WITHOUT namespaces ({why}): no private world, no network "
-            "or pid isolation; the program can read the host's files (warned once per process)",
+            f"code sandbox: running WITHOUT {what} ({why}): weaker isolation than the "
+            "sandbox's own world, whose walls are listed in code_sandbox.py "
+            "(warned once per process)",
             WeakIsolationWarning,
             stacklevel=3,
         )
@@ -211,12 +166,26 @@ def _supervisor_job(
     }
 
 
+def _system_call_filter(*, weak_allowed: bool) -> bytes | str:
+    """The compiled allow-list; without libseccomp, ``b""`` (weak allowed) or why not."""
+    try:
+        return filter_program()
+    except SeccompUnavailable as exc:
+        if not weak_allowed:
+            return (
+                f"the sandbox cannot filter system calls: {exc}; install libseccomp2, or "
+                "accept a run without the filter with allow_weak_isolation=True"
+            )
+        _warn_weak(str(exc), what="a system-call filter")
+        return b""
+
+
 def run_sandboxed(
     files: dict[str, str],
     argv: list[str],
     *,
     stdin: str = "",
-    limits: Limits = Limits(),
+    limits: Limits = DEFAULT_LIMITS,
     namespaces: bool = True,
     allow_weak_isolation: bool = False,
     deadline: float | None = None,
@@ -242,11 +211,15 @@ def run_sandboxed(
         _warn_weak("namespaces=False")
     if deadline is None:
         deadline = time.monotonic() + limits.wall_s + GRACE_S
-    fallback = tempfile.mkdtemp(prefix="rlax-sandbox-")
     uid = _sandbox_uid()
+    seccomp = _system_call_filter(weak_allowed=allow_weak_isolation or not namespaces)
+    if isinstance(seccomp, str):
+        return SandboxResult("error", detail=seccomp, uid=uid)
+    fallback = tempfile.mkdtemp(prefix="rlax-sandbox-")
     job = _supervisor_job(
         files, argv, stdin, limits, namespaces, allow_weak_isolation, uid=uid, fallback=fallback
     )
+    job["seccomp"] = base64.b64encode(seccomp).decode()
     proc = subprocess.Popen(  # the interpreter the program sees: its path is no news there
         [python_for_sandbox(), "-I", "-S", "-c", _BOOTSTRAP],
         stdin=subprocess.PIPE,
@@ -315,7 +288,7 @@ def run_tests(
     solution: str,
     plan: TestPlan,
     *,
-    limits: Limits = Limits(),
+    limits: Limits = DEFAULT_LIMITS,
     namespaces: bool = True,
     allow_weak_isolation: bool = False,
     deadline: float | None = None,
@@ -369,7 +342,7 @@ def run_python_tests(
     solution: str,
     tests: dict[str, Any],
     *,
-    limits: Limits = Limits(),
+    limits: Limits = DEFAULT_LIMITS,
     namespaces: bool = True,
     allow_weak_isolation: bool = False,
 ) -> SandboxResult:

@@ -58,6 +58,8 @@ class CodeReward:
       memory_mb: address space per process.
       file_mb: largest file the program may write.
       processes: processes the program may have at once.
+      run_memory_mb: memory of the whole run, every process together, mapped or
+        not (the run's cgroup, where one can be had; see ``code_sandbox.py``).
       partial_credit: score passed / total instead of all-or-nothing.
       namespaces: isolate with namespaces and the minimal world (False: the
         weak mode, warned once per process).
@@ -75,13 +77,19 @@ class CodeReward:
         memory_mb: Annotated[int, AtLeast(1)] = 512,
         file_mb: Annotated[int, AtLeast(1)] = 16,
         processes: Annotated[int, AtLeast(1)] = 16,
+        run_memory_mb: Annotated[int, AtLeast(1)] = 1024,
         partial_credit: bool = False,
         namespaces: bool = True,
         allow_weak_isolation: bool = False,
         allow_weak_tests: bool = False,
     ) -> None:
         self.limits = Limits(
-            cpu_s=cpu_s, wall_s=wall_s, memory_mb=memory_mb, file_mb=file_mb, processes=processes
+            cpu_s=cpu_s,
+            wall_s=wall_s,
+            memory_mb=memory_mb,
+            file_mb=file_mb,
+            processes=processes,
+            run_memory_mb=run_memory_mb,
         )
         self.partial_credit = partial_credit
         self.namespaces = namespaces

@@ -6,17 +6,24 @@ JSON job from stdin and calls :func:`main`, so no host path shows in any
 command line the program could read); it prints one JSON report on stdout.
 The process tree::
 
-    caller ── supervisor (root; new network, mount, IPC, UTS namespaces)
-                └── init (pid 1 of a new pid namespace; root; the minimal world)
-                      └── program (own session; unprivileged uid; rlimits; no new privileges)
+    caller ── supervisor (the caller's uid; outside every namespace; the run's cgroup)
+                └── runner (as root: drops to the sandbox uid; then new user, mount,
+                      │     network, IPC, UTS and pid namespaces)
+                      └── init (pid 1 of the pid namespace; builds the minimal world)
+                            └── program (joins the run's cgroup; own session; rlimits;
+                                         no new privileges; the system-call filter)
 
-Each link dies with its parent (``PR_SET_PDEATHSIG``), and when ``init`` exits
-the kernel kills every process left in its pid namespace, so no daemon, fork
-or orphan outlives the call. Without namespaces (not root, or the kernel
-refuses) the program runs only when the job allows the weak mode; it then
-still runs under its own uid (when root), limits and session, is swept by uid
-and process group, and the files of its uid left in the host's temporary
-directories are removed.
+The same tree runs as root and as an ordinary user: the user namespace maps
+one uid, the runner's, to itself (as root, the runner first becomes the
+sandbox uid), so the program holds no capability anywhere after ``execve``
+and nothing the kernel keeps per user outlives it. Each link dies with its
+parent (``PR_SET_PDEATHSIG``), and when ``init`` exits the kernel kills every
+process left in its pid namespace, so no daemon, fork or orphan outlives the
+call. Without namespaces (asked for, or the kernel refuses a user namespace)
+the program runs only when the job allows the weak mode; it then still runs
+under the filter, limits and its own session, is swept by process group and
+(as root) by uid, and the files of its uid left in the host's temporary
+directories are removed (``sandbox_sweep.py``).
 
 The program gets the job's ``stdin`` text (test inputs only) and writes its
 outputs to fd 3; the supervisor relays that channel verbatim (up to
@@ -25,26 +32,29 @@ outputs to fd 3; the supervisor relays that channel verbatim (up to
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import json
 import os
 import resource
 import select
 import signal
-import sys
 import time
 
 if __package__:  # imported as part of rlax (its tests, an installed wheel's import check)
-    from rlax.plugins.rewards import sandbox_world
+    from rlax.plugins.rewards import sandbox_cgroup, sandbox_seccomp, sandbox_sweep, sandbox_world
 else:  # the sandbox's bootstrap: this folder alone on sys.path, no rlax (python -I -S)
+    import sandbox_cgroup  # type: ignore[import-not-found, no-redef]
+    import sandbox_seccomp  # type: ignore[import-not-found, no-redef]
+    import sandbox_sweep  # type: ignore[import-not-found, no-redef]
     import sandbox_world  # type: ignore[import-not-found, no-redef]
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
-CLONE_NEWNET, CLONE_NEWPID = 0x40000000, 0x20000000
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWUSER = 0x40000000, 0x20000000, 0x10000000
+NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 CAPTURE_LIMIT = 64 * 1024  # stdout / stderr: for logs only
 CHANNEL_LIMIT = 4 * 1024 * 1024  # the outputs channel; more is cut (and fails to decode)
-TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -62,20 +72,41 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)  # the parent died before the line above
 
 
+def _write_file(path: str, text: str) -> None:
+    with open(path, "w", encoding="ascii") as f:
+        f.write(text)
+
+
+def _become(uid: int, parent: int) -> None:
+    """Root only: becomes the sandbox ``uid`` for good (no groups, no way back)."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    _die_with_parent(parent)  # a change of credentials clears the parent-death signal
+
+
 def _unshare(isolation: dict) -> None:
-    """Enters new namespaces where the kernel allows; records what happened."""
+    """New user, mount, network, IPC, UTS and pid namespaces, or the reason why not.
+
+    The user namespace maps this process's uid and gid to themselves, and only
+    them: inside it, this process holds the capabilities that build the world;
+    the program, not uid 0 there, loses them at ``execve``. Everything the
+    kernel keeps per user (keyrings, process counts) is the namespace's own.
+    """
+    uid, gid = os.geteuid(), os.getegid()
     try:
-        _check(_libc.unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
-        isolation["network"] = isolation["mounts"] = True
+        _check(_libc.unshare(NAMESPACES), "unshare(user, mount, net, ipc, uts, pid)")
     except OSError as exc:
-        isolation["network"] = isolation["mounts"] = False
-        isolation["network_reason"] = str(exc)
-    try:
-        _check(_libc.unshare(CLONE_NEWPID), "unshare(pid)")
-        isolation["pid_namespace"] = True
-    except OSError as exc:
-        isolation["pid_namespace"] = False
-        isolation["pid_reason"] = str(exc)
+        isolation.update(network=False, mounts=False, pid_namespace=False, user_namespace="")
+        isolation["network_reason"] = f"the kernel refused a user namespace ({exc})"
+        return
+    _check(_libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl(DUMPABLE)")  # our own /proc files
+    _write_file("/proc/self/setgroups", "deny")
+    _write_file("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write_file("/proc/self/gid_map", f"{gid} {gid} 1")
+    _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(DUMPABLE)")  # no one reads init
+    isolation.update(network=True, mounts=True, pid_namespace=True)
+    isolation["user_namespace"] = os.readlink("/proc/self/ns/user")
 
 
 def _private_filesystem(job: dict, isolation: dict) -> str:
@@ -100,11 +131,14 @@ def _private_filesystem(job: dict, isolation: dict) -> str:
 
 def _limits(limits: dict) -> None:
     mb = 1024 * 1024
+    # RLIMIT_NPROC counts the uid's processes in its user namespace: not root, the program
+    # shares its uid with the runner and init there (the cgroup's pids.max counts its own).
+    processes = limits["processes"] + (2 if os.geteuid() != 0 else 0)
     for name, soft, hard in (
         ("RLIMIT_CPU", limits["cpu_s"], limits["cpu_s"] + 1),
         ("RLIMIT_AS", limits["memory_mb"] * mb, limits["memory_mb"] * mb),
         ("RLIMIT_FSIZE", limits["file_mb"] * mb, limits["file_mb"] * mb),
-        ("RLIMIT_NPROC", limits["processes"], limits["processes"]),
+        ("RLIMIT_NPROC", processes, processes),
         ("RLIMIT_NOFILE", limits["open_files"], limits["open_files"]),
         ("RLIMIT_CORE", 0, 0),
     ):
@@ -114,6 +148,8 @@ def _limits(limits: dict) -> None:
 def _program(job: dict, workdir: str, fds: dict) -> None:
     """In the forked child: become the unprivileged program (never returns)."""
     try:
+        for fd in job["cgroup_fds"]:  # join the run's cgroup (pid 0: this process)
+            os.write(fd, b"0")
         os.setsid()
         for target, fd in ((0, fds["stdin"]), (1, fds["stdout"]), (2, fds["stderr"])):
             os.dup2(fd, target)
@@ -128,6 +164,8 @@ def _program(job: dict, workdir: str, fds: dict) -> None:
             os.setuid(job["uid"])
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if job["seccomp"]:
+            sandbox_seccomp.install(base64.b64decode(job["seccomp"]))
         os.execve(job["argv"][0], job["argv"], job["env"])
     except BaseException as exc:  # noqa: BLE001 -- report why the program could not start
         os.write(2, f"sandbox: cannot start the program: {exc}\n".encode())
@@ -187,56 +225,7 @@ def _capture(fds: dict[str, int], stdin: tuple[int, bytes], child: int, deadline
     return {"buffers": buffers, "status": status, "timed_out": status is None}
 
 
-def _kill_uid(uid: int) -> None:
-    """As ``uid`` itself, kills every process of that uid, until none is left.
-
-    One ``kill(-1)`` can miss a child forked while the kernel walks the
-    process list (a fork bomb does that), hence the loop.
-    """
-    sweeper = os.fork()
-    if sweeper == 0:
-        try:
-            os.setgid(uid)
-            os.setuid(uid)
-            for _ in range(1000):
-                os.kill(-1, signal.SIGKILL)  # ESRCH (nothing left) ends the loop
-                time.sleep(0.001)
-        finally:
-            os._exit(0)
-    os.waitpid(sweeper, 0)
-
-
-def _remove_files_of(uid: int) -> None:
-    """Removes what ``uid`` left at the top of the host's temporary dirs (weak mode)."""
-    for top in TEMP_DIRS:
-        try:
-            names = os.listdir(top)
-        except OSError:
-            continue
-        for name in names:
-            path = os.path.join(top, name)
-            try:
-                if os.lstat(path).st_uid != uid:
-                    continue
-                if os.path.isdir(path) and not os.path.islink(path):
-                    _remove_tree(path)
-                else:
-                    os.unlink(path)
-            except OSError:
-                pass
-
-
-def _remove_tree(path: str) -> None:
-    for base, dirs, files in os.walk(path, topdown=False):
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(base, d))]:
-            os.unlink(os.path.join(base, name))
-        for name in dirs:
-            if not os.path.islink(os.path.join(base, name)):
-                os.rmdir(os.path.join(base, name))
-    os.rmdir(path)
-
-
-def _sweep(child: int, uid: int) -> str:
+def _sweep(child: int) -> str:
     """Kills everything the program left behind; says how."""
     if os.getpid() == 1:  # init of our own pid namespace: -1 is exactly the namespace
         try:
@@ -244,16 +233,12 @@ def _sweep(child: int, uid: int) -> str:
         except ProcessLookupError:  # nothing left
             pass
         how = "pid namespace"
-    else:
+    else:  # the weak mode: the supervisor then sweeps the uid too (as root)
         try:
             os.killpg(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
         how = "process group"
-        if os.geteuid() == 0 and uid > 0:
-            _kill_uid(uid)
-            _remove_files_of(uid)
-            how = "process group and uid"
     try:
         while os.waitpid(-1, os.WNOHANG)[0] > 0:
             pass
@@ -283,9 +268,12 @@ def _start(job: dict, workdir: str) -> tuple[int, dict[str, int], int]:
     return child, reads, pipes["stdin"][1]
 
 
-def _init(job: dict, isolation: dict, parent: int) -> None:
-    """Pid 1 of the sandbox (when namespaces work): set up, run, capture, sweep, report."""
+def _init(job: dict, isolation: dict, parent: int, out: int) -> None:
+    """The sandbox's init (pid 1 with namespaces): set up, run, capture, sweep, report."""
     _die_with_parent(parent)
+    # The program shares init's uid: as a namespace's init, the kernel drops every signal
+    # from inside it that has no handler, so none is left (Python's own is SIGINT's).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     workdir = _private_filesystem(job, isolation)
     if isolation["filesystem"] == "private tmpfs":
         workdir = os.path.join(workdir, "work")
@@ -294,7 +282,7 @@ def _init(job: dict, isolation: dict, parent: int) -> None:
     child, reads, stdin_fd = _start(job, workdir)
     stdin = (stdin_fd, job["stdin"].encode())
     captured = _capture(reads, stdin, child, start + job["limits"]["wall_s"])
-    isolation["cleanup"] = _sweep(child, job["uid"])
+    isolation["cleanup"] = _sweep(child)
     status = captured["status"]
     text = {n: bytes(b).decode("utf-8", "replace") for n, b in captured["buffers"].items()}
     report = {
@@ -310,26 +298,91 @@ def _init(job: dict, isolation: dict, parent: int) -> None:
         "isolation": isolation,
         "uid": job["uid"],
     }
-    os.write(1, (json.dumps(report) + "\n").encode())
-    os._exit(0)
+    os.write(out, (json.dumps(report) + "\n").encode())
 
 
-def main(job: dict) -> None:
-    """Runs ``job`` (see ``code_sandbox.run_sandboxed``); exits with init's status."""
-    _die_with_parent(job["caller_pid"])
-    isolation: dict = {}
+def _runner(job: dict, isolation: dict, parent: int, out: int) -> None:
+    """Between the supervisor and init: drops root, enters the namespaces, forks init."""
+    _die_with_parent(parent)
     if job["namespaces"]:
+        if os.geteuid() == 0:
+            _become(job["uid"], parent)
         _unshare(isolation)
     else:
         isolation.update(network=False, network_reason="namespaces disabled", mounts=False)
-        isolation.update(pid_namespace=False, pid_reason="namespaces disabled")
+        isolation.update(pid_namespace=False, pid_reason="namespaces disabled", user_namespace="")
     me = os.getpid()
     init = os.fork()
     if init == 0:
-        try:
-            _init(job, isolation, me)
-        except BaseException as exc:  # noqa: BLE001 -- a report is the only way out
-            os.write(1, (json.dumps({"supervisor_error": str(exc)}) + "\n").encode())
-            os._exit(1)
-    _, status = os.waitpid(init, 0)
-    sys.exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+        _guarded(out, _init, job, isolation, me, out)
+    os.waitpid(init, 0)
+
+
+def _guarded(out: int, step, *args) -> None:
+    """Runs ``step`` in a forked child; any failure becomes the report (never returns)."""
+    try:
+        step(*args)
+    except BaseException as exc:  # noqa: BLE001 -- a report is the only way out
+        os.write(out, (json.dumps({"supervisor_error": str(exc)}) + "\n").encode())
+        os._exit(1)
+    os._exit(0)
+
+
+def _run_group(job: dict, isolation: dict) -> sandbox_cgroup.RunGroup | None:
+    limits = job["limits"]
+    name = f"{sandbox_cgroup.PREFIX}{os.getpid()}-{job['uid']}"
+    try:
+        group = sandbox_cgroup.create(name, limits["run_memory_mb"], limits["processes"])
+    except OSError as exc:
+        isolation["run_limits"] = f"per process only: {exc}"
+        return None
+    isolation["run_limits"] = f"cgroup v{group.version}"
+    isolation["run_memory_mb"] = limits["run_memory_mb"]
+    return group
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def main(job: dict) -> None:
+    """Runs ``job`` (see ``code_sandbox.run_sandboxed``); prints one JSON report.
+
+    The supervisor itself stays outside every namespace, with the caller's
+    uid: it makes the run's cgroup, and after the run reads its peak, removes
+    it and (weak mode, as root) sweeps the sandbox uid's processes and files.
+    """
+    _die_with_parent(job["caller_pid"])
+    isolation: dict = {"syscalls": "allow-list (libseccomp)" if job["seccomp"] else "NOT filtered"}
+    group = _run_group(job, isolation)
+    job["cgroup_fds"] = group.procs_fds() if group else []
+    if os.geteuid() == 0 and job["namespaces"]:  # the runner works there as the sandbox uid
+        os.chown(job["fallback_dir"], job["uid"], job["uid"])
+    read, write = os.pipe()
+    me = os.getpid()
+    runner = os.fork()
+    if runner == 0:
+        os.close(read)
+        _guarded(write, _runner, job, isolation, me, write)
+    os.close(write)
+    for fd in job["cgroup_fds"]:
+        os.close(fd)
+    lines = _read_all(read).decode().strip().splitlines()
+    lines = lines or ['{"supervisor_error": "the sandbox\'s init gave no report"}']
+    os.waitpid(runner, 0)
+    report = json.loads(lines[-1])
+    if group is not None:
+        peak = group.peak_bytes()
+        group.remove()
+        if "isolation" in report and peak is not None:
+            report["isolation"]["memory_peak_mb"] = round(peak / 2**20, 1)
+    weak = report.get("isolation", {}).get("filesystem") == "host temporary directory"
+    if weak and os.geteuid() == 0 and job["uid"] > 0:
+        sandbox_sweep.kill_uid(job["uid"])
+        sandbox_sweep.remove_files_of(job["uid"])
+        report["isolation"]["cleanup"] = "process group and uid"
+    os.write(1, (json.dumps(report) + "\n").encode())

@@ -1,7 +1,8 @@
 """The sandbox's minimal world: a tmpfs root holding the interpreter and nothing else.
 
 Standard library only; imported by ``sandbox_supervisor.py`` inside the
-sandbox's own mount namespace (as root, before the program starts).
+sandbox's own user and mount namespaces (by init, holding the capabilities
+of that user namespace, before the program starts).
 :func:`enter_world` builds, under a fresh tmpfs, a directory tree that holds
 
 - read-only bind mounts of exactly the paths the caller lists (the
@@ -30,6 +31,7 @@ import platform
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 0x4000, 0x40000
 MNT_DETACH = 2
+ST_NOATIME, ST_NODIRATIME, ST_RELATIME, MS_RELATIME = 1024, 2048, 4096, 1 << 21
 # pivot_root(2) has no glibc wrapper; its syscall number per architecture.
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "ppc64le": 203, "s390x": 217}
 NEW_ROOT = "/tmp"  # a mount point in our private namespace; the host's /tmp is untouched
@@ -68,8 +70,12 @@ def _bind(host: str, inside: str, *, read_only: bool, flags: int) -> None:
         if not os.path.exists(inside):
             open(inside, "w").close()
     mount(host, inside, None, MS_BIND | MS_REC, None)
-    # A bind mount takes its flags only on a remount (mount(8) does the same).
+    # A bind mount takes its flags only on a remount (mount(8) does the same). In a
+    # user namespace the host mount's own flags are locked: keep them (bubblewrap does too).
     remount = MS_BIND | MS_REMOUNT | flags | (MS_RDONLY if read_only else 0)
+    held = os.statvfs(host).f_flag
+    remount |= held & (MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC | ST_NOATIME | ST_NODIRATIME)
+    remount |= MS_RELATIME if held & ST_RELATIME else 0
     mount(None, inside, None, remount, None)
 
 

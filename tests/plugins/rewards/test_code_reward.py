@@ -8,6 +8,7 @@ import os
 import pathlib
 import random
 import runpy
+import shutil
 import subprocess
 import time
 import warnings
@@ -160,7 +161,7 @@ def test_hostile_program_is_contained_and_scores_zero(
         with pytest.raises(OSError):  # nothing reached the host's loopback
             listener.accept()
         assert result.network_isolated
-        assert "Network is unreachable" in result.detail
+        assert "Operation not permitted" in result.detail  # the filter refuses AF_INET
 
 
 def test_a_correct_program_passes_so_zeros_are_meaningful():
@@ -188,17 +189,19 @@ def test_stdio_tests_compare_output():
 def test_namespaces_isolate_network_pids_and_files():
     probe = (
         "import os, socket\n"
-        "ifaces = sorted(name for _, name in socket.if_nameindex())\n"
+        "ifaces = sorted(line.split(':')[0].strip() for line in open('/proc/net/dev').readlines()[2:])\n"
         "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
         "def info():\n"
         "    return ifaces, pids, os.getuid(), os.listdir('.'), os.environ.get('HOME')\n"
     )
     test = "ifaces, pids, uid, files, home = info()\nassert ifaces == ['lo'], ifaces\n"
-    test += "assert pids == [1, 2], pids\nassert uid >= 1000000\nassert home == '/tmp'"
+    test += "assert pids == [1, 2], pids\nassert uid != 0\nassert home == '/tmp'"
     result = run_python_tests(probe, {"asserts": [test]}, limits=Limits(**LIMITS))
     assert result.status == "passed", result
     assert result.isolation["cleanup"] == "pid namespace"
     assert result.isolation["filesystem"] == "private tmpfs"
+    assert result.isolation["user_namespace"] not in ("", os.readlink("/proc/self/ns/user"))
+    assert result.isolation["syscalls"] == "allow-list (libseccomp)"
 
 
 def test_extract_code_and_read_tests():
@@ -353,7 +356,114 @@ def test_the_weak_mode_removes_what_the_uid_left_in_the_host_temp_dir():
         warnings.simplefilter("ignore")
         result = CodeReward(**LIMITS, namespaces=False).run(prompt(TESTS), source)
     assert result.status == "passed", result  # so it did write there, as the host's /tmp
-    assert not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(name)]
+    left = [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(name)]
+    if os.geteuid() == 0:  # the sandbox uid's files, removed
+        assert left == [] and result.isolation["cleanup"] == "process group and uid"
+    else:  # an ordinary user's weak mode runs as that user: its files are the caller's
+        assert sorted(left) == [name, f"{name}.d"]
+        assert result.isolation["cleanup"] == "process group"
+        shutil.rmtree(f"/tmp/{name}.d")
+        os.unlink(f"/tmp/{name}")
+
+
+# ---- deny by default, rootless (issue 35) ------------------------------------------------
+
+KEYRING = (  # x86-64 call numbers: add_key 248, keyctl 250; -4 is the user keyring (@u)
+    "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.syscall.restype = ctypes.c_long\nL = ctypes.c_long\n"
+    "def plant():\n"
+    "    return libc.syscall(L(248), b'user', b'rlax-left', b'1', L(1), L(-4)) >= 0\n"
+    "def found():\n"
+    "    return libc.syscall(L(250), L(10), L(-4), b'user', b'rlax-left', L(0)) >= 0\n"
+)
+
+
+def _unfiltered(monkeypatch) -> None:
+    """As on a machine without libseccomp: only allow_weak_isolation lets a run go."""
+    from rlax.plugins.rewards import code_sandbox
+    from rlax.plugins.rewards.sandbox_seccomp import SeccompUnavailable
+
+    def missing():
+        raise SeccompUnavailable("libseccomp.so.2 cannot be loaded (test)")
+
+    monkeypatch.setattr(code_sandbox, "filter_program", missing)
+    monkeypatch.setattr(code_sandbox, "_warned", code_sandbox.threading.Event())
+    monkeypatch.setattr(code_sandbox, "_sandbox_uid", lambda: os.geteuid() or 1_999_999)
+
+
+def test_without_libseccomp_a_run_is_an_error_naming_the_setting(monkeypatch):
+    _unfiltered(monkeypatch)
+    strict = CodeReward(**LIMITS).run(prompt(TESTS), GOOD)
+    assert strict.status == "error" and "allow_weak_isolation=True" in strict.detail, strict
+    assert "libseccomp.so.2" in strict.detail
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        weak = CodeReward(**LIMITS, allow_weak_isolation=True).run(prompt(TESTS), GOOD)
+    assert weak.status == "passed" and weak.isolation["syscalls"] == "NOT filtered", weak
+    assert any("WITHOUT a system-call filter" in str(w.message) for w in caught)
+
+
+def test_per_user_kernel_state_does_not_outlive_a_run(monkeypatch):
+    """Keyrings are the kernel's per-user state: with the filter off (so the calls work) a
+    key planted by one run is in that run's user keyring, and gone for the next run of the
+    same uid, whose user namespace is its own. With the filter on, no keyring call works."""
+    calls = {"calls": [{"function": "plant", "args": [], "expected": True}]}
+    both = KEYRING + "def plant_and_find():\n    return plant() and found()\n"
+    check = {"calls": [{"function": "plant_and_find", "args": [], "expected": True}]}
+    filtered = CodeReward(**LIMITS)
+    assert filtered.run(prompt(calls), KEYRING).status == "failed"  # add_key: EPERM
+    _unfiltered(monkeypatch)
+    reward = CodeReward(**LIMITS, allow_weak_isolation=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert reward.run(prompt(check), both).status == "passed"  # the channel, within a run
+        first = reward.run(prompt(calls), KEYRING)
+        gone = {"calls": [{"function": "found", "args": [], "expected": False}]}
+        second = reward.run(prompt(gone), KEYRING)
+    assert first.status == "passed" and first.uid == second.uid, first
+    assert second.status == "passed", second  # the next run of the same uid finds nothing
+
+
+_NO_USER_NAMESPACES = r"""
+import ctypes, json, os, sys
+from rlax.plugins.rewards import sandbox_seccomp
+from rlax.plugins.rewards.code_sandbox import Limits, run_python_tests
+lib = sandbox_seccomp._library()
+lib.seccomp_load.argtypes = [ctypes.c_void_p]
+ctx = lib.seccomp_init(sandbox_seccomp.SCMP_ACT_ALLOW)
+for name in (b"unshare", b"clone3"):
+    number = lib.seccomp_syscall_resolve_name(name)
+    arg = (sandbox_seccomp._ArgCmp * 1)()
+    lib.seccomp_rule_add_array(ctx, sandbox_seccomp.errno_action(1), number, 0, arg)
+libc = ctypes.CDLL(None)
+assert libc.prctl(38, 1, 0, 0, 0) == 0 and lib.seccomp_load(ctx) == 0
+limits = Limits(**json.loads(sys.argv[1]))
+tests = {"asserts": ["assert add(1, 2) == 3"]}
+for weak in (False, True):
+    result = run_python_tests(
+        "def add(a, b):\n    return a + b\n", tests, limits=limits, allow_weak_isolation=weak
+    )
+    print(json.dumps([result.status, result.detail, result.isolation.get("filesystem")]))
+"""
+
+
+def test_a_kernel_without_user_namespaces_is_an_error_naming_the_setting():
+    """Where the kernel refuses a user namespace (here: unshare refused to the caller and
+    all it starts), a run is an error naming allow_weak_isolation, as root too."""
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_USER_NAMESPACES, json.dumps(LIMITS)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    strict, weak = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    assert strict[0] == "error" and "allow_weak_isolation=True" in strict[1], strict
+    assert "user namespace" in strict[1]
+    assert weak[0] == "passed" and weak[2] == "host temporary directory", weak
 
 
 # ---- the pieces, without a sandbox ------------------------------------------------------

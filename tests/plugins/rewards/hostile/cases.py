@@ -183,6 +183,13 @@ RIGHT: dict[str, tuple[object, str]] = {
 }
 
 WIN = "def add(a, b):\n    return a + b if won else None\n"
+# ctypes' raw syscall(2): sc(number, *args) is its return value (-1 when refused).
+SYSCALL = (
+    "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.syscall.restype = ctypes.c_long\n"
+    "def sc(*args):\n    return libc.syscall(*[ctypes.c_long(a) if isinstance(a, int) else a "
+    "for a in args])\n"
+)
 WRONG = "def add(a, b):\n    return 0\n"
 
 # name -> (kind, problem, source)
@@ -246,9 +253,15 @@ HOSTILE: dict[str, tuple[str, str, str]] = {
     "kills its parent and init": (
         "contain",
         "add",
-        "import os, signal\nwon = False\nfor pid in {os.getppid(), 1}:\n    try:\n"
-        "        os.kill(pid, signal.SIGKILL)\n        won = True\n    except OSError:\n"
-        "        pass\n" + WIN,
+        # Same uid as init in its user namespace: kill() may return 0 (the kernel drops
+        # default-action signals to a namespace's init from inside); it wins on an effect.
+        "import os, signal, time\nparent = os.getppid()\nfor pid in {parent, 1}:\n"
+        "    for sig in (signal.SIGSTOP, signal.SIGINT, signal.SIGTERM, signal.SIGKILL):\n"
+        "        try:\n            os.kill(pid, sig)\n        except OSError:\n            pass\n"
+        "time.sleep(0.1)\ndef state(pid):\n    try:\n"
+        "        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0]\n"
+        "    except OSError:\n        return 'gone'\n"
+        "won = any(state(pid) in ('T', 't', 'Z', 'X', 'gone') for pid in {parent, 1})\n" + WIN,
     ),
     "leaves a double-forked daemon": (
         "contain",
@@ -315,6 +328,74 @@ HOSTILE: dict[str, tuple[str, str, str]] = {
         "    for place in ('.', '/tmp'):\n        try:\n"
         "            os.symlink(target, f'{place}/rlax-hostile-link{i}')\n"
         "        except OSError:\n            pass\n" + WRONG,
+    ),
+    # ---- deny by default: kernel interfaces and memory outside the limits (issue 35) ----
+    "keeps a secret in the user keyring": (
+        "contain",
+        "add",
+        SYSCALL + "won = False\n"
+        "key = sc(248, b'user', b'rlax-hostile', b'3', 3, -4)  # add_key to @u\n"
+        "found = sc(250, 10, -4, b'user', b'rlax-hostile', 0)  # keyctl(SEARCH) in @u\n"
+        "got = sc(249, b'user', b'rlax-hostile', None, -4)  # request_key\n"
+        "won = max(key, found, got) >= 0\n" + WIN,
+    ),
+    "makes user and other namespaces": (
+        "contain",
+        "add",
+        SYSCALL + "import os\nwon = False\n"
+        "for flags in (0x10000000, 0x40000000, 0x20000, 0x10000000 | 0x40000000):\n"
+        "    won = won or sc(272, flags) == 0  # unshare\n"
+        "pid = sc(56, 0x10000000 | 17, 0, 0, 0, 0)  # clone(CLONE_NEWUSER | SIGCHLD)\n"
+        "if pid == 0:\n    os._exit(0)\nwon = won or pid > 0\n"
+        "fd = os.open('/proc/self/ns/user', os.O_RDONLY)\n"
+        "won = won or sc(308, fd, 0x10000000) == 0  # setns\n" + WIN,
+    ),
+    "ptraces a sibling": (
+        "contain",
+        "add",
+        SYSCALL + "import os, time\nchild = os.fork()\nif child == 0:\n    time.sleep(5)\n"
+        "    os._exit(0)\nwon = sc(101, 16, child, 0, 0) == 0  # PTRACE_ATTACH\n"
+        "won = won or sc(101, 0, 0, 0, 0) == 0  # PTRACE_TRACEME\n"
+        "local = (ctypes.c_char * 8)()\n"
+        "iov = (ctypes.c_void_p * 2)(ctypes.cast(local, ctypes.c_void_p), 8)\n"
+        "won = won or sc(310, child, iov, 1, iov, 1, 0) >= 0  # process_vm_readv\n"
+        "os.kill(child, 9)\n" + WIN,
+    ),
+    "loads a BPF program": (
+        "contain",
+        "add",
+        SYSCALL + "attr = (ctypes.c_uint32 * 32)(2, 4, 4, 1)  # BPF_MAP_TYPE_ARRAY\n"
+        "won = sc(321, 0, attr, 128) >= 0  # bpf(BPF_MAP_CREATE)\n"
+        "won = won or sc(298, attr, 0, -1, -1, 0) >= 0  # perf_event_open\n" + WIN,
+    ),
+    "holds memory that is not mapped": (
+        "contain",
+        "add",
+        SYSCALL + "import os\nheld, chunk = 0, b'x' * 2**20\n"
+        "fd = sc(319, b'hog', 0)  # memfd_create\n"
+        "for _ in range(600 if fd >= 0 else 0):\n    held += os.write(fd, chunk)\n"
+        "uffd = sc(323, 0)  # userfaultfd\n"
+        "for _ in range(6):  # System V segments: held after shmdt, outside the address space\n"
+        "    shm = sc(29, 0, 100 * 2**20, 0o1600)\n    at = sc(30, shm, 0, 0) if shm >= 0 else -1\n"
+        "    if at not in (-1, 0):\n        ctypes.memset(at, 1, 100 * 2**20)\n"
+        "        sc(67, at)\n        held += 100 * 2**20\n"
+        "pipes = []\nfor _ in range(24):  # pipe buffers\n    try:\n        r, w = os.pipe()\n"
+        "    except OSError:\n        break\n    os.set_blocking(w, False)\n    pipes.append((r, w))\n"
+        "    try:\n        while True:\n            held += os.write(w, chunk)\n"
+        "    except OSError:\n        pass\n"
+        "try:  # the scratch tmpfs\n    with open('/tmp/hog', 'wb') as f:\n"
+        "        for _ in range(600):\n            f.write(chunk)\n            held += len(chunk)\n"
+        "except OSError:\n    pass\nwon = held >= 600 * 2**20 or uffd >= 0\n" + WIN,
+    ),
+    "holds memory in many processes": (
+        "contain",
+        "add",
+        "import os, time\nr, w = os.pipe()\nfor _ in range(7):\n    if os.fork() == 0:\n"
+        "        try:\n            hog = b'x' * (200 * 2**20)\n            os.write(w, b'1')\n"
+        "            time.sleep(0.6)\n        finally:\n            os._exit(0)\n"
+        "os.close(w)\ntime.sleep(0.8)\nos.set_blocking(r, False)\ntry:\n"
+        "    holders = len(os.read(r, 64))\nexcept OSError:\n    holders = 0\n"
+        "won = holders * 200 > 600  # more than the run's bound, all at once\n" + WIN,
     ),
     # ---- forging: the verdict ---------------------------------------------------------
     "exits 0 before the tests": ("forge", "add", WRONG + "import os\nos._exit(0)\n"),

@@ -15,9 +15,11 @@ expressions in asserts) scores 1.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import runpy
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -32,9 +34,7 @@ from rlax.plugins.rewards.code_sandbox import WeakIsolationWarning
 from rlax.plugins.rewards.code_tests import plan_tests, read_tests
 from rlax.plugins.rewards.code_verifier import CodeReward
 
-pytestmark = pytest.mark.skipif(
-    os.name != "posix" or os.geteuid() != 0, reason="the sandbox's isolation needs Linux as root"
-)
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="the sandbox needs Linux")
 
 CASES = runpy.run_path(str(pathlib.Path(__file__).with_name("cases.py")))
 processes_of = CASES["processes_of"]
@@ -43,23 +43,53 @@ RIGHT = CASES["RIGHT"]
 PROJECT = str(pathlib.Path(__file__).resolve().parents[4])
 SECRET = "hunter2-red-team-secret"
 LIMITS = {"cpu_s": 1, "wall_s": 1.5, "memory_mb": 256, "file_mb": 4, "processes": 8}
+LIMITS["run_memory_mb"] = 512  # the run's cgroup: less than two processes' address space
+ROOT = os.geteuid() == 0
 
 
 def prompt(problem: str) -> Prompt:
     return Prompt(id=problem, text="", tokens=np.zeros(1, np.int32), answer=TESTS[problem])
 
 
-def traces(directory: str, uid: int) -> set[str]:
-    """Entries of ``directory`` owned by ``uid`` or named like a hostile marker."""
+def traces(directory: str, uid: int, before: set[str] = frozenset()) -> set[str]:
+    """Entries of ``directory`` named like a hostile marker, or owned by ``uid`` and not in
+    ``before`` (as an ordinary user the sandbox's uid is ours: callers' own
+    ``rlax-sandbox-*`` work dirs, which they remove, are not the program's)."""
     found = set()
     for entry in os.scandir(directory):
         try:
             owner = entry.stat(follow_symlinks=False).st_uid
         except OSError:
             continue
-        if owner == uid or entry.name.startswith("rlax-hostile"):
+        mine = owner == uid and entry.name not in before
+        if not ROOT and entry.name.startswith(("rlax-sandbox-", "pytest-of-")):
+            mine = False
+        if mine or entry.name.startswith("rlax-hostile"):
             found.add(entry.name)
     return found
+
+
+def in_user_namespace(namespace: str) -> list[int]:
+    """Live processes in the user namespace ``namespace`` (``user:[inode]``)."""
+    found = []
+    for ns in pathlib.Path("/proc").glob("[0-9]*/ns/user"):
+        try:
+            if namespace and os.readlink(ns) == namespace:
+                found.append(int(ns.parent.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def leftovers(result, temp: str, before: set[str]) -> dict[str, object]:
+    """What of the run outlives the call: processes, files in the host's temp dir."""
+    left = {
+        "user namespace": in_user_namespace(result.isolation.get("user_namespace", "")),
+        "temp files": traces(temp, result.uid, before),
+    }
+    if ROOT:  # the sandbox uid is the run's alone
+        left["uid"] = processes_of(result.uid)
+    return {what: found for what, found in left.items() if found}
 
 
 def snapshot(path: pathlib.Path) -> dict[str, bytes]:
@@ -110,7 +140,7 @@ def test_hostile_program_scores_zero_and_leaves_nothing(name, namespaces, host, 
     _, problem, source = HOSTILE[name]
     reward = CodeReward(**LIMITS, namespaces=namespaces)
     temp = tempfile.gettempdir()
-    before = snapshot(host["dir"])
+    before, temp_before = snapshot(host["dir"]), set(os.listdir(temp))
 
     start = time.monotonic()
     with warnings.catch_warnings():  # the world must not fall back; the weak mode warns
@@ -124,14 +154,17 @@ def test_hostile_program_scores_zero_and_leaves_nothing(name, namespaces, host, 
     assert result.verdict_by == "supervisor"
     assert elapsed < LIMITS["wall_s"] + 5
     assert len(result.stdout) <= 64 * 1024 and SECRET not in result.stdout + result.stderr
-    assert processes_of(result.uid) == []  # nothing of the program outlives the call
-    assert traces(temp, result.uid) == set()  # no file left in the host's temp dir
+    assert leftovers(result, temp, temp_before) == {}  # nothing of the program outlives the call
     assert snapshot(host["dir"]) == before and host["canary"].read_text() == "do not touch"
     assert host["bystander"].poll() is None
+    assert result.isolation["syscalls"] == "allow-list (libseccomp)"
     if namespaces:
         assert result.isolation["root"] == "minimal read-only world"
+        assert result.isolation["user_namespace"] != os.readlink("/proc/self/ns/user")
         with pytest.raises(OSError):  # nothing reached the host's loopback
             host["server"].accept()
+    if "memory_peak_mb" in result.isolation:  # the run's cgroup held
+        assert result.isolation["memory_peak_mb"] <= LIMITS["run_memory_mb"]
 
 
 def test_the_table_covers_every_class_of_attack():
@@ -162,3 +195,113 @@ def test_right_programs_score_one(name):
     )
     assert reward.judge(result).score == 1.0, (result.detail, result.stderr[-300:])
     assert result.passed == result.total == len(plan.tests)
+
+
+def _run_group_or_skip() -> None:
+    """As root a cgroup can be had here; an ordinary user needs one delegated (.ci/run's)."""
+    from rlax.plugins.rewards import sandbox_cgroup
+
+    try:
+        group = sandbox_cgroup.create(f"{sandbox_cgroup.PREFIX}{os.getpid()}-probe", 64, 4)
+    except OSError as exc:
+        if ROOT:
+            raise
+        pytest.skip(f"no cgroup delegated to this user: the run's bound is per process ({exc})")
+    group.remove()
+
+
+@pytest.mark.parametrize(
+    "name", ["holds memory in many processes", "holds memory that is not mapped"]
+)
+@pytest.mark.serial  # a wall-clock bound (tests/test_suite_rules.py)
+def test_the_run_memory_bound_holds_and_its_peak_is_measured(name, host):
+    """The run's cgroup: the peak the kernel measured stays within ``run_memory_mb``,
+    whatever the program spreads over processes or keeps out of its address space."""
+    _run_group_or_skip()
+    _, problem, source = HOSTILE[name]
+    reward = CodeReward(**LIMITS)
+    result = reward.run(prompt(problem), fill(source, host))
+    assert reward.judge(result).score == 0.0, (result.detail, result.stderr[-300:])
+    assert result.isolation["run_limits"].startswith("cgroup v"), result.isolation
+    peak = result.isolation["memory_peak_mb"]
+    print(f"{name}: peak {peak} MB of a {LIMITS['run_memory_mb']} MB bound")
+    assert peak <= LIMITS["run_memory_mb"]
+    if name == "holds memory in many processes":  # it did push the bound: 7 x 200 MB tried
+        assert peak >= LIMITS["run_memory_mb"] - 64, peak
+
+
+_AS_USER = """
+import json, runpy, sys
+import numpy as np
+from rlax.core.types import Prompt
+from rlax.plugins.rewards.code_verifier import CodeReward
+table = json.loads(sys.argv[1])
+verdicts = {}
+for name, (problem, source, tests) in table.items():
+    reward = CodeReward(**json.loads(sys.argv[2]))
+    prompt = Prompt(id=problem, text="", tokens=np.zeros(1, np.int32), answer=tests)
+    result = reward.run(prompt, source)
+    verdicts[name] = [reward.judge(result).score, result.status, result.isolation.get("root")]
+print(json.dumps(verdicts))
+"""
+
+
+def _verdicts_as_nobody(table: dict, limits: dict) -> dict:
+    """The same table scored by a process of the unprivileged user ``nobody``."""
+    from rlax.plugins.rewards.code_sandbox import python_for_sandbox
+
+    python = python_for_sandbox()  # as root: one that any user can run
+    site = tempfile.mkdtemp(prefix="rlax-as-nobody-")
+    try:
+        os.chmod(site, 0o755)
+        packages = [p for p in __import__("site").getsitepackages() if os.path.isdir(p)]
+        with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+            f.write("import site\n" + "".join(f"site.addsitedir({p!r})\n" for p in packages))
+        os.chmod(os.path.join(site, "sitecustomize.py"), 0o644)
+        command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", "-i"]
+        command += ["PATH=/usr/bin:/bin", "HOME=/tmp", f"PYTHONPATH={site}", python, "-c"]
+        done = subprocess.run(
+            [*command, _AS_USER, json.dumps(table), json.dumps(limits)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd="/",
+        )
+    finally:
+        shutil.rmtree(site, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+ROOTLESS_TABLE = [
+    "keeps a secret in the user keyring",
+    "makes user and other namespaces",
+    "ptraces a sibling",
+    "holds memory in many processes",
+    "fork bomb",
+    "reads host files and project sources",
+    "kills its parent and init",
+    "prints a fake pass",
+]
+
+
+def test_an_ordinary_user_gets_the_same_sandbox_and_the_same_verdicts(host):
+    """Rootless: the same world and verdicts as an unprivileged user (as root, the table also
+    runs under ``setpriv`` as ``nobody``; as an ordinary user, this pass is that check)."""
+    table = {name: (HOSTILE[name][1], fill(HOSTILE[name][2], host)) for name in ROOTLESS_TABLE}
+    for problem, (right, wrong) in sorted(HONEST.items())[:3]:
+        table[f"right {problem}"], table[f"wrong {problem}"] = (problem, right), (problem, wrong)
+    table = {name: (problem, source, TESTS[problem]) for name, (problem, source) in table.items()}
+    expected = {name: 1.0 if name.startswith("right") else 0.0 for name in table}
+    reward = CodeReward(**LIMITS)
+    mine = {}
+    for name, (problem, source, _) in table.items():
+        result = reward.run(prompt(problem), source)
+        mine[name] = [reward.judge(result).score, result.status, result.isolation.get("root")]
+    assert {name: v[0] for name, v in mine.items()} == expected, mine
+    assert {v[2] for v in mine.values()} == {"minimal read-only world"}
+    if ROOT:
+        theirs = _verdicts_as_nobody(table, LIMITS)
+        assert {name: v[0] for name, v in theirs.items()} == expected, theirs
+        assert {v[2] for v in theirs.values()} == {"minimal read-only world"}
