@@ -1,7 +1,7 @@
 """``rlax show RUN``: a run's state and its latest rollout traces, readable in a terminal.
 
 It reads only the run directory (``metrics.jsonl``, ``eval.json``,
-``rollouts.jsonl``, ``train_state/``, ``checkpoint/``), so it works on a run
+``rollouts.jsonl``, ``recovery.jsonl``, ``train_state/``, ``checkpoint/``), so it works on a run
 that is going on, was preempted, or is finished, from any machine that sees
 the directory.
 """
@@ -17,6 +17,7 @@ from typing import Any
 
 from rlax.core.evaluation import traces
 from rlax.core.evaluation.plot import HELDOUT, PHASE_NAMES
+from rlax.core.runtime.recovery import PARTS, read_rows
 from rlax.core.runtime.run_dir import RunDir
 
 #: The metrics shown first in "last metrics", when a row has them.
@@ -129,6 +130,25 @@ def trace_lines(rows: Sequence[dict], count: int, width: int = 100) -> Iterator[
             ).rstrip()
 
 
+def recovery_lines(rows: Sequence[dict]) -> Iterator[str]:
+    """The run's preemptions and restarts: when, which role, how long until it was useful
+    again (:mod:`rlax.core.runtime.recovery`), its largest parts and the work redone."""
+    if not rows:
+        return
+    total = sum(r["total_s"] for r in rows)
+    yield f"preemptions and restarts: {len(rows)}, {total:.1f} s until useful again in all"
+    for r in rows:
+        when = time.strftime("%H:%M:%S", time.localtime(r["time"]))
+        parts = sorted(((r.get(f"{p}_s", 0.0), p) for p in PARTS), reverse=True)
+        shown = ", ".join(f"{p} {s:.1f}" for s, p in parts[:3] if s >= 0.05)
+        redone = f"; {r['redone_steps']:.0f} steps redone" if r.get("redone_steps") else ""
+        compiled = f"; compiled {r['compile_misses']}" if r.get("compile_misses") else ""
+        yield (
+            f"  {when}  {r['role']:<12} {r['cause']:<9} useful again after {r['total_s']:.1f} s"
+            f" ({shown}){redone}{compiled}"
+        )
+
+
 def show_run(run_dir: RunDir | pathlib.Path, *, traces_shown: int = 2) -> str:
     """The report of ``run_dir`` as text (see the module doc)."""
     run_dir = RunDir.of(run_dir)
@@ -139,6 +159,7 @@ def show_run(run_dir: RunDir | pathlib.Path, *, traces_shown: int = 2) -> str:
         *state_lines(run_dir, rows, meta),
         *metric_lines(rows),
         *eval_lines(run_dir, rows),
+        *recovery_lines(read_rows(run_dir)),
         *trace_lines(_rows(run_dir.rollouts), traces_shown),
     ]
     return "\n".join(lines)

@@ -18,6 +18,13 @@ trainer checkpoints, and the run exits with status 75, to be resumed by
 running the same command with the same ``--run-dir`` (the CLI prints it,
 with ``--resume RUN``).
 
+A restarted child is told what happened to the one before it (the environment's
+``RLAX_RESTART``: its exit status, when the exit was seen, and when it got its notice and
+stopped, which a stopping child writes to the file ``RLAX_NOTICE_FILE`` names), so it can
+count its way back to useful work (:mod:`rlax.core.runtime.recovery`). The parameter
+server's way back is timed here: from its exit to answering again, one line in
+``RUN/recovery.jsonl``.
+
 The parameter server keeps its state in ``state_dir`` (the run directory's
 ``param_server/`` under ``rlax run``): the rollout queue in SQLite and the
 newest weights with orbax, so a restarted server loses nothing.
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import json
 import os
 import pathlib
 import secrets
@@ -36,6 +44,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
@@ -44,7 +53,9 @@ from rlax.core.constraints import AtLeast, check_arguments
 from rlax.core.errors import EXIT_PREEMPTED, EXIT_USAGE, USAGE_ERROR_FILE_ENV
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ADDRESS_ENV, TOKEN_ENV, ServerSettings
+from rlax.core.runtime import recovery
 from rlax.core.runtime.preemption import FINISH_SIGNAL, Preemption
+from rlax.core.runtime.run_dir import RunDir
 from rlax.core.worker.role import WORKER_ID_ENV
 
 
@@ -88,8 +99,11 @@ class _Child:
     ):
         self.name, self.argv, self.env, self.cores = name, argv, env, cores
         self.report = reports / name if reports is not None else None
+        self.notice = reports / f"{name}.notice" if reports is not None else None
         if self.report is not None:  # a usage error comes back here, not on stderr
             self.env = dict(env, **{USAGE_ERROR_FILE_ENV: str(self.report)})
+        if self.notice is not None:  # a preempted process says when it got its notice
+            self.env = dict(self.env, **{recovery.NOTICE_FILE_ENV: str(self.notice)})
         self.restarts = 0
         self.start()
 
@@ -100,8 +114,25 @@ class _Child:
         except OSError:
             return None
 
-    def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, env=self.env, preexec_fn=_die_with_parent)  # noqa: PLW1509 -- no locks taken in it
+    def what_happened(self, code: int, exited_at: float) -> dict[str, Any]:
+        """The restarted process's :data:`recovery.RESTART_ENV`: how the last one ended."""
+        said: dict[str, Any] = {}
+        if self.notice is not None and self.notice.exists():
+            try:
+                said = json.loads(self.notice.read_text())
+            except (OSError, json.JSONDecodeError):
+                said = {}
+        run_dir = _run_dir_in(self.argv)
+        where = {"run_dir": str(run_dir)} if run_dir is not None else {}
+        return {"status": code, "exited_at": exited_at, "restarts": self.restarts, **where, **said}
+
+    def start(self, restart: dict[str, Any] | None = None) -> None:
+        """Starts the process; ``restart``: how the one before it ended."""
+        if self.notice is not None:
+            self.notice.unlink(missing_ok=True)
+        env = dict(self.env, **{recovery.RESTART_ENV: json.dumps(restart)}) if restart else self.env
+        self.started_at = time.time()
+        self.proc = subprocess.Popen(self.argv, env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509 -- no locks taken in it
         self.signalled: int | None = None  # the stop signal this process was sent
         if self.cores:
             os.sched_setaffinity(self.proc.pid, set(self.cores))
@@ -194,10 +225,9 @@ def local_cluster(
     server = _Child("param_server", [*base, "--role", "param_server"], env, None, reports)
     children = [server]
     status = 1
+    settings = dataclasses.replace(settings, address=env[ADDRESS_ENV], token=env[TOKEN_ENV])
     try:
-        exited = _wait_ready(
-            dataclasses.replace(settings, address=env[ADDRESS_ENV], token=env[TOKEN_ENV]), server
-        )
+        exited = _wait_ready(settings, server)
         if exited is not None:
             status = _start_failure(server, exited)
             return status
@@ -210,7 +240,8 @@ def local_cluster(
                     f"worker-{i}", [*base, "--role", "worker"], worker_env, worker_cores, reports
                 )
             )
-        status = _supervise(trainer, children, max_restarts, stop)
+        timer = _ServerRecovery(settings, _run_dir_in(argv))
+        status = _supervise(trainer, children, max_restarts, stop, timer)
         return status
     finally:
         stop.close()
@@ -259,7 +290,13 @@ def _end_children(children: list[_Child], status: int) -> None:
         child.stop(sig=sig)
 
 
-def _supervise(trainer: _Child, children: list[_Child], max_restarts: int, stop: Preemption) -> int:
+def _supervise(
+    trainer: _Child,
+    children: list[_Child],
+    max_restarts: int,
+    stop: Preemption,
+    timer: _ServerRecovery | None = None,
+) -> int:
     while True:
         if stop.requested:
             return _stop_all(trainer, children)
@@ -281,14 +318,53 @@ def _supervise(trainer: _Child, children: list[_Child], max_restarts: int, stop:
                     flush=True,
                 )
                 return 1
+            exited_at = time.time()  # within one poll (0.2 s) of the exit
             child.restarts += 1
             print(
                 f"{what}; restarting it ({child.restarts}/{max_restarts})",
                 file=sys.stderr,
                 flush=True,
             )
-            child.start()
+            restart = child.what_happened(code, exited_at)
+            child.start(restart)
+            if timer is not None and child.name == "param_server":
+                timer.time(child, restart)
         stop.wait(0.2)
+
+
+def _run_dir_in(argv: Sequence[str]) -> RunDir | None:
+    """The ``--run-dir`` the children are given, if any."""
+    args = list(argv)
+    return RunDir(pathlib.Path(args[args.index("--run-dir") + 1])) if "--run-dir" in args else None
+
+
+class _ServerRecovery:
+    """Times a restarted parameter server's way back: from the exit (or notice) to the
+    moment it answers again, a line in ``RUN/recovery.jsonl`` (its own parts -- imports,
+    reading its queue and weights back -- are one, ``first_work``)."""
+
+    def __init__(self, settings: ServerSettings, run_dir: RunDir | None):
+        self.settings, self.run_dir = settings, run_dir
+
+    def time(self, server: _Child, restart: dict[str, Any]) -> None:
+        args = (server.proc, server.started_at, restart)
+        threading.Thread(target=self._wait, args=args, daemon=True).start()
+
+    def _wait(self, proc: subprocess.Popen, started_at: float, restart: dict[str, Any]) -> None:
+        client = ParamServerClient(self.settings, retry_s=0.0)
+        try:
+            while proc.poll() is None:
+                try:
+                    client.stat()
+                    break
+                except Exception:  # noqa: BLE001 -- not listening yet
+                    time.sleep(0.05)
+            else:
+                return  # it died again before it answered
+        finally:
+            client.close()
+        clock = recovery.RecoveryClock("param_server", started_at, restart, self.run_dir)
+        clock.finish()
 
 
 def _stop_all(trainer: _Child, children: list[_Child], timeout_s: float = 120.0) -> int:

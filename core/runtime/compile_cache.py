@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import pathlib
 import shutil
@@ -41,11 +42,31 @@ from rlax.core.constraints import AtLeast, check_fields
 from rlax.core.errors import ConfigError
 from rlax.core.runtime.run_dir import RunDir
 
-__all__ = ["CompileCacheSettings", "CompileCounts", "counts", "session", "start", "start_in_run"]
+__all__ = [
+    "CompileCacheSettings",
+    "CompileCounts",
+    "counts",
+    "listen",
+    "session",
+    "start",
+    "start_in_run",
+]
 
 # JAX's monitoring events: a program read from the cache, and one compiled and written.
 HIT_EVENT = "/jax/compilation_cache/cache_hits"
 MISS_EVENT = "/jax/compilation_cache/cache_misses"
+# JAX says which program missed, with its key, at DEBUG in its compiler's logger.
+COMPILER_LOGGER = "jax._src.compiler"
+MISS_MESSAGE = "PERSISTENT COMPILATION CACHE MISS for '%s' with key %r"
+# The seconds of making a program: tracing, lowering, and compiling it or reading it
+# back from the cache (the last, "backend compile", wraps the cache's read).
+COMPILE_EVENTS = frozenset(
+    {
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+        "/jax/core/compile/backend_compile_duration",
+    }
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,10 +96,15 @@ class CompileCacheSettings:
 
 @dataclasses.dataclass
 class CompileCounts:
-    """This process's cache hits (programs read back) and misses (compiled and written)."""
+    """This process's cache hits (programs read back) and misses (compiled and written),
+    and the seconds it spent making programs (``compile_s``: tracing, lowering, compiling
+    or reading back; counted once :func:`listen` was called, with or without a cache)."""
 
     hits: int = 0
     misses: int = 0
+    compile_s: float = 0.0
+    #: The cache keys of the misses (an entry's file is ``<key>-cache`` in the cache).
+    missed: tuple[str, ...] = ()
 
     def metrics(self) -> dict[str, float]:
         return {"compile/cache_hits": float(self.hits), "compile/cache_misses": float(self.misses)}
@@ -165,11 +191,12 @@ def _turn_on(directory: pathlib.Path, min_compile_time_s: float) -> None:
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_time_s)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # every size
-    _listen()
+    listen()
 
 
-def _listen() -> None:
-    """Counts JAX's cache events in :data:`_counts` (one listener per process)."""
+def listen() -> None:
+    """Counts JAX's cache events and compile seconds in :data:`_counts` (one listener per
+    process; it imports JAX)."""
     global _listening
     with _lock:
         if _listening:
@@ -185,4 +212,35 @@ def _listen() -> None:
                 else:
                     _counts.misses += 1
 
+    _listen_for_missed_keys()
+
+    def seconds(event: str, duration_secs: float, **_: str | int) -> None:
+        if event in COMPILE_EVENTS:
+            with _lock:
+                _counts.compile_s += duration_secs
+
     jax.monitoring.register_event_listener(count)
+    jax.monitoring.register_event_duration_secs_listener(seconds)
+
+
+class _MissedKeys(logging.Filter):
+    """Takes the key of each cache miss from JAX's debug message; lets through only what
+    JAX's compiler logger would have let through without it (no new debug lines)."""
+
+    def __init__(self, level: int):
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == MISS_MESSAGE and len(record.args or ()) == 2:
+            key = str(record.args[1])  # type: ignore[index]
+            with _lock:
+                _counts.missed += (key,)
+        return record.levelno >= self.level
+
+
+def _listen_for_missed_keys() -> None:
+    logger = logging.getLogger(COMPILER_LOGGER)
+    level = logger.getEffectiveLevel()
+    logger.addFilter(_MissedKeys(level))
+    logger.setLevel(min(level, logging.DEBUG))  # JAX logs a miss's key at DEBUG

@@ -24,7 +24,9 @@ a batch), and then stops in order: the trainer checkpoints, every role calls
 :meth:`Preemption.stop_now`, which calls the ``rlax_on_preemption`` hook and
 raises :class:`~rlax.core.errors.Preempted`, which the CLI turns into exit
 status 75 (``EXIT_PREEMPTED``): a scheduler restarts the process rather than
-counting a failure.
+counting a failure. ``noticed_at`` keeps when the notice came; ``stop_now`` tells the
+local supervisor (:func:`rlax.core.runtime.recovery.write_notice`), so the restarted
+process can count its recovery from the notice.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import os
 import pathlib
 import signal
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -41,6 +44,7 @@ from typing import Annotated, Any, Protocol, Self
 
 from rlax.core.constraints import Positive
 from rlax.core.errors import Preempted, RunFinished
+from rlax.core.runtime import recovery
 
 __all__ = [
     "FileNotice",
@@ -199,6 +203,7 @@ class Preemption:
         self.hook = hook
         self._event = threading.Event()
         self.reason: str | None = None
+        self.noticed_at: float | None = None  # Unix seconds
         self.finished = False
         self._started = False
         self._previous_finish: Any = None
@@ -237,6 +242,7 @@ class Preemption:
         """Records a notice (the first reason is kept); safe from signal handlers and threads."""
         if not self._event.is_set():
             self.reason = reason
+            self.noticed_at = time.time()
             self._event.set()
             # Logging from a signal handler can deadlock on the handler's lock: print instead.
             os.write(
@@ -257,6 +263,7 @@ class Preemption:
         if self.finished:
             raise RunFinished(f"{self.role}: the run finished")
         reason = self.reason or "requested"
+        recovery.write_notice(self.noticed_at or time.time(), reason)
         if self.hook is not None:
             self.hook.rlax_on_preemption(role=self.role, reason=reason)
         raise Preempted(f"{self.role} stopped at a safe point ({reason})")

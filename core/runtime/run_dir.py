@@ -15,6 +15,7 @@ each role wraps the path in a :class:`RunDir` and asks it where a file goes::
     train_state/                   resumable checkpoints of the whole trainer state
     param_server/                  the parameter server's queue and weights
     compile_cache/                 the programs the roles compiled (JAX's persistent cache)
+    recovery.jsonl                 one line per restart: how long each role took to be useful
 
 A directory holding ``operative_config.gin`` (or a ``train_state/``) is a run
 that can be resumed; a run is finished once it has exported its final policy
@@ -70,6 +71,7 @@ class RunDir:
     TRAIN_STATE: ClassVar[str] = "train_state"
     PARAM_SERVER: ClassVar[str] = "param_server"
     COMPILE_CACHE: ClassVar[str] = "compile_cache"
+    RECOVERY: ClassVar[str] = "recovery.jsonl"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", pathlib.Path(self.path))
@@ -135,6 +137,10 @@ class RunDir:
     @property
     def compile_cache(self) -> pathlib.Path:
         return self.path / self.COMPILE_CACHE
+
+    @property
+    def recovery(self) -> pathlib.Path:
+        return self.path / self.RECOVERY
 
     def staged_final_policy(self, which: Literal["new", "old"]) -> pathlib.Path:
         """Beside the final policy: the one being exported (new), the one replaced (old)."""

@@ -35,6 +35,8 @@ from rlax.core.contracts import RolloutSource
 from rlax.core.errors import ConfigError, LostStep, Preempted, SourceMismatch
 from rlax.core.evaluation.metrics import MetricsLog
 from rlax.core.parallel import multihost
+from rlax.core.rollout.groups import generated_tokens
+from rlax.core.runtime import recovery
 from rlax.core.runtime.preemption import Preemption
 from rlax.core.runtime.run_dir import RunDir
 from rlax.core.trainer.checkpoint import Checkpointer, Restored
@@ -143,6 +145,14 @@ class TrainingRun:
         # Every process keeps the rows (the same on each); process 0 writes the file.
         self.log = MetricsLog(self.run_dir.metrics if self.lead else pathlib.Path(os.devnull))
         self.empty_steps = EmptyStepWatch(source.curation)
+        # A restarted or resumed trainer's way back: its first step's row gets the figures.
+        clock = recovery.current()  # the trainer role's (rlax.core.runtime.recovery.begin)
+        resumed = clock is not None and (restored is not None or clock.is_restart)
+        self.recovering: recovery.RecoveryClock | None = clock if resumed else None
+        if self.recovering is not None:  # process 0 writes RUN/recovery.jsonl
+            self.recovering.run_dir = self.run_dir if self.lead else None
+            self.recovering.mark("restore")  # the checkpoint just restored (the role's _restore)
+        self.redone = {"redone_steps": 0.0, "redone_tokens": 0.0}
 
     @property
     def version(self) -> int:
@@ -157,6 +167,8 @@ class TrainingRun:
         restored_version = self.version
         published = self.source.resume(self.trainer.state.params, restored_version)
         self.version_offset += published - restored_version
+        if self.recovering is not None:
+            self.recovering.mark("weights")  # republished; the queue rolled back
 
     def _check_same_source(self) -> None:
         """Restores the source's position; ConfigError if another kind of source recorded it.
@@ -179,6 +191,11 @@ class TrainingRun:
             return
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         kept = [r for r in rows if r.get("step", 0) <= self.step]  # steps 1..k are in the state
+        lost = [r for r in rows if r.get("step", 0) > self.step]  # trained again from here
+        self.redone = {
+            "redone_steps": float(len({r["step"] for r in lost})),
+            "redone_tokens": float(sum(r.get("trained_tokens", 0) for r in lost)),
+        }
         if len(kept) != len(rows):
             tmp = path.with_suffix(".tmp")
             tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
@@ -218,6 +235,7 @@ class TrainingRun:
                     seed=self.seed,
                     **step_args,
                 )
+                metrics["trained_tokens"] = generated_tokens(groups)  # process 0's are kept
             except LostStep as err:  # the state holds half a step: keep the last checkpoint
                 metrics, lost = None, str(err)
             except Preempted as err:  # on every process: process 0 stopped waiting for rollouts
@@ -260,6 +278,8 @@ class TrainingRun:
         with clock("observe"):
             self.observer.trace(step, groups)
         metrics.update(clock.metrics())
+        if self.recovering is not None:  # the first step after a restart: useful again
+            metrics.update(self._recovered(metrics))
         mark = time.perf_counter()
         self.log.write(metrics)
         if self.lead:
@@ -278,6 +298,14 @@ class TrainingRun:
         if stop:
             self._stop()
         return mark
+
+    def _recovered(self, metrics: dict) -> dict[str, float]:
+        """The recovery's figures (:mod:`rlax.core.runtime.recovery`) as ``recovery/*``
+        metrics; the step's wait for its rollouts is the recovery's ``refill``."""
+        clock, self.recovering = self.recovering, None
+        assert clock is not None
+        row = clock.finish({"refill": metrics.get("wait_rollouts_s", 0.0)}, **self.redone)
+        return {f"recovery/{k}": float(row[k]) for k in recovery.FIGURES if k in row}
 
     def _agree(self, lost: str | None, metrics: dict | None) -> tuple[str | None, bool, Any]:
         """(why a step was lost, whether to stop, the step's metrics), the same on every process.

@@ -12,6 +12,8 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 
+from rlax.core.runtime.recovery import FIGURES as RECOVERY_FIGURES
+
 #: Each phase's metric name (``<phase>_s``) and what the progress line says during it.
 PHASES: dict[str, str] = {
     "wait_rollouts": "waiting for rollouts",
@@ -30,6 +32,8 @@ WALL_CLOCK = frozenset(
         "generate_s",
         "score_s",
         *(f"{p}_s" for p in PHASES),
+        # A restarted trainer's first row only: how it came back (rlax.core.runtime.recovery).
+        *(f"recovery/{name}" for name in RECOVERY_FIGURES),
     }
 )
 

@@ -112,7 +112,7 @@ from rlax.core.parallel.multihost import initialize as initialize_distributed
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.rollout.groups import check_online_filters
-from rlax.core.runtime import compile_cache
+from rlax.core.runtime import compile_cache, recovery
 from rlax.core.runtime.preemption import Preemption
 from rlax.core.runtime.run_dir import RunDir
 from rlax.core.runtime.run_files import save_run_config
@@ -152,6 +152,12 @@ def _open_run_dir(run_dir: RunDir | pathlib.Path | None, run_root: str, run_name
     return opened
 
 
+def _start_process(distributed: DistributedSettings | None) -> None:
+    """Joins the trainer's processes before any device work, then starts the recovery clock."""
+    initialize_distributed(distributed)
+    recovery.begin("trainer").init_backend()
+
+
 def _check_settings(
     inline: bool,
     deterministic: bool,
@@ -172,6 +178,7 @@ def _restore(
     trainer: Trainer, run_dir: RunDir, hook, checkpointing: CheckpointSettings
 ) -> tuple[Checkpointer, Restored | None]:
     """The run's checkpointer and the newest good checkpoint (applied to ``trainer``), if any."""
+    recovery.mark("load")  # a restarted trainer's way back: all before the restore
     on_saved = lambda step, path: hook.rlax_on_checkpoint(step=step, path=path)
     ckpt = Checkpointer(
         run_dir.train_state,
@@ -353,7 +360,7 @@ def train(
     Raises:
       Preempted: a notice came; the state was checkpointed (exit status 75).
     """
-    initialize_distributed(distributed)  # before anything touches a device (the CLI did it first)
+    _start_process(distributed)
     _check_settings(inline, deterministic, max_staleness, curation, trainer_settings)
     check_teacher(algorithm, teacher)
     bundle = load_policy(init_checkpoint, "rlax.train.init_checkpoint")

@@ -15,7 +15,7 @@ as partial work, continued by whoever leases their prompts next. With
 steps, and each completion records the version of each token. While the parameter
 server is unreachable (restarting) the worker waits, with no deadline, under
 the one retry policy (:mod:`rlax.core.param_server.retry`), and says so in
-the log. With ``deterministic`` each prompt is sampled with its own
+the log. A restarted worker times its way back to work (:mod:`rlax.core.runtime.recovery`). With ``deterministic`` each prompt is sampled with its own
 seed, derived from the run's seed, the prompt and the weight version, so the
 groups do not depend on which worker leased which prompt.
 """
@@ -47,6 +47,7 @@ from rlax.core.rollout.groups import (
     rollout_resumable,
 )
 from rlax.core.rollout.reward_pool import RewardPool
+from rlax.core.runtime import recovery
 from rlax.core.runtime.preemption import Preemption
 from rlax.core.types import ConfigPath, Group, GroupSize, PartialGroup, Staleness
 from rlax.core.wire import WirePlan
@@ -100,6 +101,8 @@ class Worker:
         self.lost_leases = 0
         # Cumulative: verifier errors and timeouts, sampling and scoring seconds.
         self.counts: collections.defaultdict[str, float] = collections.defaultdict(float)
+        # A restarted worker's way back, until its first submitted group (None: not one).
+        self.recovering: recovery.RecoveryClock | None = None
 
     def newer_weights(self, plan: WirePlan, wait_s: float = 0.0) -> tuple[Any, int] | None:
         """(params, version) of the server's newest version if we are more than
@@ -166,6 +169,8 @@ class Worker:
             if self.version < 0:
                 self.idle_s += time.perf_counter() - start
                 return 0
+            if self.recovering is not None:
+                self.recovering.mark("weights")
         leases = self.client.lease(
             self.worker_id,
             self.prompts_per_lease,
@@ -181,6 +186,8 @@ class Worker:
         self.idle_s += waited - start
         if not leases:
             return 0
+        if self.recovering is not None:
+            self.recovering.mark("refill")
         self.maybe_reload(plan)
         partials = getattr(leases, "partials", {})
         results = self._generate([p for _, p in leases], [partials.get(k) for k, _ in leases], plan)
@@ -201,6 +208,9 @@ class Worker:
                 sum(g.tokens for *_, g in cut),
             )
         self.busy_s += time.perf_counter() - waited
+        if done and self.recovering is not None:  # useful again
+            self.recovering.finish()
+            self.recovering = None
         return len(done)
 
     def _send(self, call: Callable[..., object], *args, **kwargs) -> None:
@@ -288,6 +298,8 @@ def worker(
     Raises:
       Preempted: after a notice, once the batch in hand is submitted (exit status 75).
     """
+    clock = recovery.begin(os.environ.get(WORKER_ID_ENV) or f"worker-{os.getpid()}")
+    clock.init_backend()
     check_online_filters(curation, "rlax.worker.curation")
     check_reload_in_flight(sampler, reload_in_flight)
     stop = Preemption(preemption_notices, role="worker", hook=hook).start()
@@ -303,7 +315,7 @@ def worker(
         group_size=group_size,
         prompts_per_lease=prompts_per_lease,
         reload_staleness=reload_staleness,
-        worker_id=os.environ.get(WORKER_ID_ENV) or f"worker-{os.getpid()}",
+        worker_id=clock.role,
         seed=seed,
         deterministic=deterministic,
         reload_in_flight=reload_in_flight,
@@ -311,6 +323,7 @@ def worker(
         refresh_interval_s=refresh_interval_s,
         interrupt=lambda: stop.requested,
     )
+    w.recovering = clock if clock.is_restart else None
     _run(w, plan, stop, pool)
     stop.stop_now()
     return 0
@@ -337,6 +350,7 @@ def _set_up(
     client = ParamServerClient(
         settings, give_up=lambda: stop.requested, relay=True, reuse_pull_buffer=not reload_in_flight
     )
+    recovery.mark("load")  # a restarted worker's way back: the model and sampler are set up
     return plan, client
 
 

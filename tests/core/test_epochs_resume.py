@@ -68,7 +68,9 @@ def rows(run_dir: pathlib.Path) -> list[dict]:
         {
             k: v
             for k, v in json.loads(x).items()
-            if not k.endswith("_s") and k not in ("time", "tokens_per_s")
+            if not k.endswith("_s")
+            and k not in ("time", "tokens_per_s")
+            and not k.startswith("recovery/")  # how the resumed run came back
         }
         for x in lines
     ]

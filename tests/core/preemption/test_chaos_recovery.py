@@ -16,6 +16,7 @@ import pytest
 from cluster import BASE, children, finish, kill, leases_of, metrics, small, start, wait_until
 
 from rlax.core.param_server import rlax_pb2 as pb
+from rlax.core.runtime.recovery import read_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # kills processes on a clock
 
@@ -140,3 +141,30 @@ def test_d_killed_parameter_server_restarts_and_the_others_carry_on(chaos):
     deaths = re.findall(r"rlax: .* died with .*", err)
     assert len(deaths) == 3, "\n".join(deaths) + "\n" + err[-6000:]
     assert (run_dir / "param_server" / "weights").is_dir()
+
+
+def test_each_restarted_role_records_its_way_back_to_work(chaos):
+    # Issue 38: RUN/recovery.jsonl has one line per restart, its parts adding up to the time
+    # from the kill (seen by the supervisor) to the role's first useful work after it.
+    run_dir, _db, events, out, _err = chaos
+    rows = {r["role"]: r for r in read_rows(run_dir)}
+    assert set(rows) == {"worker-1", "param_server", "trainer"}
+    parts = ("stop", "exit", "restart", "imports", "backend", "load", "restore", "weights")
+    for role, row in rows.items():
+        assert row["cause"] == "killed" and row["restarts"] == 1, row
+        assert row["stop_s"] == row["exit_s"] == 0.0  # no notice: the clock starts at the exit
+        total = sum(row[f"{p}_s"] for p in (*parts, "refill", "first_work"))
+        assert total == pytest.approx(row["total_s"], abs=1e-3), role
+    # The restarted trainer and worker read their predecessors' programs back from the
+    # run's cache (a miss, named by its key, is a program of a shape not met before).
+    for role in ("trainer", "worker-1"):
+        assert rows[role]["compile_hits"] > 0
+        assert rows[role]["compile_misses"] == len(rows[role]["compile_missed"])
+    # The steps trained after the restored checkpoint were trained again, and said so.
+    (resumed,) = re.findall(r"resumed from \S+: step (\d+)", out)
+    assert rows["trainer"]["redone_steps"] == events["trainer_rows"] - int(resumed)
+    # The trainer's first row after its restart carries the same figures, and only that row.
+    with_figures = [r for r in metrics(run_dir) if "recovery/total_s" in r]
+    assert [r["step"] for r in with_figures] == [int(resumed) + 1]
+    assert with_figures[0]["recovery/total_s"] == pytest.approx(rows["trainer"]["total_s"], 1e-4)
+    assert with_figures[0]["recovery/redone_steps"] == rows["trainer"]["redone_steps"]
