@@ -53,6 +53,7 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWUSER = 0x40000000, 0x20000000, 0x10000000
 NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+PR_SET_CHILD_SUBREAPER = 36
 CAPTURE_LIMIT = 64 * 1024  # stdout / stderr: for logs only
 CHANNEL_LIMIT = 4 * 1024 * 1024  # the outputs channel; more is cut (and fails to decode)
 
@@ -238,6 +239,7 @@ def _sweep(child: int) -> str:
             os.killpg(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        sandbox_sweep.kill_children()  # orphans of other sessions: ours as a subreaper
         how = "process group"
     try:
         while os.waitpid(-1, os.WNOHANG)[0] > 0:
@@ -274,6 +276,8 @@ def _init(job: dict, isolation: dict, parent: int, out: int) -> None:
     # The program shares init's uid: as a namespace's init, the kernel drops every signal
     # from inside it that has no handler, so none is left (Python's own is SIGINT's).
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if os.getpid() != 1:  # the weak mode: the program's orphans become our children
+        _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(CHILD_SUBREAPER)")
     workdir = _private_filesystem(job, isolation)
     if isolation["filesystem"] == "private tmpfs":
         workdir = os.path.join(workdir, "work")

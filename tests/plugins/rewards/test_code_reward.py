@@ -93,11 +93,10 @@ def prompt(answer) -> Prompt:
     return Prompt(id="add", text="write add", tokens=np.zeros(1, np.int32), answer=answer)
 
 
-def survivors(uid: int) -> list[int]:
-    """Live (non-zombie) processes running as ``uid`` (the red-team table's helper)."""
-    return runpy.run_path(str(pathlib.Path(__file__).with_name("hostile") / "cases.py"))[
-        "processes_of"
-    ](uid)
+def survivors(result) -> list[int]:
+    """Live processes of a finished run (the red-team table's helper)."""
+    cases = runpy.run_path(str(pathlib.Path(__file__).with_name("hostile") / "cases.py"))
+    return cases["survivors"](result.uid, result.isolation.get("user_namespace", ""))
 
 
 @pytest.fixture(scope="module")
@@ -124,11 +123,14 @@ def listener():
 
 # Programs stopped by rlimits alone run once (with namespaces); the rest run both ways.
 _RLIMITS_ONLY = ("infinite loop", "memory blow-up", "huge file")
+# An ordinary user's weak mode runs the program as that user, outside any pid namespace:
+# it can signal the caller's own processes (kill(-1) would end this test run). As documented.
+_NOT_WEAK = _RLIMITS_ONLY + (() if os.geteuid() == 0 else ("kills its parent",))
 _HOSTILE_CASES = [
     pytest.param(name, namespaces, id=f"{name}-{'namespaces' if namespaces else 'fallback'}")
     for name in sorted(HOSTILE)
     for namespaces in (True, False)
-    if namespaces or name not in _RLIMITS_ONLY
+    if namespaces or name not in _NOT_WEAK
 ]
 
 
@@ -154,7 +156,7 @@ def test_hostile_program_is_contained_and_scores_zero(
     assert result.status in ("failed", "no_verdict", "timeout"), result
     assert elapsed < 2 * (LIMITS["wall_s"] + 3)
     assert SECRET not in result.stdout + result.stderr
-    assert survivors(result.uid) == []  # nothing of the program outlives the call
+    assert survivors(result) == []  # nothing of the program outlives the call
     assert canary.poll() is None  # the run is unharmed: our processes live on
     assert os.getppid() > 1
     if name == "opens a network connection":

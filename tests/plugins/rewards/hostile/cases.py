@@ -19,6 +19,7 @@ run in the weak mode.
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 
@@ -34,6 +35,25 @@ def processes_of(uid: int) -> list[int]:
         if int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith("Z"):
             found.append(int(status.parent.name))
     return found
+
+
+def survivors(uid: int, user_namespace: str) -> list[int]:
+    """Live processes of a finished run: as root, any of the run's own ``uid``; in any case,
+    any in its user namespace (``user:[inode]``); without one (the weak mode of an
+    ordinary user, whose uid is the caller's), any sandboxed interpreter of that uid.
+    (Marked serial, the tests calling this run while no other sandbox does.)"""
+    found = set(processes_of(uid)) if os.geteuid() == 0 else set()
+    for pid in processes_of(uid) if os.geteuid() != 0 else []:
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/user")
+            line = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if (user_namespace and ns == user_namespace) or (
+            not user_namespace and b"-I\0-S\0-B\0" in line
+        ):
+            found.add(pid)
+    return sorted(found)
 
 
 ADD = [

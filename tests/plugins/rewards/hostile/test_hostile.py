@@ -37,7 +37,7 @@ from rlax.plugins.rewards.code_verifier import CodeReward
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="the sandbox needs Linux")
 
 CASES = runpy.run_path(str(pathlib.Path(__file__).with_name("cases.py")))
-processes_of = CASES["processes_of"]
+survivors = CASES["survivors"]
 HOSTILE, HONEST, TESTS = CASES["HOSTILE"], CASES["HONEST"], CASES["TESTS"]
 RIGHT = CASES["RIGHT"]
 PROJECT = str(pathlib.Path(__file__).resolve().parents[4])
@@ -86,9 +86,8 @@ def leftovers(result, temp: str, before: set[str]) -> dict[str, object]:
     left = {
         "user namespace": in_user_namespace(result.isolation.get("user_namespace", "")),
         "temp files": traces(temp, result.uid, before),
+        "processes": survivors(result.uid, result.isolation.get("user_namespace", "")),
     }
-    if ROOT:  # the sandbox uid is the run's alone
-        left["uid"] = processes_of(result.uid)
     return {what: found for what, found in left.items() if found}
 
 
