@@ -130,15 +130,38 @@ def init_cache(cfg: TransformerConfig, batch: int, length: int, dtype=jnp.float3
 
 
 def causal_mask(attention_mask: jax.Array) -> jax.Array:
-    """[B, T] key validity -> [B, T, T] mask: query t sees valid keys s <= t."""
+    """[B, T] key validity or segment ids -> [B, T, T] mask: query t sees keys s <= t.
+
+    A bool mask holds one sequence per row (True on its tokens): query t sees
+    the valid keys s <= t. An integer mask holds segment ids, several
+    sequences packed in a row (:mod:`rlax.core.trainer.packing`): 0 is
+    padding, and query t sees the keys s <= t of its own segment only, so
+    sequences packed together never see one another.
+    """
     t = attention_mask.shape[-1]
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-    return causal[None] & attention_mask[:, None, :]
+    if attention_mask.dtype == jnp.bool_:
+        return causal[None] & attention_mask[:, None, :]
+    seg = attention_mask
+    same = seg[:, :, None] == seg[:, None, :]
+    return causal[None] & same & (seg[:, None, :] > 0)
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
-    """Position of each token counting only real tokens (left padding ignored)."""
-    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+    """Position of each token counting only its own sequence's tokens.
+
+    A bool mask: real tokens count from 0, left padding ignored. Segment ids
+    (an integer mask, see :func:`causal_mask`): each segment counts from 0 at
+    its first token (a segment's tokens are contiguous).
+    """
+    if attention_mask.dtype == jnp.bool_:
+        return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+    seg = attention_mask
+    index = jnp.broadcast_to(jnp.arange(seg.shape[-1], dtype=jnp.int32), seg.shape)
+    starts = jnp.concatenate(
+        [jnp.ones_like(seg[:, :1], dtype=bool), seg[:, 1:] != seg[:, :-1]], axis=-1
+    )
+    return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=seg.ndim - 1)
 
 
 def token_logprobs(

@@ -20,6 +20,7 @@ microbatches.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -162,3 +163,81 @@ def accumulate_grads(
     zeros = jax.tree.map(jnp.zeros_like, trainable)
     grads, _ = jax.lax.scan(body, zeros, (microbatches, cts))
     return grads
+
+
+def unpack(packed: Any, index: jax.Array) -> Any:
+    """Per-token outputs of packed rows ([R, W-1] leaves) in the padded layout [B, L].
+
+    ``index`` [B, L] is the flat position in [R, W-1] of each padded target
+    position (-1: none, which gets 0); :mod:`rlax.core.trainer.packing` makes it.
+    The gather's transpose carries a loss's gradient back to the packed outputs.
+    """
+
+    def one(x):
+        flat = x.reshape(-1)
+        return jnp.where(index >= 0, flat[jnp.maximum(index, 0)], jnp.zeros((), x.dtype))
+
+    return jax.tree.map(one, packed)
+
+
+def used_microbatches(segments: jax.Array) -> jax.Array:
+    """One past the last microbatch of [k, rows, W] segment ids that holds a token (0: none)."""
+    used = jnp.any(segments > 0, axis=tuple(range(1, segments.ndim)))
+    k = used.shape[0]
+    return jnp.where(jnp.any(used), k - jnp.argmax(used[::-1]), 0)
+
+
+def packed_forward(
+    forward: Callable[[dict[str, jax.Array]], Any],
+    inputs: dict[str, jax.Array],
+    k: int,
+    mesh: Mesh,
+) -> Any:
+    """``forward`` over the k microbatches of packed ``inputs`` that hold a sequence.
+
+    ``inputs`` are [R, W] model inputs whose ``attention_mask`` holds segment
+    ids; microbatches past the last one holding a token are skipped (a
+    ``fori_loop`` with a traced trip count), so the work follows the batch's
+    tokens while the shapes stay fixed. Their outputs are 0. Leaves come back
+    [R, ...], as :func:`scan_forward`'s.
+    """
+    microbatches = split_microbatches(inputs, k, mesh)
+    first = jax.tree.map(lambda x: x[0], microbatches)
+    shapes = jax.eval_shape(forward, first)
+    outs = jax.tree.map(lambda s: jnp.zeros((k, *s.shape), s.dtype), shapes)
+
+    def body(i, outs):
+        mb = jax.tree.map(
+            lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), microbatches
+        )
+        return jax.tree.map(
+            lambda buf, o: jax.lax.dynamic_update_index_in_dim(buf, o, i, 0), outs, forward(mb)
+        )
+
+    n = used_microbatches(microbatches["attention_mask"])
+    outs = jax.lax.fori_loop(0, n, body, outs)
+    return jax.tree.map(join_rows, outs)
+
+
+def packed_accumulate_grads(
+    outputs: Callable[[Any, dict[str, jax.Array]], Any],
+    trainable: Any,
+    inputs: dict[str, jax.Array],
+    cotangent: Any,
+    k: int,
+    mesh: Mesh,
+) -> Any:
+    """:func:`accumulate_grads` over the packed microbatches that hold a sequence (the
+    others' cotangent is 0: they add nothing)."""
+    microbatches = split_microbatches(inputs, k, mesh)
+    cts = jax.tree.map(lambda x: split_rows(x, k), cotangent)
+
+    def body(i, acc):
+        pick = functools.partial(jax.lax.dynamic_index_in_dim, index=i, keepdims=False)
+        mb, ct = jax.tree.map(pick, microbatches), jax.tree.map(pick, cts)
+        _, vjp = jax.vjp(lambda t: outputs(t, mb), trainable)
+        (g,) = vjp(ct)
+        return jax.tree.map(jnp.add, acc, g)
+
+    n = used_microbatches(microbatches["attention_mask"])
+    return jax.lax.fori_loop(0, n, body, jax.tree.map(jnp.zeros_like, trainable))

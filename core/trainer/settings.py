@@ -14,6 +14,8 @@ from rlax.core.trainer.microbatch import REMAT_POLICIES
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 PLACEMENTS = ("sharded", "replicated")
+#: How the step lays out the batch's sequences (:mod:`rlax.core.trainer.packing`).
+PACKINGS = ("auto", "packed", "padded")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,8 +41,27 @@ class TrainerSettings:
         like the policy) or ``"replicated"`` (a whole copy on every device:
         more memory, no gathers).
       post_update_kl: measure ``kl_old`` (how far the update moved the
-        policy) with one more forward pass after the update; off, the metric
-        is absent and the step costs a forward pass less.
+        policy) with one more forward pass after the update. Off by default:
+        no objective uses it and it costs a forward pass (a fifth of the
+        step); the metric is then absent.
+      packing: ``"padded"``: the model runs on the padded rows (every
+        completion padded to the sampler's budget), one forward and backward
+        pass, in ``microbatches`` row slices. ``"packed"``: the rows'
+        sequences are packed end to end into rows of ``row_tokens``
+        (:mod:`rlax.core.trainer.packing`) and the model runs on microbatches
+        of at most ``microbatch_tokens`` tokens, only those that hold
+        tokens (a forward pass more: the two-pass chain rule). ``"auto"``
+        (default): per batch, whichever of the two is estimated cheaper
+        (:func:`~rlax.core.trainer.packing.packed_is_cheaper`: tokens computed
+        times passes, with attention's quadratic term): packed on ragged
+        lengths, padded when rows are nearly full. Either way the loss and
+        its gradient are the same up to float rounding.
+      microbatch_tokens: packed rows per microbatch x ``row_tokens`` stays
+        within this budget (at least one row): memory follows it, not
+        rows x the longest row.
+      row_tokens: the packed rows' length; None: the padded row's width
+        P + C, so every sequence fits. A sequence longer than it is refused
+        (never split across rows).
       epochs / minibatches: optimiser updates per rollout batch
         (:mod:`rlax.core.trainer.epochs`): ``epochs`` passes over the batch,
         each split into ``minibatches`` minibatches of whole groups, shuffled
@@ -56,13 +77,17 @@ class TrainerSettings:
     compute_dtype: Annotated[str, OneOf(*COMPUTE_DTYPES)] = "float32"
     reference_placement: Annotated[str, OneOf(*PLACEMENTS)] = "sharded"
     critic_placement: Annotated[str, OneOf(*PLACEMENTS)] = "sharded"
-    post_update_kl: bool = True
+    post_update_kl: bool = False
     epochs: Annotated[int, AtLeast(1)] = 1
     minibatches: Annotated[int, AtLeast(1)] = 1
     logprob_chunk_tokens: Annotated[int, AtLeast(1)] = DEFAULT_CHUNK_TOKENS
+    packing: Annotated[str, OneOf(*PACKINGS)] = "auto"
+    microbatch_tokens: Annotated[int, AtLeast(1)] = 8192
+    row_tokens: Annotated[int, AtLeast(2, means="None: the padded row's width")] | None = None
 
     def __post_init__(self) -> None:
-        for field in ("microbatches", "epochs", "minibatches", "logprob_chunk_tokens"):
+        positive = ("microbatches", "epochs", "minibatches", "logprob_chunk_tokens")
+        for field in (*positive, "microbatch_tokens"):
             if getattr(self, field) < 1:
                 raise ValueError(
                     f"TrainerSettings.{field} must be >= 1, got {getattr(self, field)}"
@@ -72,8 +97,11 @@ class TrainerSettings:
             ("compute_dtype", COMPUTE_DTYPES),
             ("reference_placement", PLACEMENTS),
             ("critic_placement", PLACEMENTS),
+            ("packing", PACKINGS),
         ):
             if getattr(self, field) not in valid:
                 raise ValueError(
                     f"TrainerSettings.{field}={getattr(self, field)!r}; valid: {', '.join(valid)}"
                 )
+        if self.row_tokens is not None and self.row_tokens < 2:
+            raise ValueError(f"TrainerSettings.row_tokens must be >= 2, got {self.row_tokens}")

@@ -30,6 +30,9 @@ one-device mesh, the unsharded special case.
 Microbatches, remat and the activations' layout (:class:`TrainerSettings`) are
 in :mod:`rlax.core.trainer.microbatch`: with microbatches the step runs the
 chain rule in two passes, so the update is the one-batch update for any loss.
+The batch's layout, padded or packed (``TrainerSettings.packing``), is chosen
+on the host by :meth:`Trainer.layout`; :mod:`rlax.core.trainer.passes` runs
+the passes for either, and the loss always sees the padded layout.
 """
 
 from __future__ import annotations
@@ -51,13 +54,8 @@ from rlax.core.models.critic import forward_with_values
 from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.parallel import mesh as meshlib
 from rlax.core.parallel import multihost
-from rlax.core.trainer.microbatch import (
-    ModuleT,
-    accumulate_grads,
-    cast_floats,
-    scan_forward,
-    wrap_blocks,
-)
+from rlax.core.trainer import packing, passes
+from rlax.core.trainer.microbatch import ModuleT, cast_floats, wrap_blocks
 from rlax.core.trainer.settings import COMPUTE_DTYPES, PLACEMENTS, TrainerSettings
 from rlax.core.types import TrainBatch
 
@@ -147,6 +145,8 @@ class Trainer:
         self.optimizer = optimizer
         self.temperature = temperature
         self._compute_dtype = COMPUTE_DTYPES[self.settings.compute_dtype]
+        self.passes = passes.Passes(self.settings, self.mesh)
+        self._embed_dim = model.cfg.embed_dim  # for packing's cost estimate
         params = cast_floats(params, jnp.float32)
         if lora is not None:  # from here on ``params`` is a LoraParams (base, adapters, key)
             params = loralib.attach(params, lora)  # type: ignore[assignment]
@@ -243,9 +243,9 @@ class Trainer:
         return wrap_blocks(module, self.settings.remat, self.mesh)
 
     def _scan_forward(self, params, critic, batch):
-        """``_forward`` over microbatches (no gradient): the whole batch's outputs."""
-        k = self.settings.microbatches
-        return scan_forward(lambda mb: self._forward(params, critic, mb), batch, k, self.mesh)
+        """``_forward`` over microbatches (no gradient): the whole batch's outputs, [B, L]
+        (a packed batch's gathered into the padded layout)."""
+        return self.passes.forward_all(lambda mb: self._forward(params, critic, mb), batch)
 
     def _loss(self, logp, values, batch):
         # A batch that brings train_logprobs / old_values had them fixed for several
@@ -258,43 +258,20 @@ class Trainer:
         return self.algorithm.loss(logp, inputs)
 
     def _loss_and_grads(self, params, critic, batch):
-        """(loss, metrics, logp, entropy, grads): one batch, or the two-pass chain rule."""
-        trainable = self._trainable(params, critic)
+        """(loss, metrics, logp, entropy, grads) of the batch (:class:`passes.Passes`)."""
 
-        def outputs(trainable, batch):
+        def outputs(trainable, inputs):
             p, c = (trainable, None) if critic is None else trainable
             p = loralib.joined(params, p)  # LoRA: the frozen base with these adapters
-            logp, entropy, values = self._forward(p, c, batch)
-            return (
-                logp.astype(jnp.float32),
-                None if values is None else values.astype(jnp.float32),
-            ), entropy
+            logp, entropy, values = self._forward(p, c, inputs)
+            return passes.as_float32(logp, values), entropy
 
-        if self.settings.microbatches == 1:
-
-            def loss_fn(trainable):
-                (logp, values), entropy = outputs(trainable, batch)
-                loss, metrics = self._loss(logp, values, batch)
-                return loss, (metrics, logp, entropy)
-
-            (loss, (metrics, logp, entropy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-                trainable
-            )
-            return loss, metrics, logp, entropy, grads
-        # Pass 1: outputs of the whole batch, then d loss / d outputs on the whole batch.
-        logp, entropy, values = jax.lax.stop_gradient(self._scan_forward(params, critic, batch))
-        logp = logp.astype(jnp.float32)
-        values = None if values is None else values.astype(jnp.float32)
-        # out = (logp, values), indexed: mypy miscounts ``*out`` followed by an argument.
-        (loss, metrics), cotangent = jax.value_and_grad(
-            lambda out: self._loss(out[0], out[1], batch), has_aux=True
-        )((logp, values))
-        # Pass 2: back-propagate each microbatch's slice of that cotangent, summing gradients.
-        k = self.settings.microbatches
-        grads = accumulate_grads(
-            lambda t, mb: outputs(t, mb)[0], trainable, batch, cotangent, k, self.mesh
+        return self.passes.loss_and_grads(
+            outputs,
+            lambda logp, values: self._loss(logp, values, batch),
+            self._trainable(params, critic),
+            batch,
         )
-        return loss, metrics, logp, entropy, grads
 
     def _train_step(self, params, critic, opt_state, ref_params, batch):
         if ref_params is not None and "ref_logprobs" not in batch:
@@ -324,20 +301,25 @@ class Trainer:
 
     # -- the API ----------------------------------------------------------------
 
+    def layout(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        """``arrays`` packed or padded as the step will run them (:func:`passes.arrange`)."""
+        return passes.arrange(arrays, self.settings, self.mesh, self._embed_dim)
+
     def device_batch(self, batch: TrainBatch | dict[str, Any]) -> dict[str, jax.Array]:
-        """The batch as global arrays split over (data, fsdp).
+        """The batch as global arrays split over (data, fsdp), packed or padded (:meth:`layout`).
 
         With several processes (:mod:`rlax.core.parallel.multihost`) each passes its
         own rows (:func:`rlax.core.parallel.multihost.process_rows` of the global batch).
         """
         arrays = batch_arrays(batch) if isinstance(batch, TrainBatch) else dict(batch)
-        rows = next(iter(arrays.values())).shape[0] * jax.process_count()
+        arrays = self.layout(arrays)
+        rows = len(arrays["loss_mask"]) * jax.process_count()
         if rows % meshlib.batch_size_multiple(self.mesh):
             raise ValueError(
                 f"batch of {rows} rows does not split over data x fsdp = "
                 f"{meshlib.batch_size_multiple(self.mesh)} devices"
             )
-        if rows % self.settings.microbatches:
+        if packing.PACKED_TOKENS not in arrays and rows % self.settings.microbatches:
             raise ValueError(
                 f"batch of {rows} rows does not split into {self.settings.microbatches} microbatches"
             )

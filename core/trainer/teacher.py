@@ -14,7 +14,11 @@ per batch carry both to every minibatch.
 
 The teacher may differ from the student in size and architecture; it must
 use the same tokenizer (token ids), which is checked by vocabulary size. It
-runs on the default device with one compiled forward pass per batch shape.
+runs on the default device with one compiled forward pass per batch shape. Its
+pass is packed as the student's step is (:mod:`rlax.core.trainer.packing`,
+the ``packing``, ``microbatch_tokens`` and ``row_tokens`` of its settings):
+on ragged lengths it scores packed rows, one token-budget microbatch at a
+time, and gathers the logprobs back into the padded layout.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ from flax import nnx
 from rlax.core.contracts import Distils
 from rlax.core.errors import ConfigError
 from rlax.core.models.transformer import Transformer, sequence_logprobs
+from rlax.core.parallel import mesh as meshlib
+from rlax.core.trainer import packing
+from rlax.core.trainer.microbatch import packed_forward, unpack
+from rlax.core.trainer.settings import TrainerSettings
 
 KEY = "teacher_logprobs"  # the batch's key of the teacher's logprobs [B, L]
 
@@ -38,12 +46,22 @@ class Teacher:
       model: the teacher.
       temperature: the sampler's temperature (the student's logprobs are of
         the tempered policy; the teacher's are tempered alike).
+      settings: how its pass is laid out (packing; the rest is the student's step's).
     """
 
-    def __init__(self, model: Transformer, *, temperature: float = 1.0):
+    def __init__(
+        self,
+        model: Transformer,
+        *,
+        temperature: float = 1.0,
+        settings: TrainerSettings | None = None,
+    ):
         graphdef, params = nnx.split(model)
         self.vocab_size = model.cfg.vocab_size
+        self._embed_dim = model.cfg.embed_dim
         self._params = params
+        self.settings = settings or TrainerSettings()
+        mesh = meshlib.single_device_mesh()
 
         def logprobs(params, tokens, attention_mask):
             logp, _ = sequence_logprobs(
@@ -51,7 +69,13 @@ class Teacher:
             )
             return jax.lax.stop_gradient(logp.astype(jnp.float32))
 
+        def packed(params, tokens, segments, index, k):
+            inputs = {"tokens": tokens, "attention_mask": segments}
+            out = packed_forward(lambda mb: logprobs(params, **mb), inputs, k, mesh)
+            return unpack(out, index)
+
         self._logprobs = jax.jit(logprobs)
+        self._packed = jax.jit(packed, static_argnums=4)
 
     def check_student(self, student: Transformer, setting: str = "rlax.train.teacher") -> None:
         """ConfigError unless the teacher reads the student's token ids (same vocabulary)."""
@@ -63,8 +87,26 @@ class Teacher:
 
     def logprobs(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         """The teacher's logprob of each target token, [B, T-1] float32 (as ``old_logprobs``)."""
-        out = self._logprobs(self._params, arrays["tokens"], arrays["attention_mask"])
-        return np.asarray(out)
+        tokens, mask = np.asarray(arrays["tokens"]), np.asarray(arrays["attention_mask"])
+        if self.settings.packing != "padded":
+            rows, width = mask.shape
+            row_tokens = self.settings.row_tokens or width
+            per = packing.rows_per_microbatch(self.settings.microbatch_tokens, row_tokens, rows)
+            plan = packing.plan(mask, row_tokens)
+            if self.settings.packing == "packed" or packing.packed_is_cheaper(
+                rows, width, 1, plan, row_tokens, per, self._embed_dim, packed_passes=1
+            ):
+                p = packing.pack({"tokens": tokens, "attention_mask": mask}, row_tokens, per, plan)
+                k = len(p[packing.PACKED_TOKENS]) // per
+                out = self._packed(
+                    self._params,
+                    p[packing.PACKED_TOKENS],
+                    p[packing.PACKED_SEGMENTS],
+                    p[packing.UNPACK_INDEX],
+                    k,
+                )
+                return np.asarray(out)  # 0 where no target of a sequence
+        return np.asarray(self._logprobs(self._params, tokens, mask))
 
     def annotate(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """``arrays`` with the teacher's logprobs as ``teacher_logprobs``."""

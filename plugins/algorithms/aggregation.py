@@ -59,6 +59,7 @@ def aggregate(
     mask: jax.Array,  # [B, L]
     mode: str,
     max_len: int | None = None,
+    layout: jax.Array | None = None,  # [B, L]
 ) -> jax.Array:
     """Reduces a per-token value over the mask to a scalar.
 
@@ -69,8 +70,11 @@ def aggregate(
     - ``seq-mean-token-mean``: :math:`\\frac1N \\sum_i \\frac{1}{|o_i|} \\sum_t m x`.
     - ``seq-mean-token-sum-norm``: :math:`\\frac1N \\sum_i \\frac{1}{L} \\sum_t m x`
       with the constant :math:`L` = ``max_len``; by default the generation
-      budget as the layout holds it (:func:`completion_width`), never the
-      mask's width, which also counts the prompt bucket.
+      budget as the layout holds it (:func:`completion_width` of ``layout``,
+      the batch's loss mask, or of ``mask`` without one), never the mask's
+      width, which also counts the prompt bucket. ``layout`` matters when
+      ``mask`` has lost tokens the layout holds (an alignment mask dropping
+      every row's first completion token must not shrink the constant).
     - ``seq-mean-token-sum``: :math:`\\frac1N \\sum_i \\sum_t m x` (a sequence is one
       action whose log-probability is the sum of its tokens').
 
@@ -85,7 +89,7 @@ def aggregate(
     if mode == "seq-mean-token-mean":
         per_seq = seq_sum / jnp.maximum(seq_tokens, 1.0)
     elif mode == "seq-mean-token-sum-norm":
-        per_seq = seq_sum / (max_len or completion_width(mask))
+        per_seq = seq_sum / (max_len or completion_width(mask if layout is None else layout))
     elif mode == "seq-mean-token-sum":
         per_seq = seq_sum
     else:
@@ -114,5 +118,9 @@ class Aggregation:
         if self.max_len is not None and self.max_len < 1:
             raise ValueError(f"aggregation max_len must be >= 1, got {self.max_len}")
 
-    def __call__(self, per_token: jax.Array, mask: jax.Array) -> jax.Array:
-        return aggregate(per_token, mask, self.mode, self.max_len)
+    def __call__(
+        self, per_token: jax.Array, mask: jax.Array, layout: jax.Array | None = None
+    ) -> jax.Array:
+        """``per_token`` reduced over ``mask``; ``layout``: the batch's loss mask, whose
+        completion region is the default ``max_len`` (see :func:`aggregate`)."""
+        return aggregate(per_token, mask, self.mode, self.max_len, layout)

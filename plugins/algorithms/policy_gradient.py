@@ -160,7 +160,7 @@ class PolicyGradient:
             kl = kl_estimate(new_logprobs, batch["ref_logprobs"], self.kl_estimator)
             per_token = per_token + self.kl_beta * kl
             metrics["kl_ref"] = masked_mean(kl, mask)
-        loss = self.aggregation(weight * per_token, mask)
+        loss = self.aggregation(weight * per_token, mask, batch["loss_mask"])
         if self.critic is not None:
             assert returns is not None  # guaranteed by __post_init__
             value_loss, extra = self.critic(batch["values"], batch["old_values"], returns, mask)

@@ -54,9 +54,9 @@ def test_reward_rises(run_dir):
 def test_metrics_has_every_step_and_field(run_dir):
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # steps start at 1
-    for field in ("reward", "pass_rate", "loss", "kl_old", "entropy", "tokens_per_s"):
+    for field in ("reward", "pass_rate", "loss", "grad_norm", "entropy", "tokens_per_s"):
         assert all(np.isfinite(r[field]) for r in rows if r["groups_kept"]), field
-    assert all(0 <= r["pass_rate"] <= 1 and r["kl_old"] >= 0 for r in rows if r["groups_kept"])
+    assert all(0 <= r["pass_rate"] <= 1 and r["grad_norm"] >= 0 for r in rows if r["groups_kept"])
     # Each update publishes a new weight version to the sampler.
     assert [r["version"] for r in rows] == list(range(1, STEPS + 1))
 

@@ -15,6 +15,7 @@ from toy_groups import toy_batch, toy_groups
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.critic import ValueHead, ValueModel, forward_with_values
 from rlax.core.models.transformer import Transformer, sequence_logprobs
+from rlax.core.trainer.settings import TrainerSettings
 from rlax.core.trainer.step import Trainer, batch_arrays
 from rlax.plugins.algorithms.grpo import grpo
 from rlax.plugins.algorithms.ppo import ppo
@@ -58,7 +59,7 @@ def test_step_equals_a_hand_applied_sgd_update():
     lr = 0.1
     value, grads = jax.jit(jax.value_and_grad(loss))(params)  # one program, not op by op
     expected = jax.tree.map(lambda p, g: p - lr * g, params, grads)
-    trainer = Trainer(model, grpo(), optax.sgd(lr))
+    trainer = Trainer(model, grpo(), optax.sgd(lr), settings=TrainerSettings(post_update_kl=True))
     metrics = trainer.step(b)
     assert_trees_close(trainer.state.params, expected)
     assert trainer.state.step == 1 and trainer.state.critic is None
@@ -69,10 +70,16 @@ def test_step_equals_a_hand_applied_sgd_update():
 def test_zero_learning_rate_changes_nothing_and_kl_is_zero():
     model = Transformer(CFG, rngs=nnx.Rngs(1))
     before = jax.tree.map(np.asarray, nnx.state(model))
-    trainer = Trainer(model, grpo(), optax.sgd(0.0))
+    trainer = Trainer(model, grpo(), optax.sgd(0.0), settings=TrainerSettings(post_update_kl=True))
     metrics = trainer.step(batch())
     assert_trees_close(trainer.state.params, before, atol=0)
     assert metrics["kl_old"] == 0.0
+
+
+def test_the_post_update_kl_pass_is_off_by_default():
+    # No objective reads kl_old: by default the step runs no forward pass for it.
+    trainer = Trainer(Transformer(CFG, rngs=nnx.Rngs(1)), grpo(), optax.sgd(0.1))
+    assert "kl_old" not in trainer.step(batch())
 
 
 def test_train_inference_mismatch_is_measured_by_hand():

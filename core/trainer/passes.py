@@ -1,0 +1,156 @@
+"""The model's passes over a batch, padded or packed, and the loss's gradient through them.
+
+The step (:mod:`rlax.core.trainer.step`) asks two things of a batch, whatever
+its layout: the per-token outputs of a forward pass (logprobs, entropies,
+values) in the padded layout [B, L] (:func:`forward_all`: the reference's and
+the anchors' passes), and the loss with its gradient (:func:`loss_and_grads`).
+A padded batch runs in ``microbatches`` row slices (one value-and-grad, or the
+two-pass chain rule of :mod:`rlax.core.trainer.microbatch`); a packed batch
+(:mod:`rlax.core.trainer.packing`, chosen on the host by :func:`arrange`)
+runs its packed rows one token-budget microbatch at a time and gathers the
+outputs into the padded layout, where the algorithm's loss runs unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from rlax.core.parallel import mesh as meshlib
+from rlax.core.trainer import packing
+from rlax.core.trainer.microbatch import (
+    accumulate_grads,
+    packed_accumulate_grads,
+    packed_forward,
+    scan_forward,
+    unpack,
+)
+from rlax.core.trainer.settings import TrainerSettings
+
+#: outputs(trainable, model inputs) -> ((logprobs, values or None) float32, entropy)
+Outputs = Callable[[Any, dict[str, jax.Array]], tuple[tuple[jax.Array, Any], jax.Array]]
+
+
+def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    """What the model reads of a batch: ``tokens`` and ``attention_mask`` [rows, width],
+    the packed rows and their segment ids for a packed batch."""
+    if packing.PACKED_TOKENS in batch:
+        return {
+            "tokens": batch[packing.PACKED_TOKENS],
+            "attention_mask": batch[packing.PACKED_SEGMENTS],
+        }
+    return {"tokens": batch["tokens"], "attention_mask": batch["attention_mask"]}
+
+
+def rows_per_microbatch(settings: TrainerSettings, mesh: Mesh, width: int, rows: int) -> int:
+    """Packed rows of ``width`` tokens per microbatch of a ``rows``-row batch on ``mesh``."""
+    budget, multiple = settings.microbatch_tokens, meshlib.batch_size_multiple(mesh)
+    return packing.rows_per_microbatch(budget, width, rows, multiple)
+
+
+def arrange(
+    arrays: dict[str, Any], settings: TrainerSettings, mesh: Mesh, embed_dim: int
+) -> dict[str, Any]:
+    """``arrays`` as the step will run them: packed or padded (``TrainerSettings.packing``).
+
+    A padded batch (``tokens``/``attention_mask``) is packed when packing is on, or under
+    ``"auto"`` when :func:`~rlax.core.trainer.packing.packed_is_cheaper`; a batch that is
+    already packed, or one fed by several processes (each brings its own rows), stays.
+    """
+    mode = settings.packing
+    if mode == "padded" or "tokens" not in arrays or jax.process_count() > 1:
+        return arrays
+    mask = np.asarray(arrays["attention_mask"])
+    rows, padded_width = mask.shape
+    width = settings.row_tokens or padded_width
+    per = rows_per_microbatch(settings, mesh, width, rows)
+    plan = packing.plan(mask, width)
+    if mode == "auto":
+        passes = 3 if settings.microbatches == 1 else 4
+        if not packing.packed_is_cheaper(rows, padded_width, passes, plan, width, per, embed_dim):
+            return arrays
+    return packing.pack({k: np.asarray(v) for k, v in arrays.items()}, width, per, plan)
+
+
+@dataclasses.dataclass(frozen=True)
+class Passes:
+    """How a batch's passes run: ``microbatches`` row slices of a padded batch, or the
+    packed microbatch slots of a packed one; on ``mesh``."""
+
+    settings: TrainerSettings
+    mesh: Mesh
+
+    def _slots(self, batch: dict[str, Any]) -> int:
+        """k, the microbatch slots of a packed batch (from its shapes)."""
+        rows, width = batch[packing.PACKED_TOKENS].shape
+        return rows // rows_per_microbatch(self.settings, self.mesh, width, len(batch["loss_mask"]))
+
+    def forward_all(self, forward: Callable[[dict[str, jax.Array]], Any], batch) -> Any:
+        """``forward`` of the whole batch (no gradient), one microbatch at a time: the
+        outputs' leaves [B, L] (a packed batch's gathered into the padded layout)."""
+        inputs = model_inputs(batch)
+        if packing.PACKED_TOKENS not in batch:
+            return scan_forward(forward, inputs, self.settings.microbatches, self.mesh)
+        out = packed_forward(forward, inputs, self._slots(batch), self.mesh)
+        return unpack(out, batch[packing.UNPACK_INDEX])
+
+    def loss_and_grads(
+        self,
+        outputs: Outputs,
+        loss: Callable[[jax.Array, Any], tuple[jax.Array, dict]],
+        trainable: Any,
+        batch: dict[str, jax.Array],
+    ):
+        """(loss, metrics, logp, entropy, grads) of ``loss(logp, values)`` over the batch.
+
+        A padded batch in one slice: one value-and-grad. Otherwise the two-pass chain rule:
+        the outputs of the whole batch without gradient, the loss's gradient with respect
+        to them, then each microbatch's slice of it back-propagated and summed. For a
+        packed batch the loss reads the outputs gathered into the padded layout, so its
+        cotangent comes back packed.
+        """
+        inputs = model_inputs(batch)
+        packed = packing.PACKED_TOKENS in batch
+        if not packed and self.settings.microbatches == 1:
+
+            def loss_fn(trainable):
+                (logp, values), entropy = outputs(trainable, inputs)
+                value, metrics = loss(logp, values)
+                return value, (metrics, logp, entropy)
+
+            (value, (metrics, logp, entropy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+                trainable
+            )
+            return value, metrics, logp, entropy, grads
+        # Pass 1: the outputs (packed ones stay packed: the loss gathers them).
+        k = self._slots(batch) if packed else self.settings.microbatches
+        run = packed_forward if packed else scan_forward
+        out, entropy = jax.lax.stop_gradient(
+            run(lambda mb: outputs(trainable, mb), inputs, k, self.mesh)
+        )
+        index = batch[packing.UNPACK_INDEX] if packed else None
+
+        def laid_out(x):
+            return x if index is None else unpack(x, index)
+
+        # out = (logp, values), indexed: mypy miscounts ``*out`` followed by an argument.
+        (value, metrics), cotangent = jax.value_and_grad(
+            lambda o: loss(laid_out(o[0]), laid_out(o[1])), has_aux=True
+        )(out)
+        # Pass 2: each microbatch's slice of that cotangent, back-propagated and summed.
+        accumulate = packed_accumulate_grads if packed else accumulate_grads
+        grads = accumulate(
+            lambda t, mb: outputs(t, mb)[0], trainable, inputs, cotangent, k, self.mesh
+        )
+        return value, metrics, laid_out(out[0]), laid_out(entropy), grads
+
+
+def as_float32(logp: jax.Array, values: jax.Array | None) -> tuple[jax.Array, jax.Array | None]:
+    """The outputs the loss reads, in float32."""
+    return logp.astype(jnp.float32), None if values is None else values.astype(jnp.float32)
