@@ -126,30 +126,45 @@ def slots(rows: int, per_microbatch: int) -> tuple[int, np.ndarray]:
 
 
 def pack(
-    arrays: dict[str, np.ndarray], width: int, per_microbatch: int, the_plan: Plan | None = None
+    arrays: dict[str, np.ndarray],
+    width: int,
+    per_microbatch: int,
+    the_plan: Plan | None = None,
+    owned: np.ndarray | None = None,
+    global_rows: int | None = None,
 ) -> dict[str, np.ndarray]:
     """The padded batch ``arrays`` with its ``tokens``/``attention_mask`` packed.
 
     Returns the other arrays unchanged plus ``packed_tokens`` and ``packed_segments``
     [k * per_microbatch, width] and ``unpack_index`` [B, L] (see the module doc).
+
+    With several processes each packs its own rows: ``arrays`` are this process's B rows of
+    a global batch of ``global_rows``, ``per_microbatch`` is the global count, and ``owned``
+    the global packed rows this process feeds (:func:`rlax.core.parallel.multihost.process_rows`
+    of the k x per_microbatch global rows); the packed arrays hold those rows, filled
+    microbatch by microbatch, and ``unpack_index`` points into the global packed outputs.
     """
     tokens, mask = arrays["tokens"], arrays["attention_mask"]
     p = the_plan or plan(mask, width)
-    k, order = slots(len(tokens), per_microbatch)
-    n = k * per_microbatch
+    k, order = slots(global_rows or len(tokens), per_microbatch)
+    owned = np.arange(k * per_microbatch) if owned is None else np.asarray(owned)
+    local = {int(g): i for i, g in enumerate(owned)}
+    fill = [int(g) for g in order if int(g) in local]  # filling positions among ours
+    n = len(owned)
     packed = np.zeros((n, width), np.int32)
     segments = np.zeros((n, width), np.int32)
     index = np.full((len(tokens), tokens.shape[1] - 1), -1, np.int32)
     next_segment = np.ones(n, np.int32)
     placed = np.flatnonzero(p.bins >= 0)
     for r in placed[np.lexsort((p.offsets[placed], p.bins[placed]))]:  # segments left to right
-        row, start, length, off = order[p.bins[r]], p.starts[r], p.lengths[r], p.offsets[r]
+        g = fill[p.bins[r]]
+        row, start, length, off = local[g], p.starts[r], p.lengths[r], p.offsets[r]
         packed[row, off : off + length] = tokens[r, start : start + length]
         segments[row, off : off + length] = next_segment[row]
         next_segment[row] += 1
         # Target position t (predicting token t + 1) of the padded row is column
         # off + t - start of the packed row, for the sequence's length - 1 targets.
-        index[r, start : start + length - 1] = row * (width - 1) + off + np.arange(length - 1)
+        index[r, start : start + length - 1] = g * (width - 1) + off + np.arange(length - 1)
     out = {key: v for key, v in arrays.items() if key not in ("tokens", "attention_mask")}
     out.update({PACKED_TOKENS: packed, PACKED_SEGMENTS: segments, UNPACK_INDEX: index})
     return out

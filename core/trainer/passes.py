@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from rlax.core.parallel import mesh as meshlib
+from rlax.core.parallel import multihost
 from rlax.core.trainer import packing
 from rlax.core.trainer.microbatch import (
     accumulate_grads,
@@ -60,22 +61,38 @@ def arrange(
     """``arrays`` as the step will run them: packed or padded (``TrainerSettings.packing``).
 
     A padded batch (``tokens``/``attention_mask``) is packed when packing is on, or under
-    ``"auto"`` when :func:`~rlax.core.trainer.packing.packed_is_cheaper`; a batch that is
-    already packed, or one fed by several processes (each brings its own rows), stays.
+    ``"auto"`` when :func:`~rlax.core.trainer.packing.packed_is_cheaper` (with several
+    processes: when it is for every process's rows, so all choose alike); a batch that is
+    already packed stays. With several processes each packs its own rows into its own
+    packed rows of the global layout (:func:`~rlax.core.trainer.packing.pack`).
     """
     mode = settings.packing
-    if mode == "padded" or "tokens" not in arrays or jax.process_count() > 1:
+    if mode == "padded" or "tokens" not in arrays:
         return arrays
     mask = np.asarray(arrays["attention_mask"])
-    rows, padded_width = mask.shape
+    local_rows, padded_width = mask.shape
+    processes = jax.process_count()
+    rows = local_rows * processes  # the global batch's
     width = settings.row_tokens or padded_width
     per = rows_per_microbatch(settings, mesh, width, rows)
     plan = packing.plan(mask, width)
     if mode == "auto":
         passes = 3 if settings.microbatches == 1 else 4
-        if not packing.packed_is_cheaper(rows, padded_width, passes, plan, width, per, embed_dim):
+        cheaper = packing.packed_is_cheaper(
+            local_rows, padded_width, passes, plan, width, per // processes, embed_dim
+        )
+        if processes > 1:
+            from jax.experimental import multihost_utils
+
+            cheaper = bool(np.all(multihost_utils.process_allgather(np.asarray(cheaper))))
+        if not cheaper:
             return arrays
-    return packing.pack({k: np.asarray(v) for k, v in arrays.items()}, width, per, plan)
+    owned = None
+    if processes > 1:
+        k, _ = packing.slots(rows, per)
+        owned = multihost.process_rows(mesh, k * per)
+    arrays = {k: np.asarray(v) for k, v in arrays.items()}
+    return packing.pack(arrays, width, per, plan, owned=owned, global_rows=rows)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,7 @@ from flax import nnx
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.transformer import Transformer
 from rlax.core.parallel.mesh import MeshConfig, make_mesh
+from rlax.core.trainer.settings import TrainerSettings
 from rlax.core.trainer.step import Trainer
 from rlax.plugins.algorithms.grpo import grpo
 
@@ -27,11 +28,13 @@ ROWS, LENGTH, STEPS = 16, 12, 3
 
 
 def trainer(mesh: MeshConfig | None) -> Trainer:
+    # Packed rows, 4 microbatch slots of 4 rows: each process packs its own rows.
     return Trainer(
         Transformer(CFG, rngs=nnx.Rngs(0)),
         grpo(kl_beta=0.1),
         optax.sgd(0.5, momentum=0.9),
         mesh=None if mesh is None else make_mesh(mesh),
+        settings=TrainerSettings(packing="packed", microbatch_tokens=4 * LENGTH),
     )
 
 

@@ -300,3 +300,30 @@ def test_several_updates_per_batch_with_a_critic_packed_as_padded():
         jax.tree.leaves(params["packed"]), jax.tree.leaves(params["padded"]), strict=True
     ):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+
+
+def test_two_processes_pack_their_own_rows_into_one_global_layout():
+    # A global batch of 8 rows fed by 2 processes (4 rows each, as process_rows splits it):
+    # each packs its rows into the global packed rows it owns; every target found through
+    # unpack_index in the assembled global rows is the padded row's own token pair.
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, 9, 8)
+    mask = rows_of(lengths.tolist(), width=10, left=1)
+    tokens = np.where(mask, rng.integers(1, 32, mask.shape), 0).astype(np.int32)
+    per = 2  # global packed rows per microbatch: k = 4 slots of 2 -> 8 global rows
+    k, _ = packing.slots(8, per)
+    assembled = np.zeros((k * per, 10), np.int32)
+    seen = 0
+    for process in range(2):
+        rows = slice(4 * process, 4 * process + 4)
+        owned = np.arange(4 * process, 4 * process + 4)  # its devices' rows of the 8
+        local = {"tokens": tokens[rows], "attention_mask": mask[rows]}
+        out = packing.pack(local, 10, per, owned=owned, global_rows=8)
+        assert out["packed_tokens"].shape == (4, 10)
+        assembled[owned] = out["packed_tokens"]
+        index = out["unpack_index"]
+        for r, t in zip(*np.nonzero(index >= 0), strict=True):
+            g, col = divmod(int(index[r, t]), 9)
+            assert assembled[g, col : col + 2].tolist() == local["tokens"][r, t : t + 2].tolist()
+            seen += 1
+    assert seen == int((lengths - 1).sum())
