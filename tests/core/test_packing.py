@@ -327,3 +327,25 @@ def test_two_processes_pack_their_own_rows_into_one_global_layout():
             assert assembled[g, col : col + 2].tolist() == local["tokens"][r, t : t + 2].tolist()
             seen += 1
     assert seen == int((lengths - 1).sum())
+
+
+def test_lora_adapters_train_packed_as_padded():
+    from rlax.core.models import lora
+
+    # The reference (the base under LoRA) is packed too; the planted token is masked.
+    algorithm = grpo(kl_beta=0.05, alignment="mask", is_bounds=(0.01, 100.0))
+    arrays = ragged_arrays(algorithm)
+    adapters = {}
+    for mode in ("padded", "packed"):
+        settings = TrainerSettings(packing=mode, microbatch_tokens=40)
+        model = Transformer(CFG, rngs=nnx.Rngs(0))
+        trainer = Trainer(
+            model, algorithm, optax.sgd(1.0), settings=settings, lora=lora.LoraConfig(rank=2)
+        )
+        trainer.step(arrays)
+        trainer.step(arrays)  # the second step moves the policy away from the reference
+        adapters[mode] = lora.adapters_of(trainer.state.params)
+    packed, padded = jax.tree.leaves(adapters["packed"]), jax.tree.leaves(adapters["padded"])
+    assert packed and any(np.abs(np.asarray(x)).max() > 0 for x in padded)
+    for got, want in zip(packed, padded, strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
