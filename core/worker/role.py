@@ -51,6 +51,7 @@ from rlax.core.runtime import recovery
 from rlax.core.runtime.preemption import Preemption
 from rlax.core.types import ConfigPath, Group, GroupSize, PartialGroup, Staleness
 from rlax.core.wire import WirePlan
+from rlax.core.worker.background_pool import BackgroundPool
 from rlax.core.worker.rules import check_reload_in_flight, reload_needs_resumable
 
 log = logging.getLogger("rlax.worker")
@@ -288,9 +289,9 @@ def worker(
 ) -> int:
     """Runs the worker role until a preemption notice (SIGTERM/SIGINT by default).
 
-    The reward runs in ``reward_workers`` processes (0: in this process) with a
-    hard ``reward_timeout_s`` per call: a verifier that hangs or crashes costs a
-    zero score and a counted error, never the worker.
+    The reward runs in ``reward_workers`` processes (0: in this process; they boot
+    while the worker loads, :mod:`rlax.core.worker.background_pool`) with a hard
+    ``reward_timeout_s`` per call: a verifier that hangs or crashes costs a counted zero.
 
     ``reload_in_flight`` (Resumable samplers only) loads newer weights between
     decode steps, asking the server at most every ``refresh_interval_s``.
@@ -306,7 +307,7 @@ def worker(
     plan, client = _set_up(
         sampler, init_checkpoint, settings, stop, reload_in_flight=reload_in_flight
     )
-    pool = RewardPool(reward, workers=reward_workers, timeout_s=reward_timeout_s)
+    pool = BackgroundPool(reward, workers=reward_workers, timeout_s=reward_timeout_s)
     w = Worker(
         client,
         sampler,
