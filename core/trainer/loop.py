@@ -283,13 +283,12 @@ class TrainingRun:
         mark = time.perf_counter()
         self.log.write(metrics)
         if self.lead:
-            queue = {"queue": int(metrics["queue_depth"])} if "queue_depth" in metrics else {}
-            bar.set_postfix(
-                reward=f"{metrics['reward']:.2f}",
-                kl=f"{metrics.get('kl_old', 0):.1e}",
-                **queue,
-                refresh=False,
-            )
+            shown: dict[str, object] = {}
+            if "queue_depth" in metrics:
+                shown["queue"] = int(metrics["queue_depth"])
+            if "kl_old" in metrics:  # measured only with trainer_settings.post_update_kl
+                shown["kl"] = f"{metrics['kl_old']:.1e}"
+            bar.set_postfix(reward=f"{metrics['reward']:.2f}", **shown, refresh=False)
             hook.rlax_on_step_end(step=step, metrics=metrics)
             self.empty_steps.see(step, metrics)
             hook.rlax_on_weights_published(version=self.version)
