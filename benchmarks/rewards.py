@@ -24,13 +24,22 @@ loopback listener untouched), *forged* (a forging program scored above 0),
 *escaped* (a containment program scored above 0 or left a process) and *host
 touched* (a file or connection on the host side).
 
+Then the cost of the sandbox's isolation per program: the same right program
+through today's sandbox (its own user namespace, the system-call filter, the
+run's cgroup) and through the sandbox of ``--isolation-baseline`` (a git
+revision: root's namespaces only), interleaved, medians of
+``--isolation-runs`` each.
+
     python benchmarks/rewards.py [--math N] [--code N] [--hostile N] [--workers W] [--timeout S]
-                                 [--no-red-team] [--math-timeout S]
+                                 [--no-red-team] [--math-timeout S] [--isolation-runs N]
+                                 [--isolation-baseline REV]
 
 Prints the tables, then one JSON line: ``{"serial_scores_s", "pool_scores_s",
-"speedup", "timeouts_contained", "red_team", "contained", "forged", "escaped",
-"host_touched", "math_adversarial", "math_adversarial_within_timeout",
-"slowest_math_input", "slowest_math_s", "slowest_math_of_timeout"}``.
+"speedup", "timeouts_contained", "isolation_s_per_program",
+"baseline_s_per_program", "isolation_cost_ratio", "isolation_baseline",
+"red_team", "contained", "forged", "escaped", "host_touched",
+"math_adversarial", "math_adversarial_within_timeout", "slowest_math_input",
+"slowest_math_s", "slowest_math_of_timeout"}``.
 
 Last, the adversarial math inputs of ``tests/plugins/rewards/math_adversarial.py``
 (power towers, huge factorials, 100 k characters of boxes...) scored in this
@@ -193,6 +202,73 @@ def print_red_team(rows: list[tuple], counts: dict[str, int]) -> None:
     )
 
 
+ISOLATED = ("code_sandbox.py", "sandbox_supervisor.py", "sandbox_world.py", "sandbox_harness.py")
+
+
+def _sandbox_at(rev: str, into: pathlib.Path):
+    """The code sandbox as it was at git ``rev`` (its own supervisor, world and harness)."""
+    import importlib.util
+    import subprocess
+
+    root = CASES.parents[4]
+    for name in ISOLATED:
+        text = subprocess.run(
+            ["git", "-C", str(root), "show", f"{rev}:plugins/rewards/{name}"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        (into / name).write_text(text)
+    spec = importlib.util.spec_from_file_location(f"rlax_sandbox_{rev}", into / "code_sandbox.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def isolation_cost(n: int, baseline: str) -> dict[str, object]:
+    """Seconds per program through today's sandbox and through ``baseline``'s, interleaved.
+
+    Today's adds to every run a user namespace, the system-call filter and the
+    run's cgroup; ``baseline`` (default: the sandbox before them) had root's
+    namespaces only. Same program, tests and limits, one after the other.
+    """
+    from rlax.plugins.rewards import code_sandbox
+    from rlax.plugins.rewards.code_tests import plan_tests
+
+    plan = plan_tests({"asserts": ["assert f(3) == 9", "assert f(-2) == 4"]})
+    program = "def f(x):\n    return x * x\n"
+    with tempfile.TemporaryDirectory(prefix="rlax-baseline-") as where:
+        try:
+            old = _sandbox_at(baseline, pathlib.Path(where))
+        except Exception as exc:  # noqa: BLE001 -- no git, no such revision: say so, go on
+            print(f"\nisolation cost: no baseline {baseline!r} ({exc})")
+            return {"isolation_s_per_program": None, "isolation_cost_ratio": None}
+        times: dict[str, list[float]] = {"today": [], "baseline": []}
+        for i in range(2 * n + 2):  # the first of each warms up
+            which, module = (("today", code_sandbox), ("baseline", old))[i % 2]
+            start = time.perf_counter()
+            result = module.run_tests(program, plan)
+            if result.status != "passed":
+                raise RuntimeError(f"isolation cost: {which} sandbox: {result}")
+            if i >= 2:
+                times[which].append(time.perf_counter() - start)
+            if which == "today":
+                peak = result.isolation.get("memory_peak_mb")
+    today, before = float(np.median(times["today"])), float(np.median(times["baseline"]))
+    print(
+        f"\nisolation cost per program (median of {n}): today {today * 1e3:.0f} ms, "
+        f"{baseline} {before * 1e3:.0f} ms, ratio {today / before:.2f}x "
+        f"(today: user namespace, system-call filter, run cgroup; last peak {peak} MB)"
+    )
+    return {
+        "isolation_s_per_program": round(today, 4),
+        "baseline_s_per_program": round(before, 4),
+        "isolation_cost_ratio": round(today / before, 3),
+        "isolation_baseline": baseline,
+    }
+
+
 def adversarial_math(timeout_s: float) -> dict[str, object]:
     """Every adversarial math input of the tests, scored in this process under ``timeout_s``.
 
@@ -202,7 +278,9 @@ def adversarial_math(timeout_s: float) -> dict[str, object]:
     rows = runpy.run_path(str(ADVERSARIAL))["score_adversarial"](timeout_s)
     print(f"\nadversarial math inputs, in-process, timeout {timeout_s:g}s\n")
     print(f"{'input':<40}{'chars':>9}{'score':>7}{'s':>7}")
-    lengths = {name: len(text) for name, text, _ in runpy.run_path(str(ADVERSARIAL))["ADVERSARIAL"]}
+    inputs = runpy.run_path(str(ADVERSARIAL))
+    every = [*inputs["ADVERSARIAL"], *inputs.get("NOTATIONS", [])]
+    lengths = {name: len(text) for name, text, _ in every}
     for name, score, seconds, _ in rows:
         print(f"{name[:39]:<40}{lengths[name]:>9}{score:>7.1f}{seconds:>7.2f}")
     name, _, seconds, _ = max(rows, key=lambda row: row[2])
@@ -233,6 +311,15 @@ def main() -> int:
         type=float,
         default=2.0,
         help="in-process timeout of the adversarial math inputs, s",
+    )
+    parser.add_argument(
+        "--isolation-runs", type=int, default=20, help="programs per sandbox for the cost"
+    )
+    parser.add_argument(
+        "--isolation-baseline",
+        default="96aa647",
+        help="git revision whose sandbox the isolation cost is measured against "
+        "(default: the last one with root's namespaces only, before issue 35)",
     )
     args = parser.parse_args()
 
@@ -273,6 +360,8 @@ def main() -> int:
         "speedup": round(totals["serial_s"] / totals["pool_s"], 2),
         "timeouts_contained": totals["timeouts"],
     }
+    if args.isolation_runs > 0:
+        figures |= isolation_cost(args.isolation_runs, args.isolation_baseline)
     if not args.no_red_team:
         red_rows, counts = red_team()
         print_red_team(red_rows, counts)

@@ -56,7 +56,6 @@ naming that setting). Where ``libseccomp.so.2`` is missing, a run is an
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import itertools
 import json
@@ -219,7 +218,7 @@ def run_sandboxed(
     job = _supervisor_job(
         files, argv, stdin, limits, namespaces, allow_weak_isolation, uid=uid, fallback=fallback
     )
-    job["seccomp"] = base64.b64encode(seccomp).decode()
+    job["seccomp"] = seccomp.hex()
     proc = subprocess.Popen(  # the interpreter the program sees: its path is no news there
         [python_for_sandbox(), "-I", "-S", "-c", _BOOTSTRAP],
         stdin=subprocess.PIPE,

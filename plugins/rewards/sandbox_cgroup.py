@@ -12,11 +12,9 @@ kernel measured.
 delegated to (a directory owned by that user, as systemd's ``Delegate=yes``
 or ``.ci/run`` set up). cgroup v2 is used when its ``memory`` and ``pids``
 controllers can be had there, else v1's ``memory`` and ``pids`` hierarchies.
-The group gets ``memory_mb`` (swap 0) and ``processes`` as limits; only the
-program joins it (through a ``cgroup.procs`` descriptor opened here and
-written by the program's own process before ``execve``), so the kernel's
-out-of-memory killer picks among the program's processes, never the
-supervisor. Without one, :func:`create` raises ``OSError`` saying why, and
+The group gets ``memory_mb`` (swap 0) and ``processes`` as limits; the
+sandbox's init is moved into it before it forks the program, so everything
+the program starts is born there and the supervisor and its runner stay out. Without one, :func:`create` raises ``OSError`` saying why, and
 the run keeps the per-process limits only.
 """
 
@@ -66,9 +64,10 @@ class RunGroup:
     def __init__(self, version: int, dirs: list[str]) -> None:
         self.version, self.dirs = version, dirs
 
-    def procs_fds(self) -> list[int]:
-        """Write-only descriptors of each group's ``cgroup.procs``: write ``0`` to join."""
-        return [os.open(os.path.join(d, "cgroup.procs"), os.O_WRONLY) for d in self.dirs]
+    def join(self, pid: int) -> None:
+        """Moves process ``pid`` into the group(s); its children are born there."""
+        for d in self.dirs:
+            _write(os.path.join(d, "cgroup.procs"), str(pid))
 
     def peak_bytes(self) -> int | None:
         """The most memory the group held at once (kernel-measured), if the kernel says."""
@@ -172,5 +171,35 @@ def create(name: str, memory_mb: int, processes: int) -> RunGroup:
         try:
             return _v1(mounts, own, name, memory, processes)
         except (OSError, KeyError) as exc:
-            reasons.append(f"v1: {exc!r}")
+            reasons.append(f"v1: {exc}")
     raise OSError("no cgroup for the run (" + ("; ".join(reasons) or "none mounted") + ")")
+
+
+def for_run(job: dict, isolation: dict) -> RunGroup | None:
+    """The run's group for ``job`` (None without one); ``isolation`` records which, or why not."""
+    limits = job["limits"]
+    name = f"{PREFIX}{os.getpid()}-{job['uid']}"
+    try:
+        group = create(name, limits["run_memory_mb"], limits["processes"] + 1)
+    except OSError as exc:
+        isolation["run_limits"] = f"per process only: {exc}"
+        return None
+    isolation["run_limits"] = f"cgroup v{group.version}"
+    isolation["run_memory_mb"] = limits["run_memory_mb"]
+    return group
+
+
+def admit(init_pid: bytes, group: RunGroup | None, go: int) -> None:
+    """Moves init into the run's cgroup (the program is born there), then lets it start.
+
+    Moving a process costs a kernel grace period (~15 ms a hierarchy): done while
+    init builds the world, it costs the run nothing. Closing ``go`` unsent stops it.
+    """
+    try:
+        if group is not None and init_pid:
+            group.join(int(init_pid))
+        os.write(go, b"1")
+    except OSError:
+        pass  # init reads no "1" and reports that the cgroup could not be joined
+    finally:
+        os.close(go)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import tempfile
 
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 SCMP_ACT_ALLOW = 0x7FFF0000
@@ -131,6 +130,8 @@ def filter_program() -> bytes:
     Raises:
       SeccompUnavailable: no ``libseccomp.so.2``, or it refused a rule.
     """
+    import tempfile  # here: the supervisor, which imports this module too, never needs it
+
     lib = _library()
     ctx = lib.seccomp_init(errno_action(1))  # default: EPERM
     if not ctx:

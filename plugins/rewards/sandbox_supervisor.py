@@ -32,7 +32,6 @@ outputs to fd 3; the supervisor relays that channel verbatim (up to
 
 from __future__ import annotations
 
-import base64
 import ctypes
 import json
 import os
@@ -149,8 +148,6 @@ def _limits(limits: dict) -> None:
 def _program(job: dict, workdir: str, fds: dict) -> None:
     """In the forked child: become the unprivileged program (never returns)."""
     try:
-        for fd in job["cgroup_fds"]:  # join the run's cgroup (pid 0: this process)
-            os.write(fd, b"0")
         os.setsid()
         for target, fd in ((0, fds["stdin"]), (1, fds["stdout"]), (2, fds["stderr"])):
             os.dup2(fd, target)
@@ -166,7 +163,7 @@ def _program(job: dict, workdir: str, fds: dict) -> None:
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if job["seccomp"]:
-            sandbox_seccomp.install(base64.b64decode(job["seccomp"]))
+            sandbox_seccomp.install(bytes.fromhex(job["seccomp"]))
         os.execve(job["argv"][0], job["argv"], job["env"])
     except BaseException as exc:  # noqa: BLE001 -- report why the program could not start
         os.write(2, f"sandbox: cannot start the program: {exc}\n".encode())
@@ -282,6 +279,8 @@ def _init(job: dict, isolation: dict, parent: int, out: int) -> None:
     if isolation["filesystem"] == "private tmpfs":
         workdir = os.path.join(workdir, "work")
         os.mkdir(workdir, 0o700)
+    if os.read(job["links"]["go"], 1) != b"1":  # the supervisor put us in the run's cgroup
+        raise OSError("the run's cgroup could not be joined")
     start = time.monotonic()
     child, reads, stdin_fd = _start(job, workdir)
     stdin = (stdin_fd, job["stdin"].encode())
@@ -315,10 +314,13 @@ def _runner(job: dict, isolation: dict, parent: int, out: int) -> None:
     else:
         isolation.update(network=False, network_reason="namespaces disabled", mounts=False)
         isolation.update(pid_namespace=False, pid_reason="namespaces disabled", user_namespace="")
-    me = os.getpid()
+    me, links = os.getpid(), job["links"]
     init = os.fork()
     if init == 0:
+        os.close(links["init_pid"])
         _guarded(out, _init, job, isolation, me, out)
+    os.write(links["init_pid"], str(init).encode())  # as the supervisor sees it
+    os.close(links["init_pid"])
     os.waitpid(init, 0)
 
 
@@ -330,19 +332,6 @@ def _guarded(out: int, step, *args) -> None:
         os.write(out, (json.dumps({"supervisor_error": str(exc)}) + "\n").encode())
         os._exit(1)
     os._exit(0)
-
-
-def _run_group(job: dict, isolation: dict) -> sandbox_cgroup.RunGroup | None:
-    limits = job["limits"]
-    name = f"{sandbox_cgroup.PREFIX}{os.getpid()}-{job['uid']}"
-    try:
-        group = sandbox_cgroup.create(name, limits["run_memory_mb"], limits["processes"])
-    except OSError as exc:
-        isolation["run_limits"] = f"per process only: {exc}"
-        return None
-    isolation["run_limits"] = f"cgroup v{group.version}"
-    isolation["run_memory_mb"] = limits["run_memory_mb"]
-    return group
 
 
 def _read_all(fd: int) -> bytes:
@@ -362,19 +351,20 @@ def main(job: dict) -> None:
     """
     _die_with_parent(job["caller_pid"])
     isolation: dict = {"syscalls": "allow-list (libseccomp)" if job["seccomp"] else "NOT filtered"}
-    group = _run_group(job, isolation)
-    job["cgroup_fds"] = group.procs_fds() if group else []
+    group = sandbox_cgroup.for_run(job, isolation)
     if os.geteuid() == 0 and job["namespaces"]:  # the runner works there as the sandbox uid
         os.chown(job["fallback_dir"], job["uid"], job["uid"])
-    read, write = os.pipe()
+    (read, write), (pid_r, pid_w), (go_r, go_w) = os.pipe(), os.pipe(), os.pipe()
+    job["links"] = {"init_pid": pid_w, "go": go_r}
     me = os.getpid()
     runner = os.fork()
     if runner == 0:
-        os.close(read)
+        for fd in (read, pid_r, go_w):
+            os.close(fd)
         _guarded(write, _runner, job, isolation, me, write)
-    os.close(write)
-    for fd in job["cgroup_fds"]:
+    for fd in (write, pid_w, go_r):
         os.close(fd)
+    sandbox_cgroup.admit(_read_all(pid_r), group, go_w)
     lines = _read_all(read).decode().strip().splitlines()
     lines = lines or ['{"supervisor_error": "the sandbox\'s init gave no report"}']
     os.waitpid(runner, 0)

@@ -407,15 +407,17 @@ HOSTILE: dict[str, tuple[str, str, str]] = {
         "        for _ in range(600):\n            f.write(chunk)\n            held += len(chunk)\n"
         "except OSError:\n    pass\nwon = held >= 600 * 2**20 or uffd >= 0\n" + WIN,
     ),
-    "holds memory in many processes": (
+    "holds memory in many processes": (  # 4 x 230 MB, each under its own 256 MB limit
         "contain",
         "add",
-        "import os, time\nr, w = os.pipe()\nfor _ in range(7):\n    if os.fork() == 0:\n"
-        "        try:\n            hog = b'x' * (200 * 2**20)\n            os.write(w, b'1')\n"
-        "            time.sleep(0.6)\n        finally:\n            os._exit(0)\n"
-        "os.close(w)\ntime.sleep(0.8)\nos.set_blocking(r, False)\ntry:\n"
-        "    holders = len(os.read(r, 64))\nexcept OSError:\n    holders = 0\n"
-        "won = holders * 200 > 600  # more than the run's bound, all at once\n" + WIN,
+        "import os, select, time\nr, w = os.pipe()\nfor _ in range(4):\n    if os.fork() == 0:\n"
+        "        try:\n            hog = b'x' * (230 * 2**20)\n            os.write(w, b'1')\n"
+        "            time.sleep(10)\n        finally:\n            os._exit(0)\n"
+        "os.close(w)\nholders, deadline = 0, time.monotonic() + 3.0\n"
+        "while holders < 4 and time.monotonic() < deadline:\n"
+        "    if select.select([r], [], [], 0.05)[0]:\n        got = os.read(r, 64)\n"
+        "        if not got:\n            break\n        holders += len(got)\n"
+        "won = holders * 230 > 600  # more than the run's bound, all at once\n" + WIN,
     ),
     # ---- forging: the verdict ---------------------------------------------------------
     "exits 0 before the tests": ("forge", "add", WRONG + "import os\nos._exit(0)\n"),

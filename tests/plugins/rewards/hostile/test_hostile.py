@@ -218,14 +218,14 @@ def test_the_run_memory_bound_holds_and_its_peak_is_measured(name, host):
     whatever the program spreads over processes or keeps out of its address space."""
     _run_group_or_skip()
     _, problem, source = HOSTILE[name]
-    reward = CodeReward(**LIMITS)
+    reward = CodeReward(**LIMITS | {"wall_s": 6.0, "cpu_s": 3})  # time to push, even on a busy host
     result = reward.run(prompt(problem), fill(source, host))
     assert reward.judge(result).score == 0.0, (result.detail, result.stderr[-300:])
     assert result.isolation["run_limits"].startswith("cgroup v"), result.isolation
     peak = result.isolation["memory_peak_mb"]
     print(f"{name}: peak {peak} MB of a {LIMITS['run_memory_mb']} MB bound")
     assert peak <= LIMITS["run_memory_mb"]
-    if name == "holds memory in many processes":  # it did push the bound: 7 x 200 MB tried
+    if name == "holds memory in many processes":  # it did push the bound: 4 x 230 MB tried
         assert peak >= LIMITS["run_memory_mb"] - 64, peak
 
 
