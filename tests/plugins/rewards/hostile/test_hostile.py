@@ -250,6 +250,11 @@ def _verdicts_as_nobody(table: dict, limits: dict) -> dict:
     from rlax.plugins.rewards.code_sandbox import python_for_sandbox
 
     python = python_for_sandbox()  # as root: one that any user can run
+    readable = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "test", "-r", PROJECT],
+        check=False,
+    )
+    assert readable.returncode == 0, f"nobody cannot read {PROJECT}: clone it where any user can"
     site = tempfile.mkdtemp(prefix="rlax-as-nobody-")
     try:
         os.chmod(site, 0o755)
