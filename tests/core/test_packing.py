@@ -18,6 +18,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from test_algorithm_configs import EXPERIMENTS  # each shipped algorithm's experiment file
 
 from rlax.core import config, plugins
 from rlax.core.models.config import TransformerConfig
@@ -183,20 +184,6 @@ def assert_same_update(algorithm, arrays, atol=1e-5):
     for got, want in zip(jax.tree.leaves(packed), leaves, strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=atol)
     return padded_metrics
-
-
-EXPERIMENTS = {
-    "grpo": "quickstart.gin",
-    "dapo": "dapo.gin",
-    "drgrpo": "drgrpo.gin",
-    "gspo": "gspo.gin",
-    "cispo": "cispo.gin",
-    "rloo": "rloo.gin",
-    "reinforcepp": "reinforcepp.gin",
-    "reinforcepp_baseline": "reinforcepp_baseline.gin",
-    "ppo": "ppo.gin",
-    "distill": "distill.gin",
-}
 
 
 @pytest.fixture(scope="module")
