@@ -188,7 +188,7 @@ def packed_is_cheaper(
     packed_passes: int = 4,
 ) -> bool:
     """``packing = "auto"``: whether the packed step (two passes over the microbatches that hold
-    a sequence: ``packed_passes`` 4) is estimated cheaper than the padded one
+    a sequence: ``packed_passes`` 4; 3 when the rows make one microbatch) is estimated cheaper than the padded one
     (``padded_passes``: 3 for one forward-and-backward, 4 with row microbatches; a
     forward alone, as a teacher's, is 1 and 1)."""
     microbatches = max(1, -(-p.used // per_microbatch))

@@ -78,8 +78,16 @@ def arrange(
     plan = packing.plan(mask, width)
     if mode == "auto":
         passes = 3 if settings.microbatches == 1 else 4
+        one_microbatch = packing.slots(rows, per)[0] == 1  # one pass, as padded in one slice
         cheaper = packing.packed_is_cheaper(
-            local_rows, padded_width, passes, plan, width, per // processes, embed_dim
+            local_rows,
+            padded_width,
+            passes,
+            plan,
+            width,
+            per // processes,
+            embed_dim,
+            packed_passes=3 if one_microbatch else 4,
         )
         if processes > 1:
             from jax.experimental import multihost_utils
@@ -126,7 +134,8 @@ class Passes:
     ):
         """(loss, metrics, logp, entropy, grads) of ``loss(logp, values)`` over the batch.
 
-        A padded batch in one slice: one value-and-grad. Otherwise the two-pass chain rule:
+        One slice (a padded batch without microbatches, or a packed batch whose rows make
+        one microbatch): one value-and-grad. Otherwise the two-pass chain rule:
         the outputs of the whole batch without gradient, the loss's gradient with respect
         to them, then each microbatch's slice of it back-propagated and summed. For a
         packed batch the loss reads the outputs gathered into the padded layout, so its
@@ -134,11 +143,18 @@ class Passes:
         """
         inputs = model_inputs(batch)
         packed = packing.PACKED_TOKENS in batch
-        if not packed and self.settings.microbatches == 1:
+        k = self._slots(batch) if packed else self.settings.microbatches
+        index = batch[packing.UNPACK_INDEX] if packed else None
+
+        def laid_out(x):
+            return x if index is None else unpack(x, index)
+
+        if k == 1:  # one slice (packed: one microbatch of rows): one pass through the gather
 
             def loss_fn(trainable):
                 (logp, values), entropy = outputs(trainable, inputs)
-                value, metrics = loss(logp, values)
+                logp, entropy = laid_out(logp), laid_out(entropy)
+                value, metrics = loss(logp, laid_out(values))
                 return value, (metrics, logp, entropy)
 
             (value, (metrics, logp, entropy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -146,15 +162,10 @@ class Passes:
             )
             return value, metrics, logp, entropy, grads
         # Pass 1: the outputs (packed ones stay packed: the loss gathers them).
-        k = self._slots(batch) if packed else self.settings.microbatches
         run = packed_forward if packed else scan_forward
         out, entropy = jax.lax.stop_gradient(
             run(lambda mb: outputs(trainable, mb), inputs, k, self.mesh)
         )
-        index = batch[packing.UNPACK_INDEX] if packed else None
-
-        def laid_out(x):
-            return x if index is None else unpack(x, index)
 
         # out = (logp, values), indexed: mypy miscounts ``*out`` followed by an argument.
         (value, metrics), cotangent = jax.value_and_grad(

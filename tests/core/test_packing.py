@@ -336,3 +336,21 @@ def test_lora_adapters_train_packed_as_padded():
     assert packed and any(np.abs(np.asarray(x)).max() > 0 for x in padded)
     for got, want in zip(packed, padded, strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+
+
+def test_a_packed_batch_in_one_microbatch_is_one_pass_and_the_padded_update():
+    # 8 sequences of at most 20 tokens in 8 rows of one microbatch (a budget of 8 x 20):
+    # the step takes one value-and-grad through the gather, no second pass.
+    algorithm = grpo(alignment="mask", is_bounds=(0.01, 100.0))
+    arrays = ragged_arrays(algorithm)
+    want, padded = updated(algorithm, arrays, "padded")
+    got, packed = updated(algorithm, arrays, "packed", microbatch_tokens=8 * 20)
+    assert got["loss"] == pytest.approx(want["loss"], abs=1e-5)
+    for a, b in zip(jax.tree.leaves(packed), jax.tree.leaves(padded), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    settings = TrainerSettings(packing="packed", microbatch_tokens=8 * 20)
+    trainer = Trainer(
+        Transformer(CFG, rngs=nnx.Rngs(0)), algorithm, optax.sgd(1.0), settings=settings
+    )
+    laid = trainer.layout(dict(arrays))
+    assert trainer.passes._slots(laid) == 1 and laid["packed_tokens"].shape == (8, 20)
