@@ -64,7 +64,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from chaos import audit, children  # the queue audit, the process finder
 
 from rlax.core.runtime.recovery import PARTS, read_rows
-from rlax.core.runtime.run_dir import RunDir
+from rlax.core.runtime.run_dir import RunDir, read_json_lines
 
 SCENARIOS: dict[str, list[tuple[str, signal.Signals]]] = {
     "clean": [],
@@ -107,16 +107,7 @@ def environment() -> dict[str, str]:
 
 
 def metric_rows(run_dir: pathlib.Path) -> list[dict]:
-    path = RunDir(run_dir).metrics
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    return read_json_lines(RunDir(run_dir).metrics)
 
 
 def run_scenario(name: str, run_dir: pathlib.Path, args, extra) -> dict:

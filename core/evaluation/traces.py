@@ -26,6 +26,7 @@ from typing import Any
 
 from rlax.core.contracts import Reward
 from rlax.core.rollout.reward_pool import score_one
+from rlax.core.runtime.run_dir import read_json_lines
 from rlax.core.types import Completion, Group
 
 
@@ -88,15 +89,7 @@ def append(path: pathlib.Path, rows: Sequence[dict[str, Any]]) -> None:
 
 def read(path: pathlib.Path) -> list[dict[str, Any]]:
     """The rows of ``path`` (none if it is missing); a torn last line is skipped."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    return read_json_lines(path)
 
 
 def keep_until(path: pathlib.Path, step: int) -> None:

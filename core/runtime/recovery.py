@@ -47,7 +47,7 @@ import time
 from typing import Any
 
 from rlax.core.runtime import compile_cache
-from rlax.core.runtime.run_dir import RunDir
+from rlax.core.runtime.run_dir import RunDir, read_json_lines
 
 __all__ = [
     "FIGURES",
@@ -264,13 +264,4 @@ def current() -> RecoveryClock | None:
 
 def read_rows(run_dir: RunDir | pathlib.Path) -> list[dict[str, Any]]:
     """The run's recovery rows, oldest first (a torn last line is skipped)."""
-    path = RunDir.of(run_dir).recovery
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    return read_json_lines(RunDir.of(run_dir).recovery)

@@ -305,3 +305,17 @@ class RunDir:
         """Deletes what a lost export left beside the final policy."""
         for which in ("new", "old"):
             shutil.rmtree(self.staged_final_policy(which), ignore_errors=True)
+
+
+def read_json_lines(path: pathlib.Path) -> list[dict[str, Any]]:
+    """The JSON rows of a run's ``.jsonl`` file (none if it is missing); a torn last line
+    (a process killed mid-write) is skipped."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
