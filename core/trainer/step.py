@@ -319,7 +319,8 @@ class Trainer:
                 f"batch of {rows} rows does not split over data x fsdp = "
                 f"{meshlib.batch_size_multiple(self.mesh)} devices"
             )
-        if packing.PACKED_TOKENS not in arrays and rows % self.settings.microbatches:
+        # auto may pad a later batch: a row count that could not be padded is refused now
+        if self.settings.packing != "packed" and rows % self.settings.microbatches:
             raise ValueError(
                 f"batch of {rows} rows does not split into {self.settings.microbatches} microbatches"
             )
