@@ -48,6 +48,8 @@ class PythonToolEnvironment:
       max_turns, max_turn_tokens, max_episode_tokens, tool_timeout_s: the
         episode's limits (:class:`~rlax.core.episodes.EpisodeLimits`).
       memory_mb: address space of a tool call's process.
+      run_memory_mb: memory of a tool call's whole run, all its processes
+        together (``rewards.code``'s ``run_memory_mb``).
       max_output_chars: a tool's output is cut to this many characters.
       role: the chat role the tool's result is sent as.
       namespaces, allow_weak_isolation: as for ``rewards.code``.
@@ -63,6 +65,7 @@ class PythonToolEnvironment:
         max_episode_tokens: MaxEpisodeTokens = 512,
         tool_timeout_s: Annotated[float, Positive] = 5.0,
         memory_mb: Annotated[int, AtLeast(1)] = 256,
+        run_memory_mb: Annotated[int, AtLeast(1)] = 512,
         max_output_chars: Annotated[int, AtLeast(0)] = 400,
         role: str = "user",
         namespaces: bool = True,
@@ -72,7 +75,10 @@ class PythonToolEnvironment:
         self.parser = parser or HermesToolParser()
         self.limits = EpisodeLimits(max_turns, max_turn_tokens, max_episode_tokens, tool_timeout_s)
         self.sandbox = Limits(
-            cpu_s=max(1, math.ceil(tool_timeout_s)), wall_s=tool_timeout_s, memory_mb=memory_mb
+            cpu_s=max(1, math.ceil(tool_timeout_s)),
+            wall_s=tool_timeout_s,
+            memory_mb=memory_mb,
+            run_memory_mb=run_memory_mb,
         )
         self.max_output_chars = max_output_chars
         self.role = role

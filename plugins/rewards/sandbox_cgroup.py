@@ -14,8 +14,15 @@ or ``.ci/run`` set up). cgroup v2 is used when its ``memory`` and ``pids``
 controllers can be had there, else v1's ``memory`` and ``pids`` hierarchies.
 The group gets ``memory_mb`` (swap 0) and ``processes`` as limits; the
 sandbox's init is moved into it before it forks the program, so everything
-the program starts is born there and the supervisor and its runner stay out. Without one, :func:`create` raises ``OSError`` saying why, and
-the run keeps the per-process limits only.
+the program starts is born there and the supervisor and its runner stay out.
+Without one (an ordinary user nobody delegated a cgroup to), :func:`create`
+raises ``OSError`` saying why, and the sandbox's init bounds the run with a
+:class:`ResidentWatch` instead: every ``POLL_S`` it sums the memory its pid
+namespace's processes hold and kills them all past ``memory_mb``. The watch is
+the weaker bound: it sees resident memory only (what is not mapped is bounded
+apart: no ``memfd``/System V memory under the system-call filter, the scratch
+tmpfs's size, pipes by ``open_files``), and a run may pass the bound by what
+its processes fault in within one poll before it is killed.
 """
 
 from __future__ import annotations
@@ -175,6 +182,62 @@ def create(name: str, memory_mb: int, processes: int) -> RunGroup:
     raise OSError("no cgroup for the run (" + ("; ".join(reasons) or "none mounted") + ")")
 
 
+POLL_S = 0.01  # the watch's period (the supervisor's capture loop polls this often)
+
+
+def _resident_bytes(process: str, page: int) -> int:
+    """The resident set of the process whose ``/proc`` folder is ``process`` (0 once gone)."""
+    try:
+        with open(f"{process}/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * page
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+
+
+def _proportional_bytes(process: str) -> int | None:
+    """Its share of what it maps (``Pss``; 0 once gone, None where unreadable)."""
+    try:
+        with open(f"{process}/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class ResidentWatch:
+    """The run's memory bound without a cgroup, kept by the pid namespace's init.
+
+    :meth:`over` sums the resident set of every process in ``/proc`` (the
+    namespace's own); past the bound it sums their proportional set (shared
+    pages counted once, so forks of one interpreter are not counted many times)
+    and only that decides. ``peak_bytes`` is the most it counted.
+    """
+
+    def __init__(self, memory_mb: int, proc: str = "/proc") -> None:
+        self.limit, self.proc = memory_mb * 1024 * 1024, proc
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        self.peak_bytes, self.exceeded = 0, False
+
+    def _processes(self) -> list[str]:
+        return [f"{self.proc}/{name}" for name in os.listdir(self.proc) if name.isdigit()]
+
+    def over(self) -> bool:
+        """True once the run's processes hold more than the bound (it stays True)."""
+        processes = self._processes()
+        total = sum(_resident_bytes(process, self.page) for process in processes)
+        if total > self.limit:
+            shares = [_proportional_bytes(process) for process in processes]
+            if all(share is not None for share in shares):  # else resident decides
+                total = sum(share for share in shares if share is not None)
+        self.peak_bytes = max(self.peak_bytes, total)
+        self.exceeded = self.exceeded or total > self.limit
+        return self.exceeded
+
+
 def for_run(job: dict, isolation: dict) -> RunGroup | None:
     """The run's group for ``job`` (None without one); ``isolation`` records which, or why not."""
     limits = job["limits"]
@@ -182,7 +245,7 @@ def for_run(job: dict, isolation: dict) -> RunGroup | None:
     try:
         group = create(name, limits["run_memory_mb"], limits["processes"] + 1)
     except OSError as exc:
-        isolation["run_limits"] = f"per process only: {exc}"
+        isolation["run_limits"], isolation["cgroup_reason"] = "per process only", str(exc)
         return None
     isolation["run_limits"] = f"cgroup v{group.version}"
     isolation["run_memory_mb"] = limits["run_memory_mb"]

@@ -186,8 +186,11 @@ def _feed(fd: int, pending: bytearray) -> bool:
     return False
 
 
-def _capture(fds: dict[str, int], stdin: tuple[int, bytes], child: int, deadline: float) -> dict:
-    """Feeds stdin and reads stdout, stderr, the outputs channel until exit or time runs out."""
+def _capture(
+    fds: dict[str, int], stdin: tuple[int, bytes], child: int, deadline: float, watch=None
+):
+    """Feeds stdin and reads stdout, stderr, the outputs channel until exit or time runs out;
+    with a ``watch`` (no cgroup), kills the namespace once the run holds too much memory."""
     buffers = {name: bytearray() for name in fds}
     limits = {name: CHANNEL_LIMIT if name == "channel" else CAPTURE_LIMIT for name in fds}
     open_fds, (stdin_fd, pending) = dict(fds), (stdin[0], bytearray(stdin[1]))
@@ -199,7 +202,10 @@ def _capture(fds: dict[str, int], stdin: tuple[int, bytes], child: int, deadline
         if now >= deadline or (exited_at is not None and now - exited_at > 0.2):
             break  # after exit, a daemon may hold the pipes open: stop shortly after
         writable = [stdin_fd] if feeding else []
-        ready, can_write, _ = select.select(list(open_fds.values()), writable, [], 0.05)
+        poll = 0.05 if watch is None else sandbox_cgroup.POLL_S
+        ready, can_write, _ = select.select(list(open_fds.values()), writable, [], poll)
+        if watch is not None and not watch.exceeded and watch.over():
+            os.kill(-1, signal.SIGKILL)  # init: every process of its namespace but itself
         if can_write:
             feeding = _feed(stdin_fd, pending)
         for name, fd in list(open_fds.items()):
@@ -281,11 +287,19 @@ def _init(job: dict, isolation: dict, parent: int, out: int) -> None:
         os.mkdir(workdir, 0o700)
     if os.read(job["links"]["go"], 1) != b"1":  # the supervisor put us in the run's cgroup
         raise OSError("the run's cgroup could not be joined")
+    watch = None
+    if os.getpid() == 1 and not isolation["run_limits"].startswith("cgroup"):
+        watch = sandbox_cgroup.ResidentWatch(job["limits"]["run_memory_mb"])
+        isolation["run_limits"] = "resident memory watched by init"
     start = time.monotonic()
     child, reads, stdin_fd = _start(job, workdir)
     stdin = (stdin_fd, job["stdin"].encode())
-    captured = _capture(reads, stdin, child, start + job["limits"]["wall_s"])
+    captured = _capture(reads, stdin, child, start + job["limits"]["wall_s"], watch)
     isolation["cleanup"] = _sweep(child)
+    if watch is not None:
+        isolation["run_memory_mb"] = job["limits"]["run_memory_mb"]
+        isolation["memory_peak_mb"] = round(watch.peak_bytes / 2**20, 1)
+        isolation["run_memory_exceeded"] = watch.exceeded
     status = captured["status"]
     text = {n: bytes(b).decode("utf-8", "replace") for n, b in captured["buffers"].items()}
     report = {

@@ -196,17 +196,18 @@ def test_right_programs_score_one(name):
     assert result.passed == result.total == len(plan.tests)
 
 
-def _run_group_or_skip() -> None:
+def _run_group_here() -> bool:
     """As root a cgroup can be had here; an ordinary user needs one delegated (.ci/run's)."""
     from rlax.plugins.rewards import sandbox_cgroup
 
     try:
         group = sandbox_cgroup.create(f"{sandbox_cgroup.PREFIX}{os.getpid()}-probe", 64, 4)
-    except OSError as exc:
+    except OSError:
         if ROOT:
             raise
-        pytest.skip(f"no cgroup delegated to this user: the run's bound is per process ({exc})")
+        return False
     group.remove()
+    return True
 
 
 @pytest.mark.parametrize(
@@ -214,19 +215,25 @@ def _run_group_or_skip() -> None:
 )
 @pytest.mark.serial  # a wall-clock bound (tests/test_suite_rules.py)
 def test_the_run_memory_bound_holds_and_its_peak_is_measured(name, host):
-    """The run's cgroup: the peak the kernel measured stays within ``run_memory_mb``,
-    whatever the program spreads over processes or keeps out of its address space."""
-    _run_group_or_skip()
+    """The run's bound: the peak the kernel measured (a cgroup) stays within ``run_memory_mb``,
+    whatever the program spreads over processes or keeps out of its address space; without
+    a cgroup, init's watch kills the run that passes it."""
+    grouped = _run_group_here()
     _, problem, source = HOSTILE[name]
     reward = CodeReward(**LIMITS | {"wall_s": 6.0, "cpu_s": 3})  # time to push, even on a busy host
     result = reward.run(prompt(problem), fill(source, host))
     assert reward.judge(result).score == 0.0, (result.detail, result.stderr[-300:])
-    assert result.isolation["run_limits"].startswith("cgroup v"), result.isolation
-    peak = result.isolation["memory_peak_mb"]
-    print(f"{name}: peak {peak} MB of a {LIMITS['run_memory_mb']} MB bound")
-    assert peak <= LIMITS["run_memory_mb"]
+    peak, bound = result.isolation["memory_peak_mb"], LIMITS["run_memory_mb"]
+    print(f"{name}: peak {peak} MB of a {bound} MB bound ({result.isolation['run_limits']})")
+    if grouped:
+        assert result.isolation["run_limits"].startswith("cgroup v"), result.isolation
+        assert peak <= bound
+    else:
+        assert result.isolation["run_limits"] == "resident memory watched by init"
+        assert result.isolation["run_memory_exceeded"] == (peak > bound), result.isolation
     if name == "holds memory in many processes":  # it did push the bound: 4 x 230 MB tried
-        assert peak >= LIMITS["run_memory_mb"] - 64, peak
+        assert peak >= bound - 64, peak
+        assert grouped or result.isolation["run_memory_exceeded"]
 
 
 _AS_USER = """
@@ -240,7 +247,8 @@ for name, (problem, source, tests) in table.items():
     reward = CodeReward(**json.loads(sys.argv[2]))
     prompt = Prompt(id=problem, text="", tokens=np.zeros(1, np.int32), answer=tests)
     result = reward.run(prompt, source)
-    verdicts[name] = [reward.judge(result).score, result.status, result.isolation.get("root")]
+    verdicts[name] = [reward.judge(result).score, result.status, result.isolation.get("root"),
+                      result.isolation.get("run_limits")]
 print(json.dumps(verdicts))
 """
 
@@ -309,3 +317,5 @@ def test_an_ordinary_user_gets_the_same_sandbox_and_the_same_verdicts(host):
         theirs = _verdicts_as_nobody(table, LIMITS)
         assert {name: v[0] for name, v in theirs.items()} == expected, theirs
         assert {v[2] for v in theirs.values()} == {"minimal read-only world"}
+        # nobody has no cgroup here: its runs are bounded by init's watch
+        assert {v[3] for v in theirs.values()} == {"resident memory watched by init"}, theirs
