@@ -31,7 +31,8 @@ system calls           an allow-list compiled by libseccomp
 CPU time               ``RLIMIT_CPU`` per process (SIGKILL one second later)
 memory                 ``RLIMIT_AS`` per process; the whole run, mapped or
                        not, ``run_memory_mb`` in its cgroup where one can be
-                       had (``sandbox_cgroup.py``; its peak in ``isolation``)
+                       had, else its resident memory watched by init
+                       (``sandbox_cgroup.py``; its peak in ``isolation``)
 file size              ``RLIMIT_FSIZE`` (and the size-capped tmpfs)
 process count          ``RLIMIT_NPROC``, counted in the run's user namespace
                        (and ``pids.max`` of its cgroup): a fork bomb hits the
