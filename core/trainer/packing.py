@@ -27,6 +27,9 @@ layout as before, so every algorithm is exact as it is:
    and rows are filled microbatch by microbatch. The step runs the microbatches
    that hold a sequence and skips the rest, so compute follows the batch's
    tokens while every array keeps its shape (no recompilation as lengths vary).
+   A batch whose sequences fill at most half a microbatch would still compute
+   a whole one: it gets one microbatch of the next power of two rows it needs
+   instead (:func:`layout`; a handful of shapes, each compiled once).
 4. **The way back.** ``unpack_index`` [B, L] says where in the packed per-token
    outputs [R, W - 1] (flattened) each padded target position's value is
    (-1: none); the step gathers logprobs, entropies and values into the padded
@@ -114,15 +117,45 @@ def rows_per_microbatch(budget: int, width: int, rows: int, multiple: int = 1) -
 
 def slots(rows: int, per_microbatch: int) -> tuple[int, np.ndarray]:
     """(k, order): k microbatches for a batch of ``rows`` rows and the packed-row index of
-    each filling position, so that filling in order fills microbatch 0 first.
+    each filling position (:func:`fill_order`)."""
+    k = max(1, -(-rows // per_microbatch))
+    return k, fill_order(k, per_microbatch)
+
+
+def fill_order(k: int, per_microbatch: int) -> np.ndarray:
+    """The packed-row index of each filling position of k microbatches, so that filling in
+    order fills microbatch 0 first.
 
     Packed row g belongs to microbatch g % k (:func:`~rlax.core.trainer.microbatch.split_rows`
     interleaves), so filling position j (microbatch j // per, its (j % per)-th row) is row
     (j % per) * k + j // per.
     """
-    k = max(1, -(-rows // per_microbatch))
     j = np.arange(k * per_microbatch)
-    return k, (j % per_microbatch) * k + j // per_microbatch
+    return (j % per_microbatch) * k + j // per_microbatch
+
+
+def layout(used: int, rows: int, per_microbatch: int, multiple: int = 1) -> tuple[int, int]:
+    """(k, per): the microbatch slots and packed rows per microbatch a batch is laid out in.
+
+    ``used``: the packed rows its sequences fill (with several processes, each packing its
+    own: the most any fills, times their number); ``per_microbatch``: the budget's rows
+    (:func:`rows_per_microbatch`). When the next power of two of ``used`` (rounded up to
+    ``multiple``) is at most half of ``per_microbatch``: one microbatch of that many rows,
+    instead of a whole budget's worth of rows mostly empty; otherwise :func:`slots`'s k
+    microbatches of ``per_microbatch`` rows. The first has at most log2(per) shapes; a
+    batch near the budget never switches between the two.
+    """
+    small = 1 << max(0, used - 1).bit_length()
+    small = -(-small // multiple) * multiple
+    if 2 * small <= per_microbatch:
+        return 1, small
+    return slots(rows, per_microbatch)[0], per_microbatch
+
+
+def microbatch_slots(packed_rows: int, per_microbatch: int) -> int:
+    """k of a packed batch of ``packed_rows`` rows laid out by :func:`layout` (from shapes:
+    one small microbatch has fewer rows than the budget's, k of them k times as many)."""
+    return 1 if packed_rows <= per_microbatch else packed_rows // per_microbatch
 
 
 def pack(
@@ -132,6 +165,7 @@ def pack(
     the_plan: Plan | None = None,
     owned: np.ndarray | None = None,
     global_rows: int | None = None,
+    k: int | None = None,
 ) -> dict[str, np.ndarray]:
     """The padded batch ``arrays`` with its ``tokens``/``attention_mask`` packed.
 
@@ -143,10 +177,13 @@ def pack(
     the global packed rows this process feeds (:func:`rlax.core.parallel.multihost.process_rows`
     of the k x per_microbatch global rows); the packed arrays hold those rows, filled
     microbatch by microbatch, and ``unpack_index`` points into the global packed outputs.
+    ``k``: the microbatches (:func:`layout`); by default :func:`slots`'s.
     """
     tokens, mask = arrays["tokens"], arrays["attention_mask"]
     p = the_plan or plan(mask, width)
-    k, order = slots(global_rows or len(tokens), per_microbatch)
+    if k is None:
+        k = slots(global_rows or len(tokens), per_microbatch)[0]
+    order = fill_order(k, per_microbatch)
     owned = np.arange(k * per_microbatch) if owned is None else np.asarray(owned)
     local = {int(g): i for i, g in enumerate(owned)}
     fill = [int(g) for g in order if int(g) in local]  # filling positions among ours

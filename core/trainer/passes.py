@@ -74,11 +74,17 @@ def arrange(
     processes = jax.process_count()
     rows = local_rows * processes  # the global batch's
     width = settings.row_tokens or padded_width
-    per = rows_per_microbatch(settings, mesh, width, rows)
     plan = packing.plan(mask, width)
+    used = plan.used
+    if processes > 1:  # each packs its own rows: the layout fits the fullest
+        from jax.experimental import multihost_utils
+
+        used = int(np.max(multihost_utils.process_allgather(np.asarray(used)))) * processes
+    budget_rows = rows_per_microbatch(settings, mesh, width, rows)
+    k, per = packing.layout(used, rows, budget_rows, meshlib.batch_size_multiple(mesh))
     if mode == "auto":
         passes = 3 if settings.microbatches == 1 else 4
-        one_microbatch = packing.slots(rows, per)[0] == 1  # one pass, as padded in one slice
+        one_microbatch = k == 1  # one pass, as padded in one slice
         cheaper = packing.packed_is_cheaper(
             local_rows,
             padded_width,
@@ -95,12 +101,9 @@ def arrange(
             cheaper = bool(np.all(multihost_utils.process_allgather(np.asarray(cheaper))))
         if not cheaper:
             return arrays
-    owned = None
-    if processes > 1:
-        k, _ = packing.slots(rows, per)
-        owned = multihost.process_rows(mesh, k * per)
-    arrays = {k: np.asarray(v) for k, v in arrays.items()}
-    return packing.pack(arrays, width, per, plan, owned=owned, global_rows=rows)
+    owned = multihost.process_rows(mesh, k * per) if processes > 1 else None
+    arrays = {key: np.asarray(v) for key, v in arrays.items()}
+    return packing.pack(arrays, width, per, plan, owned=owned, k=k)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +117,8 @@ class Passes:
     def _slots(self, batch: dict[str, Any]) -> int:
         """k, the microbatch slots of a packed batch (from its shapes)."""
         rows, width = batch[packing.PACKED_TOKENS].shape
-        return rows // rows_per_microbatch(self.settings, self.mesh, width, len(batch["loss_mask"]))
+        budget_rows = rows_per_microbatch(self.settings, self.mesh, width, len(batch["loss_mask"]))
+        return packing.microbatch_slots(rows, budget_rows)
 
     def forward_all(self, forward: Callable[[dict[str, jax.Array]], Any], batch) -> Any:
         """``forward`` of the whole batch (no gradient), one microbatch at a time: the

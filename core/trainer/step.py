@@ -54,7 +54,7 @@ from rlax.core.models.critic import forward_with_values
 from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.parallel import mesh as meshlib
 from rlax.core.parallel import multihost
-from rlax.core.trainer import packing, passes
+from rlax.core.trainer import passes
 from rlax.core.trainer.microbatch import ModuleT, cast_floats, wrap_blocks
 from rlax.core.trainer.settings import COMPUTE_DTYPES, PLACEMENTS, TrainerSettings
 from rlax.core.types import TrainBatch

@@ -91,13 +91,14 @@ class Teacher:
         if self.settings.packing != "padded":
             rows, width = mask.shape
             row_tokens = self.settings.row_tokens or width
-            per = packing.rows_per_microbatch(self.settings.microbatch_tokens, row_tokens, rows)
+            budget = packing.rows_per_microbatch(self.settings.microbatch_tokens, row_tokens, rows)
             plan = packing.plan(mask, row_tokens)
+            k, per = packing.layout(plan.used, rows, budget)
             if self.settings.packing == "packed" or packing.packed_is_cheaper(
                 rows, width, 1, plan, row_tokens, per, self._embed_dim, packed_passes=1
             ):
-                p = packing.pack({"tokens": tokens, "attention_mask": mask}, row_tokens, per, plan)
-                k = len(p[packing.PACKED_TOKENS]) // per
+                arrays = {"tokens": tokens, "attention_mask": mask}
+                p = packing.pack(arrays, row_tokens, per, plan, k=k)
                 out = self._packed(
                     self._params,
                     p[packing.PACKED_TOKENS],

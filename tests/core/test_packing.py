@@ -76,6 +76,25 @@ def test_microbatch_slots_fill_microbatch_zero_first():
     assert [g % k for g in order] == [0, 0, 1, 1, 2, 2]
 
 
+def test_a_batch_filling_little_of_a_microbatch_gets_one_small_microbatch():
+    # A budget of 14 packed rows, a batch of 16 rows. 4 rows used: one microbatch of 4
+    # rows (a power of two), not 2 slots of 14; 5 used would take 8, more than half of
+    # 14: the budget's layout, ceil(16 / 14) = 2 slots.
+    assert packing.layout(4, 16, 14) == (1, 4)
+    assert packing.layout(3, 16, 14) == (1, 4)
+    assert packing.layout(1, 16, 14) == (1, 1) and packing.layout(0, 16, 14) == (1, 1)
+    assert packing.layout(5, 16, 14) == (2, 14)
+    assert packing.layout(3, 16, 14, multiple=8) == (2, 14)  # 4 rounds up to 8 devices' rows
+    assert packing.layout(3, 16, 16, multiple=8) == (1, 8)
+    # the step reads k back off the packed rows' count, whichever layout was chosen
+    for used in range(17):
+        for multiple in (1, 2, 8):
+            budget = -(-14 // multiple) * multiple
+            k, per = packing.layout(used, 16, budget, multiple)
+            assert per * 2 <= budget or per == budget, (used, multiple)
+            assert packing.microbatch_slots(k * per, budget) == k, (used, multiple)
+
+
 def test_pack_lays_tokens_segments_and_the_way_back():
     tokens = np.array([[0, 0, 5, 6, 7], [0, 8, 9, 10, 11], [0, 0, 0, 12, 13]], np.int32)
     mask = tokens > 0
@@ -162,9 +181,11 @@ def ragged_arrays(algorithm, seed: int = 0) -> dict[str, np.ndarray]:
     return {k: v.astype(np.float32) if v.dtype == np.float64 else v for k, v in arrays.items()}
 
 
-def updated(algorithm, arrays, mode: str, microbatch_tokens: int = 40):
+def updated(algorithm, arrays, mode: str, microbatch_tokens: int = 40, row_tokens=None):
     """(metrics, new params) of one SGD(lr=1) update on ``arrays``, laid out as ``mode``."""
-    settings = TrainerSettings(packing=mode, microbatch_tokens=microbatch_tokens)
+    settings = TrainerSettings(
+        packing=mode, microbatch_tokens=microbatch_tokens, row_tokens=row_tokens
+    )
     model = Transformer(CFG, rngs=nnx.Rngs(0))
     trainer = Trainer(model, algorithm, optax.sgd(1.0), settings=settings)
     laid = trainer.layout(dict(arrays))
@@ -354,3 +375,21 @@ def test_a_packed_batch_in_one_microbatch_is_one_pass_and_the_padded_update():
     )
     laid = trainer.layout(dict(arrays))
     assert trainer.passes._slots(laid) == 1 and laid["packed_tokens"].shape == (8, 20)
+
+
+def test_a_batch_filling_little_of_its_budget_runs_one_small_microbatch_exactly():
+    # Rows of 40 tokens, a budget of 8 of them: the 8 sequences (at most 20 tokens) fill
+    # 3 or 4 rows, so one microbatch of 4 rows runs instead of 8, and updates as padded.
+    algorithm = grpo(alignment="mask", is_bounds=(0.01, 100.0))
+    arrays = ragged_arrays(algorithm)
+    want, padded = updated(algorithm, arrays, "padded")
+    got, packed = updated(algorithm, arrays, "packed", microbatch_tokens=8 * 40, row_tokens=40)
+    assert got["loss"] == pytest.approx(want["loss"], abs=1e-5)
+    for a, b in zip(jax.tree.leaves(packed), jax.tree.leaves(padded), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    settings = TrainerSettings(packing="packed", microbatch_tokens=8 * 40, row_tokens=40)
+    trainer = Trainer(
+        Transformer(CFG, rngs=nnx.Rngs(0)), algorithm, optax.sgd(1.0), settings=settings
+    )
+    laid = trainer.layout(dict(arrays))
+    assert laid["packed_tokens"].shape == (4, 40) and trainer.passes._slots(laid) == 1
