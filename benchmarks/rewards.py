@@ -147,7 +147,7 @@ def _uid_traces(uid: int) -> list[str]:
 def red_team() -> tuple[list[tuple], dict[str, int]]:
     """Every hostile program of the suite, once, through the code reward."""
     cases = runpy.run_path(str(CASES))
-    reward = CodeReward(cpu_s=1, wall_s=1.5, memory_mb=256, file_mb=4, processes=8)
+    reward = CodeReward(**cases["LIMITS"])  # the limits the table is written against
     rows, counts = [], {"contained": 0, "forged": 0, "escaped": 0, "host_touched": 0}
     with tempfile.TemporaryDirectory(prefix="rlax-red-team-") as hostdir:
         canary = pathlib.Path(hostdir) / "canary.txt"

@@ -202,6 +202,12 @@ RIGHT: dict[str, tuple[object, str]] = {
     ),
 }
 
+# The code reward's limits the hostile table is written against (the suite's and
+# benchmarks/rewards.py's): the memory programs hold more than run_memory_mb, each
+# process within memory_mb.
+LIMITS = {"cpu_s": 1, "wall_s": 1.5, "memory_mb": 256, "file_mb": 4, "processes": 8}
+LIMITS["run_memory_mb"] = 512  # the run's bound: less than two processes' address space
+
 WIN = "def add(a, b):\n    return a + b if won else None\n"
 # ctypes' raw syscall(2): sc(number, *args) is its return value (-1 when refused).
 SYSCALL = (

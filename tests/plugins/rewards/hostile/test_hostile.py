@@ -42,8 +42,7 @@ HOSTILE, HONEST, TESTS = CASES["HOSTILE"], CASES["HONEST"], CASES["TESTS"]
 RIGHT = CASES["RIGHT"]
 PROJECT = str(pathlib.Path(__file__).resolve().parents[4])
 SECRET = "hunter2-red-team-secret"
-LIMITS = {"cpu_s": 1, "wall_s": 1.5, "memory_mb": 256, "file_mb": 4, "processes": 8}
-LIMITS["run_memory_mb"] = 512  # the run's cgroup: less than two processes' address space
+LIMITS = CASES["LIMITS"]
 ROOT = os.geteuid() == 0
 
 
