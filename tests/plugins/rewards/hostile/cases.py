@@ -417,13 +417,16 @@ HOSTILE: dict[str, tuple[str, str, str]] = {
         "contain",
         "add",
         "import os, select, time\nr, w = os.pipe()\nfor _ in range(4):\n    if os.fork() == 0:\n"
-        "        try:\n            hog = b'x' * (230 * 2**20)\n            os.write(w, b'1')\n"
+        "        try:\n            hog = b'x' * (230 * 2**20)\n"
+        "            os.write(w, b'%d ' % os.getpid())\n"
         "            time.sleep(10)\n        finally:\n            os._exit(0)\n"
-        "os.close(w)\nholders, deadline = 0, time.monotonic() + 3.0\n"
-        "while holders < 4 and time.monotonic() < deadline:\n"
+        "os.close(w)\nheld, deadline = b'', time.monotonic() + 3.0\n"
+        "while len(held.split()) < 4 and time.monotonic() < deadline:\n"
         "    if select.select([r], [], [], 0.05)[0]:\n        got = os.read(r, 64)\n"
-        "        if not got:\n            break\n        holders += len(got)\n"
-        "won = holders * 230 > 600  # more than the run's bound, all at once\n" + WIN,
+        "        if not got:\n            break\n        held += got\n"
+        "# a holder the bound killed after it reported holds nothing: count the living\n"
+        "alive = [p for p in held.split() if os.waitpid(int(p), os.WNOHANG)[0] == 0]\n"
+        "won = len(alive) * 230 > 600  # more than the run's bound, all at once\n" + WIN,
     ),
     # ---- forging: the verdict ---------------------------------------------------------
     "exits 0 before the tests": ("forge", "add", WRONG + "import os\nos._exit(0)\n"),
