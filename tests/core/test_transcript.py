@@ -1,0 +1,149 @@
+"""Token-exact recording: ids appended as they came, sampled ids never encoded again."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from rlax.core.models.hf_tokenizer import HFTokenizer
+from rlax.core.rollout.chat_ids import Reply, ReplyBook, conversation_ids, reply_key
+from rlax.core.rollout.transcript import Transcript
+from rlax.core.types import Completion
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def sampled(ids, logprob=-0.5, version=3, finish="stop", text="t", versions=None):
+    ids = np.asarray(ids, np.int32)
+    return Completion(
+        ids, np.full(len(ids), logprob, np.float32), text, finish, version, versions=versions
+    )
+
+
+def test_requests_that_extend_append_only_their_new_ids():
+    t = Transcript("e")
+    assert t.request(np.array([1, 2, 3])).tolist() == [1, 2, 3]
+    t.reply(sampled([7, 8, 9]))
+    # The next request: the same ids, the reply, then two new prompt ids.
+    assert t.request(np.array([1, 2, 3, 7, 8, 9, 4, 5])).tolist() == [1, 2, 3, 7, 8, 9, 4, 5]
+    t.reply(sampled([6, 9], logprob=-1.0, version=4))
+    ((prompt, c),) = t.completions()
+    assert prompt.tolist() == [1, 2, 3]
+    assert c.tokens.tolist() == [7, 8, 9, 4, 5, 6, 9]
+    assert c.loss_mask.tolist() == [1, 1, 1, 0, 0, 1, 1]
+    assert c.logprobs.tolist() == [-0.5, -0.5, -0.5, 0, 0, -1.0, -1.0]
+    # Prompt ids carry the version of the reply before them; the oldest model token rules.
+    assert c.versions.tolist() == [3, 3, 3, 3, 3, 4, 4]
+    assert c.policy_version == 3 and c.finish_reason == "stop"
+    assert c.episode == {"turns": 2, "segment": 0, "segments": 1, "rewrites": 0}
+    assert t.rewrites == 0
+
+
+def test_a_rewritten_history_is_a_new_counted_and_logged_segment(caplog):
+    t = Transcript("e")
+    t.request(np.array([1, 2]))
+    t.reply(sampled([7, 9]))
+    with caplog.at_level(logging.WARNING, "rlax.agents"):
+        # The agent changed its first message: the ids differ at id 1.
+        assert t.request(np.array([1, 5, 7, 9, 4])).tolist() == [1, 5, 7, 9, 4]
+    assert "differ at id 1" in caplog.text and "segment 2 starts" in caplog.text
+    t.reply(sampled([6], version=5))
+    # A request that drops the last reply (a retry) is a rewrite too.
+    t.request(np.array([1, 5, 7, 9]))
+    t.reply(sampled([8, 9], version=5))
+    assert t.rewrites == 2 and len(t.segments) == 3
+    (p0, c0), (p1, c1), (p2, c2) = t.completions()
+    assert (p0.tolist(), c0.tokens.tolist(), c0.loss_mask.tolist()) == ([1, 2], [7, 9], [1, 1])
+    assert (p1.tolist(), c1.tokens.tolist(), c1.loss_mask.tolist()) == ([1, 5, 7, 9, 4], [6], [1])
+    assert (p2.tolist(), c2.tokens.tolist()) == ([1, 5, 7, 9], [8, 9])
+    assert [c.episode["segment"] for c in (c0, c1, c2)] == [0, 1, 2]
+    assert c2.episode["rewrites"] == 2 and c1.policy_version == 5
+
+
+def test_trailing_prompt_ids_are_cut_and_a_segment_without_a_reply_is_left_out():
+    t = Transcript()
+    t.request(np.array([1]))
+    t.reply(sampled([7, 9]))
+    t.request(np.array([1, 7, 9, 4, 4]))  # never answered (the agent stopped)
+    t.request(np.array([2]))  # rewritten, never answered
+    ((_, c),) = t.completions()
+    assert c.tokens.tolist() == [7, 9] and t.rewrites == 1
+
+
+def test_in_flight_versions_are_kept_per_token():
+    t = Transcript()
+    t.request(np.array([1]))
+    t.reply(sampled([7, 8], version=2, versions=np.array([2, 3])))
+    ((_, c),) = t.completions()
+    assert c.versions.tolist() == [2, 3] and c.policy_version == 2
+
+
+def test_a_reply_before_a_request_is_an_error():
+    with pytest.raises(ValueError, match="a reply before any request"):
+        Transcript("e").reply(sampled([1]))
+
+
+# ---- the conversation's ids: sampled ids put back, never encoded again -----------------
+
+
+@pytest.fixture(scope="module")
+def tok():
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    raw = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    raw.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    return HFTokenizer(raw, bos_id=None, eos_id=raw.token_to_id("<|im_end|>"), chat_template=CHATML)
+
+
+def test_a_known_reply_is_its_sampled_ids_even_where_its_text_encodes_otherwise(tok):
+    user = [{"role": "user", "content": "hi"}]
+    first = conversation_ids(tok, user, ReplyBook())
+    assert first.tolist() == tok.encode_chat(user).tolist()
+    # The model sampled ids whose text encodes to other ids: 0xC3 alone is not UTF-8.
+    weird = np.r_[tok.encode("ok"), tok.encode("é")[:1], tok.eos_id].astype(np.int32)
+    text = tok.decode(weird)
+    assert tok.encode(text).tolist() != weird[:-1].tolist()  # re-tokenised, it would differ
+    book = ReplyBook()
+    book.add(reply_key(text, []), Reply(text, weird, stopped=True))
+    messages = [*user, {"role": "assistant", "content": text}, {"role": "user", "content": "go"}]
+    ids = conversation_ids(tok, messages, book)
+    tail = tok.encode_parts(["\n<|im_start|>", "user\ngo", "<|im_end|>\n<|im_start|>assistant\n"])
+    assert ids.tolist() == [*first.tolist(), *weird.tolist(), *tail.tolist()]
+    # Without the book, the reply's text is encoded (and its stop id comes from the framing).
+    plain = conversation_ids(tok, messages, ReplyBook())
+    assert plain.tolist() == tok.encode_chat(messages).tolist() != ids.tolist()
+
+
+def test_a_reply_cut_by_length_gets_its_stop_id_from_the_framing(tok):
+    user = [{"role": "user", "content": "hi"}]
+    cut = tok.encode("abc")
+    book = ReplyBook()
+    book.add(reply_key("abc", []), Reply("abc", cut, stopped=False))
+    messages = [*user, {"role": "assistant", "content": "abc"}, {"role": "user", "content": "?"}]
+    ids = conversation_ids(tok, messages, book).tolist()
+    assert ids == tok.encode_chat(messages).tolist()
+    assert ids[len(tok.encode_chat(user)) + 3] == tok.eos_id  # after the 3 sampled ids
+
+
+def test_a_reply_with_tool_calls_is_found_by_its_calls(tok):
+    raw = '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+    ids = np.r_[tok.encode(raw), tok.eos_id].astype(np.int32)
+    book = ReplyBook()
+    book.add(reply_key(None, [("add", {"a": 1})]), Reply(raw, ids, stopped=True))
+    call = {"id": "c0", "type": "function", "function": {"name": "add", "arguments": '{"a":1}'}}
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    assert book.find(message) is not None
+    assert book.find({**message, "role": "user"}) is None
+    other = {**call, "function": {"name": "add", "arguments": '{"a": 2}'}}
+    assert book.find({**message, "tool_calls": [other]}) is None
+    user = [{"role": "user", "content": "1+?"}]
+    tool = {"role": "tool", "tool_call_id": "c0", "content": "1"}
+    got = conversation_ids(tok, [*user, message, tool], book)
+    assert got[: len(tok.encode_chat(user)) + len(ids)].tolist()[-len(ids) :] == ids.tolist()
