@@ -58,7 +58,7 @@ from rlax.core.plugins import (
     build_plugin_manager,
     installed_entry_points,
 )
-from rlax.core.runtime import compile_cache, terminal
+from rlax.core.runtime import compile_cache, recovery, terminal
 from rlax.core.runtime.run_dir import RunDir
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE", "main"]
@@ -397,4 +397,4 @@ def _show(args: argparse.Namespace, bindings: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    recovery.exit_promptly(main())

@@ -43,6 +43,8 @@ import json
 import logging
 import os
 import pathlib
+import sys
+import threading
 import time
 from typing import Any
 
@@ -57,6 +59,7 @@ __all__ = [
     "RecoveryClock",
     "begin",
     "current",
+    "exit_promptly",
     "mark",
     "process_started_at",
     "read_rows",
@@ -119,6 +122,31 @@ def write_notice(noticed_at: float, reason: str) -> None:
         pathlib.Path(path).write_text(json.dumps(record))
     except OSError as err:  # the figures are worth less than the stop
         log.warning("recovery: cannot write the notice record %s: %s", path, err)
+
+
+def exit_promptly(status: int) -> None:
+    """Ends the process with ``status`` as the interpreter would, less its module teardown.
+
+    What a normal exit does for the program is done: other non-daemon threads are joined,
+    ``atexit`` functions run (loggers finish, temporary folders go), logging and the
+    standard streams are flushed; then :func:`os._exit`. Skipped: freeing every module and
+    object one by one, which for a process holding JAX takes about half a second and is
+    part of every restart's ``exit`` (the supervisor restarts a role once it has exited).
+    Role processes end through this (``python -m rlax.core.cli``).
+    """
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    import atexit
+
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or gone: nothing left to lose
+            pass
+    os._exit(status)
 
 
 def _cause(status: int) -> str:

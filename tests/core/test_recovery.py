@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -163,3 +164,43 @@ def test_rlax_show_lists_the_run_s_restarts_with_their_recovery_times(tmp_path, 
         ),
         "trainer      killed    useful again after 8.0 s (first_work 8.0); 3 steps redone",
     ]
+
+
+def test_exit_promptly_keeps_what_a_normal_exit_does_for_the_program(tmp_path):
+    # A non-daemon thread still writing, an atexit function, buffered output and a
+    # logging handler: all finish before the process ends with the status given.
+    program = f"""
+import atexit, logging, threading, time
+from rlax.core.runtime import recovery
+out = {str(tmp_path)!r}
+def late():
+    time.sleep(0.3)
+    open(out + "/thread", "w").write("done")
+threading.Thread(target=late).start()
+atexit.register(lambda: open(out + "/atexit", "w").write("ran"))
+handler = logging.FileHandler(out + "/log", delay=True)
+logging.getLogger("t").addHandler(handler)
+logging.getLogger("t").warning("logged")
+print("buffered", end="")
+recovery.exit_promptly(75)
+print("never")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 75
+    assert done.stdout == "buffered"
+    assert (tmp_path / "thread").read_text() == "done"
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert (tmp_path / "log").read_text() == "logged\n"
+
+
+def test_a_role_process_exits_with_main_s_status():
+    # python -m rlax.core.cli (how the supervisor starts every role) ends through
+    # exit_promptly: a usage error still exits 2 with its one-line message.
+    done = subprocess.run(
+        [sys.executable, "-m", "rlax.core.cli", "run", "--gin", "no_such_config"],
+        check=False, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "no_such_config: no such gin file" in done.stderr
