@@ -1,0 +1,209 @@
+"""One agent episode's turns: a request's ids, the sampler's reply, both recorded, token exact.
+
+:class:`AgentSession` is what the endpoint keeps per episode (per API key):
+its :class:`~rlax.core.rollout.transcript.Transcript`, the replies it gave
+(:class:`~rlax.core.rollout.chat_ids.ReplyBook`) and, for the completions
+API, the text and ids its prompts so far stood for. :func:`chat_turn` and
+:func:`text_turn` turn a validated request into prompt ids, sample one reply
+through the :class:`~rlax.core.contracts.Sampler` contract, record both and
+return the :class:`Turn` the endpoint answers with. No HTTP here.
+
+Tools: the request's tool list is shown to the model as a system message
+(:func:`tools_text`, always rendered the same, so later requests still extend
+the recorded ids); the model's text is read by the endpoint's
+:class:`~rlax.core.contracts.ToolParser` and calls come back as the API's
+``tool_calls`` (content None). A malformed call is text: the model's answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from typing import Any
+
+import numpy as np
+
+from rlax.core.contracts import Sampler, ToolParser
+from rlax.core.rollout.chat_ids import Reply, ReplyBook, conversation_ids, reply_key
+from rlax.core.rollout.openai_requests import ApiError, ChatRequest, TextRequest
+from rlax.core.rollout.transcript import Transcript
+from rlax.core.types import Completion, Prompt
+
+__all__ = ["AgentSession", "Turn", "chat_turn", "text_turn", "tools_text"]
+
+
+@dataclasses.dataclass
+class AgentSession:
+    """What the endpoint keeps for one episode (one API key)."""
+
+    name: str
+    transcript: Transcript = dataclasses.field(init=False)
+    book: ReplyBook = dataclasses.field(default_factory=ReplyBook)
+    text: str = ""  # completions API: the text the ids below stand for
+    text_ids: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.transcript = Transcript(self.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+    """A reply as the endpoint answers it.
+
+    Attributes:
+      text: the model's text (stop token excluded).
+      content: the message's content (None when it calls tools).
+      tool_calls: the API's ``tool_calls`` (empty: none).
+      finish_reason: "stop", "length" or "tool_calls".
+      ids / logprobs: the sampled ids and the sampler's logprobs, as recorded.
+      tokens: each id's text, for the API's logprobs.
+      prompt_tokens: the request's prompt length in ids.
+    """
+
+    text: str
+    content: str | None
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str
+    ids: np.ndarray
+    logprobs: np.ndarray
+    tokens: list[str]
+    prompt_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """What a turn samples with: the sampler, its tokenizer, a lock shared by every episode."""
+
+    sampler: Sampler
+    tokenizer: Any
+    tool_parser: ToolParser | None
+    lock: threading.Lock
+
+
+def tools_text(tools: list[dict[str, Any]]) -> str:
+    """The system text that shows ``tools`` to the model (JSON, keys sorted: stable)."""
+    lines = [json.dumps(t["function"], sort_keys=True) for t in tools]
+    return (
+        "You may call these tools. To call one, write\n"
+        '<tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>\n'
+        "<tools>\n" + "\n".join(lines) + "\n</tools>"
+    )
+
+
+def _with_tools(request: ChatRequest) -> list[dict[str, Any]]:
+    if not request.tools or request.tool_choice == "none":
+        return request.messages
+    text = tools_text(request.tools)
+    first = request.messages[0]
+    if first["role"] in ("system", "developer"):
+        return [{**first, "content": f"{first['content']}\n\n{text}"}, *request.messages[1:]]
+    return [{"role": "system", "content": text}, *request.messages]
+
+
+def _sample(backend: Backend, session: AgentSession, ids, max_tokens, seed) -> Completion:
+    limit = getattr(backend.sampler, "max_prompt_tokens", None)
+    if isinstance(limit, int) and len(ids) > limit:
+        raise ApiError(
+            400,
+            f"the prompt is {len(ids)} tokens; this model takes at most {limit}",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    prompt = Prompt(id=session.name, text="", tokens=np.asarray(ids, np.int32), answer=None)
+    with backend.lock:
+        ((c,),) = backend.sampler.generate([prompt], 1, seed=seed)
+    if len(c.tokens) <= max_tokens:
+        return c
+    ids = c.tokens[:max_tokens]
+    versions = None if c.versions is None else c.versions[:max_tokens]
+    text = backend.tokenizer.decode(ids)
+    return dataclasses.replace(
+        c,
+        tokens=ids,
+        logprobs=c.logprobs[:max_tokens],
+        text=text,
+        finish_reason="length",
+        versions=versions,
+    )
+
+
+def _token_texts(tokenizer: Any, ids: np.ndarray) -> list[str]:
+    token = getattr(tokenizer, "token", None)
+    if token is not None:
+        return [token(int(i)) or "" for i in ids]
+    return [tokenizer.decode([int(i)]) for i in ids]
+
+
+def _calls(backend: Backend, request: ChatRequest, text: str, turn: int) -> list[dict[str, Any]]:
+    if backend.tool_parser is None or not request.tools or request.tool_choice == "none":
+        return []
+    try:
+        found = backend.tool_parser.parse(text)
+    except ValueError:
+        return []  # a malformed call is the model's answer, as text
+    return [
+        {
+            "id": f"call_{turn}_{k}",
+            "type": "function",
+            "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+        }
+        for k, call in enumerate(found)
+    ]
+
+
+def chat_turn(backend: Backend, session: AgentSession, request: ChatRequest, seed: int) -> Turn:
+    """One chat request: ids rendered (sampled ids put back), one reply sampled, both recorded."""
+    if not getattr(backend.tokenizer, "chat_template", None):
+        raise ApiError(400, "this model has no chat template: use /v1/completions")
+    with session.lock:
+        try:
+            ids = conversation_ids(backend.tokenizer, _with_tools(request), session.book)
+        except ValueError as err:
+            raise ApiError(400, f"the chat template cannot render the messages: {err}") from None
+        ids = session.transcript.request(ids)
+        c = _sample(backend, session, ids, request.max_tokens, seed)
+        calls = _calls(backend, request, c.text, session.transcript.requests)
+        content = None if calls else c.text
+        session.transcript.reply(c)
+        parsed = [(t["function"]["name"], json.loads(t["function"]["arguments"])) for t in calls]
+        stopped = c.finish_reason == "stop"
+        session.book.add(reply_key(content, parsed), Reply(c.text, c.tokens, stopped))
+    finish = "tool_calls" if calls and stopped else c.finish_reason
+    return Turn(
+        text=c.text,
+        content=content,
+        tool_calls=calls,
+        finish_reason=finish,
+        ids=c.tokens,
+        logprobs=c.logprobs,
+        tokens=_token_texts(backend.tokenizer, c.tokens),
+        prompt_tokens=len(ids),
+    )
+
+
+def text_turn(backend: Backend, session: AgentSession, request: TextRequest, seed: int) -> Turn:
+    """One completions request: a prompt that starts with the text so far reuses its ids."""
+    tok = backend.tokenizer
+    with session.lock:
+        if session.text and request.prompt.startswith(session.text):
+            rest = request.prompt[len(session.text) :]
+            ids = np.concatenate([session.text_ids, tok.encode(rest) if rest else []])
+        else:
+            ids = np.asarray(tok.encode(request.prompt), np.int32)
+        ids = session.transcript.request(ids.astype(np.int32))
+        c = _sample(backend, session, ids, request.max_tokens, seed)
+        session.transcript.reply(c)
+        # The stop id stays where it was sampled: the next prompt's ids follow it.
+        session.text, session.text_ids = request.prompt + c.text, np.r_[ids, c.tokens]
+    return Turn(
+        text=c.text,
+        content=c.text,
+        tool_calls=[],
+        finish_reason=c.finish_reason,
+        ids=c.tokens,
+        logprobs=c.logprobs,
+        tokens=_token_texts(tok, c.tokens),
+        prompt_tokens=len(ids),
+    )

@@ -1,0 +1,251 @@
+"""An OpenAI-compatible endpoint for agent code, backed by the policy's sampler, token exact.
+
+``POST /v1/chat/completions`` (messages, ``tools`` and ``tool_calls`` read by
+a :class:`~rlax.core.contracts.ToolParser`, ``stream=true`` as server-sent
+events, ``logprobs``), ``POST /v1/completions`` and ``GET /v1/models``,
+served by FastAPI on uvicorn. It binds to 127.0.0.1 (port 0: any free one)
+unless told otherwise. Every episode gets its own API key
+(:meth:`AgentEndpoint.open_episode`); the key is how a request finds its
+episode's :class:`~rlax.core.rollout.agent_turns.AgentSession`, so an agent
+needs nothing but ``OpenAI(base_url=endpoint.url, api_key=key)``. A request
+with any other key is refused (401). Requests are checked by
+:mod:`.openai_requests` and refused in the API's error shape. Each turn's
+ids are recorded by the episode's
+:class:`~rlax.core.rollout.transcript.Transcript` (sampled ids never encoded
+again); :meth:`AgentEndpoint.close_episode` hands it back, its segments as
+the :class:`~rlax.core.types.Completion` s environments make.
+
+How an agent episode runs (the ``agents`` plugin kind builds on this; not
+here yet): a worker owns one endpoint over its sampler; for each sample of a
+leased prompt it opens an episode (a key), runs the agent function with an
+``openai`` client (sync or async) pointed at the endpoint, under the
+episode's limits (turns, tokens, wall time: the worker cancels the agent and
+closes the key, so a late request gets 401), then closes the episode and
+turns its transcript into the group's completions (its reward from the
+agent's answer and the reward plugin, or from the agent). Preemption: agent
+code holds state no worker can hand on, so an episode in flight is replayed
+from its recorded ids: its transcript goes back with the lease as partial
+work, and the next worker runs the agent again with the endpoint answering
+each request whose ids match a recorded turn with the recorded reply (same
+ids, logprobs, versions) and sampling only past them; an agent that then
+asks something else starts a counted new segment. Today the sampler is
+called once per request under one lock; batching the requests of concurrent
+episodes into one ``generate`` call (the engine's shared slots) is the next
+step, behind :class:`~rlax.core.rollout.agent_turns.Backend`.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+import uuid
+import zlib
+from typing import Any, Self
+
+import anyio.to_thread
+
+try:
+    import uvicorn
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.exceptions import HTTPException
+except ImportError as err:  # pragma: no cover -- the agents extra is not installed
+    raise ImportError(
+        f"the agent endpoint needs the 'agents' extra (pip install 'rlax-llm[agents]'): {err}"
+    ) from err
+
+from rlax.core.contracts import Sampler, ToolParser
+from rlax.core.rollout.agent_turns import AgentSession, Backend, Turn, chat_turn, text_turn
+from rlax.core.rollout.openai_requests import (
+    ApiError,
+    EndpointLimits,
+    chat_request,
+    parse_body,
+    text_request,
+    too_large,
+)
+from rlax.core.rollout.openai_responses import chat_body, chat_chunks, text_body, text_chunks
+from rlax.core.rollout.transcript import Transcript
+
+__all__ = ["AgentEndpoint"]
+
+
+class AgentEndpoint:
+    """The endpoint (see the module docstring).
+
+    Args:
+      sampler: the policy's sampler, set up (``setup`` called) and loaded.
+      tokenizer: its tokenizer (a chat template for the chat API).
+      tool_parser: reads tool calls in the model's text (``@tool_parsers.hermes()``);
+        None: ``tools`` are shown to the model but no call is parsed.
+      model: the model name the API serves (``GET /v1/models``).
+      limits: what one request may hold (None: the defaults).
+      host / port: where it listens (127.0.0.1; port 0: a free one).
+    """
+
+    def __init__(
+        self,
+        *,
+        sampler: Sampler,
+        tokenizer: Any,
+        tool_parser: ToolParser | None = None,
+        model: str = "rlax-policy",
+        limits: EndpointLimits | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ):
+        self.backend = Backend(sampler, tokenizer, tool_parser, threading.Lock())
+        self.model, self.host, self.port = model, host, port
+        self.limits = limits or EndpointLimits()
+        self.sessions: dict[str, AgentSession] = {}
+        self.app = _build_app(self)
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """The base URL an ``openai`` client takes (``.../v1``)."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    def open_episode(self, name: str) -> str:
+        """A new episode's API key; its requests are recorded in its own transcript."""
+        key = "rlax-" + secrets.token_urlsafe(24)
+        self.sessions[key] = AgentSession(name)
+        return key
+
+    def transcript(self, key: str) -> Transcript:
+        return self.sessions[key].transcript
+
+    def close_episode(self, key: str) -> Transcript:
+        """Ends an episode: its key is refused from now on; its transcript."""
+        return self.sessions.pop(key).transcript
+
+    def session(self, request: Request) -> AgentSession:
+        """The episode of a request's bearer key (401 for any other)."""
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        found = self.sessions.get(key.strip()) if scheme.lower() == "bearer" else None
+        if found is None:
+            raise ApiError(
+                401, "incorrect API key: each episode has its own", code="invalid_api_key"
+            )
+        return found
+
+    def start(self) -> str:
+        """Serves in a thread of this process; the base URL once it listens."""
+        config = uvicorn.Config(
+            self.app,
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="agent-endpoint", daemon=True)
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"agent endpoint: could not listen on {self.host}:{self.port}")
+            time.sleep(0.01)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return self.url
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+        self._server = self._thread = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+async def _body(request: Request, limits: EndpointLimits) -> dict[str, Any]:
+    """The request's JSON object, refused (413) as soon as it is over the size limit."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limits.max_body_bytes:
+        raise too_large(limits)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limits.max_body_bytes:
+            raise too_large(limits)
+        chunks.append(chunk)
+    return parse_body(b"".join(chunks), limits)
+
+
+async def _turn(endpoint: AgentEndpoint, session: AgentSession, run, request) -> Turn:
+    seed = request.seed
+    if seed is None:
+        seed = zlib.crc32(f"{session.name}/{session.transcript.requests}".encode())
+    try:
+        return await anyio.to_thread.run_sync(run, endpoint.backend, session, request, seed)
+    except ApiError:
+        raise
+    except Exception as err:  # the sampler's failure is this request's, not the server's
+        raise ApiError(
+            500, f"sampling failed: {type(err).__name__}: {err}", kind="server_error"
+        ) from err
+
+
+def _events(chunks: list[dict[str, Any]]):
+    for chunk in chunks:
+        yield f"data: {json.dumps(chunk)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def _build_app(endpoint: AgentEndpoint) -> FastAPI:
+    app = FastAPI(title="rlax agent endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ApiError)
+    async def refused(request: Request, err: ApiError) -> JSONResponse:
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException) -> JSONResponse:
+        message = f"{request.method} {request.url.path}: {err.detail}"
+        return JSONResponse(ApiError(err.status_code, message).body(), status_code=err.status_code)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        endpoint.session(request)
+        model = {"id": endpoint.model, "object": "model", "created": 0, "owned_by": "rlax"}
+        return {"object": "list", "data": [model]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        session = endpoint.session(request)
+        body = await _body(request, endpoint.limits)
+        max_new = endpoint.backend.sampler.max_new_tokens
+        req = chat_request(
+            body, model=endpoint.model, max_new_tokens=max_new, limits=endpoint.limits
+        )
+        turn = await _turn(endpoint, session, chat_turn, req)
+        ident = f"chatcmpl-{uuid.uuid4().hex}"
+        if req.stream:
+            chunks = chat_chunks(ident, endpoint.model, turn)
+            return StreamingResponse(_events(chunks), media_type="text/event-stream")
+        return chat_body(ident, endpoint.model, turn, logprobs=req.logprobs)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        session = endpoint.session(request)
+        body = await _body(request, endpoint.limits)
+        max_new = endpoint.backend.sampler.max_new_tokens
+        req = text_request(
+            body, model=endpoint.model, max_new_tokens=max_new, limits=endpoint.limits
+        )
+        turn = await _turn(endpoint, session, text_turn, req)
+        ident = f"cmpl-{uuid.uuid4().hex}"
+        if req.stream:
+            chunks = text_chunks(ident, endpoint.model, turn)
+            return StreamingResponse(_events(chunks), media_type="text/event-stream")
+        return text_body(ident, endpoint.model, turn, logprobs=req.logprobs)
+
+    return app
