@@ -37,6 +37,7 @@ step, behind :class:`~rlax.core.rollout.agent_turns.Backend`.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import threading
 import time
@@ -70,6 +71,9 @@ from rlax.core.rollout.openai_responses import chat_body, chat_chunks, text_body
 from rlax.core.rollout.transcript import Transcript
 
 __all__ = ["AgentEndpoint"]
+
+log = logging.getLogger("rlax.agents")
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 class AgentEndpoint:
@@ -134,6 +138,12 @@ class AgentEndpoint:
 
     def start(self) -> str:
         """Serves in a thread of this process; the base URL once it listens."""
+        if self.host not in LOOPBACK:
+            log.warning(
+                "agent endpoint: listening on %s, not loopback: any host that can reach it "
+                "may try keys",
+                self.host,
+            )
         config = uvicorn.Config(
             self.app,
             host=self.host,

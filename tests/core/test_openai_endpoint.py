@@ -338,3 +338,35 @@ def test_the_openai_client_raises_its_own_errors(tool_endpoint):
     assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
     r = httpx.get(f"{ep.url}/nowhere")
     assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_concurrent_episodes_each_record_only_their_own_turns(engine_endpoint):
+    ep, spy = engine_endpoint, engine_endpoint.backend.sampler
+    keys = [ep.open_episode(f"many/{k}") for k in range(3)]
+
+    async def episode(key, word):
+        api = openai.AsyncOpenAI(base_url=ep.url, api_key=key, max_retries=0)
+        messages = [{"role": "user", "content": word}]
+        for _ in range(2):
+            r = await api.chat.completions.create(model=MODEL, messages=messages)
+            messages += [r.choices[0].message.model_dump(exclude_none=True)]
+            messages += [{"role": "user", "content": "more"}]
+        await api.close()
+
+    async def run():
+        await asyncio.gather(*(episode(k, w) for k, w in zip(keys, ("x", "yy", "zzz"))))
+
+    start = len(spy.calls)
+    asyncio.run(run())
+    calls = spy.calls[start:]
+    assert len(calls) == 6
+    for key in keys:
+        transcript = ep.close_episode(key)
+        ((prompt, c),) = transcript.completions()
+        ids = np.r_[prompt, c.tokens].tolist()
+        # Exactly two of the sampler's calls continued this episode's ids, and their
+        # sampled ids are the episode's model tokens, in order.
+        mine = [(p, s) for p, s in calls if ids[: len(p)] == p.tolist()]
+        assert len(mine) == 2 and transcript.rewrites == 0
+        sampled = np.concatenate([s.tokens for _, s in mine]).tolist()
+        assert c.tokens[c.loss_mask == 1].tolist() == sampled
