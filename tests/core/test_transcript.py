@@ -159,3 +159,23 @@ def test_an_agent_s_text_never_becomes_a_control_id(tok):
     control = [i for i in ids if i in tok.control_ids]
     start, end = tok.tokenizer.token_to_id("<|im_start|>"), tok.eos_id
     assert control == [start, end, start, end, start]  # the template's framing only
+
+
+def test_smollm2_s_own_template_extends_a_conversation_by_its_new_ids_only(smollm2_tokenizer):
+    """SmolLM2's ChatML template (a default system message): turn after turn, the rendered
+    ids start with everything recorded, sampled ids included as they were sampled."""
+    tok = smollm2_tokenizer
+    book, transcript = ReplyBook(), Transcript("smollm2")
+    messages = [{"role": "user", "content": "What is 2+3?"}]
+    # A reply whose ids are not the text's own encoding: one id per character.
+    for turn, text in enumerate(["Let me think", "It is 5"]):
+        transcript.request(conversation_ids(tok, messages, book))
+        ids = np.asarray([*[tok.encode(ch)[0] for ch in text], tok.eos_id], np.int32)
+        assert tok.decode(ids) == text and tok.encode(text).tolist() != ids[:-1].tolist()
+        transcript.reply(sampled(ids, text=text))
+        book.add(reply_key(text, []), Reply(text, ids, stopped=True))
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "ok?"}]
+    transcript.request(conversation_ids(tok, messages, book))
+    assert transcript.rewrites == 0
+    ((_, c),) = transcript.completions()
+    assert c.loss_mask.sum() == len("Let me think") + len("It is 5") + 2
