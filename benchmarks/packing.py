@@ -35,7 +35,12 @@
   prompts, the best step after two warm-up steps; against transformers ``generate``
   (same weights, ``sampler.bench_hf``'s settings) plus ``train_step.make_torch_step``
   (a hand-written torch GRPO step, adam) on a 64 x 96 batch, in alternating rounds:
-  ``step_vs_hf_torch`` = ours / theirs.
+  ``step_vs_hf_torch`` = ours / theirs; each side's best step split into its parts
+  (``ours_rollouts_s``, ``ours_train_s``, ``theirs_rollouts_s``, ``theirs_train_s``).
+
+Every process here keeps freed host memory for the next allocation, as ``rlax run`` does
+(:func:`rlax.core.parallel.host_memory.reuse_freed_memory`, before JAX starts; ``host_malloc``
+says what it did): the measured step is the one a user runs.
 
     python benchmarks/packing.py [--skip ragged,whole,smollm2,recompiles,equal]
                                  [--prompts 32] [--steps 2] [--microbatch-tokens 8192]
@@ -63,10 +68,12 @@ import optax
 from flax import nnx
 
 from rlax.core.models.hf import save_hf_model
+from rlax.core.parallel.host_memory import reuse_freed_memory
 from rlax.core.parallel.mesh import param_name
 from rlax.core.trainer.batches import make_batch
 from rlax.core.trainer.iteration import train_step
 from rlax.core.trainer.optimizer import clipped_optimizer
+from rlax.core.trainer.phases import PhaseClock
 from rlax.core.trainer.sources import InlineRollouts
 from rlax.core.trainer.step import Trainer, TrainerSettings
 from rlax.core.types import Completion, Group
@@ -289,7 +296,15 @@ def inline_step(model, prompts):
         group_size=G, prompts_per_step=8, seed=0,
     )  # fmt: skip
     steps = iter(range(10**6))
-    return lambda: train_step(next(steps), source, trainer, group_size=G, completion_len=EQUAL_NEW)
+
+    def run() -> dict[str, float]:
+        clock = PhaseClock()
+        train_step(
+            next(steps), source, trainer, group_size=G, completion_len=EQUAL_NEW, clock=clock
+        )
+        return {"rollouts": clock.seconds["wait_rollouts"], "train": clock.seconds["train"]}
+
+    return run
 
 
 def hf_torch_step(model):
@@ -312,7 +327,8 @@ def hf_torch_step(model):
     prompts = rollout_engine.random_prompts(8, 32, 7)
     ids = torch.tensor(np.repeat(np.stack([p.tokens for p in prompts]), G, axis=0)).long()
 
-    def run():
+    def run() -> dict[str, float]:
+        start = time.perf_counter()
         with torch.no_grad():
             out = hf.generate(
                 input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
@@ -320,7 +336,9 @@ def hf_torch_step(model):
                 min_new_tokens=EQUAL_NEW, pad_token_id=0,
             )  # fmt: skip
         assert out.shape[1] - ids.shape[1] == EQUAL_NEW
+        generated = time.perf_counter()
         step()
+        return {"rollouts": generated - start, "train": time.perf_counter() - generated}
 
     return run
 
@@ -331,17 +349,21 @@ def bench_equal(args, figures: dict) -> dict:
     ours = inline_step(model, rollout_engine.random_prompts(8 * (args.steps + 4), 32, 5))
     ours(), ours(), theirs()  # warm-up: compiles, the schedule's first steps
     best = {"ours": float("inf"), "theirs": float("inf")}
+    parts: dict[str, dict[str, float]] = {}  # the best step's parts, each side
     for _ in range(args.steps + 1):
         for name, fn in (("ours", ours), ("theirs", theirs)):
             start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
+            split = fn()
+            seconds = time.perf_counter() - start
+            if seconds < best[name]:
+                best[name], parts[name] = seconds, split
             time.sleep(train_step_bench.SETTLE_S)  # torch's threads go idle
-    _progress(f"equal lengths: {best}")
+    _progress(f"equal lengths: {best} {parts}")
     return {
         "step_vs_hf_torch": round(best["ours"] / best["theirs"], 3),
         "inline_step_s": round(best["ours"], 3),
         "hf_torch_step_s": round(best["theirs"], 3),
+        **{f"{side}_{part}_s": round(s, 3) for side, p in parts.items() for part, s in p.items()},
     }
 
 
@@ -375,10 +397,11 @@ def parse_args(argv):
 
 def main(argv) -> int:
     args = parse_args(argv)
+    host_malloc = reuse_freed_memory()  # as `rlax run` does, before JAX starts its backend
     if args.child:
         print(json.dumps(child(args)))
         return 0
-    figures: dict = {}
+    figures: dict = {"host_malloc": host_malloc}
     for name, fn in SECTIONS.items():
         if name not in args.skip:
             _progress(f"{name} ...")
