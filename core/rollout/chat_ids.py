@@ -67,21 +67,28 @@ def message_key(message: dict[str, Any]) -> str:
 
 
 class ReplyBook:
-    """The replies given in one episode, found again by their message (the newest wins)."""
+    """The replies given in one episode, found again by their message.
+
+    Replies with the same message (the model said "ok" twice, with different
+    ids) are told apart by order: the k-th such message of a conversation is
+    the k-th such reply given.
+    """
 
     def __init__(self) -> None:
-        self._by_key: dict[str, Reply] = {}
+        self._by_key: dict[str, list[Reply]] = {}
 
     def add(self, key: str, reply: Reply) -> None:
-        self._by_key[key] = reply
+        self._by_key.setdefault(key, []).append(reply)
 
-    def find(self, message: dict[str, Any]) -> Reply | None:
+    def find(self, message: dict[str, Any], seen: int = 0) -> Reply | None:
+        """The reply ``message`` is, when it is the ``seen``-th earlier one with its key."""
         if message.get("role") != "assistant":
             return None
-        return self._by_key.get(message_key(message))
+        replies = self._by_key.get(message_key(message), [])
+        return replies[seen] if seen < len(replies) else None
 
     def __len__(self) -> int:
-        return len(self._by_key)
+        return sum(len(r) for r in self._by_key.values())
 
 
 def conversation_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], book: ReplyBook):
@@ -97,8 +104,13 @@ def conversation_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], book: R
     """
     known: dict[int, Reply] = {}
     shown = []
+    seen: dict[str, int] = {}  # assistant messages so far, by key
     for k, message in enumerate(messages):
-        reply = book.find(message)
+        reply = None
+        if message.get("role") == "assistant":
+            key = message_key(message)
+            reply = book.find(message, seen.get(key, 0))
+            seen[key] = seen.get(key, 0) + 1
         if reply is None:
             shown.append(dict(message))
             continue

@@ -179,3 +179,20 @@ def test_smollm2_s_own_template_extends_a_conversation_by_its_new_ids_only(smoll
     assert transcript.rewrites == 0
     ((_, c),) = transcript.completions()
     assert c.loss_mask.sum() == len("Let me think") + len("It is 5") + 2
+
+
+def test_the_same_reply_text_twice_is_told_apart_by_order(tok):
+    one = np.r_[tok.encode("ok"), tok.eos_id].astype(np.int32)
+    other = np.r_[999 % tok.vocab_size, tok.eos_id].astype(np.int32)  # "ok" sampled otherwise
+    book = ReplyBook()
+    book.add(reply_key("ok", []), Reply("ok", one, stopped=True))
+    book.add(reply_key("ok", []), Reply("ok", other, stopped=True))
+    ok = {"role": "assistant", "content": "ok"}
+    messages = [{"role": "user", "content": "a"}, ok, {"role": "user", "content": "b"}, ok]
+    ids = conversation_ids(tok, [*messages, {"role": "user", "content": "c"}], book).tolist()
+    p1 = conversation_ids(tok, messages[:1], book).tolist()
+    p2 = conversation_ids(tok, messages[:3], book).tolist()
+    assert ids[: len(p2)] == p2 and p2[: len(p1)] == p1
+    assert ids[len(p1) : len(p1) + len(one)] == one.tolist()  # the first "ok" is the first reply
+    assert ids[len(p2) : len(p2) + len(other)] == other.tolist()  # the second, the second
+    assert len(book) == 2
