@@ -102,15 +102,20 @@ def _with_tools(request: ChatRequest) -> list[dict[str, Any]]:
     return [{"role": "system", "content": text}, *request.messages]
 
 
-def _sample(backend: Backend, session: AgentSession, ids, max_tokens, seed) -> Completion:
+def _fits(backend: Backend, ids: np.ndarray, param: str) -> np.ndarray:
+    """``ids``, or 400 before anything is recorded: longer than the sampler takes."""
     limit = getattr(backend.sampler, "max_prompt_tokens", None)
     if isinstance(limit, int) and len(ids) > limit:
         raise ApiError(
             400,
             f"the prompt is {len(ids)} tokens; this model takes at most {limit}",
-            param="messages",
+            param=param,
             code="context_length_exceeded",
         )
+    return ids
+
+
+def _sample(backend: Backend, session: AgentSession, ids, max_tokens, seed) -> Completion:
     prompt = Prompt(id=session.name, text="", tokens=np.asarray(ids, np.int32), answer=None)
     with backend.lock:
         ((c,),) = backend.sampler.generate([prompt], 1, seed=seed)
@@ -162,7 +167,7 @@ def chat_turn(backend: Backend, session: AgentSession, request: ChatRequest, see
             ids = conversation_ids(backend.tokenizer, _with_tools(request), session.book)
         except ValueError as err:
             raise ApiError(400, f"the chat template cannot render the messages: {err}") from None
-        ids = session.transcript.request(ids)
+        ids = session.transcript.request(_fits(backend, ids, "messages"))
         c = _sample(backend, session, ids, request.max_tokens, seed)
         calls = _calls(backend, request, c.text, session.transcript.requests)
         content = None if calls else c.text
@@ -192,7 +197,7 @@ def text_turn(backend: Backend, session: AgentSession, request: TextRequest, see
             ids = np.concatenate([session.text_ids, tok.encode(rest) if rest else []])
         else:
             ids = np.asarray(tok.encode(request.prompt), np.int32)
-        ids = session.transcript.request(ids.astype(np.int32))
+        ids = session.transcript.request(_fits(backend, ids.astype(np.int32), "prompt"))
         c = _sample(backend, session, ids, request.max_tokens, seed)
         session.transcript.reply(c)
         # The stop id stays where it was sampled: the next prompt's ids follow it.

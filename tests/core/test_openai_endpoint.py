@@ -370,3 +370,12 @@ def test_concurrent_episodes_each_record_only_their_own_turns(engine_endpoint):
         assert len(mine) == 2 and transcript.rewrites == 0
         sampled = np.concatenate([s.tokens for _, s in mine]).tolist()
         assert c.tokens[c.loss_mask == 1].tolist() == sampled
+
+
+def test_a_prompt_longer_than_the_sampler_takes_is_refused_before_it_is_recorded(engine_endpoint):
+    ep = engine_endpoint
+    key = ep.open_episode("long")
+    with pytest.raises(openai.BadRequestError) as err:
+        client(ep, key).completions.create(model=MODEL, prompt="x" * 300)
+    assert err.value.code == "context_length_exceeded" and "at most 192" in str(err.value)
+    assert ep.close_episode(key).segments == []
