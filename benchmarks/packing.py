@@ -34,13 +34,16 @@
   ``TrainerSettings()``: 8 prompts x 8 samples of 64 new tokens after 32-token
   prompts, the best step after two warm-up steps; against transformers ``generate``
   (same weights, ``sampler.bench_hf``'s settings) plus ``train_step.make_torch_step``
-  (a hand-written torch GRPO step, adam) on a 64 x 96 batch, in alternating rounds:
+  (a hand-written torch GRPO step, adam) on a 64 x 96 batch, each side alone in a
+  child process, the best of ``--equal-steps`` (8) steps after warm-up (the first few
+  of a process run up to half as long again, its heap still growing):
   ``step_vs_hf_torch`` = ours / theirs; each side's best step split into its parts
   (``ours_rollouts_s``, ``ours_train_s``, ``theirs_rollouts_s``, ``theirs_train_s``).
 
-Every process here keeps freed host memory for the next allocation, as ``rlax run`` does
-(:func:`rlax.core.parallel.host_memory.reuse_freed_memory`, before JAX starts; ``host_malloc``
-says what it did): the measured step is the one a user runs.
+Every process of ours keeps freed host memory for the next allocation, as ``rlax run``
+does (:func:`rlax.core.parallel.host_memory.reuse_freed_memory`, before JAX starts;
+``host_malloc`` says what it did): the measured step is the one a user runs. The torch
+side runs with glibc's malloc as it comes (``theirs_host_malloc``: ``system``).
 
     python benchmarks/packing.py [--skip ragged,whole,smollm2,recompiles,equal]
                                  [--prompts 32] [--steps 2] [--microbatch-tokens 8192]
@@ -55,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import resource
 import subprocess
@@ -162,6 +166,8 @@ def best_step_s(trainer, batch, steps: int) -> tuple[float, float]:
 def child(args) -> dict:
     """One mode of one section, alone in this process: ``--child ragged:packed`` etc."""
     section, packing = args.child.split(":")
+    if section == "equal":
+        return equal_side(args, packing)
     if section == "ragged":
         model, vocab, cap = rollout_engine.reference_model(), 1024, BUDGET
         prompts = rollout_engine.random_prompts(args.prompts, PROMPT, 1)
@@ -180,11 +186,13 @@ def child(args) -> dict:
     return {"step_s": step_s, "cpu_s": cpu_s, "peak_mb": peak_mb, "tokens": int(lengths.sum())}
 
 
-def run_child(args, mode: str, microbatches: int) -> dict | None:
-    """``child`` in a subprocess; None when it died (killed for memory)."""
+def run_child(args, mode: str, microbatches: int, env: dict | None = None) -> dict | None:
+    """``child`` in a subprocess (``env``: added to its environment); None when it died
+    (killed for memory)."""
     own = ["--child", mode, "--microbatches", str(microbatches)]
     cmd = [sys.executable, __file__, *args.argv, *own]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    environ = {**os.environ, **(env or {})}
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, env=environ)
     if out.returncode != 0:
         _progress(f"{mode} x{microbatches} failed ({out.returncode}): {out.stderr[-500:]}")
         return None
@@ -343,27 +351,44 @@ def hf_torch_step(model):
     return run
 
 
+def equal_side(args, side: str) -> dict:
+    """One side of *equal*, alone in this process: its best step of ``--equal-steps`` after
+    warm-up (compiles, the schedule's first steps), and that step's parts."""
+    model = rollout_engine.reference_model()  # the same weights in both children
+    if side == "theirs":
+        fn = hf_torch_step(model)
+        fn()
+    else:
+        fn = inline_step(model, rollout_engine.random_prompts(8 * (args.equal_steps + 4), 32, 5))
+        fn(), fn()
+    best, parts = float("inf"), {}
+    for _ in range(args.equal_steps):
+        start = time.perf_counter()
+        split = fn()
+        if (seconds := time.perf_counter() - start) < best:
+            best, parts = seconds, split
+        time.sleep(train_step_bench.SETTLE_S)  # torch's threads go idle
+    return {"step_s": best, **parts}
+
+
 def bench_equal(args, figures: dict) -> dict:
-    model = rollout_engine.reference_model()
-    theirs = hf_torch_step(model)  # the weights before any update of ours
-    ours = inline_step(model, rollout_engine.random_prompts(8 * (args.steps + 4), 32, 5))
-    ours(), ours(), theirs()  # warm-up: compiles, the schedule's first steps
-    best = {"ours": float("inf"), "theirs": float("inf")}
-    parts: dict[str, dict[str, float]] = {}  # the best step's parts, each side
-    for _ in range(args.steps + 1):
-        for name, fn in (("ours", ours), ("theirs", theirs)):
-            start = time.perf_counter()
-            split = fn()
-            seconds = time.perf_counter() - start
-            if seconds < best[name]:
-                best[name], parts[name] = seconds, split
-            time.sleep(train_step_bench.SETTLE_S)  # torch's threads go idle
-    _progress(f"equal lengths: {best} {parts}")
+    # Each side in its own child at its own defaults: ours keeps freed host memory (as
+    # `rlax run` does), torch gets glibc's malloc as it is (RLAX_HOST_MALLOC=system): one
+    # arena for every thread would slow torch's threads, not the baseline's own setup.
+    ours = run_child(args, "equal:ours", 1)
+    theirs = run_child(args, "equal:theirs", 1, env={"RLAX_HOST_MALLOC": "system"})
+    if ours is None or theirs is None:
+        raise SystemExit("equal: a side failed")
     return {
-        "step_vs_hf_torch": round(best["ours"] / best["theirs"], 3),
-        "inline_step_s": round(best["ours"], 3),
-        "hf_torch_step_s": round(best["theirs"], 3),
-        **{f"{side}_{part}_s": round(s, 3) for side, p in parts.items() for part, s in p.items()},
+        "step_vs_hf_torch": round(ours["step_s"] / theirs["step_s"], 3),
+        "inline_step_s": round(ours["step_s"], 3),
+        "hf_torch_step_s": round(theirs["step_s"], 3),
+        "theirs_host_malloc": theirs["host_malloc"],
+        **{
+            f"{name}_{part}_s": round(side[part], 3)
+            for name, side in (("ours", ours), ("theirs", theirs))
+            for part in ("rollouts", "train")
+        },
     }
 
 
@@ -375,6 +400,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--skip", default="", help="sections to skip, comma-separated")
     p.add_argument("--prompts", type=int, default=32, help="ragged: prompts (x 8 samples)")
+    p.add_argument("--equal-steps", type=int, default=8, help="equal: timed steps, each side")
     p.add_argument("--steps", type=int, default=2, help="timed steps after a warm-up")
     p.add_argument("--padded-microbatches", type=int, default=1, help="the first tried")
     p.add_argument("--smollm2-rows", type=int, default=16)
@@ -399,7 +425,7 @@ def main(argv) -> int:
     args = parse_args(argv)
     host_malloc = reuse_freed_memory()  # as `rlax run` does, before JAX starts its backend
     if args.child:
-        print(json.dumps(child(args)))
+        print(json.dumps({**child(args), "host_malloc": host_malloc}))
         return 0
     figures: dict = {"host_malloc": host_malloc}
     for name, fn in SECTIONS.items():
