@@ -228,21 +228,23 @@ def process_rows(mesh: Mesh, global_rows: int, process: int | None = None) -> np
 def global_batch(mesh: Mesh, local: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
     """Global arrays split over (data, fsdp) from this process's rows (:func:`process_rows`).
 
-    Every process passes the same number of rows, in the order of its row indices.
+    Every process passes the same number of rows of each array, in the order of its row
+    indices. Arrays may differ in rows (a packed batch's packed rows and its padded rows):
+    each is placed by its own count.
     """
-    local_rows = len(next(iter(local.values())))
-    global_rows = local_rows * jax.process_count()
-    rows = process_rows(mesh, global_rows)
-    if len(rows) != local_rows:
-        raise ValueError(
-            f"process {jax.process_index()} feeds rows {rows.tolist()[:8]}... "
-            f"({len(rows)} rows) of a global batch of {global_rows}, but got {local_rows}"
-        )
-    position = np.full(global_rows, -1)
-    position[rows] = np.arange(local_rows)
     out: dict[str, jax.Array] = {}
     for name, x in local.items():
         x = np.asarray(x)
+        local_rows = len(x)
+        global_rows = local_rows * jax.process_count()
+        rows = process_rows(mesh, global_rows)
+        if len(rows) != local_rows:
+            raise ValueError(
+                f"process {jax.process_index()} feeds rows {rows.tolist()[:8]}... "
+                f"({len(rows)} rows) of a global {name!r} of {global_rows}, but got {local_rows}"
+            )
+        position = np.full(global_rows, -1)
+        position[rows] = np.arange(local_rows)
         shape = (global_rows, *x.shape[1:])
         sharding = NamedSharding(mesh, batch_spec(x.ndim))
         pieces = [

@@ -35,11 +35,13 @@ def main(argv: list[str]) -> int:
 
     assert jax.process_count() == nproc and jax.device_count() == 4 * nproc
     trainer = case.trainer(mesh=case.MESH)
-    metrics = []
+    metrics, packed_rows = [], []
     for step in range(case.STEPS):
         batch = case.batch(step)
         rows = distributed.process_rows(trainer.mesh, case.ROWS)
-        metrics.append(trainer.step({k: v[rows] for k, v in batch.items()}))
+        own = {k: v[rows] for k, v in batch.items()}
+        packed_rows.append(len(trainer.layout(own)["packed_tokens"]))  # this process's
+        metrics.append(trainer.step(own))
     shards = publish_shards.local_shards(trainer.state.params)
     np.savez(
         out / f"shards_{pid}.npz",
@@ -47,7 +49,9 @@ def main(argv: list[str]) -> int:
     )
     meta = [{"name": s.name, "index": s.index, "shape": s.shape, "start": s.start} for s in shards]
     (out / f"meta_{pid}.json").write_text(
-        json.dumps({"shards": meta, "metrics": metrics, "rows": rows.tolist()})
+        json.dumps(
+            {"shards": meta, "metrics": metrics, "rows": rows.tolist(), "packed_rows": packed_rows}
+        )
     )
     if len(argv) > 4:
         from rlax.core.param_server.client import ParamServerClient

@@ -112,6 +112,11 @@ def test_two_processes_equal_one_and_their_push_pulls_back_whole(
     # Each process fed its own half of the rows; together, each row once.
     rows = [m["rows"] for m in metas]
     assert sorted(rows[0] + rows[1]) == list(range(case.ROWS)) and len(rows[0]) == case.ROWS // 2
+    # The full rows ran in the budget's layout: 2 microbatches of 8 global rows, 8 rows fed
+    # by each process. The short ones: each process's 8 sequences of 3 tokens fill 2 rows of
+    # 12, 4 in all, at most half of 8: one microbatch of 4 rows, 2 fed by each process.
+    for m in metas:
+        assert m["packed_rows"] == [8] * (case.STEPS - 1) + [2]
     # The shards of both processes tile every tensor exactly once (replicas pushed once).
     want, want_metrics, plan = single_process_run
     assert {s.name for s in shards} == set(want)
