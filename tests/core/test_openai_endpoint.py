@@ -13,11 +13,10 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from chatml_case import chatml_tokenizer
 from flax import nnx
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from rlax.core.models.config import TransformerConfig
-from rlax.core.models.hf_tokenizer import HFTokenizer
 from rlax.core.models.transformer import Transformer
 from rlax.core.rollout.openai_endpoint import AgentEndpoint
 from rlax.core.rollout.openai_requests import EndpointLimits
@@ -25,10 +24,6 @@ from rlax.core.types import Completion
 from rlax.plugins.environments.tool_calls import HermesToolParser
 from rlax.plugins.samplers.engine import SlotEngine
 
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 MODEL = "tiny"
 ADD = {
     "type": "function",
@@ -38,16 +33,6 @@ ADD = {
         "parameters": {"type": "object", "properties": {"a": {}, "b": {}}},
     },
 }
-
-
-def chatml_tokenizer() -> HFTokenizer:
-    """Byte-level (no merges) with ChatML's two special tokens: 258 ids."""
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    raw = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    raw.decoder = decoders.ByteLevel()
-    raw.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    return HFTokenizer(raw, bos_id=None, eos_id=raw.token_to_id("<|im_end|>"), chat_template=CHATML)
 
 
 TOK = chatml_tokenizer()

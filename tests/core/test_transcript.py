@@ -6,17 +6,11 @@ import logging
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from chatml_case import chatml_tokenizer
 
-from rlax.core.models.hf_tokenizer import HFTokenizer
 from rlax.core.rollout.chat_ids import Reply, ReplyBook, conversation_ids, reply_key
 from rlax.core.rollout.transcript import Transcript
 from rlax.core.types import Completion
-
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 def sampled(ids, logprob=-0.5, version=3, finish="stop", text="t", versions=None):
@@ -94,12 +88,7 @@ def test_a_reply_before_a_request_is_an_error():
 
 @pytest.fixture(scope="module")
 def tok():
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    raw = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    raw.decoder = decoders.ByteLevel()
-    raw.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    return HFTokenizer(raw, bos_id=None, eos_id=raw.token_to_id("<|im_end|>"), chat_template=CHATML)
+    return chatml_tokenizer()
 
 
 def test_a_known_reply_is_its_sampled_ids_even_where_its_text_encodes_otherwise(tok):
