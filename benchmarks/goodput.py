@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import os
 import pathlib
@@ -202,6 +203,17 @@ def goodput(rows: list[dict]) -> tuple[float, float, float]:
     return tokens, window, tokens / window
 
 
+def excess_s(rows: list[dict]) -> float:
+    """Wall seconds a run spent beyond its own steady pace: its window less its tokens at the
+    median seconds per token of its steps. Differenced against the clean run's, per signal,
+    it is what each signal cost, free of the few percent by which two runs' steady pace
+    differs (batch shapes, the machine) that moves the goodput ratio."""
+    walls = [b["time"] - a["time"] for a, b in itertools.pairwise(rows)]
+    paces = [w / r["trained_tokens"] for w, r in zip(walls, rows[1:]) if r.get("trained_tokens")]
+    tokens = sum(r.get("trained_tokens", 0) for r in rows[1:])
+    return sum(walls) - statistics.median(paces) * tokens
+
+
 def recoveries(name: str, run_dir: pathlib.Path, events, rows) -> list[dict]:
     """The run's recovery rows, each with the scenario; the parameter server's with the
     time from its kill to the trainer's next completed step."""
@@ -284,6 +296,7 @@ def main() -> int:
             if steps != list(range(1, args.steps + 1)):
                 raise SystemExit(f"{name}: metrics rows are not steps 1..{args.steps} once each")
             got["tokens"], got["window_s"], got["goodput"] = goodput(rows)
+            got["excess_s"] = excess_s(rows)
             got["lost"], got["duplicated"], got["consumed"] = audit(
                 RunDir(run_dir).param_server / "queue.sqlite"
             )
@@ -297,21 +310,32 @@ def main() -> int:
             results[name] = got
 
     clean = results["clean"]["goodput"]
+
+    def cost(name: str) -> float | None:
+        got = results.get(name)
+        if not got or not got["events"]:
+            return None
+        return round((got["excess_s"] - results["clean"]["excess_s"]) / len(got["events"]), 2)
+
     print(
         f"\ngoodput benchmark: the quickstart ({args.steps} steps), a signal every {args.every:g} s"
     )
     print(
         f"{'scenario':<18}{'signals':>8}{'restarts':>9}{'train s':>9}{'tokens':>9}"
-        f"{'tok/s':>8}{'goodput':>9}{'redone':>8}{'re-gen':>7}{'lost/dup':>10}"
+        f"{'tok/s':>8}{'goodput':>9}{'s/signal':>9}{'redone':>8}{'re-gen':>7}{'lost/dup':>10}"
     )
     for name, got in results.items():
         redone = sum(r.get("redone_steps", 0) for r in got["recoveries"])
         print(
             f"{name:<18}{len(got['events']):>8}{got['restarts']:>9}{got['window_s']:>9.1f}"
             f"{got['tokens']:>9.0f}{got['goodput']:>8.0f}{got['goodput'] / clean:>9.3f}"
+            f"{cost(name) if name != 'clean' else 0:>9.1f}"
             f"{redone:>8.0f}{got['expired_leases']:>7}{got['lost']:>6}/{got['duplicated']}"
         )
-    print("(redone: steps trained again; re-gen: leases expired, prompts generated again)\n")
+    print(
+        "(s/signal: wall beyond the run's steady pace, less the clean run's, per signal; "
+        "redone: steps trained again; re-gen: leases expired, prompts generated again)\n"
+    )
     for line in table(all_recoveries):
         print(line)
 
@@ -343,6 +367,8 @@ def main() -> int:
         "new_programs_after_restart": new_programs,
         f"goodput_trainer_{tag}": ratio("trainer_preempt"),
         f"goodput_workers_{tag}": ratio("worker_preempt"),
+        "trainer_preemption_cost_s": cost("trainer_preempt"),
+        "worker_preemption_cost_s": cost("worker_preempt"),
         f"goodput_kills_{tag}": ratio("kills"),
         "prompts_lost": lost,
         "prompts_duplicated": duplicated,
