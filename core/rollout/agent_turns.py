@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from rlax.core.contracts import Sampler, ToolParser
+from rlax.core.rollout.agent_batch import Batcher
 from rlax.core.rollout.chat_ids import Reply, ReplyBook, conversation_ids, reply_key
 from rlax.core.rollout.openai_requests import ApiError, ChatRequest, TextRequest
 from rlax.core.rollout.transcript import Transcript
@@ -74,12 +75,12 @@ class Turn:
 
 @dataclasses.dataclass(frozen=True)
 class Backend:
-    """What a turn samples with: the sampler, its tokenizer, a lock shared by every episode."""
+    """What a turn samples with: the sampler, its tokenizer, the batcher every episode shares."""
 
     sampler: Sampler
     tokenizer: Any
     tool_parser: ToolParser | None
-    lock: threading.Lock
+    batcher: Batcher
 
 
 def tools_text(tools: list[dict[str, Any]]) -> str:
@@ -117,8 +118,7 @@ def _fits(backend: Backend, ids: np.ndarray, param: str) -> np.ndarray:
 
 def _sample(backend: Backend, session: AgentSession, ids, max_tokens, seed) -> Completion:
     prompt = Prompt(id=session.name, text="", tokens=np.asarray(ids, np.int32), answer=None)
-    with backend.lock:
-        ((c,),) = backend.sampler.generate([prompt], 1, seed=seed)
+    c = backend.batcher.sample(prompt, seed)
     if len(c.tokens) <= max_tokens:
         return c
     ids = c.tokens[:max_tokens]

@@ -28,10 +28,15 @@ from its recorded ids: its transcript goes back with the lease as partial
 work, and the next worker runs the agent again with the endpoint answering
 each request whose ids match a recorded turn with the recorded reply (same
 ids, logprobs, versions) and sampling only past them; an agent that then
-asks something else starts a counted new segment. Today the sampler is
-called once per request under one lock; batching the requests of concurrent
-episodes into one ``generate`` call (the engine's shared slots) is the next
-step, behind :class:`~rlax.core.rollout.agent_turns.Backend`.
+asks something else starts a counted new segment. The requests of
+concurrent episodes are sampled together, one ``generate`` call per batch
+(:class:`~rlax.core.rollout.agent_batch.Batcher`), so they share the
+engine's slots.
+
+``max_tokens`` (or ``max_completion_tokens``) above the sampler's
+``max_new_tokens`` is not refused: it is clamped to it, and a reply the
+budget cut has ``finish_reason`` "length", as the API does. A value that is
+not a positive integer is refused (400).
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ except ImportError as err:  # pragma: no cover -- the agents extra is not instal
     ) from err
 
 from rlax.core.contracts import Sampler, ToolParser
+from rlax.core.rollout.agent_batch import Batcher
 from rlax.core.rollout.agent_turns import AgentSession, Backend, Turn, chat_turn, text_turn
 from rlax.core.rollout.openai_requests import (
     ApiError,
@@ -87,6 +93,8 @@ class AgentEndpoint:
       model: the model name the API serves (``GET /v1/models``).
       limits: what one request may hold (None: the defaults).
       host / port: where it listens (127.0.0.1; port 0: a free one).
+      batch_window_s: how long a request waits for other episodes' requests to be
+        sampled with it (:class:`~rlax.core.rollout.agent_batch.Batcher`).
     """
 
     def __init__(
@@ -99,11 +107,13 @@ class AgentEndpoint:
         limits: EndpointLimits | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        batch_window_s: float = 0.01,
     ):
-        self.backend = Backend(sampler, tokenizer, tool_parser, threading.Lock())
+        self.sessions: dict[str, AgentSession] = {}
+        batcher = Batcher(sampler, window_s=batch_window_s, live=lambda: len(self.sessions))
+        self.backend = Backend(sampler, tokenizer, tool_parser, batcher)
         self.model, self.host, self.port = model, host, port
         self.limits = limits or EndpointLimits()
-        self.sessions: dict[str, AgentSession] = {}
         self.app = _build_app(self)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

@@ -3,7 +3,8 @@
 Every request body is checked here before it reaches a sampler: its size
 (``EndpointLimits.max_body_bytes``, 413), that it is a JSON object, the
 model's name (404), the messages' roles and contents, the tools' schemas,
-``n`` and ``max_tokens`` in range (400). A refusal is an :class:`ApiError`,
+``n`` in range and ``max_tokens`` a positive integer (400; one above the
+sampler's budget is clamped to it). A refusal is an :class:`ApiError`,
 answered as ``{"error": {"message", "type", "param", "code"}}`` with its
 HTTP status, as the OpenAI API answers, so an ``openai`` client raises its
 own exception for it (``BadRequestError``, ``AuthenticationError``, ...).
@@ -137,6 +138,15 @@ def _integer(body: dict, name: str, default: int, low: int, high: int) -> int:
     return value
 
 
+def _budget(value: Any, param: str, max_new_tokens: int) -> int:
+    """A positive integer, clamped to the sampler's budget (the reply then says "length")."""
+    if value is None:
+        return max_new_tokens
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ApiError(400, f"{param} must be a positive integer, got {value!r}", param=param)
+    return min(value, max_new_tokens)
+
+
 def _flag(body: dict, name: str) -> bool:
     value = body.get(name, False)
     if value is None:
@@ -164,7 +174,7 @@ def _common(body: dict, model: str, max_new_tokens: int, limits: EndpointLimits)
         raise ApiError(400, f"seed must be an integer, got {seed!r}", param="seed")
     return {
         "model": name,
-        "max_tokens": _integer({param: limit}, param, max_new_tokens, 1, max_new_tokens),
+        "max_tokens": _budget(limit, param, max_new_tokens),
         "n": _integer(body, "n", 1, 1, limits.max_n),
         "stream": _flag(body, "stream"),
         "seed": seed,

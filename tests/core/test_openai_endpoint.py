@@ -252,7 +252,12 @@ USER = [{"role": "user", "content": "hi"}]
         ),
         ({"model": "gpt-9", "messages": USER}, 404, "model"),
         ({"model": MODEL, "messages": USER, "n": 2}, 400, "n"),
-        ({"model": MODEL, "messages": USER, "max_tokens": 129}, 400, "max_tokens"),
+        ({"model": MODEL, "messages": USER, "max_tokens": 1.5}, 400, "max_tokens"),
+        (
+            {"model": MODEL, "messages": USER, "max_completion_tokens": -1},
+            400,
+            "max_completion_tokens",
+        ),
         ({"model": MODEL, "messages": USER, "max_tokens": 0}, 400, "max_tokens"),
         ({"model": MODEL, "messages": []}, 400, "messages"),
         (
@@ -364,3 +369,12 @@ def test_a_prompt_longer_than_the_sampler_takes_is_refused_before_it_is_recorded
         client(ep, key).completions.create(model=MODEL, prompt="x" * 300)
     assert err.value.code == "context_length_exceeded" and "at most 192" in str(err.value)
     assert ep.close_episode(key).segments == []
+
+
+def test_max_tokens_above_the_budget_is_clamped_not_refused(engine_endpoint):
+    ep = engine_endpoint
+    key = ep.open_episode("clamped")
+    r = client(ep, key).chat.completions.create(model=MODEL, messages=USER, max_tokens=10_000)
+    (c,) = [c for _, c in ep.close_episode(key).completions()]
+    assert len(c.tokens) <= 8 and r.usage.completion_tokens == len(c.tokens)
+    assert r.choices[0].finish_reason == c.finish_reason

@@ -72,7 +72,7 @@ def test_an_assistant_message_may_call_tools_without_content_and_a_tool_answer_n
     "body,param,says",
     [
         ({"n": True}, "n", "integer in [1, 1]"),
-        ({"max_completion_tokens": 17}, "max_completion_tokens", "[1, 16]"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens", "positive integer"),
         ({"stream": "yes"}, "stream", "true or false"),
         ({"seed": 1.5}, "seed", "integer"),
         ({"top_logprobs": 2}, "top_logprobs", "not served"),
@@ -103,3 +103,14 @@ def test_a_completions_prompt_is_one_string():
     assert refused(text, prompt=["x", "y"]).param == "prompt"
     assert refused(text, prompt="x", logprobs=5).param == "logprobs"
     assert refused(text, prompt="x", echo=True).param == "echo"
+
+
+def test_max_tokens_above_the_budget_is_clamped_and_a_bad_one_refused():
+    def text(**body):
+        return text_request({"model": "m", **body}, model="m", max_new_tokens=4, limits=LIMITS)
+
+    assert text(prompt="x", max_tokens=1000).max_tokens == 4
+    assert text(prompt="x", max_completion_tokens=3).max_tokens == 3
+    assert refused(text, prompt="x", max_tokens=0).param == "max_tokens"
+    assert refused(text, prompt="x", max_tokens="5").param == "max_tokens"
+    assert refused(text, prompt="x", max_completion_tokens=True).param == "max_completion_tokens"
