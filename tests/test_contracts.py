@@ -193,6 +193,11 @@ def build(pm, kind: str, name: str) -> object:
             "policy": pm.get("samplers", "jax").factory(),
         },
         ("rewards", "composite"): {"rewards": [pm.get("rewards", "arithmetic").factory()]},
+        ("rewards", "judge"): {
+            "base_url": "http://127.0.0.1:1/v1",
+            "model": "m",
+            "api_key_env": "",
+        },
         ("rewards", "length"): {"max_length": 10},
         ("rewards", "overlong"): {"max_length": 10, "cache_length": 2},
         ("tasks", "dataset"): {"train_files": ["train.jsonl"]},

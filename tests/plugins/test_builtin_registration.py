@@ -13,6 +13,7 @@ COMPONENTS = {
     ("rewards", "format"): "format_reward",
     ("rewards", "length"): "length_reward",
     ("rewards", "composite"): "composite_reward",
+    ("rewards", "judge"): "judge_reward",
     ("tasks", "dataset"): "dataset_task",
     ("curation", "dedup"): "dedup",
     ("curation", "decontaminate"): "decontaminate",
