@@ -95,7 +95,7 @@ class GraderClient:
         for attempt in range(s.retries + 1):
             left = deadline - time.monotonic()
             if left <= 0:
-                break
+                raise JudgeTimeout(f"no judgement in {s.deadline_s:g}s (last: {last})")
             if attempt:
                 self.counts["retries"] += 1
             self.counts["requests"] += 1
@@ -108,13 +108,14 @@ class GraderClient:
             except openai.APIConnectionError as err:  # APITimeoutError is one
                 last = f"{type(err).__name__}: {err}"
                 timed_out = isinstance(err, openai.APITimeoutError)
-            pause = s.backoff_s * 2**attempt
-            if attempt < s.retries and time.monotonic() + pause < deadline:
-                time.sleep(pause)
-            elif attempt < s.retries:
+            if attempt == s.retries:
                 break
-        if timed_out or time.monotonic() >= deadline:
-            raise JudgeTimeout(f"no judgement in {s.deadline_s:g}s ({last})")
+            pause = s.backoff_s * 2**attempt
+            if time.monotonic() + pause >= deadline:  # the retry could not finish in time
+                raise JudgeTimeout(f"no judgement in {s.deadline_s:g}s (last: {last})")
+            time.sleep(pause)
+        if timed_out:
+            raise JudgeTimeout(f"no judgement in {s.deadline_s:g}s (last: {last})")
         raise JudgeError("transport", f"the grader failed {s.retries + 1} times; last: {last}")
 
     def _request(self, messages: list[dict[str, str]], timeout_s: float) -> str:

@@ -8,6 +8,7 @@ through, to show what is retried and what is not.
 
 from __future__ import annotations
 
+import concurrent.futures
 import http.server
 import pickle
 import threading
@@ -78,16 +79,24 @@ class Front:
     """A tiny HTTP server: answers the first requests with ``statuses``, then passes
     each through to ``target`` unchanged; ``seen`` counts the requests it got."""
 
-    def __init__(self, target: str, statuses: list[int]) -> None:
+    def __init__(self, target: str, statuses: list[int], delay_s: float = 0.0) -> None:
         import urllib.request
 
         front = self
         self.seen, self.statuses = 0, list(statuses)
+        self.in_flight = self.peak = 0
+        lock = threading.Lock()
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["content-length"]))
-                front.seen += 1
+                with lock:
+                    front.seen += 1
+                    front.in_flight += 1
+                    front.peak = max(front.peak, front.in_flight)
+                time.sleep(delay_s)
+                with lock:
+                    front.in_flight -= 1
                 if front.statuses:
                     status, payload = front.statuses.pop(0), b'{"error": {"message": "no"}}'
                 else:
@@ -226,6 +235,38 @@ def test_5xx_and_429_are_retried_with_backoff(served, grader):
         assert err.value.kind == "transport" and front.seen == 8
     finally:
         front.close()
+
+
+def test_a_retry_that_cannot_finish_by_the_deadline_is_a_timeout(served, grader):
+    front = Front(served[0].url, [503, 503])
+    try:
+        reward = judge(front.url, retries=3, backoff_s=1.0, deadline_s=0.5)
+        start = time.monotonic()
+        with pytest.raises(JudgeTimeout, match="last: HTTP 503"):
+            reward.score(PROMPT, "z")
+        assert time.monotonic() - start < 0.4 and front.seen == 1
+    finally:
+        front.close()
+
+
+def test_requests_in_flight_are_bounded(served, grader):
+    grader.script += ["SCORE: 5"] * 6
+    front = Front(served[0].url, [], delay_s=0.2)
+    try:
+        reward = judge(front.url, max_concurrent=2)
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(lambda t: reward.score(PROMPT, t).score, "abcdef"))
+        assert got == [0.5] * 6 and front.seen == 6 and front.peak == 2
+    finally:
+        front.close()
+
+
+def test_a_pool_process_counts_the_judge_s_error(served, grader):
+    grader.script += ["no verdict here", "SCORE: 2.5"]
+    with RewardPool(judge(served[0].url), workers=1, timeout_s=20) as pool:
+        got = pool.score([PROMPT] * 2, ["a", "b"])
+    assert got.failed.tolist() == [True, False] and got.errors == 1 and got.timeouts == 0
+    assert got.scores.tolist() == [0.0, 0.25] and "JudgeError" in got.reasons[0]
 
 
 @pytest.mark.parametrize("status", [400, 401, 404, 422])
