@@ -4,7 +4,7 @@ The ``openai`` client (the ``agents`` extra) talks to any OpenAI-compatible
 server: rlax's own endpoint, a local server, a hosted API. Its own retries
 are off; this module retries what is worth retrying -- connection errors,
 request timeouts, 5xx and 429 -- with exponential backoff (``backoff_s``,
-doubled each time), and never a 4xx, which the same request would get
+doubled each time, or longer if a ``Retry-After`` header asks), and never a 4xx, which the same request would get
 again. Every attempt's timeout is the smaller of ``request_timeout_s`` and
 what is left of the call's deadline; a call that runs out of deadline is a
 :class:`~rlax.plugins.rewards.judge_verdict.JudgeTimeout`. At most
@@ -91,7 +91,7 @@ class GraderClient:
         import openai
 
         s = self.settings
-        last, timed_out = "", False
+        last, timed_out, asked = "", False, 0.0
         for attempt in range(s.retries + 1):
             left = deadline - time.monotonic()
             if left <= 0:
@@ -104,13 +104,13 @@ class GraderClient:
             except openai.APIStatusError as err:
                 if err.status_code != 429 and err.status_code < 500:
                     raise JudgeError("refused", f"the grader refused: {_said(err)}") from None
-                last, timed_out = _said(err), False
+                last, timed_out, asked = _said(err), False, _retry_after(err)
             except openai.APIConnectionError as err:  # APITimeoutError is one
                 last = f"{type(err).__name__}: {err}"
-                timed_out = isinstance(err, openai.APITimeoutError)
+                timed_out, asked = isinstance(err, openai.APITimeoutError), 0.0
             if attempt == s.retries:
                 break
-            pause = s.backoff_s * 2**attempt
+            pause = max(s.backoff_s * 2**attempt, asked)  # a 429's Retry-After, if longer
             if time.monotonic() + pause >= deadline:  # the retry could not finish in time
                 raise JudgeTimeout(f"no judgement in {s.deadline_s:g}s (last: {last})")
             time.sleep(pause)
@@ -132,6 +132,14 @@ class GraderClient:
         if not content:
             raise JudgeError("verdict", "the grader's answer has no text")
         return str(content)
+
+
+def _retry_after(err: Any) -> float:
+    """The seconds a response's ``Retry-After`` header asks for (0: none, or an HTTP date)."""
+    try:
+        return max(0.0, float(err.response.headers.get("retry-after", "")))
+    except (AttributeError, TypeError, ValueError):
+        return 0.0
 
 
 def _said(err: Any) -> str:

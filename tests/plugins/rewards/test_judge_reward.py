@@ -76,10 +76,11 @@ def judge(base_url: str, **settings) -> JudgeReward:
 
 
 class Front:
-    """A tiny HTTP server: answers the first requests with ``statuses``, then passes
-    each through to ``target`` unchanged; ``seen`` counts the requests it got."""
+    """A tiny HTTP server: answers the first requests with ``statuses`` (a status, or
+    ``(status, retry_after)``), then passes each through to ``target`` unchanged after
+    ``delay_s``; ``seen`` counts the requests it got, ``peak`` the most at once."""
 
-    def __init__(self, target: str, statuses: list[int], delay_s: float = 0.0) -> None:
+    def __init__(self, target: str, statuses: list, delay_s: float = 0.0) -> None:
         import urllib.request
 
         front = self
@@ -97,8 +98,10 @@ class Front:
                 time.sleep(delay_s)
                 with lock:
                     front.in_flight -= 1
+                wait = ""
                 if front.statuses:
                     status, payload = front.statuses.pop(0), b'{"error": {"message": "no"}}'
+                    status, wait = status if isinstance(status, tuple) else (status, "")
                 else:
                     headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
                     request = urllib.request.Request(target + self.path[3:], body, headers)
@@ -106,6 +109,8 @@ class Front:
                         status, payload = r.status, r.read()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
+                if wait:
+                    self.send_header("retry-after", wait)
                 self.send_header("content-length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
@@ -233,6 +238,18 @@ def test_5xx_and_429_are_retried_with_backoff(served, grader):
         with pytest.raises(JudgeError, match="failed 4 times; last: HTTP 502") as err:
             reward.score(PROMPT, "y")
         assert err.value.kind == "transport" and front.seen == 8
+    finally:
+        front.close()
+
+
+def test_a_429_waits_as_long_as_its_retry_after_asks(served, grader):
+    grader.script += ["SCORE: 6"]
+    front = Front(served[0].url, [(429, "0.4")])
+    try:
+        reward = judge(front.url, retries=1, backoff_s=0.01)
+        start = time.monotonic()
+        assert reward.score(PROMPT, "w").score == pytest.approx(0.6)
+        assert time.monotonic() - start >= 0.4 and front.seen == 2
     finally:
         front.close()
 
