@@ -176,6 +176,29 @@ def rlax_register_environments() -> dict[str, Callable[..., object]]:
 
 
 @hookspec
+def rlax_register_agents() -> dict[str, Callable[..., object]]:
+    """Register agents: code that plays an episode through an OpenAI-compatible client.
+
+    Each value is the agent itself: a function ``agent(client, prompt)``, or a
+    class whose instances are called so (``async def`` for an
+    ``openai.AsyncOpenAI`` client). ``client`` is an ``openai`` client pointed
+    at the worker's endpoint with the episode's own key; ``prompt`` the task's
+    ``Prompt`` (``text``, ``answer``). It returns a reward (a number), an answer
+    (a string the reward plugin scores) or an
+    ``rlax.core.rollout.agent_episode.AgentResult``.
+    ``@samplers.agents(sampler=..., agent=...)`` runs the episodes, token exact.
+
+    Called once per plugin when the plugin manager loads; not firstresult, not
+    historic.
+
+    Returns:
+      A dict mapping each agent name to the agent. The gin configurable is
+      ``agents.<name>``: ``@agents.<name>`` is a function agent (its keyword
+      parameters bound by gin), ``@agents.<name>()`` a class agent's instance.
+    """
+
+
+@hookspec
 def rlax_register_tool_parsers() -> dict[str, Callable[..., object]]:
     """Register tool-call parsers.
 

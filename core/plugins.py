@@ -67,6 +67,7 @@ KINDS: dict[str, str] = {
     "tool_parsers": "rlax_register_tool_parsers",
     "weight_lanes": "rlax_register_weight_lanes",
     "critics": "rlax_register_critics",
+    "agents": "rlax_register_agents",
 }
 # Each kind's contracts, the Protocols of rlax.core.contracts by name: the first is what
 # every component of the kind is, the others optional capabilities. A setting typed with
@@ -82,6 +83,7 @@ CONTRACTS: dict[str, tuple[str, ...]] = {
     "tool_parsers": ("ToolParser",),
     "weight_lanes": ("WeightLane",),
     "critics": ("Critic",),
+    "agents": (),  # a function or callable object: rlax.core.rollout.agent_episode
 }
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")

@@ -458,6 +458,26 @@ def check_environment(b: Block, tmp_path: pathlib.Path) -> None:
     assert episode.step("ab") is None and episode.reward() == 1.0
 
 
+def check_agent(b: Block, tmp_path: pathlib.Path) -> None:
+    from rlax.core.types import Prompt
+
+    class Client:  # answers "4" on the second request
+        def __init__(self):
+            self.asked = 0
+            self.chat = self.completions = self
+
+        def create(self, **request):
+            self.asked += 1
+            text = "4" if self.asked == 2 else "5"
+            message = types.SimpleNamespace(content=text)
+            return types.SimpleNamespace(choices=[types.SimpleNamespace(message=message)])
+
+    agent = manager(run(b)).get("agents", "guesser").factory(tries=2)
+    client = Client()
+    assert agent(client, Prompt("p", "2+2=", np.zeros(1, np.int32), "4")) == 1.0
+    assert client.asked == 2
+
+
 def check_tool_parser(b: Block, tmp_path: pathlib.Path) -> None:
     from rlax.core.episodes import ToolCall
 
@@ -646,6 +666,7 @@ CHECKS: dict[str, Callable[..., None]] = {
     HOOKS + "rlax_register_tasks() -> dict[str, Callable[..., object]]": check_task,
     HOOKS + "rlax_register_loggers() -> dict[str, Callable[..., object]]": check_logger,
     HOOKS + "rlax_register_environments() -> dict[str, Callable[..., object]]": check_environment,
+    HOOKS + "rlax_register_agents() -> dict[str, Callable[..., object]]": check_agent,
     HOOKS + "rlax_register_tool_parsers() -> dict[str, Callable[..., object]]": check_tool_parser,
     HOOKS + "rlax_register_weight_lanes() -> dict[str, Callable[..., object]]": check_weight_lane,
     HOOKS + "rlax_register_critics() -> dict[str, Callable[..., object]]": check_critic,

@@ -44,6 +44,10 @@ class AgentSession:
     text: str = ""  # completions API: the text the ids below stand for
     text_ids: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    max_turns: int = 0  # replies the episode may get (0: no limit)
+    max_tokens: int = 0  # ids after its segment's prompt (0: no limit)
+    stopped: str = ""  # why a limit refused a request
+    closed: bool = False  # the episode ended: nothing more is recorded
 
     def __post_init__(self) -> None:
         self.transcript = Transcript(self.name)
@@ -116,7 +120,30 @@ def _fits(backend: Backend, ids: np.ndarray, param: str) -> np.ndarray:
     return ids
 
 
+def _check_open(session: AgentSession) -> None:
+    if session.closed:
+        raise ApiError(401, "this episode has ended: its key is closed", code="invalid_api_key")
+
+
+def _room(session: AgentSession, max_tokens: int) -> int:
+    """``max_tokens`` within the episode's limits; 400 (and ``stopped`` set) when they are used up."""
+    reason = ""
+    if session.max_turns and session.transcript.requests >= session.max_turns:
+        reason = f"the episode used its {session.max_turns} turns"
+    elif session.max_tokens:
+        segment = session.transcript.segments[-1]
+        room = session.max_tokens - (len(segment.ids) - len(segment.prompt))
+        if room > 0:
+            return min(max_tokens, room)
+        reason = f"the episode used its {session.max_tokens} tokens"
+    if not reason:
+        return max_tokens
+    session.stopped = session.stopped or reason
+    raise ApiError(400, reason, code="episode_limit_reached")
+
+
 def _sample(backend: Backend, session: AgentSession, ids, max_tokens, seed) -> Completion:
+    max_tokens = _room(session, max_tokens)
     prompt = Prompt(id=session.name, text="", tokens=np.asarray(ids, np.int32), answer=None)
     c = backend.batcher.sample(prompt, seed)
     if len(c.tokens) <= max_tokens:
@@ -163,6 +190,7 @@ def chat_turn(backend: Backend, session: AgentSession, request: ChatRequest, see
     if not getattr(backend.tokenizer, "chat_template", None):
         raise ApiError(400, "this model has no chat template: use /v1/completions")
     with session.lock:
+        _check_open(session)
         try:
             ids = conversation_ids(backend.tokenizer, _with_tools(request), session.book)
         except ValueError as err:
@@ -192,6 +220,7 @@ def text_turn(backend: Backend, session: AgentSession, request: TextRequest, see
     """One completions request: a prompt that starts with the text so far reuses its ids."""
     tok = backend.tokenizer
     with session.lock:
+        _check_open(session)
         if session.text and request.prompt.startswith(session.text):
             rest = request.prompt[len(session.text) :]
             ids = np.concatenate([session.text_ids, tok.encode(rest) if rest else []])

@@ -7,6 +7,7 @@ work it stood at when a preemption notice cut generation off.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
@@ -146,8 +147,20 @@ def score_groups(
     if counts is not None:
         counts["score_s"] += time.perf_counter() - start
     return [
-        Group(p, cs, np.asarray(s, np.float32)) for p, cs, s in zip(prompts, completions, scores)
+        Group(episode_prompt(p, cs), cs, np.asarray(s, np.float32))
+        for p, cs, s in zip(prompts, completions, scores)
     ]
+
+
+def episode_prompt(prompt: Prompt, completions: Sequence[Completion]) -> Prompt:
+    """The prompt the completions continue: ``prompt``, or the ids an agent's episodes
+    started from when they are not its own (``episode["prompt_tokens"]``, one list for the
+    group: ``plugins/agents/runner.py``), so the trainer scores exactly the sampled context."""
+    for c in completions:
+        ids = (c.episode or {}).get("prompt_tokens")
+        if ids is not None:
+            return dataclasses.replace(prompt, tokens=np.asarray(ids, np.int32))
+    return prompt
 
 
 def check_online_filters(filters: Sequence[object], setting: str) -> None:

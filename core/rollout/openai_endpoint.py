@@ -123,18 +123,27 @@ class AgentEndpoint:
         """The base URL an ``openai`` client takes (``.../v1``)."""
         return f"http://{self.host}:{self.port}/v1"
 
-    def open_episode(self, name: str) -> str:
-        """A new episode's API key; its requests are recorded in its own transcript."""
+    def open_episode(self, name: str, *, max_turns: int = 0, max_tokens: int = 0) -> str:
+        """A new episode's API key; its requests are recorded in its own transcript.
+
+        ``max_turns`` replies and ``max_tokens`` ids after its prompt (0: no
+        limit); a request past them is refused (400 ``episode_limit_reached``)
+        and the session's ``stopped`` says which.
+        """
         key = "rlax-" + secrets.token_urlsafe(24)
-        self.sessions[key] = AgentSession(name)
+        self.sessions[key] = AgentSession(name, max_turns=max_turns, max_tokens=max_tokens)
         return key
 
     def transcript(self, key: str) -> Transcript:
         return self.sessions[key].transcript
 
     def close_episode(self, key: str) -> Transcript:
-        """Ends an episode: its key is refused from now on; its transcript."""
-        return self.sessions.pop(key).transcript
+        """Ends an episode: its key is refused from now on; its transcript (a turn in
+        flight is recorded first)."""
+        session = self.sessions.pop(key)
+        with session.lock:
+            session.closed = True
+            return session.transcript
 
     def session(self, request: Request) -> AgentSession:
         """The episode of a request's bearer key (401 for any other)."""

@@ -63,6 +63,10 @@ def test_hook_rlax_register_environments():
     assert_fills_only("environments", "rlax_register_environments")
 
 
+def test_hook_rlax_register_agents():
+    assert_fills_only("agents", "rlax_register_agents")
+
+
 def test_hook_rlax_register_tool_parsers():
     assert_fills_only("tool_parsers", "rlax_register_tool_parsers")
 

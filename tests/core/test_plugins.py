@@ -254,7 +254,7 @@ def test_unknown_kind_lists_the_valid_kinds(site):
         pm.get("reward", "x")
 
     assert str(info.value) == (
-        "unknown plugin kind 'reward'; valid kinds: algorithms, critics, curation, "
+        "unknown plugin kind 'reward'; valid kinds: agents, algorithms, critics, curation, "
         "environments, loggers, rewards, samplers, tasks, tool_parsers, weight_lanes"
     )
 

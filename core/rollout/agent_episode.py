@@ -1,0 +1,172 @@
+"""What an agent is and how its episodes run: many at once, each under a deadline.
+
+An agent (the ``agents`` plugin kind) is a function, or an object with
+``__call__``, taking ``(client, prompt)``: an ``openai`` client pointed at
+the endpoint with the episode's own key (``openai.OpenAI``; an ``async def``
+agent gets ``openai.AsyncOpenAI``) and the task's
+:class:`~rlax.core.types.Prompt` (its ``text`` and ``answer``). It returns
+a reward (a number), an answer (a string the reward plugin scores) or an
+:class:`AgentResult`.
+
+:func:`run_agents` runs many such calls at once: sync agents each in a
+thread of their own, async ones as tasks of one event loop (in one thread).
+Each call has a deadline; a call that raises or is still running at its
+deadline is that episode's failure, with a reason. A sync call cannot be
+stopped from outside: it is left running, and ``on_deadline`` (the sampler
+closes the episode's key there) makes its next request fail (401), which
+ends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rlax.core.types import Prompt
+
+__all__ = ["AgentOutcome", "AgentResult", "Job", "is_async", "outcome_of", "run_agents"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentResult:
+    """What an agent may return besides a bare reward or answer.
+
+    Attributes:
+      reward: the episode's reward (None: the reward plugin scores ``answer``).
+      answer: the agent's final answer, for the reward plugin and the logs.
+      info: counts for the episode report (numbers).
+    """
+
+    reward: float | None = None
+    answer: str | None = None
+    info: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One episode to run: the prompt and a factory of the client it gets (given ``async``)."""
+
+    prompt: Prompt
+    client: Callable[[bool], Any]
+
+
+@dataclasses.dataclass
+class AgentOutcome:
+    """How one episode's agent call ended: its value, or why it failed."""
+
+    value: Any = None
+    failure: str = ""
+    seconds: float = 0.0
+
+
+def is_async(agent: Any) -> bool:
+    """Whether the agent is an ``async def`` function or has an ``async def __call__``."""
+    call = type(agent).__dict__.get("__call__")  # a class agent's method
+    for fn in (agent, inspect.unwrap(agent), call):
+        if fn is not None and inspect.iscoroutinefunction(fn):
+            return True
+    return False
+
+
+def outcome_of(value: Any) -> AgentResult:
+    """An agent's return value as an :class:`AgentResult` (TypeError for anything else;
+    ValueError for a reward that is not finite)."""
+    if isinstance(value, AgentResult):
+        result = value
+    elif isinstance(value, str):
+        result = AgentResult(answer=value)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        result = AgentResult(reward=float(value))
+    else:
+        raise TypeError(f"an agent returns a number, a string or an AgentResult, not {value!r}")
+    if result.reward is not None and not math.isfinite(result.reward):
+        raise ValueError(f"the agent's reward is not finite: {result.reward}")
+    return result
+
+
+def run_agents(
+    agent: Any,
+    jobs: Sequence[Job],
+    *,
+    wall_s: float,
+    on_deadline: Callable[[int], None],
+) -> list[AgentOutcome]:
+    """Runs ``agent`` once per job, all at once, each for at most ``wall_s`` seconds.
+
+    ``on_deadline(k)`` is called (from this thread) for each job still running
+    at its deadline; it is then failed with that reason.
+    """
+    outcomes = [AgentOutcome() for _ in jobs]
+    if is_async(agent):
+        _run_async(agent, jobs, wall_s, outcomes, on_deadline)
+    else:
+        _run_threads(agent, jobs, wall_s, outcomes, on_deadline)
+    return outcomes
+
+
+def _failure(err: BaseException) -> str:
+    return f"agent raised {type(err).__name__}: {err}"
+
+
+def _run_threads(agent, jobs, wall_s, outcomes, on_deadline) -> None:
+    done = [threading.Event() for _ in jobs]
+
+    def one(k: int) -> None:
+        start = time.monotonic()
+        try:
+            value = agent(jobs[k].client(False), jobs[k].prompt)
+            if not done[k].is_set():
+                outcomes[k].value = value
+        except Exception as err:  # noqa: BLE001 -- a broken agent costs its episode
+            if not done[k].is_set():
+                outcomes[k].failure = _failure(err)
+        finally:
+            outcomes[k].seconds = time.monotonic() - start
+            done[k].set()
+
+    threads = [
+        threading.Thread(target=one, args=(k,), name=f"agent-{k}", daemon=True)
+        for k in range(len(jobs))
+    ]
+    deadline = time.monotonic() + wall_s
+    for t in threads:
+        t.start()
+    for k, t in enumerate(threads):
+        t.join(max(0.0, deadline - time.monotonic()))
+        if not done[k].is_set():
+            outcomes[k].failure = f"agent still running after its {wall_s:g} s"
+            outcomes[k].seconds = wall_s
+            done[k].set()  # whatever it returns later is ignored
+            on_deadline(k)
+
+
+def _run_async(agent, jobs, wall_s, outcomes, on_deadline) -> None:
+    async def one(k: int) -> None:
+        start = time.monotonic()
+        client = jobs[k].client(True)
+        try:
+            outcomes[k].value = await asyncio.wait_for(agent(client, jobs[k].prompt), wall_s)
+        except TimeoutError:
+            outcomes[k].failure = f"agent still running after its {wall_s:g} s"
+            on_deadline(k)
+        except Exception as err:  # noqa: BLE001 -- a broken agent costs its episode
+            outcomes[k].failure = _failure(err)
+        finally:
+            outcomes[k].seconds = time.monotonic() - start
+            close = getattr(client, "close", None)
+            if close is not None:
+                await close()
+
+    async def every() -> None:
+        await asyncio.gather(*(one(k) for k in range(len(jobs))))
+
+    # In a thread of its own: the caller may be inside an event loop already.
+    thread = threading.Thread(target=asyncio.run, args=(every(),), name="agents-async")
+    thread.start()
+    thread.join()

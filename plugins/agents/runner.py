@@ -1,0 +1,267 @@
+"""Agent episodes behind the Sampler contract: agent code talks to an endpoint over our sampler.
+
+``samplers.agents(sampler=..., agent=...)`` is a
+:class:`~rlax.core.contracts.Sampler`, as ``samplers.episodes`` is for
+environments, so a worker, the inline trainer and ``rlax eval`` run agents
+unchanged. ``setup`` starts one :class:`~rlax.core.rollout.openai_endpoint.AgentEndpoint`
+over the inner sampler (kept for every call after). ``generate(prompts, n)``
+opens ``n`` episodes per prompt (one API key each) and runs the agent for
+all of them at once (:func:`~rlax.core.rollout.agent_episode.run_agents`:
+threads for a sync agent, one event loop for an async one); their requests
+are sampled together (:class:`~rlax.core.rollout.agent_batch.Batcher`).
+
+Limits: ``max_turns`` replies and ``max_episode_tokens`` ids after the
+episode's prompt (requests past them are refused, 400), ``wall_s`` seconds
+(then its key is closed: a late request gets 401). An agent that raises,
+runs past its deadline, exceeds a limit or returns something else than a
+reward, an answer or an ``AgentResult`` ends its episode with reward 0,
+``failed`` 1 and the reason in the episode report.
+
+Each episode is ONE :class:`~rlax.core.types.Completion`, built from its
+transcript's FIRST segment (the one its first request opened): every id
+after the group's prompt, ``loss_mask`` 1 on the sampled ids (their
+logprobs and versions the inner sampler's) and 0 on the rest (tool answers,
+the agent's next messages). A rewritten history opens later segments: their
+sampled ids are not trained on; the report counts them (``segments``,
+``rewrites``, ``dropped_tokens``). The group's prompt: the agent renders its
+own first request, whose ids need not start with the task's
+``Prompt.tokens``; the episodes' completions continue the ids their first
+requests share (``episode["prompt_tokens"]``, which
+:func:`~rlax.core.rollout.groups.episode_prompt` makes the group's prompt),
+so the trainer scores exactly the context the sampler saw.
+
+The reward: the agent's number, or its answer scored by ``reward`` (the
+reward plugin, e.g. ``@rewards.arithmetic()``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import numpy as np
+
+from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast, Positive
+from rlax.core.contracts import Sampler, ToolParser
+from rlax.core.rollout.agent_episode import AgentOutcome, Job, outcome_of, run_agents
+from rlax.core.rollout.reward_pool import score_one
+from rlax.core.rollout.transcript import Transcript
+from rlax.core.types import Completion, Prompt
+
+__all__ = ["AgentSampler"]
+
+log = logging.getLogger("rlax.agents")
+
+
+class AgentSampler:
+    """Runs an agent's episodes with an inner sampler (see the module docstring).
+
+    Args:
+      sampler: the sampler of each request (``@samplers.engine()`` or ``@samplers.jax()``).
+      agent: the agent (``@agents.<name>`` for a function, ``@agents.<name>()`` for a class).
+      reward: scores an agent's answer (not needed by an agent that returns rewards).
+      tool_parser: reads tool calls in the model's text (``@tool_parsers.hermes()``).
+      max_turns: replies per episode.
+      max_episode_tokens: ids per episode after its prompt (the trainer pads to it).
+      wall_s: seconds per episode.
+      batch_window_s: how long a request waits for others to be sampled with it.
+    """
+
+    def __init__(
+        self,
+        *,
+        sampler: Sampler,
+        agent: Any,
+        reward: Any = None,
+        tool_parser: ToolParser | None = None,
+        max_turns: Annotated[int, AtLeast(1)] = 4,
+        max_episode_tokens: Annotated[int, AtLeast(1)] = 256,
+        wall_s: Annotated[float, Positive] = 120.0,
+        batch_window_s: Annotated[float, AtLeast(0)] = 0.01,
+    ):
+        self.sampler, self.agent, self.reward = sampler, agent, reward
+        self.tool_parser = tool_parser
+        self.max_turns, self.max_episode_tokens = max_turns, max_episode_tokens
+        self.wall_s, self.batch_window_s = wall_s, batch_window_s
+        self.tokenizer: Any = None
+        self.endpoint: Any = None
+
+    @property
+    def temperature(self) -> float:
+        return self.sampler.temperature
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The episode's token limit: no completion is longer."""
+        return self.max_episode_tokens
+
+    def setup(self, model, tokenizer) -> None:
+        self.sampler.setup(model, tokenizer)
+        self.tokenizer = tokenizer
+        self._endpoint()
+
+    def load_weights(self, params, version: int) -> None:
+        self.sampler.load_weights(params, version)
+
+    def _endpoint(self):
+        if self.endpoint is None:
+            # Imported here: the endpoint needs the 'agents' extra (fastapi, uvicorn, openai).
+            from rlax.core.rollout.openai_endpoint import AgentEndpoint
+
+            self.endpoint = AgentEndpoint(
+                sampler=self.sampler,
+                tokenizer=self.tokenizer,
+                tool_parser=self.tool_parser,
+                batch_window_s=self.batch_window_s,
+            )
+            self.endpoint.start()
+        return self.endpoint
+
+    def close(self) -> None:
+        if self.endpoint is not None:
+            self.endpoint.stop()
+            self.endpoint = None
+
+    def generate(
+        self, prompts: Sequence[Prompt], n: int, *, seed: int
+    ) -> list[tuple[Completion, ...]]:
+        """``n`` episodes of each prompt, each one Completion (see the module docstring)."""
+        endpoint = self._endpoint()
+        asked = [(i, p) for i, p in enumerate(prompts) for _ in range(n)]
+        keys = [
+            endpoint.open_episode(
+                f"{p.id}/{seed}/{k}",
+                max_turns=self.max_turns,
+                max_tokens=self.max_episode_tokens,
+            )
+            for k, (_, p) in enumerate(asked)
+        ]
+        jobs = [Job(p, _client_factory(endpoint.url, key)) for (_, p), key in zip(asked, keys)]
+        sessions = [endpoint.sessions[key] for key in keys]
+        outcomes = run_agents(
+            self.agent, jobs, wall_s=self.wall_s, on_deadline=lambda k: _close(endpoint, keys[k])
+        )
+        for key in keys:
+            _close(endpoint, key)
+        episodes = [
+            self._episode(p, s.transcript, s.stopped, o)
+            for (_, p), s, o in zip(asked, sessions, outcomes)
+        ]
+        out = []
+        for i in range(len(prompts)):
+            group = episodes[i * n : (i + 1) * n]
+            out.append(_rebased(prompts[i], group, self.max_episode_tokens, self.tokenizer))
+        return out
+
+    def _episode(self, prompt: Prompt, transcript: Transcript, stopped: str, o: AgentOutcome):
+        """(first segment's prompt ids or None, its Completion or None, the report)."""
+        reward, reason, failed, info = self._reward(prompt, stopped, o)
+        pairs = transcript.completions()
+        first = transcript.segments[0] if transcript.segments else None
+        kept = pairs[0] if pairs and first is not None and pairs[0][0] is first.prompt else None
+        dropped = sum(int(c.model_mask.sum()) for _, c in pairs[1 if kept else 0 :])
+        report = {
+            "reward": reward,
+            "reason": reason,
+            "failed": failed,
+            "turns": float(transcript.requests),
+            "segments": float(len(transcript.segments)),
+            "rewrites": float(transcript.rewrites),
+            "dropped_tokens": float(dropped),
+            "agent_s": round(o.seconds, 3),
+            **info,
+        }
+        return (kept[0] if kept else None), (kept[1] if kept else None), report
+
+    def _reward(self, prompt: Prompt, stopped: str, o: AgentOutcome):
+        """(reward, reason, failed 0/1, info): a failed episode's reward is 0."""
+        failure = stopped or o.failure
+        info: dict[str, float] = {}
+        if not failure:
+            try:
+                result = outcome_of(o.value)
+                info = {k: float(v) for k, v in result.info.items()}
+                if result.reward is not None:
+                    return result.reward, result.answer or "", 0.0, info
+                if self.reward is None:
+                    raise ValueError(
+                        "the agent answered; samplers.agents has no reward to score it"
+                    )
+                score, why = score_one(self.reward, prompt, result.answer or "")
+                return score, why, 0.0, info
+            except Exception as err:  # noqa: BLE001 -- a bad result costs its episode
+                failure = f"{type(err).__name__}: {err}"
+        log.warning("agent episode of prompt %r ends with reward 0: %s", prompt.id, failure)
+        return 0.0, failure, 1.0, info
+
+
+def _client_factory(url: str, key: str):
+    def client(use_async: bool):
+        import openai  # the 'agents' extra
+
+        cls = openai.AsyncOpenAI if use_async else openai.OpenAI
+        return cls(base_url=url, api_key=key, max_retries=0)
+
+    return client
+
+
+def _close(endpoint: Any, key: str) -> None:
+    if key in endpoint.sessions:
+        endpoint.close_episode(key)
+
+
+def _rebased(prompt: Prompt, episodes, limit: int, tokenizer: Any) -> tuple[Completion, ...]:
+    """Each episode's Completion after the ids its group's first requests share."""
+    starts = [ids for ids, _, _ in episodes if ids is not None]
+    common = _common_prefix(starts) if starts else np.asarray(prompt.tokens, np.int32)
+    out = []
+    for ids, c, report in episodes:
+        report = {**report, "prompt_tokens": common.tolist()}
+        if c is not None and not np.array_equal(ids[: len(common)], common):
+            why = "its first request shares no ids with its group's"
+            c, report = None, {**report, "reward": 0.0, "reason": why, "failed": 1.0}
+        if c is None:
+            # A completion holds at least one id: the stop id, off the loss mask.
+            eos = np.asarray([tokenizer.eos_id], np.int32)
+            c = Completion(eos, np.zeros(1, np.float32), "", "stop", 0, None, np.zeros(1, np.int8))
+        else:
+            c = _after(ids[len(common) :], c, limit)
+        out.append(dataclasses.replace(c, episode=report))
+    return tuple(out)
+
+
+def _after(head: np.ndarray, c: Completion, limit: int) -> Completion:
+    """``c`` with ``head`` (prompt ids, mask 0) before it, cut to ``limit`` ids."""
+    mask = c.loss_mask if c.loss_mask is not None else np.ones(len(c.tokens), np.int8)
+    versions = c.versions if c.versions is not None else np.full(len(c.tokens), c.policy_version)
+    first = int(versions[mask == 1][0]) if mask.any() else c.policy_version
+    tokens = np.r_[head, c.tokens].astype(np.int32)[:limit]
+    cut = len(tokens) < len(head) + len(c.tokens)
+    v = np.r_[np.full(len(head), first), versions].astype(np.int32)[:limit]
+    return dataclasses.replace(
+        c,
+        tokens=tokens,
+        logprobs=np.r_[np.zeros(len(head)), c.logprobs].astype(np.float32)[:limit],
+        loss_mask=np.r_[np.zeros(len(head)), mask].astype(np.int8)[:limit],
+        versions=v if len(set(v.tolist())) > 1 else None,
+        finish_reason="length" if cut else c.finish_reason,
+    )
+
+
+def _common_prefix(seqs: list[np.ndarray]) -> np.ndarray:
+    n = min(len(s) for s in seqs)
+    first = seqs[0][:n]
+    for s in seqs[1:]:
+        differ = np.flatnonzero(s[:n] != first)
+        n = int(differ[0]) if len(differ) else n
+        first = first[:n]
+    # At least one id of the prompt stays the group's (a prompt is never empty).
+    return np.asarray(first if n else seqs[0][:1], np.int32)
+
+
+@hookimpl
+def rlax_register_samplers():
+    return {"agents": AgentSampler}
