@@ -203,6 +203,10 @@ def build(pm, kind: str, name: str) -> object:
         ("rewards", "overlong"): {"max_length": 10, "cache_length": 2},
         ("tasks", "dataset"): {"train_files": ["train.jsonl"]},
         ("environments", "python_tool"): {"reward": pm.get("rewards", "arithmetic").factory()},
+        ("samplers", "agents"): {
+            "sampler": pm.get("samplers", "jax").factory(),
+            "agent": pm.get("agents", "calculator").factory,
+        },
         ("samplers", "episodes"): {
             "sampler": pm.get("samplers", "jax").factory(),
             "environment": pm.get("environments", "guess").factory(),

@@ -48,6 +48,10 @@ class AgentSession:
     max_tokens: int = 0  # ids after its segment's prompt (0: no limit)
     stopped: str = ""  # why a limit refused a request
     closed: bool = False  # the episode ended: nothing more is recorded
+    # A resumed episode's recorded turns (Transcript.turns of its first attempt): a request
+    # with the next one's ids is answered with its reply, not sampled.
+    replay: list[tuple[np.ndarray, Completion]] = dataclasses.field(default_factory=list)
+    replayed: int = 0
 
     def __post_init__(self) -> None:
         self.transcript = Transcript(self.name)
@@ -142,8 +146,25 @@ def _room(session: AgentSession, max_tokens: int) -> int:
     raise ApiError(400, reason, code="episode_limit_reached")
 
 
+def _replayed(session: AgentSession, ids: np.ndarray, max_tokens: int) -> Completion | None:
+    """The recorded reply to these ids when the episode is replayed and they match; else
+    None, and the rest of the replay is dropped (the agent asked something else)."""
+    if not session.replay:
+        return None
+    before, recorded = session.replay[0]
+    if np.array_equal(before, ids) and len(recorded.tokens) <= max_tokens:
+        session.replay.pop(0)
+        session.replayed += 1
+        return recorded
+    session.replay.clear()
+    return None
+
+
 def _sample(backend: Backend, session: AgentSession, ids, max_tokens, seed) -> Completion:
     max_tokens = _room(session, max_tokens)
+    recorded = _replayed(session, np.asarray(ids, np.int32), max_tokens)
+    if recorded is not None:
+        return recorded
     prompt = Prompt(id=session.name, text="", tokens=np.asarray(ids, np.int32), answer=None)
     c = backend.batcher.sample(prompt, seed)
     if len(c.tokens) <= max_tokens:

@@ -15,8 +15,7 @@ ids are recorded by the episode's
 again); :meth:`AgentEndpoint.close_episode` hands it back, its segments as
 the :class:`~rlax.core.types.Completion` s environments make.
 
-How an agent episode runs (the ``agents`` plugin kind builds on this; not
-here yet): a worker owns one endpoint over its sampler; for each sample of a
+How an agent episode runs (``samplers.agents``, :mod:`rlax.plugins.agents.runner`): a worker owns one endpoint over its sampler; for each sample of a
 leased prompt it opens an episode (a key), runs the agent function with an
 ``openai`` client (sync or async) pointed at the endpoint, under the
 episode's limits (turns, tokens, wall time: the worker cancels the agent and
@@ -27,7 +26,7 @@ code holds state no worker can hand on, so an episode in flight is replayed
 from its recorded ids: its transcript goes back with the lease as partial
 work, and the next worker runs the agent again with the endpoint answering
 each request whose ids match a recorded turn with the recorded reply (same
-ids, logprobs, versions) and sampling only past them; an agent that then
+ids, logprobs, versions; ``AgentSession.replay``) and sampling only past them; an agent that then
 asks something else starts a counted new segment. The requests of
 concurrent episodes are sampled together, one ``generate`` call per batch
 (:class:`~rlax.core.rollout.agent_batch.Batcher`), so they share the

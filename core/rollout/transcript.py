@@ -55,6 +55,7 @@ class Segment:
     mask: list[np.ndarray] = dataclasses.field(default_factory=list)
     versions: list[np.ndarray] = dataclasses.field(default_factory=list)
     texts: list[str] = dataclasses.field(default_factory=list)
+    finishes: list[str] = dataclasses.field(default_factory=list)
     finish_reason: str = "length"
 
     @property
@@ -161,7 +162,31 @@ class Transcript:
         segment = self.segments[-1]
         segment.append(c.tokens, c.logprobs, model=True, versions=versions)
         segment.texts.append(c.text if text is None else text)
+        segment.finishes.append(c.finish_reason)
         segment.finish_reason = c.finish_reason
+
+    def turns(self) -> list[tuple[np.ndarray, Completion]]:
+        """Every reply in order: (the ids it was sampled after, the reply as sampled): what a
+        replay answers the same requests with (:mod:`rlax.core.rollout.agent_turns`)."""
+        out = []
+        for segment in self.segments:
+            before, k = [segment.prompt], 0
+            for ids, lp, mask, versions in zip(
+                segment.tokens, segment.logprobs, segment.mask, segment.versions
+            ):
+                if len(mask) and mask[0] == 1:
+                    c = Completion(
+                        ids,
+                        lp,
+                        segment.texts[k],
+                        segment.finishes[k],
+                        int(versions.min()),
+                        versions,
+                    )
+                    out.append((np.concatenate(before).astype(np.int32), c))
+                    k += 1
+                before.append(ids)
+        return out
 
     def completions(self) -> list[tuple[np.ndarray, Completion]]:
         """Each segment with a reply: (its prompt ids int32 [P], the rest as one Completion)."""

@@ -32,14 +32,27 @@ so the trainer scores exactly the context the sampler saw.
 
 The reward: the agent's number, or its answer scored by ``reward`` (the
 reward plugin, e.g. ``@rewards.arithmetic()``).
+
+Preemption: replay, not hand-back of agent state (agent code holds state no
+worker can hand on). :meth:`AgentSampler.generate_groups` is
+:class:`~rlax.core.contracts.Resumable`: on a notice (``interrupt()``) every
+episode's key is closed (a turn in flight is recorded first) and each group
+goes back to the parameter server as a PartialGroup whose rows carry their
+episodes' recorded turns (``episode["replay"]``: the ids each reply was
+sampled after, its ids, logprobs, versions, text). The next worker runs the
+agent again; the endpoint answers each request whose ids are the next
+recorded turn's with the recorded reply, samples nothing for it, and
+samples only past the record (a request that differs drops the rest of the
+replay). ``replayed_turns`` in the report counts them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
-from typing import Annotated, Any
+import threading
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Self
 
 import numpy as np
 
@@ -49,7 +62,7 @@ from rlax.core.contracts import Sampler, ToolParser
 from rlax.core.rollout.agent_episode import AgentOutcome, Job, outcome_of, run_agents
 from rlax.core.rollout.reward_pool import score_one
 from rlax.core.rollout.transcript import Transcript
-from rlax.core.types import Completion, Prompt
+from rlax.core.types import PARTIAL, Completion, PartialGroup, Prompt
 
 __all__ = ["AgentSampler"]
 
@@ -129,36 +142,65 @@ class AgentSampler:
         self, prompts: Sequence[Prompt], n: int, *, seed: int
     ) -> list[tuple[Completion, ...]]:
         """``n`` episodes of each prompt, each one Completion (see the module docstring)."""
+        out = self.generate_groups(prompts, n, seed=seed)
+        assert all(isinstance(g, tuple) for g in out)  # nothing interrupts this call
+        return out  # type: ignore[return-value]
+
+    def generate_groups(
+        self,
+        prompts: Sequence[Prompt],
+        n: int,
+        *,
+        seed: int,
+        partials: Sequence[PartialGroup | None] | None = None,
+        interrupt: Callable[[], bool] | None = None,
+        refresh: Callable[[], Any] | None = None,
+    ) -> list[tuple[Completion, ...] | PartialGroup]:
+        """``generate``, resumable: once ``interrupt()`` is True every episode's key is
+        closed and each group comes back as a PartialGroup whose rows carry their
+        episodes' recorded turns (``episode["replay"]``); given back as ``partials``,
+        each episode is played again with the endpoint answering the recorded requests
+        with the recorded replies (nothing sampled again) and sampling only past them.
+        ``refresh`` is not polled: new weights are loaded between calls."""
         endpoint = self._endpoint()
-        asked = [(i, p) for i, p in enumerate(prompts) for _ in range(n)]
-        keys = [
-            endpoint.open_episode(
-                f"{p.id}/{seed}/{k}",
-                max_turns=self.max_turns,
-                max_tokens=self.max_episode_tokens,
-            )
-            for k, (_, p) in enumerate(asked)
-        ]
-        jobs = [Job(p, _client_factory(endpoint.url, key)) for (_, p), key in zip(asked, keys)]
+        asked = [(i, j, p) for i, p in enumerate(prompts) for j in range(n)]
+        keys = [self._open(endpoint, p, seed, k) for k, (_, _, p) in enumerate(asked)]
         sessions = [endpoint.sessions[key] for key in keys]
-        outcomes = run_agents(
-            self.agent, jobs, wall_s=self.wall_s, on_deadline=lambda k: _close(endpoint, keys[k])
-        )
+        for (i, j, _), session in zip(asked, sessions):
+            work = partials[i] if partials is not None else None
+            row = work.rows[j] if work is not None else None
+            session.replay = _turns((row.episode or {}).get("replay", [])) if row else []
+        jobs = [Job(p, _client_factory(endpoint.url, key)) for (_, _, p), key in zip(asked, keys)]
+        cut = _Watch(interrupt, lambda: _close_all(endpoint, keys))
+        with cut:
+            outcomes = run_agents(
+                self.agent,
+                jobs,
+                wall_s=self.wall_s,
+                on_deadline=lambda k: _close(endpoint, keys[k]),
+            )
         for key in keys:
             _close(endpoint, key)
-        episodes = [
-            self._episode(p, s.transcript, s.stopped, o)
-            for (_, p), s, o in zip(asked, sessions, outcomes)
+        if cut.fired:
+            rows = [_partial_row(s.transcript) for s in sessions]
+            return [PartialGroup(tuple(rows[i * n : (i + 1) * n])) for i in range(len(prompts))]
+        episodes = [self._episode(p, s, o) for (_, _, p), s, o in zip(asked, sessions, outcomes)]
+        return [
+            _rebased(
+                prompts[i], episodes[i * n : (i + 1) * n], self.max_episode_tokens, self.tokenizer
+            )
+            for i in range(len(prompts))
         ]
-        out = []
-        for i in range(len(prompts)):
-            group = episodes[i * n : (i + 1) * n]
-            out.append(_rebased(prompts[i], group, self.max_episode_tokens, self.tokenizer))
-        return out
 
-    def _episode(self, prompt: Prompt, transcript: Transcript, stopped: str, o: AgentOutcome):
+    def _open(self, endpoint: Any, p: Prompt, seed: int, k: int) -> str:
+        return endpoint.open_episode(
+            f"{p.id}/{seed}/{k}", max_turns=self.max_turns, max_tokens=self.max_episode_tokens
+        )
+
+    def _episode(self, prompt: Prompt, session: Any, o: AgentOutcome):
         """(first segment's prompt ids or None, its Completion or None, the report)."""
-        reward, reason, failed, info = self._reward(prompt, stopped, o)
+        transcript: Transcript = session.transcript
+        reward, reason, failed, info = self._reward(prompt, session.stopped, o)
         pairs = transcript.completions()
         first = transcript.segments[0] if transcript.segments else None
         kept = pairs[0] if pairs and first is not None and pairs[0][0] is first.prompt else None
@@ -172,6 +214,7 @@ class AgentSampler:
             "rewrites": float(transcript.rewrites),
             "dropped_tokens": float(dropped),
             "agent_s": round(o.seconds, 3),
+            "replayed_turns": float(session.replayed),
             **info,
         }
         return (kept[0] if kept else None), (kept[1] if kept else None), report
@@ -198,6 +241,67 @@ class AgentSampler:
         return 0.0, failure, 1.0, info
 
 
+class _Watch:
+    """Polls ``interrupt`` in a thread while the episodes run; once True, calls ``cut``."""
+
+    def __init__(self, interrupt: Callable[[], bool] | None, cut: Callable[[], object]):
+        self.interrupt, self.cut, self.fired = interrupt, cut, False
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _poll(self) -> None:
+        assert self.interrupt is not None
+        while not self._done.wait(0.02):
+            if self.interrupt():
+                self.fired = True
+                self.cut()
+                return
+
+    def __enter__(self) -> Self:
+        if self.interrupt is not None:
+            self._thread = threading.Thread(target=self._poll, name="agents-interrupt", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def _partial_row(transcript: Transcript) -> Completion:
+    """An interrupted episode as a PartialGroup row: no tokens, its recorded turns to replay."""
+    replay = [
+        {
+            "ids": ids.tolist(),
+            "tokens": c.tokens.tolist(),
+            "logprobs": c.logprobs.tolist(),
+            "versions": np.asarray(c.versions).tolist(),
+            "text": c.text,
+            "finish": c.finish_reason,
+        }
+        for ids, c in transcript.turns()
+    ]
+    empty = np.zeros(0, np.int32)
+    return Completion(empty, np.zeros(0, np.float32), "", PARTIAL, 0, episode={"replay": replay})
+
+
+def _turns(replay: list[dict]) -> list[tuple[np.ndarray, Completion]]:
+    out = []
+    for t in replay:
+        versions = np.asarray(t["versions"], np.int32)
+        c = Completion(
+            np.asarray(t["tokens"], np.int32),
+            np.asarray(t["logprobs"], np.float32),
+            t["text"],
+            t["finish"],
+            int(versions.min()) if len(versions) else 0,
+            versions,
+        )
+        out.append((np.asarray(t["ids"], np.int32), c))
+    return out
+
+
 def _client_factory(url: str, key: str):
     def client(use_async: bool):
         import openai  # the 'agents' extra
@@ -206,6 +310,11 @@ def _client_factory(url: str, key: str):
         return cls(base_url=url, api_key=key, max_retries=0)
 
     return client
+
+
+def _close_all(endpoint: Any, keys: Sequence[str]) -> None:
+    for key in keys:
+        _close(endpoint, key)
 
 
 def _close(endpoint: Any, key: str) -> None:

@@ -103,3 +103,35 @@ def test_concurrent_episodes_make_far_fewer_generate_calls_than_requests():
         on = c.loss_mask == 1
         assert c.tokens[on].tolist() == np.concatenate([s.tokens for s in mine]).tolist()
         assert c.logprobs[on].tolist() == np.concatenate([s.logprobs for s in mine]).tolist()
+
+
+def test_a_replay_answers_the_recorded_requests_and_samples_from_the_first_other_one():
+    sampler = Counting()
+    with AgentEndpoint(sampler=sampler, tokenizer=TOK, model="m", batch_window_s=0.0) as ep:
+        key = ep.open_episode("first")
+        api = openai.OpenAI(base_url=ep.url, api_key=key, max_retries=0, timeout=60)
+        one = [{"role": "user", "content": "a"}]
+        r = api.chat.completions.create(model="m", messages=one)
+        reply = r.choices[0].message.model_dump(exclude_none=True)
+        api.chat.completions.create(
+            model="m", messages=[*one, reply, {"role": "user", "content": "b"}]
+        )
+        turns = ep.close_episode(key).turns()
+        assert len(turns) == 2
+        calls = len(sampler.calls)
+
+        again = ep.open_episode("again")
+        ep.sessions[again].replay = list(turns)
+        api = openai.OpenAI(base_url=ep.url, api_key=again, max_retries=0, timeout=60)
+        r2 = api.chat.completions.create(model="m", messages=one)
+        assert len(sampler.calls) == calls  # answered from the record, not sampled
+        assert r2.choices[0].message.content == r.choices[0].message.content
+        other = [*one, reply, {"role": "user", "content": "something else"}]
+        api.chat.completions.create(model="m", messages=other)
+        session = ep.sessions[again]
+        assert len(sampler.calls) == calls + 1 and session.replayed == 1 and session.replay == []
+        transcript = ep.close_episode(again)
+    ((_, c),) = transcript.completions()
+    first = turns[0][1]
+    assert c.tokens[: len(first.tokens)].tolist() == first.tokens.tolist()
+    assert c.logprobs[: len(first.tokens)].tolist() == first.logprobs.tolist()

@@ -14,9 +14,10 @@ import openai
 import pytest
 from chatml_case import chatml_tokenizer
 
+from rlax.core.param_server.codec import msgs_to_partial, partial_to_msg
 from rlax.core.rollout.agent_episode import AgentResult
 from rlax.core.rollout.groups import episode_prompt
-from rlax.core.types import Completion, Prompt
+from rlax.core.types import Completion, PartialGroup, Prompt
 from rlax.plugins.agents.calculator import calculate, calculator
 from rlax.plugins.agents.runner import AgentSampler
 from rlax.plugins.environments.tool_calls import HermesToolParser
@@ -203,3 +204,32 @@ def test_async_agents_run_in_one_loop_and_a_rewrite_is_counted_not_trained():
         assert e["dropped_tokens"] > 0 and e["failed"] == 0.0
         assert c.loss_mask.sum() == len(s.sampler.rows[0][1].tokens)  # the first segment only
     assert "after its 3 s" in slow[0].episode["reason"] and slow[0].episode["failed"] == 1.0
+
+
+def test_an_interrupted_episode_is_replayed_from_its_recorded_turns_not_sampled_again():
+    s = sampler(calculator)
+    inner = s.sampler
+    try:
+        p = prompt(0, 6, 7)
+        (part,) = s.generate_groups([p], 2, seed=0, interrupt=lambda: len(inner.rows) >= 2)
+        first_rows = len(inner.rows)
+        # As the parameter server hands it to the next worker's lease.
+        wired = msgs_to_partial(partial_to_msg(part, "lease", p.id).rows)
+        (group,) = s.generate_groups([p], 2, seed=0, partials=[wired])
+    finally:
+        s.close()
+    assert isinstance(part, PartialGroup) and part.unfinished == 2
+    replays = [row.episode["replay"] for row in part.rows]
+    assert all(len(r) >= 1 for r in replays)  # each had its first turn before the cut
+    # The resumed call sampled only the turns past the recorded ones.
+    turns = sum(c.episode["turns"] for c in group)
+    replayed = sum(c.episode["replayed_turns"] for c in group)
+    assert replayed == sum(len(r) for r in replays)
+    assert len(inner.rows) - first_rows == turns - replayed
+    for c, replay in zip(group, replays):
+        assert (c.episode["reward"], c.episode["failed"]) == (1.0, 0.0)
+        sampled = c.tokens[c.loss_mask == 1].tolist()
+        recorded = [t for turn in replay for t in turn["tokens"]]
+        assert sampled[: len(recorded)] == recorded  # the same ids for the replayed part
+        start = episode_prompt(p, group).tokens.tolist()
+        assert start + c.tokens.tolist()[: len(replay[0]["ids"]) - len(start)] == replay[0]["ids"]
