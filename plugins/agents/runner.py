@@ -81,6 +81,7 @@ class AgentSampler:
       max_episode_tokens: ids per episode after its prompt (the trainer pads to it).
       wall_s: seconds per episode.
       batch_window_s: how long a request waits for others to be sampled with it.
+      model: the model name the endpoint serves (the one the agent's code asks for).
     """
 
     def __init__(
@@ -94,11 +95,13 @@ class AgentSampler:
         max_episode_tokens: Annotated[int, AtLeast(1)] = 256,
         wall_s: Annotated[float, Positive] = 120.0,
         batch_window_s: Annotated[float, AtLeast(0)] = 0.01,
+        model: str = "rlax-policy",
     ):
         self.sampler, self.agent, self.reward = sampler, agent, reward
         self.tool_parser = tool_parser
         self.max_turns, self.max_episode_tokens = max_turns, max_episode_tokens
         self.wall_s, self.batch_window_s = wall_s, batch_window_s
+        self.model = model
         self.tokenizer: Any = None
         self.endpoint: Any = None
 
@@ -128,6 +131,7 @@ class AgentSampler:
                 sampler=self.sampler,
                 tokenizer=self.tokenizer,
                 tool_parser=self.tool_parser,
+                model=self.model,
                 batch_window_s=self.batch_window_s,
             )
             self.endpoint.start()

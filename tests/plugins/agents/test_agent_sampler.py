@@ -207,29 +207,62 @@ def test_async_agents_run_in_one_loop_and_a_rewrite_is_counted_not_trained():
 
 
 def test_an_interrupted_episode_is_replayed_from_its_recorded_turns_not_sampled_again():
-    s = sampler(calculator)
+    gate = threading.Event()  # the agents wait here after their first turn until after the cut
+
+    def paused(client, p):  # the calculator, held between its two turns the first time
+        create = client.chat.completions.create
+
+        def held(**request):
+            reply = create(**request)
+            gate.wait(10)
+            return reply
+
+        client.chat.completions.create = held
+        return calculator(client, p)
+
+    def cut() -> bool:
+        if len(inner.rows) < 2:
+            return False
+        threading.Timer(1.0, gate.set).start()  # after the keys are closed
+        return True
+
+    s = sampler(paused)
     inner = s.sampler
     try:
         p = prompt(0, 6, 7)
-        (part,) = s.generate_groups([p], 2, seed=0, interrupt=lambda: len(inner.rows) >= 2)
+        (part,) = s.generate_groups([p], 2, seed=0, interrupt=cut)
         first_rows = len(inner.rows)
         # As the parameter server hands it to the next worker's lease.
         wired = msgs_to_partial(partial_to_msg(part, "lease", p.id).rows)
+        # The gate is open now: the same agent runs through.
         (group,) = s.generate_groups([p], 2, seed=0, partials=[wired])
     finally:
         s.close()
     assert isinstance(part, PartialGroup) and part.unfinished == 2
     replays = [row.episode["replay"] for row in part.rows]
-    assert all(len(r) >= 1 for r in replays)  # each had its first turn before the cut
+    assert [len(r) for r in replays] == [1, 1]  # each had its first turn before the cut
     # The resumed call sampled only the turns past the recorded ones.
-    turns = sum(c.episode["turns"] for c in group)
-    replayed = sum(c.episode["replayed_turns"] for c in group)
-    assert replayed == sum(len(r) for r in replays)
-    assert len(inner.rows) - first_rows == turns - replayed
+    assert [c.episode["replayed_turns"] for c in group] == [1.0, 1.0]
+    assert [c.episode["turns"] for c in group] == [2.0, 2.0]
+    assert len(inner.rows) - first_rows == 2
     for c, replay in zip(group, replays):
         assert (c.episode["reward"], c.episode["failed"]) == (1.0, 0.0)
         sampled = c.tokens[c.loss_mask == 1].tolist()
-        recorded = [t for turn in replay for t in turn["tokens"]]
+        recorded = replay[0]["tokens"]
         assert sampled[: len(recorded)] == recorded  # the same ids for the replayed part
-        start = episode_prompt(p, group).tokens.tolist()
-        assert start + c.tokens.tolist()[: len(replay[0]["ids"]) - len(start)] == replay[0]["ids"]
+        assert c.logprobs[: len(recorded)].tolist() == replay[0]["logprobs"]
+
+
+def test_the_endpoint_serves_the_model_name_the_agent_s_code_asks_for():
+    def agent(client, p):
+        r = client.chat.completions.create(
+            model="gpt-x", messages=[{"role": "user", "content": "1"}]
+        )
+        return float(r.model == "gpt-x")
+
+    s = sampler(agent, model="gpt-x")
+    try:
+        (group,) = s.generate([prompt(0, 1, 1)], 1, seed=0)
+    finally:
+        s.close()
+    assert group[0].episode["reward"] == 1.0
