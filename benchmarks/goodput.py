@@ -216,14 +216,16 @@ def excess_s(rows: list[dict]) -> float:
 
 def recoveries(name: str, run_dir: pathlib.Path, events, rows) -> list[dict]:
     """The run's recovery rows, each with the scenario; the parameter server's with the
-    time from its kill to the trainer's next completed step."""
+    time from its kill to the trainer's first step completed after the restarted server
+    answered (a step can complete just after the kill on what it had already sent)."""
     out = []
     kills = [t for t, role, _ in events if role == "param_server"]
     for r in read_rows(run_dir):
         r = dict(r, scenario=name)
         if r["role"] == "param_server" and kills:
             killed = max((t for t in kills if t <= r["time"]), default=None)
-            after = [row["time"] for row in rows if killed is not None and row["time"] > killed]
+            serving = r["time"]  # written once the restarted server answered
+            after = [row["time"] for row in rows if killed is not None and row["time"] > serving]
             if after:
                 r["serve_s"] = r["total_s"]
                 r["total_s"] = after[0] - killed
