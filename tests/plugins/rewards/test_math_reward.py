@@ -18,6 +18,15 @@ from rlax.plugins.rewards.math_verifier import MathReward, reference_answer
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from math_table import TABLE  # the labelled table, next to this file
 
+# The reward's deadline is wall time: a neighbour that slows the wall clock (2 cores shared
+# with other jobs made a 0.5 s verdict take 2.9 s) would turn a verdict into a timeout. The
+# tests of verdicts give it room; the deadline's own tests are test_math_adversarial.py's.
+VERDICT_WALL_S = 60.0
+
+
+def reward(**settings) -> MathReward:
+    return MathReward(timeout_s=VERDICT_WALL_S, **settings)
+
 
 def prompt(answer: str) -> Prompt:
     return Prompt(id="q", text="q", tokens=np.zeros(1, np.int32), answer=answer)
@@ -33,7 +42,7 @@ def test_math_reward_table(completion, gold, correct):
     # The verdict's cost in this process's CPU time, not wall time: a neighbour on the
     # machine slows the wall clock (a CPU-bound neighbour made one case take 4.5 s), not this.
     start = time.process_time()
-    result = MathReward(timeout_s=3.0).score(prompt(gold), completion)
+    result = reward().score(prompt(gold), completion)
     assert result.score == (1.0 if correct else 0.0), result.reason
     assert result.reason.startswith("correct" if correct else ("wrong", "no answer"))
     assert time.process_time() - start < 3.0
@@ -55,7 +64,7 @@ MATH_VERIFY_FAILURES = [
 def test_beats_math_verify_alone_on_its_failures(completion, gold, correct):
     from math_verify import parse, verify
 
-    ours = MathReward().score(prompt(gold), completion).score == 1.0
+    ours = reward().score(prompt(gold), completion).score == 1.0
     assert ours == correct
     if importlib.metadata.version("math-verify").startswith("0.9"):
         theirs = verify(parse(f"${gold}$"), parse(completion))
@@ -67,8 +76,8 @@ def test_gsm8k_reference_solutions_reduce_to_their_final_answer():
     assert reference_answer(solution) == "72"
     assert reference_answer(r"so \boxed{\frac12}") == r"\frac12"
     assert reference_answer(" 7 ") == "7"
-    assert MathReward().score(prompt(solution), r"\boxed{72}").score == 1.0
-    assert MathReward().score(prompt(solution), r"\boxed{24}").score == 0.0
+    assert reward().score(prompt(solution), r"\boxed{72}").score == 1.0
+    assert reward().score(prompt(solution), r"\boxed{24}").score == 0.0
 
 
 def test_extraction_methods_and_the_fallback_switch():
@@ -77,16 +86,16 @@ def test_extraction_methods_and_the_fallback_switch():
     assert extract_answer("the answer is 3, I think 4").method == "answer_is"
     assert extract_answer("I think 4").answer == "4"
     assert extract_answer("I think 4", fallback_last_number=False) is None
-    strict = MathReward(fallback_last_number=False)
+    strict = reward(fallback_last_number=False)
     assert strict.score(prompt("4"), "I think 4").reason == "no answer found"
 
 
 def test_scores_and_symbolic_switch_are_settings():
-    reward = MathReward(correct_score=2.0, wrong_score=-1.0, symbolic=False)
-    assert reward.score(prompt("5"), r"\boxed{5}").score == 2.0
-    assert reward.score(prompt("6"), r"\boxed{5}").score == -1.0
+    scaled = reward(correct_score=2.0, wrong_score=-1.0, symbolic=False)
+    assert scaled.score(prompt("5"), r"\boxed{5}").score == 2.0
+    assert scaled.score(prompt("6"), r"\boxed{5}").score == -1.0
     # Without the symbolic stage, equal radicals are not recognised (numbers still are).
-    assert reward.score(prompt(r"\sqrt{8}"), r"\boxed{2\sqrt{2}}").score == -1.0
+    assert scaled.score(prompt(r"\sqrt{8}"), r"\boxed{2\sqrt{2}}").score == -1.0
     with pytest.raises(ValueError, match="timeout_s"):
         MathReward(timeout_s=0)
 
