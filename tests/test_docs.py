@@ -478,6 +478,27 @@ def check_agent(b: Block, tmp_path: pathlib.Path) -> None:
     assert client.asked == 2
 
 
+def check_writing_an_agent(b: Block, tmp_path: pathlib.Path) -> None:
+    from rlax.core.types import Prompt
+
+    class Client:  # replies "five", then "5"
+        def __init__(self):
+            self.requests: list[dict] = []
+            self.chat = self.completions = self
+
+        def create(self, **request):  # as sent: a real client serialises it now
+            self.requests.append(json.loads(json.dumps(request)))
+            message = types.SimpleNamespace(content=["five", "5"][len(self.requests) - 1])
+            return types.SimpleNamespace(choices=[types.SimpleNamespace(message=message)])
+
+    agent = manager(run(b)).get("agents", "two_tries").factory
+    client = Client()
+    assert agent(client, Prompt("p", "2+3=", np.zeros(1, np.int32), "5")) == "5"
+    first, second = (r["messages"] for r in client.requests)
+    assert second[: len(first)] == first  # the second request extends the first
+    assert [m["content"] for m in second[len(first) :]] == ["five", "A number only, please."]
+
+
 def check_tool_parser(b: Block, tmp_path: pathlib.Path) -> None:
     from rlax.core.episodes import ToolCall
 
@@ -675,6 +696,7 @@ CHECKS: dict[str, Callable[..., None]] = {
     HOOKS + "rlax_on_checkpoint(step: int, path: str) -> None": check_checkpoint,
     HOOKS + "rlax_on_preemption(role: str, reason: str) -> None": check_preemption,
     "docs/environments.md § Writing an environment": check_writing_an_environment,
+    "docs/agents.md § Writing an agent": check_writing_an_agent,
     "docs/algorithms.md § Writing a new algorithm": check_public_algorithm,
     "docs/preemption.md § Notices (`core/runtime/preemption.py`)": check_notice_source,
     "docs/rewards_and_data.md § Scoring in a pool: `rlax.core.rollout.reward_pool.RewardPool`": (
