@@ -213,6 +213,7 @@ def test_the_same_judgement_is_asked_once(served, grader, tmp_path):
     assert len(grader.asked) == 4
 
 
+@pytest.mark.serial  # a wall-clock bound (tests/test_suite_rules.py)
 def test_a_grader_past_the_deadline_is_a_timeout(served, grader):
     grader.script += [(1.5, "SCORE: 5")]
     reward = judge(served[0].url, request_timeout_s=0.3, deadline_s=0.5, retries=3)
@@ -254,6 +255,7 @@ def test_a_429_waits_as_long_as_its_retry_after_asks(served, grader):
         front.close()
 
 
+@pytest.mark.serial  # a wall-clock bound (tests/test_suite_rules.py)
 def test_a_retry_that_cannot_finish_by_the_deadline_is_a_timeout(served, grader):
     front = Front(served[0].url, [503, 503])
     try:
