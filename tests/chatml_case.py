@@ -1,10 +1,12 @@
 """A ChatML tokenizer small enough to read (imported by tests as ``chatml_case``): byte-level
-ids (no merges) plus ChatML's two special tokens, 258 ids, with a ChatML chat template."""
+ids (no merges) plus ChatML's two special tokens, 258 ids, with a ChatML chat template; and
+the one-layer model config the tests that sample through it build."""
 
 from __future__ import annotations
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from rlax.core.models.config import TransformerConfig
 from rlax.core.models.hf_tokenizer import HFTokenizer
 
 CHATML = (
@@ -20,3 +22,16 @@ def chatml_tokenizer() -> HFTokenizer:
     raw.decoder = decoders.ByteLevel()
     raw.add_special_tokens(["<|im_start|>", "<|im_end|>"])
     return HFTokenizer(raw, bos_id=None, eos_id=raw.token_to_id("<|im_end|>"), chat_template=CHATML)
+
+
+def tiny_config(vocab_size: int) -> TransformerConfig:
+    """One layer, 32 wide: fast to build and sample on CPU."""
+    return TransformerConfig(
+        vocab_size=vocab_size,
+        num_layers=1,
+        embed_dim=32,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        mlp_dim=64,
+    )

@@ -13,10 +13,9 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from chatml_case import chatml_tokenizer
+from chatml_case import chatml_tokenizer, tiny_config
 from flax import nnx
 
-from rlax.core.models.config import TransformerConfig
 from rlax.core.models.transformer import Transformer
 from rlax.core.rollout.openai_endpoint import AgentEndpoint
 from rlax.core.rollout.openai_requests import EndpointLimits
@@ -71,15 +70,7 @@ class Scripted:
 
 @pytest.fixture(scope="module")
 def engine_endpoint():
-    cfg = TransformerConfig(
-        vocab_size=TOK.vocab_size,
-        num_layers=1,
-        embed_dim=32,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=16,
-        mlp_dim=64,
-    )
+    cfg = tiny_config(TOK.vocab_size)
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     engine = SlotEngine(slots=2, chunk=8, max_new_tokens=8, max_prompt_tokens=192, prompt_bucket=64)
     engine.setup(model, TOK)

@@ -8,11 +8,10 @@ import pathlib
 
 import gin
 import pytest
-from chatml_case import chatml_tokenizer
+from chatml_case import chatml_tokenizer, tiny_config
 
 from rlax.core import cli, config
 from rlax.core.models.bundle import ModelBundle, new_model, save_model
-from rlax.core.models.config import TransformerConfig
 from rlax.core.plugins import build_plugin_manager
 from rlax.plugins.agents.calculator import calculator
 from rlax.plugins.agents.runner import AgentSampler
@@ -45,15 +44,7 @@ def test_the_config_runs_the_calculator_agent_through_samplers_agents(pm):
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory) -> pathlib.Path:
     tok = chatml_tokenizer()
-    cfg = TransformerConfig(
-        vocab_size=tok.vocab_size,
-        num_layers=1,
-        embed_dim=32,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=16,
-        mlp_dim=64,
-    )
+    cfg = tiny_config(tok.vocab_size)
     path = tmp_path_factory.mktemp("model") / "chatml-tiny"
     save_model(path, ModelBundle(new_model(cfg, 0), tok, {"built_by": __name__}))
     return path
