@@ -20,6 +20,11 @@ JAX keys each entry by the program, the jaxlib version, the backend and its vers
 the devices, the XLA flags and the compile options, so an entry written by another
 release or for another backend is never read back: the role compiles and adds its own.
 
+A restarted role would still trace and lower each program to find its key: while the
+cache is on, whole compiled programs are kept beside it too (``executables/``,
+:mod:`rlax.core.runtime.executables`), so the trainer's steps are called again without
+tracing.
+
 The cache lives as long as the command (:func:`session`): a role that refuses its
 settings after it compiled something takes back the folder it made, and JAX's cache is
 turned off again when the command returns. :func:`counts` counts this process's reads
@@ -40,6 +45,7 @@ from typing import Annotated
 
 from rlax.core.constraints import AtLeast, check_fields
 from rlax.core.errors import ConfigError
+from rlax.core.runtime import executables
 from rlax.core.runtime.run_dir import RunDir
 
 __all__ = [
@@ -52,6 +58,8 @@ __all__ = [
     "start_in_run",
 ]
 
+#: The folder of the cache where whole compiled programs are kept (:mod:`executables`).
+EXECUTABLES = "executables"
 # JAX's monitoring events: a program read from the cache, and one compiled and written.
 HIT_EVENT = "/jax/compilation_cache/cache_hits"
 MISS_EVENT = "/jax/compilation_cache/cache_misses"
@@ -65,6 +73,7 @@ COMPILE_EVENTS = frozenset(
         "/jax/core/compile/jaxpr_trace_duration",
         "/jax/core/compile/jaxpr_to_mlir_module_duration",
         "/jax/core/compile/backend_compile_duration",
+        executables.LOAD_EVENT,  # a whole program read back without tracing
     }
 )
 
@@ -103,11 +112,18 @@ class CompileCounts:
     hits: int = 0
     misses: int = 0
     compile_s: float = 0.0
+    #: Whole programs read back from the store (:mod:`executables`): neither traced nor
+    #: looked up in the cache, so not among the hits.
+    loaded: int = 0
     #: The cache keys of the misses (an entry's file is ``<key>-cache`` in the cache).
     missed: tuple[str, ...] = ()
 
     def metrics(self) -> dict[str, float]:
-        return {"compile/cache_hits": float(self.hits), "compile/cache_misses": float(self.misses)}
+        return {
+            "compile/cache_hits": float(self.hits),
+            "compile/cache_misses": float(self.misses),
+            "compile/programs_loaded": float(self.loaded),
+        }
 
 
 _counts = CompileCounts()
@@ -172,6 +188,7 @@ def _stop() -> None:
 
         jax.config.update("jax_compilation_cache_dir", None)
         compilation_cache.reset_cache()  # JAX keeps the folder it opened until this
+        executables.stop()
         _on = False
 
 
@@ -191,6 +208,7 @@ def _turn_on(directory: pathlib.Path, min_compile_time_s: float) -> None:
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_time_s)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # every size
+    executables.start(directory / EXECUTABLES)
     listen()
 
 
@@ -218,6 +236,7 @@ def listen() -> None:
         if event in COMPILE_EVENTS:
             with _lock:
                 _counts.compile_s += duration_secs
+                _counts.loaded += event == executables.LOAD_EVENT
 
     jax.monitoring.register_event_listener(count)
     jax.monitoring.register_event_duration_secs_listener(seconds)

@@ -44,6 +44,7 @@ import numpy as np
 from rlax.core.contracts import BatchTerms
 from rlax.core.errors import ConfigError
 from rlax.core.parallel import mesh as meshlib
+from rlax.core.runtime import executables
 from rlax.core.trainer.settings import TrainerSettings
 from rlax.core.trainer.step import Trainer, batch_arrays
 from rlax.core.types import TrainBatch
@@ -99,7 +100,8 @@ def _fixed_fn(trainer: Trainer, arrays: dict):
             trainer.ref_shardings,
             trainer.batch_shardings(arrays),
         )
-        trainer._compiled[key] = jax.jit(fixed, in_shardings=shardings)
+        jitted = jax.jit(fixed, in_shardings=shardings)
+        trainer._compiled[key] = executables.stored("fixed_anchors", jitted, trainer.closure())
     return trainer._compiled[key]
 
 

@@ -54,6 +54,7 @@ from rlax.core.models.critic import forward_with_values
 from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.parallel import mesh as meshlib
 from rlax.core.parallel import multihost
+from rlax.core.runtime import executables
 from rlax.core.trainer import passes
 from rlax.core.trainer.microbatch import ModuleT, cast_floats, wrap_blocks
 from rlax.core.trainer.settings import COMPUTE_DTYPES, PLACEMENTS, TrainerSettings
@@ -194,7 +195,7 @@ class Trainer:
         key = tuple(sorted((k, np.ndim(v)) for k, v in arrays.items()))
         if key not in self._compiled:
             repl = meshlib.replicated(self.mesh)
-            self._compiled[key] = jax.jit(
+            jitted = jax.jit(
                 self._train_step,
                 in_shardings=(
                     self.param_shardings,
@@ -212,7 +213,26 @@ class Trainer:
                 # The optimiser state always; params unless someone reads them after the step.
                 donate_argnums=(0, 2) if self.donate_params else (2,),
             )
+            self._compiled[key] = executables.stored("train_step", jitted, self.closure())
         return self._compiled[key]
+
+    def closure(self) -> str:
+        """What the compiled programs close over beyond their arguments, described for the
+        store of compiled programs (:mod:`rlax.core.runtime.executables`)."""
+        return executables.describe(
+            (
+                self.graphdef,
+                self.critic_graphdef,
+                self.settings,
+                self.algorithm,
+                self.optimizer,  # functions: its constants are in the gin configuration
+                self.rules,
+                self.temperature,
+                self._compute_dtype,
+                self.donate_params,
+                self.mesh,
+            )
+        )
 
     # -- the computation --------------------------------------------------------
 

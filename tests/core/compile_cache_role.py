@@ -4,7 +4,8 @@
 as a role does (:func:`rlax.core.runtime.compile_cache.start`, before anything
 compiles), loads a tiny policy (as from a checkpoint: host arrays, nothing compiled)
 and takes two trainer steps on it, then prints one JSON line: the cache's hits and
-misses, how many programs this process asked the cache for, and the losses.
+misses, the whole programs read back (:mod:`rlax.core.runtime.executables`), how many
+programs this process asked the cache for, the functions its steps traced, and the losses.
 ``other-jaxlib`` makes this process's jaxlib version read differently, as a role of
 another release would, and stops once the trainer is built (its first program).
 """
@@ -18,6 +19,7 @@ import sys
 import numpy as np
 
 REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"  # JAX asks the cache
+TRACE = "/jax/core/compile/jaxpr_trace_duration"  # a function traced
 
 
 def main(run: str, other_jaxlib: bool) -> None:
@@ -31,14 +33,21 @@ def main(run: str, other_jaxlib: bool) -> None:
 
         cache_key.jaxlib_version_str += ".other"
     requests: list[str] = []
+    traced: list[str] = []
     jax.monitoring.register_event_listener(
         lambda event, **_: requests.append(event) if event == REQUESTS else None
     )
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, _, **__: traced.append(event) if event == TRACE else None
+    )
     where = compile_cache.start(compile_cache.CompileCacheSettings(), RunDir(run))
     trainer = _trainer()
-    losses = [] if other_jaxlib else [trainer.step(_batch())["loss"] for _ in range(2)]
+    batch = _batch()
+    traced.clear()  # from here: the steps' own programs
+    losses = [] if other_jaxlib else [trainer.step(batch)["loss"] for _ in range(2)]
     counts = compile_cache.counts()
     report = {"cache": str(where), "hits": counts.hits, "misses": counts.misses}
+    report.update(loaded=counts.loaded, steps_traced=len(traced))
     print(json.dumps({**report, "requests": len(requests), "losses": losses}))
 
 

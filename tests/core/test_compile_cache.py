@@ -49,9 +49,12 @@ def test_a_restarted_role_reads_every_program_back_and_compiles_none(tmp_path):
     assert first["cache"] == again["cache"] == str(run.compile_cache)
     # The first incarnation compiled every program it asked for and wrote each one.
     assert first["misses"] == first["requests"] > 0 and first["hits"] == 0
-    # The restart asked for the same programs and read every one back: no compilation.
-    assert again["requests"] == first["requests"]
-    assert again["hits"] == first["misses"] and again["misses"] == 0
+    # The restart compiled nothing: the train step came back whole (its steps traced
+    # nothing), every other program the first one compiled it read back from the cache.
+    assert first["loaded"] == 0 and first["steps_traced"] > 0
+    assert again["loaded"] == 1 and again["steps_traced"] == 0
+    assert again["requests"] == first["requests"] - again["loaded"]
+    assert again["hits"] == first["misses"] - again["loaded"] and again["misses"] == 0
     assert again["losses"] == first["losses"]  # the same programs, the same numbers
     # Another jaxlib never reads the entries of this one: it compiles and adds its own.
     assert other["hits"] == 0 and other["misses"] == other["requests"] > 0
