@@ -91,27 +91,33 @@ def retokenized(checkpoint: pathlib.Path) -> int:
     return differing
 
 
-def run(extra: list[str]) -> dict:
-    with tempfile.TemporaryDirectory(prefix="rlax-multiturn-") as tmp:
+def run_quickstart(gin: str, extra: list[str], *, after=None) -> tuple[dict, list[dict], float]:
+    """Runs ``rlax run --gin <gin>`` in a fresh directory: (eval.json, metrics rows, wall s).
+
+    ``after(run_dir)`` is called before the directory goes; its value is dropped.
+    """
+    with tempfile.TemporaryDirectory(prefix=f"rlax-{gin}-") as tmp:
         run_dir = pathlib.Path(tmp) / "run"
-        cmd = [
-            *_rlax_command(),
-            "run",
-            "--gin",
-            "multiturn_quickstart",
-            "--run-dir",
-            str(run_dir),
-            *extra,
-        ]
+        cmd = [*_rlax_command(), "run", "--gin", gin, "--run-dir", str(run_dir), *extra]
         env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
         start = time.perf_counter()
         proc = subprocess.run(cmd, check=False, cwd=tmp, env=env)
         wall = time.perf_counter() - start
         if proc.returncode != 0:
-            raise RuntimeError(f"the multi-turn quickstart failed with status {proc.returncode}")
+            raise RuntimeError(f"{gin} failed with status {proc.returncode}")
         results = json.loads((run_dir / "eval.json").read_text())
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        differing = retokenized(run_dir / "checkpoint")
+        if after is not None:
+            after(run_dir)
+    return results, rows, wall
+
+
+def run(extra: list[str]) -> dict:
+    found: list[int] = []
+    results, rows, wall = run_quickstart(
+        "multiturn_quickstart", extra, after=lambda d: found.append(retokenized(d / "checkpoint"))
+    )
+    differing = found[0]
 
     def mean(key: str) -> float:
         return round(float(np.mean([r[key] for r in rows if key in r])), 3)

@@ -5,8 +5,11 @@ once. :class:`Batcher` gathers their requests and samples them together, as
 :mod:`rlax.plugins.environments.runner` batches the turns of live episodes:
 
 - the first request to arrive while no batch is being sampled leads the next
-  batch: it waits at most ``window_s`` for more, or less once every live
-  episode (``live()``) has a request pending;
+  batch: it waits for more until ``window_s`` passes with no new request, or
+  less once every live episode (``live()``) has a request pending (the
+  window counts from the last arrival: hundreds of episodes' requests come
+  in one after another, a fraction of a millisecond apart each, and go in
+  one batch);
 - requests that arrive while a batch is being sampled wait for it to end and
   then go together in the next one.
 
@@ -61,7 +64,12 @@ class Batcher:
         self.live = live or (lambda: 0)
         self.calls = 0  # generate calls made
         self.requests = 0  # requests sampled
-        self._cond = threading.Condition()
+        # One lock, two conditions: an arrival wakes the gathering leader only, and the end
+        # of a batch wakes the waiting requests (a notify_all per arrival would wake
+        # hundreds of waiting threads hundreds of times a batch).
+        lock = threading.Lock()
+        self._arrived = threading.Condition(lock)
+        self._finished = threading.Condition(lock)
         self._pending: list[_Request] = []
         self._busy = False
 
@@ -69,11 +77,11 @@ class Batcher:
         """One completion of ``prompt``, sampled in a batch with whatever else is pending."""
         request = _Request(prompt, seed)
         batch: list[_Request] = []
-        with self._cond:
+        with self._arrived:
             self._pending.append(request)
-            self._cond.notify_all()
+            self._arrived.notify()
             while not request.done and self._busy:
-                self._cond.wait()
+                self._finished.wait()
             if not request.done:
                 self._busy = True
                 batch = self._gather()
@@ -85,13 +93,16 @@ class Batcher:
         return request.result
 
     def _gather(self) -> list[_Request]:
-        """The batch, once the window has passed or every live episode has a request in."""
-        deadline = time.monotonic() + self.window_s
+        """The batch, once the window has passed since the last arrival or every live
+        episode has a request in."""
+        deadline, seen = time.monotonic() + self.window_s, len(self._pending)
         while len(self._pending) < self.live():
+            if len(self._pending) > seen:
+                deadline, seen = time.monotonic() + self.window_s, len(self._pending)
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            self._cond.wait(left)
+            self._arrived.wait(left)
         batch, self._pending = self._pending, []
         return batch
 
@@ -107,8 +118,8 @@ class Batcher:
             for r in batch:
                 r.error = err
         finally:
-            with self._cond:
+            with self._finished:
                 self.calls += 1
                 self.requests += len(batch)
                 self._busy = False
-                self._cond.notify_all()
+                self._finished.notify_all()

@@ -49,6 +49,7 @@ import uuid
 import zlib
 from typing import Any, Self
 
+import anyio
 import anyio.to_thread
 
 try:
@@ -79,6 +80,7 @@ __all__ = ["AgentEndpoint"]
 
 log = logging.getLogger("rlax.agents")
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+KEEP_ALIVE_S = 60
 
 
 class AgentEndpoint:
@@ -113,6 +115,7 @@ class AgentEndpoint:
         self.backend = Backend(sampler, tokenizer, tool_parser, batcher)
         self.model, self.host, self.port = model, host, port
         self.limits = limits or EndpointLimits()
+        self.limiter = anyio.CapacityLimiter(40)  # turns sampled at once; grown to the episodes
         self.app = _build_app(self)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -169,6 +172,9 @@ class AgentEndpoint:
             log_level="warning",
             lifespan="off",
             access_log=False,
+            # Longer than an episode's client keeps its idle connection (httpx: 5 s), so a
+            # client never sends on a connection the server has just closed.
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="agent-endpoint", daemon=True)
@@ -213,7 +219,13 @@ async def _turn(endpoint: AgentEndpoint, session: AgentSession, run, request) ->
     if seed is None:
         seed = zlib.crc32(f"{session.name}/{session.transcript.requests}".encode())
     try:
-        return await anyio.to_thread.run_sync(run, endpoint.backend, session, request, seed)
+        # A turn waits in the batcher for the others: every open episode gets a thread
+        # (anyio's default 40 would cap a batch at 40 requests).
+        limiter = endpoint.limiter
+        limiter.total_tokens = max(40, len(endpoint.sessions))
+        return await anyio.to_thread.run_sync(
+            run, endpoint.backend, session, request, seed, limiter=limiter
+        )
     except ApiError:
         raise
     except Exception as err:  # the sampler's failure is this request's, not the server's

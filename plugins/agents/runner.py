@@ -59,7 +59,14 @@ import numpy as np
 from rlax.core import hookimpl
 from rlax.core.constraints import AtLeast, Positive
 from rlax.core.contracts import Sampler, ToolParser
-from rlax.core.rollout.agent_episode import AgentOutcome, Job, outcome_of, run_agents
+from rlax.core.rollout.agent_episode import (
+    AgentOutcome,
+    Job,
+    client_factory,
+    outcome_of,
+    run_agents,
+)
+from rlax.core.rollout.chat_tokenizer import with_chat_template
 from rlax.core.rollout.reward_pool import score_one
 from rlax.core.rollout.transcript import Transcript
 from rlax.core.types import PARTIAL, Completion, PartialGroup, Prompt
@@ -82,6 +89,8 @@ class AgentSampler:
       wall_s: seconds per episode.
       batch_window_s: how long a request waits for others to be sampled with it.
       model: the model name the endpoint serves (the one the agent's code asks for).
+      chat_template: jinja source the endpoint renders chats with, in place of the
+        model's own (None: the model's; :mod:`rlax.core.rollout.chat_tokenizer`).
     """
 
     def __init__(
@@ -96,12 +105,13 @@ class AgentSampler:
         wall_s: Annotated[float, Positive] = 120.0,
         batch_window_s: Annotated[float, AtLeast(0)] = 0.01,
         model: str = "rlax-policy",
+        chat_template: str | None = None,
     ):
         self.sampler, self.agent, self.reward = sampler, agent, reward
         self.tool_parser = tool_parser
         self.max_turns, self.max_episode_tokens = max_turns, max_episode_tokens
         self.wall_s, self.batch_window_s = wall_s, batch_window_s
-        self.model = model
+        self.model, self.chat_template = model, chat_template
         self.tokenizer: Any = None
         self.endpoint: Any = None
 
@@ -116,7 +126,7 @@ class AgentSampler:
 
     def setup(self, model, tokenizer) -> None:
         self.sampler.setup(model, tokenizer)
-        self.tokenizer = tokenizer
+        self.tokenizer = with_chat_template(tokenizer, self.chat_template)
         self._endpoint()
 
     def load_weights(self, params, version: int) -> None:
@@ -174,7 +184,10 @@ class AgentSampler:
             work = partials[i] if partials is not None else None
             row = work.rows[j] if work is not None else None
             session.replay = _turns((row.episode or {}).get("replay", [])) if row else []
-        jobs = [Job(p, _client_factory(endpoint.url, key)) for (_, _, p), key in zip(asked, keys)]
+        made: dict[str, Any] = {}  # a sync client's HTTP client, by key: closed when it returns
+        jobs = [
+            Job(p, client_factory(endpoint.url, key, made)) for (_, _, p), key in zip(asked, keys)
+        ]
         cut = _Watch(interrupt, lambda: _close_all(endpoint, keys))
         with cut:
             outcomes = run_agents(
@@ -182,6 +195,8 @@ class AgentSampler:
                 jobs,
                 wall_s=self.wall_s,
                 on_deadline=lambda k: _close(endpoint, keys[k]),
+                # A finished episode's key closes at once: the batcher waits for live ones only.
+                on_done=lambda k: _close(endpoint, keys[k], made),
             )
         for key in keys:
             _close(endpoint, key)
@@ -306,24 +321,19 @@ def _turns(replay: list[dict]) -> list[tuple[np.ndarray, Completion]]:
     return out
 
 
-def _client_factory(url: str, key: str):
-    def client(use_async: bool):
-        import openai  # the 'agents' extra
-
-        cls = openai.AsyncOpenAI if use_async else openai.OpenAI
-        return cls(base_url=url, api_key=key, max_retries=0)
-
-    return client
-
-
 def _close_all(endpoint: Any, keys: Sequence[str]) -> None:
     for key in keys:
         _close(endpoint, key)
 
 
-def _close(endpoint: Any, key: str) -> None:
-    if key in endpoint.sessions:
+def _close(endpoint: Any, key: str, made: dict[str, Any] | None = None) -> None:
+    http = made.pop(key, None) if made is not None else None
+    if http is not None:
+        http.close()
+    try:
         endpoint.close_episode(key)
+    except KeyError:
+        pass  # closed already (its agent returned, or its deadline passed)
 
 
 def _rebased(prompt: Prompt, episodes, limit: int, tokenizer: Any) -> tuple[Completion, ...]:
