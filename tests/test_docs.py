@@ -499,6 +499,29 @@ def check_writing_an_agent(b: Block, tmp_path: pathlib.Path) -> None:
     assert [m["content"] for m in second[len(first) :]] == ["five", "A number only, please."]
 
 
+def check_agent_quickstart(b: Block, tmp_path: pathlib.Path) -> None:
+    from rlax.core.types import Prompt
+
+    shipped = (ROOT / "plugins" / "agents" / "guess.py").read_text()
+    assert b.text[b.text.index("def guess") :] in shipped  # the page shows the code that runs
+
+    class Client:  # guesses 16, 24, 20 against the secret 20
+        def __init__(self):
+            self.requests: list[list[dict]] = []
+            self.chat = self.completions = self
+
+        def create(self, **request):
+            self.requests.append(json.loads(json.dumps(request["messages"])))
+            message = types.SimpleNamespace(content=["16", "24", "20"][len(self.requests) - 1])
+            choice = types.SimpleNamespace(message=message, finish_reason="stop")
+            return types.SimpleNamespace(choices=[choice])
+
+    client = Client()
+    assert run(b).guess(client, Prompt("p", "?", np.zeros(1, np.int32), 20)) == 1.0
+    assert [m["content"] for m in client.requests[-1]] == ["?", "16", ">", "24", "<"]
+    assert run(b).guess(Client(), Prompt("p", "?", np.zeros(1, np.int32), 7), max_guesses=3) == 0.0
+
+
 def check_tool_parser(b: Block, tmp_path: pathlib.Path) -> None:
     from rlax.core.episodes import ToolCall
 
@@ -697,6 +720,7 @@ CHECKS: dict[str, Callable[..., None]] = {
     HOOKS + "rlax_on_preemption(role: str, reason: str) -> None": check_preemption,
     "docs/environments.md § Writing an environment": check_writing_an_environment,
     "docs/agents.md § Writing an agent": check_writing_an_agent,
+    "docs/agents.md § The agent quickstart": check_agent_quickstart,
     "docs/algorithms.md § Writing a new algorithm": check_public_algorithm,
     "docs/preemption.md § Notices (`core/runtime/preemption.py`)": check_notice_source,
     "docs/rewards_and_data.md § Scoring in a pool: `rlax.core.rollout.reward_pool.RewardPool`": (
