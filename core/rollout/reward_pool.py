@@ -52,7 +52,8 @@ class PoolScores:
       failed: bool [B], True where the call raised, crashed, timed out or
         returned a non-finite score.
       errors: calls that raised, crashed their worker or returned a bad value.
-      timeouts: calls killed at the deadline.
+      timeouts: calls killed at the deadline, and calls that raised ``TimeoutError``
+        (a reward's own deadline, e.g. ``rewards.judge``'s).
     """
 
     scores: np.ndarray
@@ -77,6 +78,10 @@ def score_one(reward: Any, prompt: Prompt, text: str) -> tuple[float, str]:
     if not np.isfinite(value):
         raise ValueError(f"{type(reward).__name__} returned a non-finite score {value}")
     return value, reason
+
+
+def _timed_out(exc: TimeoutError) -> str:
+    return f"timed out: {type(exc).__name__}: {exc}"
 
 
 def _worker_main(conn: Any, reward_bytes: bytes, sys_path: list[str]) -> None:
@@ -105,6 +110,8 @@ def _serve(conn: Any, reward_bytes: bytes) -> None:
         index, prompt, text = message
         try:
             value, reason = score_one(reward, prompt, text)
+        except TimeoutError as exc:  # the reward's own deadline (e.g. rewards.judge's)
+            conn.send(("timeout", index, _timed_out(exc)))
         except BaseException as exc:  # noqa: BLE001 -- a verifier failure is a counted 0
             conn.send(("error", index, f"{type(exc).__name__}: {exc}"))
         else:
@@ -255,6 +262,8 @@ class RewardPool:
             for i, (prompt, text) in enumerate(zip(prompts, texts)):
                 try:
                     state.ok(i, *score_one(self.reward, prompt, text))
+                except TimeoutError as exc:
+                    state.timeout(i, _timed_out(exc))
                 except Exception as exc:  # noqa: BLE001 -- a verifier failure is a counted 0
                     state.error(i, f"{type(exc).__name__}: {exc}")
             return state.result()
@@ -313,6 +322,8 @@ class RewardPool:
         worker.head_since = time.monotonic()
         if kind == "ok":
             state.ok(message[1], message[2], message[3])
+        elif kind == "timeout":
+            state.timeout(message[1], message[2])
         else:
             state.error(message[1], message[2])
 

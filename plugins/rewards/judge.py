@@ -15,8 +15,9 @@ retried with backoff (:mod:`.judge_client`), and a judgement is asked once
 (:mod:`.judge_cache`). A judgement that does not happen -- an answer out of
 format or range, a timeout, a refusal -- raises
 :class:`~rlax.plugins.rewards.judge_verdict.JudgeError`: the reward pool
-scores the call 0 *as a failed call* (``reward_errors``, the reason in the
-traces), never as a judged 0; :meth:`JudgeReward.metrics` counts each kind.
+scores the call 0 *as a failed call* (``reward_errors``; ``reward_timeouts`` for a
+:class:`~rlax.plugins.rewards.judge_verdict.JudgeTimeout`; the reason in the traces),
+never as a judged 0; :meth:`JudgeReward.metrics` counts each kind.
 """
 
 from __future__ import annotations

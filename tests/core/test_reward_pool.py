@@ -17,7 +17,8 @@ DOUBLES = """
     from rlax.core.types import RewardResult
 
     class Doubles:
-        '''Behaves as the completion text says: a number, "hang", "crash", "raise", "nan".'''
+        '''Behaves as the completion text says: a number, "hang", "crash", "raise",
+        "deadline", "nan".'''
 
         def score(self, prompt, text):
             if text == "hang":
@@ -29,6 +30,8 @@ DOUBLES = """
                 os._exit(3)
             if text == "raise":
                 raise KeyError("boom")
+            if text == "deadline":  # the reward's own deadline ran out (rewards.judge's)
+                raise TimeoutError("no judgement in 2s")
             if text == "nan":
                 return float("nan")
             if text == "child":
@@ -139,6 +142,18 @@ def test_in_process_mode_contains_exceptions(doubles):
     result = pool.score([prompt()] * 3, ["1", "raise", "nan"])
     assert result.scores.tolist() == [1.0, 0.0, 0.0]
     assert (result.errors, result.timeouts) == (2, 0)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_reward_s_own_timeout_is_counted_as_a_timeout_not_an_error(doubles, workers):
+    """A reward that raises TimeoutError ran out of its own time (the judge's deadline):
+    a timeout, like a call the pool killed at its deadline, in a worker or in-process."""
+    with RewardPool(doubles, workers=workers, timeout_s=30.0) as pool:
+        result = pool.score([prompt()] * 3, ["1", "deadline", "raise"])
+    assert result.scores.tolist() == [1.0, 0.0, 0.0]
+    assert result.failed.tolist() == [False, True, True]
+    assert (result.errors, result.timeouts) == (1, 1)
+    assert result.reasons[1] == "timed out: TimeoutError: no judgement in 2s"
 
 
 def test_an_unloadable_reward_is_an_error_at_start():
