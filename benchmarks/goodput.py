@@ -9,6 +9,7 @@ with the same settings, in one invocation:
   worker_preempt   a worker gets SIGTERM every ``--every`` s (worker-0, worker-1, ...)
   kills            SIGKILL, no warning, every ``--every`` s: trainer, parameter server,
                    worker-0 in turn
+  clean_again      the clean run once more, last (whenever another scenario ran)
 
 The first signal goes ``--every`` s after the first step. Every run is shorter than the
 quickstart (``--steps``, default 500 of its 800: about three minutes, so that the signals
@@ -37,7 +38,12 @@ Figures:
 - redone: steps trained again (completed after the checkpoint the trainer restored),
   and prompts generated again (leases that expired with their worker).
 - goodput: trained tokens per wall second from the first step's start to the last
-  step's end (steps done again count once), divided by the clean run's.
+  step's end (steps done again count once), divided by the clean runs': the mean of the
+  first and the last run of the invocation, both clean. Two runs of the same settings
+  differ in steady pace by a few percent (the batches' shapes, the machine), as much as
+  a preemption a minute costs; measuring the reference twice, around the others, halves
+  what one unlucky clean run can do to every ratio (``clean_again_vs_clean`` says how
+  far apart the two were).
 - recompiled_after_restart: programs a restarted trainer or worker compiled before its
   first useful work although the run's compilation cache held them when it started (the
   cache's files are watched). ``new_programs_after_restart``: the programs it compiled
@@ -87,6 +93,8 @@ SCENARIOS: dict[str, list[tuple[str, signal.Signals]]] = {
         ("worker-0", signal.SIGKILL),
     ],
 }
+# The clean run again, last: the reference is the mean of the two (see the module doc).
+CLEAN_AGAIN = "clean_again"
 
 
 def command(run_dir: pathlib.Path, args: argparse.Namespace, extra: list[str]) -> list[str]:
@@ -279,7 +287,13 @@ def main() -> int:
     parser.add_argument("--keep", type=pathlib.Path, help="keep the run directories here")
     parser.add_argument("--cold", action="store_true", help="no shared, pre-filled cache")
     args, extra = parser.parse_known_args()
+    if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
+        # Its run directories would be resumed, not run: figures of two invocations mixed.
+        print(f"goodput.py: --keep {args.keep}: not empty; give a new directory", file=sys.stderr)
+        return 2
     names = ["clean", *[s for s in args.scenarios if s != "clean"]]
+    if len(names) > 1:
+        names.append(CLEAN_AGAIN)
 
     with tempfile.TemporaryDirectory(prefix="rlax-goodput-") as tmp:
         base = args.keep or pathlib.Path(tmp)
@@ -311,13 +325,15 @@ def main() -> int:
             all_recoveries += got["recoveries"]
             results[name] = got
 
-    clean = results["clean"]["goodput"]
+    cleans = [results[n] for n in ("clean", CLEAN_AGAIN) if n in results]
+    clean = statistics.fmean(c["goodput"] for c in cleans)
+    clean_excess = statistics.fmean(c["excess_s"] for c in cleans)
 
     def cost(name: str) -> float | None:
         got = results.get(name)
         if not got or not got["events"]:
             return None
-        return round((got["excess_s"] - results["clean"]["excess_s"]) / len(got["events"]), 2)
+        return round((got["excess_s"] - clean_excess) / len(got["events"]), 2)
 
     print(
         f"\ngoodput benchmark: the quickstart ({args.steps} steps), a signal every {args.every:g} s"
@@ -331,11 +347,12 @@ def main() -> int:
         print(
             f"{name:<18}{len(got['events']):>8}{got['restarts']:>9}{got['window_s']:>9.1f}"
             f"{got['tokens']:>9.0f}{got['goodput']:>8.0f}{got['goodput'] / clean:>9.3f}"
-            f"{cost(name) if name != 'clean' else 0:>9.1f}"
+            f"{cost(name) if got['events'] else 0:>9.1f}"
             f"{redone:>8.0f}{got['expired_leases']:>7}{got['lost']:>6}/{got['duplicated']}"
         )
     print(
-        "(s/signal: wall beyond the run's steady pace, less the clean run's, per signal; "
+        "(goodput: against the mean of the two clean runs, first and last; "
+        "s/signal: wall beyond the run's steady pace, less the clean runs', per signal; "
         "redone: steps trained again; re-gen: leases expired, prompts generated again)\n"
     )
     for line in table(all_recoveries):
@@ -374,6 +391,9 @@ def main() -> int:
         f"goodput_kills_{tag}": ratio("kills"),
         "prompts_lost": lost,
         "prompts_duplicated": duplicated,
+        "clean_again_vs_clean": (
+            round(cleans[-1]["goodput"] / cleans[0]["goodput"], 4) if len(cleans) > 1 else None
+        ),
     }
     print(json.dumps(figures))
     return 0
