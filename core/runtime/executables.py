@@ -31,6 +31,7 @@ wraps a ``jax.jit`` function (a no-op with the store off).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -46,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LOAD_EVENT", "active", "describe", "start", "stop", "stored"]
+__all__ = ["LOAD_EVENT", "active", "describe", "prefetch", "start", "stop", "stored"]
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +64,19 @@ def describe(value: Any) -> str:
 
 
 class Store:
-    """Serialized executables in ``directory``, one file per key."""
+    """Serialized executables in ``directory``, one file per key.
+
+    A file is named ``<name>-<family>-<arguments>.exe``: the family is the program's name,
+    what it closes over and the process's part; the arguments' part tells its variants
+    apart (a batch's row buckets). :meth:`prefetch` reads a family's stored variants in
+    the background, so a restarted trainer finds each one ready at its first batch.
+    """
 
     def __init__(self, directory: pathlib.Path):
         self.directory = directory
         self._process: str | None = None
         self._lock = threading.Lock()
+        self._ahead: dict[pathlib.Path, _Ahead] = {}
         self.loaded = self.written = 0
 
     def process_fingerprint(self) -> str:
@@ -77,19 +85,22 @@ class Store:
             self._process = _digest(_process_parts())
         return self._process
 
+    def family(self, name: str, closure: str) -> str:
+        return _digest([self.process_fingerprint(), name, closure])
+
     def key(self, name: str, closure: str, args: tuple) -> str:
         leaves, treedef = _flatten(args)
-        parts = [self.process_fingerprint(), name, closure, str(treedef)]
-        parts += [_describe_leaf(x) for x in leaves]
-        return _digest(parts)
+        arguments = _digest([str(treedef), *(_describe_leaf(x) for x in leaves)])
+        return f"{self.family(name, closure)}-{arguments}"
 
     def executable(self, name: str, jitted: Any, closure: str, args: tuple) -> Any:
         """The compiled program for ``args``: read back if stored, else compiled and stored."""
         path = self.directory / f"{name}-{self.key(name, closure, args)}.exe"
-        if path.exists():
-            compiled = self._load(path, args)
-            if compiled is not None:
-                return compiled
+        compiled = self._read_ahead(path)
+        if compiled is None and path.exists():
+            compiled = self._load(path)
+        if compiled is not None:
+            return compiled
         hits = _local.hits
         compiled = jitted.lower(*args).compile()
         # An executable JAX read back from its persistent cache serializes without its
@@ -99,14 +110,50 @@ class Store:
             self._write(path, compiled)
         return compiled
 
-    def _load(self, path: pathlib.Path, args: tuple) -> Any:
+    def prefetch(self, name: str, closure: str) -> int:
+        """Starts reading every stored variant of the program ``name`` closing over
+        ``closure`` in a background thread; returns how many. A variant asked for before
+        the thread reached it is read by the caller instead (never twice)."""
+        paths = sorted(self.directory.glob(f"{name}-{self.family(name, closure)}-*.exe"))
+        with self._lock:
+            paths = [p for p in paths if p not in self._ahead]
+            for p in paths:
+                self._ahead[p] = _Ahead()
+        if paths:
+            threading.Thread(
+                target=self._read_all, args=(paths,), name=f"rlax-prefetch-{name}", daemon=True
+            ).start()
+        return len(paths)
+
+    def _read_all(self, paths: list[pathlib.Path]) -> None:
+        for path in paths:
+            with self._lock:
+                ahead = self._ahead.get(path)
+                if ahead is None or ahead.state != "queued":  # a caller took it
+                    continue
+                ahead.state = "reading"
+            ahead.result = self._load(path)
+            ahead.done.set()
+
+    def _read_ahead(self, path: pathlib.Path) -> Any:
+        """The program :meth:`prefetch` read (waiting while it reads it); None when it was
+        not prefetched, could not be read, or is not reached yet (the caller reads it)."""
+        with self._lock:
+            ahead = self._ahead.pop(path, None)
+            if ahead is None or ahead.state == "queued":
+                if ahead is not None:
+                    ahead.state = "taken"
+                return None
+        ahead.done.wait()
+        return ahead.result
+
+    def _load(self, path: pathlib.Path) -> Any:
         import jax
         from jax.experimental import serialize_executable
 
         start = time.perf_counter()
         try:
-            payload, out_tree = pickle.loads(path.read_bytes())
-            in_tree = jax.tree.structure((args, {}))
+            payload, in_tree, out_tree = pickle.loads(path.read_bytes())
             compiled = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
         except Exception as e:  # noqa: BLE001 -- any unreadable entry: dropped, compiled again
             log.warning("compiled program %s could not be read back (%s); compiling it", path, e)
@@ -121,8 +168,8 @@ class Store:
         from jax.experimental import serialize_executable
 
         try:
-            payload, _, out_tree = serialize_executable.serialize(compiled)
-            data = pickle.dumps((payload, out_tree))
+            payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+            data = pickle.dumps((payload, in_tree, out_tree))
         except Exception as e:  # noqa: BLE001 -- a backend that cannot serialize: it still runs
             log.warning("compiled program %s not stored: %s", path.name, e)
             return
@@ -132,6 +179,16 @@ class Store:
         os.replace(partial, path)  # a reader sees the whole file or none
         with self._lock:
             self.written += 1
+
+
+@dataclasses.dataclass
+class _Ahead:
+    """One variant :meth:`Store.prefetch` queued: queued, reading, taken (by a caller
+    that needed it first) or read (``done`` set, ``result`` the program or None)."""
+
+    state: str = "queued"
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    result: Any = None
 
 
 class _Stored:
@@ -189,6 +246,12 @@ def stop() -> None:
 
 def active() -> Store | None:
     return _store
+
+
+def prefetch(name: str, closure: str) -> int:
+    """Reads the stored variants of ``name`` (closing over ``closure``) in the background
+    (:meth:`Store.prefetch`); 0 while the store is off."""
+    return 0 if _store is None else _store.prefetch(name, closure)
 
 
 def stored(name: str, jitted: Any, closure: str) -> Any:

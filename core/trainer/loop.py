@@ -357,6 +357,6 @@ class TrainingRun:
         """At a safe point after a notice: make sure the state is on disk, then stop."""
         if self._saved_step != self.step:
             self.save()
+        self.observer.stopped(self.log.rows, self.eval_before)  # while the save writes
         self.ckpt.wait()
-        self.observer.stopped(self.log.rows, self.eval_before)
         self.preemption.stop_now()

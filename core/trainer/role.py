@@ -2,9 +2,8 @@
 
 ``train`` wires the plugins chosen in gin into the loop of docs/architecture.md
 ("The data flow") — task → sampler → reward → curation → algorithm → optax
-update → new weights to the sampler — for ``steps`` steps from
-``init_checkpoint``. With
-``inline`` (``--role inline``) rollouts are sampled in this process;
+update → new weights to the sampler — for ``steps`` steps from ``init_checkpoint``.
+With ``inline`` (``--role inline``) rollouts are sampled in this process;
 otherwise weights go to and groups come from the parameter server
 (``settings``). ``task``, ``reward`` and ``sampler`` also serve the held-out
 evaluation before and after training (``held_out``: samples per problem and the
@@ -179,6 +178,7 @@ def _restore(
 ) -> tuple[Checkpointer, Restored | None]:
     """The run's checkpointer and the newest good checkpoint (applied to ``trainer``), if any."""
     recovery.mark("load")  # a restarted trainer's way back: all before the restore
+    trainer.prefetch_programs()  # read while the checkpoint is restored and rollouts come
     on_saved = lambda step, path: hook.rlax_on_checkpoint(step=step, path=path)
     ckpt = Checkpointer(
         run_dir.train_state,

@@ -234,6 +234,12 @@ class Trainer:
             )
         )
 
+    def prefetch_programs(self) -> int:
+        """Starts reading this trainer's stored compiled programs (every batch variant an
+        earlier process met) in the background; how many (0 with the store off)."""
+        closure = self.closure()
+        return sum(executables.prefetch(n, closure) for n in ("train_step", "fixed_anchors"))
+
     # -- the computation --------------------------------------------------------
 
     @staticmethod

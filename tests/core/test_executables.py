@@ -9,6 +9,7 @@ entry that cannot be read back is compiled again, never trusted.
 from __future__ import annotations
 
 import os
+import threading
 
 import gin
 import jax
@@ -179,3 +180,69 @@ def test_describe_drops_object_addresses():
         pass
 
     assert "0x" not in executables.describe((f, object)) and "f" in executables.describe(f)
+
+
+def _prefetch_threads_done() -> None:
+    for thread in threading.enumerate():
+        if thread.name.startswith("rlax-prefetch"):
+            thread.join()
+
+
+def _two_variants(store) -> dict[str, tuple]:
+    """Two batch variants (6 and 12 rows) stored by two trainers: {file name: (batch,
+    the metrics of a fresh trainer's step on it)}."""
+    rows = batch_arrays(toy_batch(seed=1))  # 6 rows
+    variants = {}
+    for batch in (rows, {k: np.concatenate([v, v]) for k, v in rows.items()}):
+        before = {p.name for p in store.directory.glob("*.exe")}
+        metrics, _ = step(trainer(), batch)
+        (name,) = {p.name for p in store.directory.glob("*.exe")} - before
+        variants[name] = (batch, metrics)
+    return variants
+
+
+def test_prefetch_reads_every_stored_variant_once_in_the_background(store, traced):
+    """A restarted trainer prefetches its stored programs when it is built: each batch
+    variant met later is called without tracing and without reading it again, with the
+    numbers the process that compiled it got."""
+    variants = _two_variants(store)
+    assert store.written == 2 and store.loaded == 0
+    fresh = trainer()
+    assert fresh.prefetch_programs() == 2
+    _prefetch_threads_done()
+    assert store.loaded == 2
+    fresh = [trainer() for _ in variants]  # each a new jax.jit function
+    traced.clear()
+    for t, (batch, metrics) in zip(fresh, variants.values(), strict=True):
+        assert step(t, batch)[0] == metrics
+    assert traced == [] and store.loaded == 2  # read once each, in the background
+
+
+def test_a_variant_needed_before_the_prefetch_reaches_it_is_read_by_the_caller(
+    store, traced, monkeypatch
+):
+    """The background reader holds its first program; the caller needs the second, reads
+    it itself, and the reader skips it: each variant is read exactly once."""
+    variants = _two_variants(store)
+    reading, release = threading.Event(), threading.Event()
+    load = store._load
+
+    def held(path):
+        if threading.current_thread().name.startswith("rlax-prefetch"):
+            reading.set()
+            release.wait()
+        return load(path)
+
+    monkeypatch.setattr(store, "_load", held)
+    trainer().prefetch_programs()
+    reading.wait()
+    first, second = sorted(variants)  # the reader goes in file-name order
+    fresh = [trainer(), trainer()]
+    traced.clear()
+    batch, metrics = variants[second]
+    assert step(fresh[0], batch)[0] == metrics and store.loaded == 1
+    release.set()
+    _prefetch_threads_done()
+    batch, metrics = variants[first]
+    assert step(fresh[1], batch)[0] == metrics
+    assert traced == [] and store.loaded == 2
