@@ -76,7 +76,10 @@ def test_chunked_values_and_gradients_equal_the_full_logits(tie, temperature, ch
     loss_f, grads_f = loss_and_grads(lambda m: full_logprobs(m, TOKENS, MASK, temperature), model)
     np.testing.assert_allclose(loss_c, loss_f, rtol=1e-6)
     for g, w in zip(jax.tree.leaves(grads_c), jax.tree.leaves(grads_f), strict=True):
-        np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-5)
+        # float32 rounding of sums taken in another order: an element near zero in an array
+        # of gradients up to ~5 differs by ~1e-6 (AVX-512 kernels), so atol scales with it
+        scale = max(1.0, float(np.abs(w).max()))
+        np.testing.assert_allclose(g, w, atol=1e-6 * scale, rtol=1e-5)
     # The gradient reaches the head (tied: the embedding; untied: its own kernel).
     head = grads_c["embed"]["embedding"] if tie else grads_c["head"]["kernel"]
     assert float(jnp.abs(head[...]).max()) > 1e-3
