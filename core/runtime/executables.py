@@ -77,6 +77,7 @@ class Store:
         self._process: str | None = None
         self._lock = threading.Lock()
         self._ahead: dict[pathlib.Path, _Ahead] = {}
+        self._readers: list[threading.Thread] = []
         self.loaded = self.written = 0
 
     def process_fingerprint(self) -> str:
@@ -119,11 +120,27 @@ class Store:
             paths = [p for p in paths if p not in self._ahead]
             for p in paths:
                 self._ahead[p] = _Ahead()
-        if paths:
-            threading.Thread(
-                target=self._read_all, args=(paths,), name=f"rlax-prefetch-{name}", daemon=True
-            ).start()
+            if paths:
+                reader = threading.Thread(
+                    target=self._read_all, args=(paths,), name=f"rlax-prefetch-{name}", daemon=True
+                )
+                self._readers.append(reader)
+                reader.start()
         return len(paths)
+
+    def close(self) -> None:
+        """Ends the background reads: variants not read yet are dropped, the one being read
+        finishes first. No read outlives the store: a thread inside XLA while the process
+        tears its backend down (at exit), or while a caller goes on without the store (a
+        test, after an in-process run), is left to neither."""
+        with self._lock:
+            for ahead in self._ahead.values():
+                if ahead.state == "queued":
+                    ahead.state = "taken"
+            self._ahead.clear()
+            readers, self._readers = self._readers, []
+        for reader in readers:
+            reader.join()
 
     def _read_all(self, paths: list[pathlib.Path]) -> None:
         for path in paths:
@@ -235,12 +252,17 @@ def start(directory: pathlib.Path) -> Store:
 
         jax.monitoring.register_event_listener(count)
         _listening = True
+    if _store is not None:
+        _store.close()
     _store = Store(pathlib.Path(directory))
     return _store
 
 
 def stop() -> None:
+    """Turns the store off, once its background reads have ended (:meth:`Store.close`)."""
     global _store
+    if _store is not None:
+        _store.close()
     _store = None
 
 

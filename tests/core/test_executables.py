@@ -234,8 +234,8 @@ def test_a_variant_needed_before_the_prefetch_reaches_it_is_read_by_the_caller(
         return load(path)
 
     monkeypatch.setattr(store, "_load", held)
-    trainer().prefetch_programs()
-    reading.wait()
+    assert trainer().prefetch_programs() == 2
+    assert reading.wait(60)
     first, second = sorted(variants)  # the reader goes in file-name order
     fresh = [trainer(), trainer()]
     traced.clear()
@@ -246,3 +246,30 @@ def test_a_variant_needed_before_the_prefetch_reaches_it_is_read_by_the_caller(
     batch, metrics = variants[first]
     assert step(fresh[1], batch)[0] == metrics
     assert traced == [] and store.loaded == 2
+
+
+def test_stopping_the_store_ends_its_background_reads(store, monkeypatch):
+    """The store stops while its reader holds the first variant: ``stop`` returns only once
+    that read has ended, the variant not reached is never read, and no reader is left (one
+    inside XLA at a role's exit, or beside the next in-process test, is neither's)."""
+    _two_variants(store)
+    reading, release = threading.Event(), threading.Event()
+    load = store._load
+
+    def held(path):
+        reading.set()
+        assert release.wait(60)
+        return load(path)
+
+    monkeypatch.setattr(store, "_load", held)
+    assert trainer().prefetch_programs() == 2
+    assert reading.wait(60)
+    stopping = threading.Thread(target=executables.stop)
+    stopping.start()
+    stopping.join(0.5)
+    assert stopping.is_alive()  # waits for the read under way
+    release.set()
+    stopping.join(60)
+    assert not stopping.is_alive() and executables.active() is None
+    assert store.loaded == 1  # the second variant was dropped, not read
+    assert not [t for t in threading.enumerate() if t.name.startswith("rlax-prefetch")]
