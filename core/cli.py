@@ -32,7 +32,6 @@ import os
 import pathlib
 import sys
 import traceback
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       argv: the arguments after the program name; ``sys.argv[1:]`` if None.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    warnings.showwarning = terminal.show_warning
+    recovery.start_process()  # ends with a supervisor that started it; no gRPC fork handlers
     terminal.log_as_rlax()
     try:
         host_memory.reuse_freed_memory()

@@ -32,7 +32,6 @@ newest weights with orbax, so a restarted server loses nothing.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import os
@@ -46,7 +45,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from rlax.core.constraints import AtLeast, check_arguments
@@ -63,19 +62,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-_PRCTL: Callable[..., int] | None
-try:  # resolved here, in the parent: the child between fork and exec only calls it
-    _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-except (OSError, AttributeError):
-    _PRCTL = None
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM if the supervisor dies (PR_SET_PDEATHSIG)."""
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)
 
 
 _SIGTERM = signal.SIGTERM  # for _Child, whose own `signal` method hides the module
@@ -132,7 +118,8 @@ class _Child:
             self.notice.unlink(missing_ok=True)
         env = dict(self.env, **{recovery.RESTART_ENV: json.dumps(restart)}) if restart else self.env
         self.started_at = time.time()
-        self.proc = subprocess.Popen(self.argv, env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509 -- no locks taken in it
+        env = dict(env, **{recovery.SUPERVISOR_ENV: str(os.getpid())})  # it dies with us
+        self.proc = subprocess.Popen(self.argv, env=env)  # no preexec_fn: recovery.die_with_supervisor
         self.signalled: int | None = None  # the stop signal this process was sent
         if self.cores:
             os.sched_setaffinity(self.proc.pid, set(self.cores))

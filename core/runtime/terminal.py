@@ -27,7 +27,7 @@ class Lines(logging.Formatter):
 
 
 def log_as_rlax() -> None:
-    """Log lines in rlax's format on stderr.
+    """Log lines and warnings (:func:`show_warning`) in rlax's format on stderr.
 
     Importing orbax makes absl call ``logging.basicConfig()``, which gives the
     root logger a plain stderr handler in Python's ``WARNING:name:msg`` format;
@@ -42,6 +42,7 @@ def log_as_rlax() -> None:
         if handler.stream in (sys.stderr, sys.__stderr__):
             handler.setFormatter(Lines())
     logging.getLogger("absl").addFilter(_NOISE)  # once: a filter is added only once
+    warnings.showwarning = show_warning
 
 
 class _CheckpointNoise(logging.Filter):
