@@ -219,15 +219,21 @@ class RecoveryClock:
         self.seconds = dict.fromkeys(PARTS, 0.0)
         self.event_at = started_at
         if restart:
+            # The moments come from three clocks (this process, the supervisor, /proc's
+            # 10 ms ticks for the start): each is taken no earlier than the one before it,
+            # so the parts are back to back and add up to the total exactly.
             exited = float(restart["exited_at"])
             if restart.get("noticed_at") is not None:
-                noticed, stopped = float(restart["noticed_at"]), float(restart["stopped_at"])
+                noticed = float(restart["noticed_at"])
+                stopped = max(float(restart["stopped_at"]), noticed)
+                exited = max(exited, stopped)
                 self.event_at = noticed
-                self.seconds["stop"] = max(stopped - noticed, 0.0)
-                self.seconds["exit"] = max(exited - stopped, 0.0)
+                self.seconds["stop"] = stopped - noticed
+                self.seconds["exit"] = exited - stopped
             else:
                 self.event_at = exited
-            self.seconds["restart"] = max(started_at - exited, 0.0)
+            started_at = max(started_at, exited)
+            self.seconds["restart"] = started_at - exited
         self._mark = started_at
         self._compile = compile_cache.counts()
         self.finished = False
@@ -278,7 +284,7 @@ class RecoveryClock:
             "cause": self.cause,
             "restarts": int(self.restart.get("restarts", 0)) if self.restart else 0,
             "time": time.time(),
-            "total_s": time.time() - self.event_at,
+            "total_s": self._mark - self.event_at,  # the last mark: the parts' end
             **{f"{part}_s": s for part, s in self.seconds.items()},
             "compile_s": now_counts.compile_s - self._compile.compile_s,
             "compile_hits": now_counts.hits - self._compile.hits,

@@ -76,6 +76,26 @@ def test_a_killed_worker_counts_from_its_exit_and_a_refill_never_exceeds_the_int
     assert RecoveryClock("x", 0.0).cause == "resume" and not RecoveryClock("x", 0.0).is_restart
 
 
+@pytest.mark.parametrize("notice", [False, True])
+def test_moments_out_of_order_across_clocks_still_add_up(clock_time, notice):
+    """The process start comes from /proc's 10 ms ticks, the exit from the supervisor's
+    clock: a child started within a tick of the exit can read as started before it (a CI
+    run: parts summing to 4.6 ms more than the total). Each moment is taken no earlier
+    than the one before it, so the parts stay back to back and add up exactly."""
+    said = {"status": EXIT_PREEMPTED if notice else -9, "exited_at": 300.0}
+    if notice:  # "stopped" written a little before the notice by another clock, too
+        said |= {"noticed_at": 298.0, "stopped_at": 297.99}
+    clock = RecoveryClock("worker-1", 299.995, said)  # the start read 5 ms before the exit
+    clock_time.now = 303.0
+    clock.mark("imports")
+    row = clock.finish()
+    parts = {p: row[f"{p}_s"] for p in PARTS}
+    assert all(s >= 0.0 for s in parts.values())
+    assert parts["restart"] == 0.0 and parts["imports"] == 3.0  # counted from the exit
+    assert (parts["stop"], parts["exit"]) == ((0.0, 2.0) if notice else (0.0, 0.0))
+    assert row["total_s"] == sum(parts.values()) == (5.0 if notice else 3.0)
+
+
 def test_a_stopping_process_tells_the_supervisor_when_its_notice_came(tmp_path, monkeypatch):
     notice = tmp_path / "trainer.notice"
     monkeypatch.setenv(recovery.NOTICE_FILE_ENV, str(notice))
