@@ -216,22 +216,32 @@ def _run_group_here() -> bool:
 def test_the_run_memory_bound_holds_and_its_peak_is_measured(name, host):
     """The run's bound: the peak the kernel measured (a cgroup) stays within ``run_memory_mb``,
     whatever the program spreads over processes or keeps out of its address space; without
-    a cgroup, init's watch kills the run that passes it."""
+    a cgroup, init's watch kills the run that passes it.
+
+    The many-process attack must also have reached the bound, or the run proved nothing;
+    its four holders race each other and the bound's kills, and once in a CI run it peaked
+    at 392 MB (alone here: 512 MB, 6 of 6), so it gets three tries to reach it. The
+    containment is asserted on every try."""
     grouped = _run_group_here()
     _, problem, source = HOSTILE[name]
     reward = CodeReward(**LIMITS | {"wall_s": 6.0, "cpu_s": 3})  # time to push, even on a busy host
-    result = reward.run(prompt(problem), fill(source, host))
-    assert reward.judge(result).score == 0.0, (result.detail, result.stderr[-300:])
-    peak, bound = result.isolation["memory_peak_mb"], LIMITS["run_memory_mb"]
-    print(f"{name}: peak {peak} MB of a {bound} MB bound ({result.isolation['run_limits']})")
-    if grouped:
-        assert result.isolation["run_limits"].startswith("cgroup v"), result.isolation
-        assert peak <= bound
-    else:
-        assert result.isolation["run_limits"] == "resident memory watched by init"
-        assert result.isolation["run_memory_exceeded"] == (peak > bound), result.isolation
+    bound, peaks = LIMITS["run_memory_mb"], []
+    for _ in range(3):
+        result = reward.run(prompt(problem), fill(source, host))
+        assert reward.judge(result).score == 0.0, (result.detail, result.stderr[-300:])
+        peak = result.isolation["memory_peak_mb"]
+        print(f"{name}: peak {peak} MB of a {bound} MB bound ({result.isolation['run_limits']})")
+        if grouped:
+            assert result.isolation["run_limits"].startswith("cgroup v"), result.isolation
+            assert peak <= bound
+        else:
+            assert result.isolation["run_limits"] == "resident memory watched by init"
+            assert result.isolation["run_memory_exceeded"] == (peak > bound), result.isolation
+        peaks.append(peak)
+        if name != "holds memory in many processes" or peak >= bound - 64:
+            break
     if name == "holds memory in many processes":  # it did push the bound: 4 x 230 MB tried
-        assert peak >= bound - 64, peak
+        assert peaks[-1] >= bound - 64, f"the attack never reached the bound: peaks {peaks} MB"
         assert grouped or result.isolation["run_memory_exceeded"]
 
 
