@@ -6,7 +6,12 @@ prefill of the left-padded prompts writes the KV cache, then a
 every row has produced a stop token (or the budget is spent). Prompts are
 left-padded to a multiple of ``prompt_bucket`` and the batch to a power of two
 rows, so steady-state sampling never recompiles (``compiles`` counts the
-programs built). Groups are batched: each prompt is repeated ``n`` times.
+programs built). Groups are batched: each prompt is repeated ``n`` times, and
+prefilled once: the distinct prompts' keys and values are copied into the rows
+of their samples (:meth:`JaxSampler.pad_prompts` says when). A row's numbers
+are then those of a prefill over fewer rows, equal up to float rounding. On
+the packing benchmark's 8 prompts x 8 samples of 64 tokens the prefill was
+0.10 s of a 0.57 s call; the call is now 0.48 s.
 
 The KV cache is the sampler's own buffer, donated to each call and handed
 back by it, not scratch memory of the program: a call's scratch is released
@@ -84,12 +89,38 @@ def _prefill(
     return logits[:, -1], written
 
 
+def _prefill_rows(
+    model: Transformer,
+    cache: KVCache,  # [B, ..., S] (donated)
+    tokens: jax.Array,  # [U, P]
+    mask: jax.Array,  # [U, P]
+    rows_of: jax.Array,  # [B]
+    max_new_tokens: int,
+    last_logits_only: bool,
+) -> tuple[jax.Array, KVCache, jax.Array, jax.Array]:
+    """Each row's prompt prefilled: last logits [B, V], the cache, key validity [B, S] and
+    positions [B, P]. Each distinct prompt is prefilled once; with fewer prompts than rows
+    (U < B) its keys and values are then copied into the rows of its samples, else the
+    rows are prefilled in place (``rows_of`` is then the identity)."""
+    u, p = tokens.shape
+    prompt_valid = jnp.zeros((u, p + max_new_tokens), bool).at[:, :p].set(mask)
+    positions = positions_from_mask(mask)
+    if u == rows_of.shape[0]:
+        logits, cache = _prefill(model, tokens, positions, prompt_valid, cache, last_logits_only)
+        return logits, cache, prompt_valid, positions
+    own = jax.tree.map(lambda c: jnp.zeros((u, *c.shape[1:]), c.dtype), cache)
+    logits, own = _prefill(model, tokens, positions, prompt_valid, own, last_logits_only)
+    cache = jax.tree.map(lambda rows, prompt: rows.at[:].set(prompt[rows_of]), cache, own)
+    return logits[rows_of], cache, prompt_valid[rows_of], positions[rows_of]
+
+
 def _generate(
     graphdef: nnx.GraphDef,
     state: nnx.State,
     cache: KVCache,  # [B, ..., S = P + max_new_tokens] (donated)
-    tokens: jax.Array,  # [B, P] left-padded
-    mask: jax.Array,  # [B, P] bool
+    tokens: jax.Array,  # [U, P] the distinct prompts, left-padded
+    mask: jax.Array,  # [U, P] bool
+    rows_of: jax.Array,  # [B] int32: each row's prompt (its index in ``tokens``)
     key: jax.Array,
     temperature: jax.Array,  # scalar
     *,
@@ -102,13 +133,12 @@ def _generate(
 ) -> tuple[jax.Array, jax.Array, KVCache]:
     """Generated tokens [B, C] (PAD after the stop token), their logprobs [B, C], the cache."""
     model: Transformer = nnx.merge(graphdef, state)
-    b, p = tokens.shape
-    s = p + max_new_tokens
-    slots = jnp.arange(s)
+    p, b = tokens.shape[1], rows_of.shape[0]
+    slots = jnp.arange(p + max_new_tokens)
     stops = jnp.asarray(stop_ids, jnp.int32)
-    key_valid = jnp.zeros((b, s), bool).at[:, :p].set(mask)
-    positions = positions_from_mask(mask)
-    last_logits, cache = _prefill(model, tokens, positions, key_valid, cache, last_logits_only)
+    last_logits, cache, key_valid, positions = _prefill_rows(
+        model, cache, tokens, mask, rows_of, max_new_tokens, last_logits_only
+    )
 
     def cond(carry):
         i, done = carry[0], carry[1]
@@ -193,6 +223,7 @@ class JaxSampler:
         self._state: nnx.State | None = None
         self._abstract = False  # the state holds shapes only (an abstract model's)
         self.version = -1
+        self.prefilled_tokens = 0  # prompt positions prefilled so far (buckets included)
 
     def setup(self, model: Transformer, tokenizer) -> None:
         """Binds the model architecture and tokenizer; weights come via load_weights.
@@ -229,7 +260,7 @@ class JaxSampler:
 
     @property
     def compiles(self) -> int:
-        """How many programs were compiled (one per row bucket x prompt bucket seen)."""
+        """How many programs were compiled (one per row and prompt bucket seen)."""
         # jax's stubs type jit's result as stages.Wrapped, which omits the runtime _cache_size.
         return 0 if self._fn is None else self._fn._cache_size()  # type: ignore[attr-defined]
 
@@ -250,32 +281,47 @@ class JaxSampler:
             )
         return self._fn
 
-    def pad_prompts(self, prompts: Sequence[Prompt], n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Each prompt repeated n times, left-padded: tokens and mask, [rows, P]."""
+    def pad_prompts(
+        self, prompts: Sequence[Prompt], n: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The prompts to prefill, left-padded, and each row's: tokens and mask [U, P] and
+        rows_of [B]. Each prompt once (U: the next power of two) when that is fewer rows than
+        its ``n`` samples' (B); else each repeated ``n`` times (U = B, rows_of the identity).
+        One program per (U, P, B) bucket seen."""
         rows = len(prompts) * n
         b = _row_bucket(rows)
+        distinct = 1 << (len(prompts) - 1).bit_length()  # a power of two, from 1: no filler
+        shared = distinct < b  # prompt rows to prefill, as a batch of 8 rows has
+        u = distinct if shared else b
+        prefilled = list(prompts) if shared else [x for x in prompts for _ in range(n)]
         p = _bucket(max(len(x.tokens) for x in prompts), self.prompt_bucket)
-        tokens = np.full((b, p), PAD, np.int32)
-        mask = np.zeros((b, p), bool)
-        for i, prompt in enumerate(prompts):
+        tokens = np.full((u, p), PAD, np.int32)
+        mask = np.zeros((u, p), bool)
+        for i, prompt in enumerate(prefilled):
             length = len(prompt.tokens)
-            tokens[i * n : (i + 1) * n, p - length :] = prompt.tokens
-            mask[i * n : (i + 1) * n, p - length :] = True
-        # Bucket filler rows: a one-token prompt, ignored on output.
-        mask[rows:, -1] = True
-        return tokens, mask
+            tokens[i, p - length :] = prompt.tokens
+            mask[i, p - length :] = True
+        # Bucket filler prompts: one token, ignored on output.
+        mask[len(prefilled) :, -1] = True
+        rows_of = np.arange(b, dtype=np.int32)
+        if shared:  # n rows a prompt; filler rows take a filler prompt if there is one
+            rows_of //= n
+            rows_of[rows:] = len(prompts) if len(prompts) < u else 0
+        return tokens, mask, rows_of
 
     def generate(
         self, prompts: Sequence[Prompt], n: int, *, seed: int
     ) -> list[tuple[Completion, ...]]:
         """Samples ``n`` completions for each prompt; one tuple per prompt."""
         fn = self._check_ready()
-        tokens, mask = self.pad_prompts(prompts, n)
+        tokens, mask, rows_of = self.pad_prompts(prompts, n)
+        self.prefilled_tokens += tokens.size
         out_tok, out_logp, self._cache = fn(
             self._state,
-            self._cache_for(*tokens.shape),
+            self._cache_for(len(rows_of), tokens.shape[1]),
             tokens,
             mask,
+            rows_of,
             jax.random.key(seed),
             jnp.float32(self.temperature),
         )
