@@ -1,17 +1,18 @@
 """The JAX sampler: jitted prefill + decode against a KV cache.
 
-One compiled program per (row bucket, prompt bucket) does the whole job: a
-prefill of the left-padded prompts writes the KV cache, then a
+One compiled program per (row bucket, prompt bucket, prompt rows) does the whole
+job: a prefill of the left-padded prompts writes the KV cache, then a
 ``lax.while_loop`` decodes one token per step against it and stops as soon as
 every row has produced a stop token (or the budget is spent). Prompts are
 left-padded to a multiple of ``prompt_bucket`` and the batch to a power of two
 rows, so steady-state sampling never recompiles (``compiles`` counts the
-programs built). Groups are batched: each prompt is repeated ``n`` times, and
-prefilled once: the distinct prompts' keys and values are copied into the rows
-of their samples (:meth:`JaxSampler.pad_prompts` says when). A row's numbers
-are then those of a prefill over fewer rows, equal up to float rounding. On
-the packing benchmark's 8 prompts x 8 samples of 64 tokens the prefill was
-0.10 s of a 0.57 s call; the call is now 0.48 s.
+programs built). Groups are batched: each prompt is repeated ``n`` times. When
+a batch's distinct prompts fill fewer rows than its samples, each is prefilled
+once and its keys and values are copied into its samples' rows
+(:meth:`JaxSampler.pad_prompts`); a row's numbers are then those of a prefill
+over fewer rows, equal up to float rounding. On the packing benchmark's 8
+prompts x 8 samples of 64 tokens the prefill was 0.10 s of a 0.57 s call; the
+call is now 0.48 s.
 
 The KV cache is the sampler's own buffer, donated to each call and handed
 back by it, not scratch memory of the program: a call's scratch is released
@@ -285,14 +286,16 @@ class JaxSampler:
         self, prompts: Sequence[Prompt], n: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The prompts to prefill, left-padded, and each row's: tokens and mask [U, P] and
-        rows_of [B]. Each prompt once (U: the next power of two) when that is fewer rows than
-        its ``n`` samples' (B); else each repeated ``n`` times (U = B, rows_of the identity).
-        One program per (U, P, B) bucket seen."""
+        rows_of [B]. Each prompt once (U: its row bucket) when that is fewer rows than its
+        ``n`` samples' (B); else each repeated ``n`` times (U = B, rows_of the identity).
+        One program per (U, P, B) seen: in steady state (the same prompts per call and
+        samples per prompt), one."""
         rows = len(prompts) * n
         b = _row_bucket(rows)
-        distinct = 1 << (len(prompts) - 1).bit_length()  # a power of two, from 1: no filler
-        shared = distinct < b  # prompt rows to prefill, as a batch of 8 rows has
-        u = distinct if shared else b
+        # The prompts' own bucket (a power of two, at least 8, as rows): batches of up to 8
+        # rows, whatever their prompts and samples, stay one program (test_sampling).
+        shared = _row_bucket(len(prompts)) < b
+        u = _row_bucket(len(prompts)) if shared else b
         prefilled = list(prompts) if shared else [x for x in prompts for _ in range(n)]
         p = _bucket(max(len(x.tokens) for x in prompts), self.prompt_bucket)
         tokens = np.full((u, p), PAD, np.int32)

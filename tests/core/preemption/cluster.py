@@ -124,7 +124,9 @@ def metrics(run_dir: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def wait_until(condition, timeout: float = 240, what: str = "condition", proc=None) -> None:
+def wait_until(
+    condition, timeout: float = 240, what: str = "condition", proc=None, every: float = 0.1
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if proc is not None and proc.poll() is not None:
@@ -133,7 +135,7 @@ def wait_until(condition, timeout: float = 240, what: str = "condition", proc=No
             )
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+        time.sleep(every)
 
 
 def final_params(run_dir: pathlib.Path) -> dict[str, np.ndarray]:

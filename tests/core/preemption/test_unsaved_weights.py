@@ -23,7 +23,10 @@ from cluster import (
 
 pytestmark = pytest.mark.e2e
 
-N = 6
+# Steps: enough leases after step 2 to catch a worker holding one. A lease lives as long
+# as its generation, tens of milliseconds since the static sampler prefills a prompt once
+# for its samples: 6 steps, the queue read every 0.1 s, missed 1 run in 3.
+N = 10
 
 
 def pause_workers_holding_leases(proc, db, tries: int = 20) -> list[int]:
@@ -33,6 +36,7 @@ def pause_workers_holding_leases(proc, db, tries: int = 20) -> list[int]:
             lambda: leases_of(db, "worker-0") or leases_of(db, "worker-1"),
             what="a worker leasing",
             proc=proc,
+            every=0.005,
         )
         workers = [pid for role, pid in children(proc.pid).items() if role.startswith("worker")]
         for worker in workers:

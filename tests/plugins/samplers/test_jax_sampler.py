@@ -124,20 +124,21 @@ def test_one_kv_cache_is_kept_reused_in_place_and_cleared_for_each_call(model):
     assert s._cache[0]["k"].shape[0] == 32  # one cache, of the last shape
 
 
-@pytest.mark.parametrize("n", [4, 2])
+@pytest.mark.parametrize("n", [8, 3])
 def test_each_prompt_is_prefilled_once_and_its_rows_equal_unshared_rows(model, n):
-    """3 prompts x n samples (16 or 8 rows): the 3 prompts are prefilled once (4 rows, a
-    power of two) and copied into their samples' rows. Every row has the tokens of the
-    same row given as 3n prompts of one sample (each prefilled), and its logprobs up to
-    float rounding (the prefill's products over 4 rows, not 16: 7e-7 apart here)."""
+    """3 prompts x n samples: with 8 each (32 rows) the prompts are prefilled once, in 8
+    rows (their bucket), and copied into their samples' rows; with 3 (16 rows) too; every
+    row has the tokens of the same row given as 3n prompts of one sample (each
+    prefilled), and its logprobs up to float rounding (the prefill's products over 8
+    rows, not 32: 7e-7 apart here)."""
     s = JaxSampler(max_new_tokens=6, temperature=1.0, stop_at_eos=False)
     s.setup(model, TOK)
     prompts = [prompt("7+5="), prompt("123+45="), prompt("1=")]
     shared = s.generate(prompts, n, seed=5)
-    assert s.prefilled_tokens == 4 * 8  # 4 prompt rows x 8 positions (the prompt bucket)
+    assert s.prefilled_tokens == 8 * 8  # 8 prompt rows x 8 positions (the prompt bucket)
     each = [Prompt(f"{p.id}/{j}", p.text, p.tokens, "") for p in prompts for j in range(n)]
     alone = s.generate(each, 1, seed=5)
-    assert s.prefilled_tokens == 4 * 8 + 4 * n * 8  # 16 or 8 rows, as many as it samples
+    assert s.prefilled_tokens == 8 * 8 + (32 if n == 8 else 16) * 8  # every row
     rows = [c for cs in shared for c in cs]
     assert len(rows) == len(alone) == 3 * n
     for a, (b,) in zip(rows, alone, strict=True):
@@ -145,19 +146,18 @@ def test_each_prompt_is_prefilled_once_and_its_rows_equal_unshared_rows(model, n
         np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-5)
 
 
-def test_filler_rows_and_one_prompt_of_many_samples():
-    """The bucket's rows past the last sample take a one-token filler prompt, or the first
-    prompt when the prompts fill their power of two (ignored either way); one prompt of 16
-    samples is prefilled in one row; as many prompts as rows are prefilled in place."""
+def test_which_rows_are_prefilled_and_which_copied():
+    """Rows past the last sample take a one-token filler prompt (ignored); prompts whose
+    bucket is the rows' (up to 8 rows in all, or a prompt per row) are prefilled in
+    place, one row each, so such batches stay one program whatever they hold."""
     s = JaxSampler(max_new_tokens=2)
     tokens, mask, rows_of = s.pad_prompts([prompt("7+5="), prompt("1="), prompt("12=")], 5)
-    assert tokens.shape == (4, 8) and rows_of.shape == (16,)  # 15 rows in a bucket of 16
+    assert tokens.shape == (8, 8) and rows_of.shape == (16,)  # 15 rows in a bucket of 16
     assert rows_of.tolist() == [0] * 5 + [1] * 5 + [2] * 5 + [3]
-    assert mask[3].tolist() == [False] * 7 + [True]  # the filler prompt: one token
+    assert mask[3].tolist() == [False] * 7 + [True]  # a filler prompt: one token
     tokens, mask, rows_of = s.pad_prompts([prompt("7+5=")], 16)
-    assert tokens.shape == (1, 8) and rows_of.tolist() == [0] * 16
-    two = [prompt("7+5="), prompt("1=")]  # one sample each: the bucket's 6 filler rows
-    tokens, mask, rows_of = s.pad_prompts(two, 1)  # take the first prompt, not a prefill
-    assert tokens.shape == (2, 8) and rows_of.tolist() == [0, 1] + [0] * 6
-    tokens, mask, rows_of = s.pad_prompts(two * 4, 1)  # as many prompts as rows: in place
-    assert tokens.shape == (8, 8) and rows_of.tolist() == list(range(8))
+    assert tokens.shape == (8, 8) and rows_of.tolist() == [0] * 16
+    for prompts, n in (([prompt("7+5=")], 8), ([prompt("1="), prompt("22=")], 3)):
+        tokens, mask, rows_of = s.pad_prompts(prompts, n)  # 8 rows: in place
+        assert tokens.shape == (8, 8) and rows_of.tolist() == list(range(8))
+        assert (tokens[0] == tokens[n - 1]).all() and mask[len(prompts) * n :, :-1].sum() == 0
