@@ -116,10 +116,11 @@ class _Child:
         """Starts the process; ``restart``: how the one before it ended."""
         if self.notice is not None:
             self.notice.unlink(missing_ok=True)
-        env = dict(self.env, **{recovery.RESTART_ENV: json.dumps(restart)}) if restart else self.env
+        env = dict(self.env, **{recovery.SUPERVISOR_ENV: str(os.getpid())})  # it dies with us
+        if restart:
+            env[recovery.RESTART_ENV] = json.dumps(restart)
         self.started_at = time.time()
-        env = dict(env, **{recovery.SUPERVISOR_ENV: str(os.getpid())})  # it dies with us
-        self.proc = subprocess.Popen(self.argv, env=env)  # no preexec_fn: recovery.die_with_supervisor
+        self.proc = subprocess.Popen(self.argv, env=env)  # no preexec_fn: see start_process
         self.signalled: int | None = None  # the stop signal this process was sent
         if self.cores:
             os.sched_setaffinity(self.proc.pid, set(self.cores))

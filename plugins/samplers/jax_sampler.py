@@ -294,8 +294,9 @@ class JaxSampler:
         b = _row_bucket(rows)
         # The prompts' own bucket (a power of two, at least 8, as rows): batches of up to 8
         # rows, whatever their prompts and samples, stay one program (test_sampling).
-        shared = _row_bucket(len(prompts)) < b
-        u = _row_bucket(len(prompts)) if shared else b
+        u = _row_bucket(len(prompts))
+        shared = u < b
+        u = u if shared else b
         prefilled = list(prompts) if shared else [x for x in prompts for _ in range(n)]
         p = _bucket(max(len(x.tokens) for x in prompts), self.prompt_bucket)
         tokens = np.full((u, p), PAD, np.int32)
