@@ -24,8 +24,8 @@ from cluster import (
 pytestmark = pytest.mark.e2e
 
 # Steps: enough leases after step 2 to catch a worker holding one. A lease lives as long
-# as its generation, tens of milliseconds since the static sampler prefills a prompt once
-# for its samples: 6 steps, the queue read every 0.1 s, missed 1 run in 3.
+# as its generation, shorter since the static sampler prefills a prompt once for its
+# samples: 6 steps with the queue read every 0.1 s missed 1 run in 3 (10 and 5 ms: 5 of 5).
 N = 10
 
 
