@@ -17,8 +17,8 @@ import argparse
 import json
 import time
 
-from rlax.plugins.rewards.code_tests import plan_tests
-from rlax.plugins.rewards.sandbox_verdict import judge
+from rlax.plugins.rewards.code.plan import plan_tests
+from rlax.plugins.rewards.code.verdict import judge
 
 BOUND_S = 0.5
 HASH_MODULUS = 2**61 - 1  # ints equal modulo it share a hash, whatever the seed

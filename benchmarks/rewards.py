@@ -63,8 +63,8 @@ import numpy as np
 
 from rlax.core.rollout.reward_pool import RewardPool
 from rlax.core.types import Prompt
-from rlax.plugins.rewards.code_verifier import CodeReward
-from rlax.plugins.rewards.math_verifier import MathReward
+from rlax.plugins.rewards.code.verifier import CodeReward
+from rlax.plugins.rewards.math.verifier import MathReward
 
 SYMBOLIC = [
     (r"\frac{\sqrt{2}}{2}", r"\frac{1}{\sqrt{2}}"),
@@ -202,28 +202,37 @@ def print_red_team(rows: list[tuple], counts: dict[str, int]) -> None:
     )
 
 
-ISOLATED = ("code_sandbox.py", "sandbox_supervisor.py", "sandbox_world.py", "sandbox_harness.py")
-
-
 def _sandbox_at(rev: str, into: pathlib.Path):
-    """The code sandbox as it was at git ``rev`` (its own supervisor, world and harness)."""
-    import importlib.util
+    """The code sandbox as it was at git ``rev``: that revision's ``plugins/rewards`` folder,
+    imported as a package of its own (its ``rlax.plugins.rewards`` imports pointed there), so
+    its own supervisor, world and harness run. Returns its ``run_tests`` and ``plan_tests``."""
+    import importlib
+    import io
     import subprocess
+    import tarfile
 
     root = CASES.parents[4]
-    for name in ISOLATED:
-        text = subprocess.run(
-            ["git", "-C", str(root), "show", f"{rev}:plugins/rewards/{name}"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        (into / name).write_text(text)
-    spec = importlib.util.spec_from_file_location(f"rlax_sandbox_{rev}", into / "code_sandbox.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look themselves up there
-    spec.loader.exec_module(module)
-    return module
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", rev, "plugins/rewards"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    package = f"rlax_rewards_{rev}"
+    folder = (into / "plugins" / "rewards").rename(into / package)
+    for path in folder.rglob("*.py"):
+        path.write_text(path.read_text().replace("rlax.plugins.rewards.", f"{package}."))
+    sys.path.insert(0, str(into))
+    try:  # the flat layout (before the verifiers' sub-packages) or today's
+        sandbox = importlib.import_module(f"{package}.code_sandbox")
+        plan = importlib.import_module(f"{package}.code_tests")
+    except ModuleNotFoundError:
+        sandbox = importlib.import_module(f"{package}.code.sandboxed")
+        plan = importlib.import_module(f"{package}.code.plan")
+    finally:
+        sys.path.remove(str(into))
+    return sandbox.run_tests, plan.plan_tests
 
 
 def isolation_cost(n: int, baseline: str) -> dict[str, object]:
@@ -233,22 +242,24 @@ def isolation_cost(n: int, baseline: str) -> dict[str, object]:
     run's cgroup; ``baseline`` (default: the sandbox before them) had root's
     namespaces only. Same program, tests and limits, one after the other.
     """
-    from rlax.plugins.rewards import code_sandbox
-    from rlax.plugins.rewards.code_tests import plan_tests
+    from rlax.plugins.rewards.code.plan import plan_tests
+    from rlax.plugins.rewards.code.sandboxed import run_tests
 
-    plan = plan_tests({"asserts": ["assert f(3) == 9", "assert f(-2) == 4"]})
+    asserts = {"asserts": ["assert f(3) == 9", "assert f(-2) == 4"]}
     program = "def f(x):\n    return x * x\n"
     with tempfile.TemporaryDirectory(prefix="rlax-baseline-") as where:
         try:
-            old = _sandbox_at(baseline, pathlib.Path(where))
+            old_run, old_plan = _sandbox_at(baseline, pathlib.Path(where))
         except Exception as exc:  # noqa: BLE001 -- no git, no such revision: say so, go on
             print(f"\nisolation cost: no baseline {baseline!r} ({exc})")
             return {"isolation_s_per_program": None, "isolation_cost_ratio": None}
+        runs = {"today": (run_tests, plan_tests(asserts)), "baseline": (old_run, old_plan(asserts))}
         times: dict[str, list[float]] = {"today": [], "baseline": []}
         for i in range(2 * n + 2):  # the first of each warms up
-            which, module = (("today", code_sandbox), ("baseline", old))[i % 2]
+            which = ("today", "baseline")[i % 2]
+            run, plan = runs[which]
             start = time.perf_counter()
-            result = module.run_tests(program, plan)
+            result = run(program, plan)
             if result.status != "passed":
                 raise RuntimeError(f"isolation cost: {which} sandbox: {result}")
             if i >= 2:

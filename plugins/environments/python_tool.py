@@ -2,7 +2,7 @@
 
 Each model turn either calls tools (:mod:`.tool_calls`; the one tool is
 ``python`` with argument ``code``) or answers. A call's code runs in the
-sandbox of :mod:`rlax.plugins.rewards.code_sandbox` (its own world, no
+sandbox of :mod:`rlax.plugins.rewards.sandbox.run` (its own world, no
 network, CPU, memory and process limits, ``tool_timeout_s`` of wall time);
 what it printed, or its error, comes back as the observation. A tool that
 fails (an exception, a malformed call, an unknown tool) is an observation
@@ -33,8 +33,8 @@ from rlax.core.rollout.reward_pool import score_one
 from rlax.core.types import Prompt, RewardResult
 from rlax.plugins.environments.chat import observation_ids
 from rlax.plugins.environments.tool_calls import HermesToolParser
-from rlax.plugins.rewards.code_sandbox import Limits, run_sandboxed
-from rlax.plugins.rewards.sandbox_interpreter import python_for_sandbox
+from rlax.plugins.rewards.sandbox.interpreter import python_for_sandbox
+from rlax.plugins.rewards.sandbox.run import Limits, run_sandboxed
 
 TOOL = "python"
 

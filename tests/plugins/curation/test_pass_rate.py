@@ -7,7 +7,7 @@ import pytest
 
 from rlax.core.types import Completion, Group, Prompt
 from rlax.plugins.curation.pass_rate import PassRateCurriculum, PassRateFilter
-from rlax.plugins.rewards.math_verifier import MathReward
+from rlax.plugins.rewards.math.verifier import MathReward
 
 
 class StandInPolicy:

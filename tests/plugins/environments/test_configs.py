@@ -13,7 +13,7 @@ from rlax.plugins.environments.guess import GuessEnvironment
 from rlax.plugins.environments.python_tool import PythonToolEnvironment
 from rlax.plugins.environments.runner import EpisodeSampler
 from rlax.plugins.environments.tool_calls import HermesToolParser
-from rlax.plugins.rewards.math_verifier import MathReward
+from rlax.plugins.rewards.math.verifier import MathReward
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[3] / "configs" / "experiments"
 

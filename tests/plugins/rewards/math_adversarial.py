@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from rlax.core.types import Prompt
-from rlax.plugins.rewards.math_verifier import MathReward
+from rlax.plugins.rewards.math.verifier import MathReward
 
 __all__ = ["ADVERSARIAL", "NOTATIONS", "score_adversarial", "slowest_adversarial"]
 

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from rlax.core.types import Prompt
-from rlax.plugins.rewards.code_sandbox import Limits, run_python_tests, run_tests
-from rlax.plugins.rewards.code_tests import CallTest, plan_tests
-from rlax.plugins.rewards.code_verifier import CodeReward, extract_code, read_tests
-from rlax.plugins.rewards.sandbox_equality import matches
-from rlax.plugins.rewards.sandbox_values import WireError, encode, parse_line
-from rlax.plugins.rewards.sandbox_verdict import judge
+from rlax.plugins.rewards.code.equality import matches
+from rlax.plugins.rewards.code.plan import CallTest, plan_tests
+from rlax.plugins.rewards.code.sandboxed import Limits, run_python_tests, run_tests
+from rlax.plugins.rewards.code.values import WireError, encode, parse_line
+from rlax.plugins.rewards.code.verdict import judge
+from rlax.plugins.rewards.code.verifier import CodeReward, extract_code, read_tests
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="the sandbox needs Linux")
 
@@ -328,17 +328,17 @@ def test_the_world_holds_only_the_interpreter_read_only():
 
 
 def test_a_broken_world_is_an_error_unless_weak_isolation_is_allowed(monkeypatch):
-    from rlax.plugins.rewards import code_sandbox
+    from rlax.plugins.rewards.sandbox import run as sandbox_run
 
-    monkeypatch.setattr(code_sandbox, "interpreter_world", lambda python: {"binds": ["/no/such"]})
-    monkeypatch.setattr(code_sandbox, "_warned", code_sandbox.threading.Event())
+    monkeypatch.setattr(sandbox_run, "interpreter_world", lambda python: {"binds": ["/no/such"]})
+    monkeypatch.setattr(sandbox_run, "_warned", sandbox_run.threading.Event())
     strict = CodeReward(**LIMITS).run(prompt(TESTS), GOOD)
     assert strict.status == "error" and "allow_weak_isolation=True" in strict.detail, strict
     weak = CodeReward(**LIMITS, allow_weak_isolation=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         first, second = weak.run(prompt(TESTS), GOOD), weak.run(prompt(TESTS), GOOD)
-    weak_warnings = [w for w in caught if w.category is code_sandbox.WeakIsolationWarning]
+    weak_warnings = [w for w in caught if w.category is sandbox_run.WeakIsolationWarning]
     assert len(weak_warnings) == 1  # once per process, not once per run
     assert "WITHOUT namespaces" in str(weak_warnings[0].message)
     assert first.status == second.status == "passed"
@@ -382,15 +382,15 @@ KEYRING = (  # x86-64 call numbers: add_key 248, keyctl 250; -4 is the user keyr
 
 def _unfiltered(monkeypatch) -> None:
     """As on a machine without libseccomp: only allow_weak_isolation lets a run go."""
-    from rlax.plugins.rewards import code_sandbox
-    from rlax.plugins.rewards.sandbox_seccomp import SeccompUnavailable
+    from rlax.plugins.rewards.sandbox import run as sandbox_run
+    from rlax.plugins.rewards.sandbox.seccomp import SeccompUnavailable
 
     def missing():
         raise SeccompUnavailable("libseccomp.so.2 cannot be loaded (test)")
 
-    monkeypatch.setattr(code_sandbox, "filter_program", missing)
-    monkeypatch.setattr(code_sandbox, "_warned", code_sandbox.threading.Event())
-    monkeypatch.setattr(code_sandbox, "_sandbox_uid", lambda: os.geteuid() or 1_999_999)
+    monkeypatch.setattr(sandbox_run, "filter_program", missing)
+    monkeypatch.setattr(sandbox_run, "_warned", sandbox_run.threading.Event())
+    monkeypatch.setattr(sandbox_run, "_sandbox_uid", lambda: os.geteuid() or 1_999_999)
 
 
 def test_without_libseccomp_a_run_is_an_error_naming_the_setting(monkeypatch):
@@ -428,8 +428,8 @@ def test_per_user_kernel_state_does_not_outlive_a_run(monkeypatch):
 
 _NO_USER_NAMESPACES = r"""
 import ctypes, json, os, sys
-from rlax.plugins.rewards import sandbox_seccomp
-from rlax.plugins.rewards.code_sandbox import Limits, run_python_tests
+from rlax.plugins.rewards.sandbox import seccomp as sandbox_seccomp
+from rlax.plugins.rewards.code.sandboxed import Limits, run_python_tests
 lib = sandbox_seccomp._library()
 lib.seccomp_load.argtypes = [ctypes.c_void_p]
 ctx = lib.seccomp_init(sandbox_seccomp.SCMP_ACT_ALLOW)
@@ -505,7 +505,7 @@ def test_one_unconvertible_assert_makes_the_whole_set_weak():
 
 
 HARNESS = runpy.run_path(
-    str(pathlib.Path(__file__).parents[3] / "plugins" / "rewards" / "sandbox_harness.py")
+    str(pathlib.Path(__file__).parents[3] / "plugins" / "rewards" / "code/harness.py")
 )
 
 

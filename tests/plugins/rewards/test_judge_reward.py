@@ -22,8 +22,8 @@ from rlax.core.errors import BadSetting
 from rlax.core.rollout.openai_endpoint import AgentEndpoint
 from rlax.core.rollout.reward_pool import RewardPool
 from rlax.core.types import Completion, Prompt
-from rlax.plugins.rewards.judge import JudgeReward
-from rlax.plugins.rewards.judge_verdict import JudgeError, JudgeTimeout, parse_score
+from rlax.plugins.rewards.judge.reward import JudgeReward
+from rlax.plugins.rewards.judge.verdict import JudgeError, JudgeTimeout, parse_score
 
 TOK = chatml_tokenizer()
 GRADER = "grader"

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from rlax.core.types import Prompt
-from rlax.plugins.rewards import math_deadline, math_equivalence
-from rlax.plugins.rewards.math_deadline import VerifierTimeout, deadline, run_in_child, within
-from rlax.plugins.rewards.math_equivalence import equivalent
-from rlax.plugins.rewards.math_verifier import MathReward
+from rlax.plugins.rewards.math import deadline as math_deadline
+from rlax.plugins.rewards.math import equivalence as math_equivalence
+from rlax.plugins.rewards.math.deadline import VerifierTimeout, deadline, run_in_child, within
+from rlax.plugins.rewards.math.equivalence import equivalent
+from rlax.plugins.rewards.math.verifier import MathReward
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from math_adversarial import ADVERSARIAL, NOTATIONS, slowest_adversarial  # next to this file

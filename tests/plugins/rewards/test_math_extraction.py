@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from rlax.plugins.rewards.math_extraction import Extraction, extract_answer, find_boxed
+from rlax.plugins.rewards.math.extraction import Extraction, extract_answer, find_boxed
 
 TOKENS = [r"\boxed{", r"\fbox{", "{", "}", r"\{", r"\}", "x", "1", " ", "$", r"\boxed 7"]
 

@@ -8,8 +8,8 @@ from fractions import Fraction
 
 import pytest
 
-from rlax.plugins.rewards.math_equivalence import equivalent, imaginary_unit
-from rlax.plugins.rewards.math_numbers import (
+from rlax.plugins.rewards.math.equivalence import equivalent, imaginary_unit
+from rlax.plugins.rewards.math.numbers import (
     MAX_EXPONENT,
     Refused,
     numeral_base,

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from rlax.core.types import Prompt
-from rlax.plugins.rewards.math_equivalence import VerifierTimeout, deadline, equivalent
-from rlax.plugins.rewards.math_extraction import extract_answer
-from rlax.plugins.rewards.math_verifier import MathReward, reference_answer
+from rlax.plugins.rewards.math.equivalence import VerifierTimeout, deadline, equivalent
+from rlax.plugins.rewards.math.extraction import extract_answer
+from rlax.plugins.rewards.math.verifier import MathReward, reference_answer
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from math_table import TABLE  # the labelled table, next to this file
@@ -110,7 +110,7 @@ def test_the_deadline_interrupts_a_slow_comparison():
 
 
 def test_a_symbolic_timeout_is_a_wrong_verdict(monkeypatch):
-    from rlax.plugins.rewards import math_equivalence
+    from rlax.plugins.rewards.math import equivalence as math_equivalence
 
     def slow(pred, gold):
         time.sleep(5)

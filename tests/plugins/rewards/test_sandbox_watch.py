@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from rlax.plugins.rewards.sandbox_cgroup import ResidentWatch
+from rlax.plugins.rewards.sandbox.cgroup import ResidentWatch
 
 MB = 2**20
 

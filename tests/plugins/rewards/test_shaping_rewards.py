@@ -9,7 +9,7 @@ from rlax.core.types import Prompt
 from rlax.plugins.rewards.composite import CompositeReward
 from rlax.plugins.rewards.format import FormatReward
 from rlax.plugins.rewards.length import LengthReward, length_penalty
-from rlax.plugins.rewards.math_verifier import MathReward
+from rlax.plugins.rewards.math.verifier import MathReward
 
 P = Prompt(id="q", text="q", tokens=np.zeros(1, np.int32), answer="4")
 

@@ -30,9 +30,9 @@ import numpy as np
 import pytest
 
 from rlax.core.types import Prompt
-from rlax.plugins.rewards.code_sandbox import WeakIsolationWarning
-from rlax.plugins.rewards.code_tests import plan_tests, read_tests
-from rlax.plugins.rewards.code_verifier import CodeReward
+from rlax.plugins.rewards.code.plan import plan_tests, read_tests
+from rlax.plugins.rewards.code.verifier import CodeReward
+from rlax.plugins.rewards.sandbox.run import WeakIsolationWarning
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="the sandbox needs Linux")
 
@@ -197,7 +197,7 @@ def test_right_programs_score_one(name):
 
 def _run_group_here() -> bool:
     """As root a cgroup can be had here; an ordinary user needs one delegated (.ci/run's)."""
-    from rlax.plugins.rewards import sandbox_cgroup
+    from rlax.plugins.rewards.sandbox import cgroup as sandbox_cgroup
 
     try:
         group = sandbox_cgroup.create(f"{sandbox_cgroup.PREFIX}{os.getpid()}-probe", 64, 4)
@@ -249,7 +249,7 @@ _AS_USER = """
 import json, runpy, sys
 import numpy as np
 from rlax.core.types import Prompt
-from rlax.plugins.rewards.code_verifier import CodeReward
+from rlax.plugins.rewards.code.verifier import CodeReward
 table = json.loads(sys.argv[1])
 verdicts = {}
 for name, (problem, source, tests) in table.items():
@@ -264,7 +264,7 @@ print(json.dumps(verdicts))
 
 def _verdicts_as_nobody(table: dict, limits: dict) -> dict:
     """The same table scored by a process of the unprivileged user ``nobody``."""
-    from rlax.plugins.rewards.code_sandbox import python_for_sandbox
+    from rlax.plugins.rewards.sandbox.run import python_for_sandbox
 
     python = python_for_sandbox()  # as root: one that any user can run
     readable = subprocess.run(

@@ -3,9 +3,9 @@
 The program's outputs channel (fd 3) is read line by line. A line counts
 only if it is a JSON object ``{"i": index, ...}`` whose index names one of
 the plan's tests and that index has not been seen before; the first word on
-each test is final. Call outputs are parsed by ``sandbox_values.parse_line``
+each test is final. Call outputs are parsed by ``values.parse_line``
 and compared in this process with the expected value, which never left it,
-on the wire form itself (``sandbox_equality.py``: exact built-in types,
+on the wire form itself (``code/equality.py``: exact built-in types,
 nothing rebuilt); stdin/stdout outputs are compared line by line, trailing
 whitespace ignored. ``passed`` counts the tests that matched and ``total`` is
 the plan's own number of tests: nothing the program reports about itself
@@ -25,9 +25,9 @@ import re
 import time
 from typing import Any
 
-from rlax.plugins.rewards.code_tests import CallTest, StdioTest, TestPlan
-from rlax.plugins.rewards.sandbox_equality import Late, bracket_bound, matches
-from rlax.plugins.rewards.sandbox_values import WireError, fields, parse_line
+from rlax.plugins.rewards.code.equality import Late, bracket_bound, matches
+from rlax.plugins.rewards.code.plan import CallTest, StdioTest, TestPlan
+from rlax.plugins.rewards.code.values import WireError, fields, parse_line
 
 __all__ = ["Verdict", "judge", "judge_weak"]
 

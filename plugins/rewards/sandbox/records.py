@@ -1,4 +1,4 @@
-"""What a sandboxed run is given and what it gives back (re-exported by ``code_sandbox``)."""
+"""What a sandboxed run is given and what it gives back (re-exported by ``run``)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ class Limits:
       open_files: open file descriptors per process.
       run_memory_mb: memory of the whole run, all its processes together,
         mapped or not (pipe buffers, files in its ``/tmp``): the run's cgroup
-        (``sandbox_cgroup.py``), where one can be had.
+        (``sandbox/cgroup.py``), where one can be had.
     """
 
     cpu_s: int = 5

@@ -1,6 +1,6 @@
 """The sandbox's minimal world: a tmpfs root holding the interpreter and nothing else.
 
-Standard library only; imported by ``sandbox_supervisor.py`` inside the
+Standard library only; imported by ``sandbox/supervisor.py`` inside the
 sandbox's own user and mount namespaces (by init, holding the capabilities
 of that user namespace, before the program starts).
 :func:`enter_world` builds, under a fresh tmpfs, a directory tree that holds
@@ -19,7 +19,7 @@ then makes it the root (``pivot_root``), detaches the host's root and makes
 the skeleton read-only. No host path is left to open, read or list: the
 project's sources, ``/etc``, ``/home`` and the host's ``/tmp`` do not exist in
 that world. The paths chosen come from the caller
-(:func:`rlax.plugins.rewards.sandbox_interpreter.interpreter_world`).
+(:func:`rlax.plugins.rewards.sandbox.interpreter.interpreter_world`).
 """
 
 from __future__ import annotations

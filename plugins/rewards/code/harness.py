@@ -5,7 +5,7 @@ next to ``solution.py`` and run with ``python -I -S -B``. It reads one JSON
 job from stdin *before* any untrusted code runs, then only computes: it runs
 the solution on the job's inputs and writes each output to fd 3, one JSON line
 per test, ``{"i": index, "value": tagged value}`` (call-style; the tagged
-format is ``sandbox_values.py``'s), ``{"i": index, "stdout": text}``
+format is ``code/values.py``'s), ``{"i": index, "stdout": text}``
 (stdin/stdout) or ``{"i": index, "error": text}``. It decides nothing: the job
 holds no expected output, and the trusted side compares what it received.
 This file shares the interpreter with the program, which may replace any of
@@ -13,7 +13,7 @@ its functions; that gains the program nothing but the power to send other
 outputs, which it had anyway. ``exit`` and ``quit`` are defined as ``site``
 would (the harness runs without it).
 
-Jobs (see ``code_tests.py`` for where they come from):
+Jobs (see ``code/plan.py`` for where they come from):
 
 - ``{"mode": "call", "calls": [[function, args, kwargs], ...], "setup": code}``:
   the solution runs once as module ``solution``, then each call;

@@ -18,7 +18,7 @@ value with a literal: ``assert f(1, "a") == [2]`` (either side),
 ``assert f(x) is None / True / False``, ``assert f(x)``, ``assert not f(x)``,
 ``assert math.isclose(f(x), 2.5, rel_tol=..)``, arguments being literals;
 a constant expression of literals (``10**9 + 7``, ``[0] * 5``) counts as its
-value (``code_constants.py``: folded here, bounded).
+value (``code/constants.py``: folded here, bounded).
 Any other assert (it computes with the program's objects, inside the
 program's interpreter) can only run there, where the program can forge its
 outcome; such a test set is *weak* and runs only where the caller allows it.
@@ -30,7 +30,7 @@ import ast
 import dataclasses
 from typing import Any
 
-from rlax.plugins.rewards.code_constants import NotConstant, fold
+from rlax.plugins.rewards.code.constants import NotConstant, fold
 
 __all__ = ["CallTest", "StdioTest", "TestPlan", "plan_tests", "read_tests"]
 

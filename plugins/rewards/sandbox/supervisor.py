@@ -1,6 +1,6 @@
 """The sandbox's trusted side: namespaces, limits, privilege drop, capture, cleanup.
 
-Started by :func:`rlax.plugins.rewards.code_sandbox.run_sandboxed` as
+Started by :func:`rlax.plugins.rewards.sandbox.run.run_sandboxed` as
 ``python -I -S -c BOOTSTRAP`` (standard library only; the bootstrap reads the
 JSON job from stdin and calls :func:`main`, so no host path shows in any
 command line the program could read); it prints one JSON report on stdout.
@@ -23,7 +23,7 @@ call. Without namespaces (asked for, or the kernel refuses a user namespace)
 the program runs only when the job allows the weak mode; it then still runs
 under the filter, limits and its own session, is swept by process group and
 (as root) by uid, and the files of its uid left in the host's temporary
-directories are removed (``sandbox_sweep.py``).
+directories are removed (``sandbox/sweep.py``).
 
 The program gets the job's ``stdin`` text (test inputs only) and writes its
 outputs to fd 3; the supervisor relays that channel verbatim (up to
@@ -41,12 +41,12 @@ import signal
 import time
 
 if __package__:  # imported as part of rlax (its tests, an installed wheel's import check)
-    from rlax.plugins.rewards import sandbox_cgroup, sandbox_seccomp, sandbox_sweep, sandbox_world
+    from rlax.plugins.rewards.sandbox import cgroup, seccomp, sweep, world
 else:  # the sandbox's bootstrap: this folder alone on sys.path, no rlax (python -I -S)
-    import sandbox_cgroup  # type: ignore[import-not-found, no-redef]
-    import sandbox_seccomp  # type: ignore[import-not-found, no-redef]
-    import sandbox_sweep  # type: ignore[import-not-found, no-redef]
-    import sandbox_world  # type: ignore[import-not-found, no-redef]
+    import cgroup  # type: ignore[import-not-found, no-redef]
+    import seccomp  # type: ignore[import-not-found, no-redef]
+    import sweep  # type: ignore[import-not-found, no-redef]
+    import world  # type: ignore[import-not-found, no-redef]
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWUSER = 0x40000000, 0x20000000, 0x10000000
@@ -110,10 +110,10 @@ def _unshare(isolation: dict) -> None:
 
 
 def _private_filesystem(job: dict, isolation: dict) -> str:
-    """The minimal world (see ``sandbox_world.py``) when mounts are ours, else the host's."""
+    """The minimal world (see ``sandbox/world.py``) when mounts are ours, else the host's."""
     if isolation.get("mounts") and os.getpid() == 1:
         try:
-            workdir = sandbox_world.enter_world(job["world"], 4 * job["limits"]["file_mb"])
+            workdir = world.enter_world(job["world"], 4 * job["limits"]["file_mb"])
             isolation["filesystem"] = "private tmpfs"
             isolation["root"] = "minimal read-only world"
             return workdir
@@ -163,7 +163,7 @@ def _program(job: dict, workdir: str, fds: dict) -> None:
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if job["seccomp"]:
-            sandbox_seccomp.install(bytes.fromhex(job["seccomp"]))
+            seccomp.install(bytes.fromhex(job["seccomp"]))
         os.execve(job["argv"][0], job["argv"], job["env"])
     except BaseException as exc:  # noqa: BLE001 -- report why the program could not start
         os.write(2, f"sandbox: cannot start the program: {exc}\n".encode())
@@ -202,7 +202,7 @@ def _capture(
         if now >= deadline or (exited_at is not None and now - exited_at > 0.2):
             break  # after exit, a daemon may hold the pipes open: stop shortly after
         writable = [stdin_fd] if feeding else []
-        poll = 0.05 if watch is None else sandbox_cgroup.POLL_S
+        poll = 0.05 if watch is None else cgroup.POLL_S
         ready, can_write, _ = select.select(list(open_fds.values()), writable, [], poll)
         if watch is not None and not watch.exceeded and watch.over():
             os.kill(-1, signal.SIGKILL)  # init: every process of its namespace but itself
@@ -242,7 +242,7 @@ def _sweep(child: int) -> str:
             os.killpg(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        sandbox_sweep.kill_children()  # orphans of other sessions: ours as a subreaper
+        sweep.kill_children()  # orphans of other sessions: ours as a subreaper
         how = "process group"
     try:
         while os.waitpid(-1, os.WNOHANG)[0] > 0:
@@ -289,7 +289,7 @@ def _init(job: dict, isolation: dict, parent: int, out: int) -> None:
         raise OSError("the run's cgroup could not be joined")
     watch = None
     if os.getpid() == 1 and not isolation["run_limits"].startswith("cgroup"):
-        watch = sandbox_cgroup.ResidentWatch(job["limits"]["run_memory_mb"])
+        watch = cgroup.ResidentWatch(job["limits"]["run_memory_mb"])
         isolation["run_limits"] = "resident memory watched by init"
     start = time.monotonic()
     child, reads, stdin_fd = _start(job, workdir)
@@ -357,7 +357,7 @@ def _read_all(fd: int) -> bytes:
 
 
 def main(job: dict) -> None:
-    """Runs ``job`` (see ``code_sandbox.run_sandboxed``); prints one JSON report.
+    """Runs ``job`` (see ``run.run_sandboxed``); prints one JSON report.
 
     The supervisor itself stays outside every namespace, with the caller's
     uid: it makes the run's cgroup, and after the run reads its peak, removes
@@ -365,7 +365,7 @@ def main(job: dict) -> None:
     """
     _die_with_parent(job["caller_pid"])
     isolation: dict = {"syscalls": "allow-list (libseccomp)" if job["seccomp"] else "NOT filtered"}
-    group = sandbox_cgroup.for_run(job, isolation)
+    group = cgroup.for_run(job, isolation)
     if os.geteuid() == 0 and job["namespaces"]:  # the runner works there as the sandbox uid
         os.chown(job["fallback_dir"], job["uid"], job["uid"])
     (read, write), (pid_r, pid_w), (go_r, go_w) = os.pipe(), os.pipe(), os.pipe()
@@ -378,7 +378,7 @@ def main(job: dict) -> None:
         _guarded(write, _runner, job, isolation, me, write)
     for fd in (write, pid_w, go_r):
         os.close(fd)
-    sandbox_cgroup.admit(_read_all(pid_r), group, go_w)
+    cgroup.admit(_read_all(pid_r), group, go_w)
     lines = _read_all(read).decode().strip().splitlines()
     lines = lines or ['{"supervisor_error": "the sandbox\'s init gave no report"}']
     os.waitpid(runner, 0)
@@ -390,7 +390,7 @@ def main(job: dict) -> None:
             report["isolation"]["memory_peak_mb"] = round(peak / 2**20, 1)
     weak = report.get("isolation", {}).get("filesystem") == "host temporary directory"
     if weak and os.geteuid() == 0 and job["uid"] > 0:
-        sandbox_sweep.kill_uid(job["uid"])
-        sandbox_sweep.remove_files_of(job["uid"])
+        sweep.kill_uid(job["uid"])
+        sweep.remove_files_of(job["uid"])
         report["isolation"]["cleanup"] = "process group and uid"
     os.write(1, (json.dumps(report) + "\n").encode())

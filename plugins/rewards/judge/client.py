@@ -7,7 +7,7 @@ request timeouts, 5xx and 429 -- with exponential backoff (``backoff_s``,
 doubled each time, or longer if a ``Retry-After`` header asks), and never a 4xx, which the same request would get
 again. Every attempt's timeout is the smaller of ``request_timeout_s`` and
 what is left of the call's deadline; a call that runs out of deadline is a
-:class:`~rlax.plugins.rewards.judge_verdict.JudgeTimeout`. At most
+:class:`~rlax.plugins.rewards.judge.verdict.JudgeTimeout`. At most
 ``max_concurrent`` requests of one process are in flight at once.
 """
 
@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from rlax.plugins.rewards.judge_verdict import JudgeError, JudgeTimeout
+from rlax.plugins.rewards.judge.verdict import JudgeError, JudgeTimeout
 
 __all__ = ["GraderClient", "GraderSettings"]
 

@@ -1,6 +1,6 @@
 """The weak mode's cleanup: every process and temporary file of the sandbox uid.
 
-Standard library only; used by ``sandbox_supervisor.py`` (as root, outside
+Standard library only; used by ``sandbox/supervisor.py`` (as root, outside
 every namespace) after a run without namespaces, where no pid namespace or
 private ``/tmp`` takes the program's leftovers away with it.
 """

@@ -5,18 +5,18 @@
    R(y) = \\frac{s - lo}{hi - lo} \\in [0, 1]
 
 where ``s`` is the number on the grader's final ``SCORE: <number>`` line,
-``lo <= s <= hi`` (:mod:`.judge_verdict` states the format). The grader is
+``lo <= s <= hi`` (:mod:`.verdict` states the format). The grader is
 any OpenAI-compatible chat endpoint (rlax's own
 :class:`~rlax.core.rollout.openai_endpoint.AgentEndpoint`, a local server, a
 hosted API), asked with the ``openai`` client (the ``agents`` extra); its
 API key is read from the environment variable ``api_key_env`` names, never
 from the configuration. Each call has a deadline, transport failures are
-retried with backoff (:mod:`.judge_client`), and a judgement is asked once
-(:mod:`.judge_cache`). A judgement that does not happen -- an answer out of
+retried with backoff (:mod:`.client`), and a judgement is asked once
+(:mod:`.cache`). A judgement that does not happen -- an answer out of
 format or range, a timeout, a refusal -- raises
-:class:`~rlax.plugins.rewards.judge_verdict.JudgeError`: the reward pool
+:class:`~rlax.plugins.rewards.judge.verdict.JudgeError`: the reward pool
 scores the call 0 *as a failed call* (``reward_errors``; ``reward_timeouts`` for a
-:class:`~rlax.plugins.rewards.judge_verdict.JudgeTimeout`; the reason in the traces),
+:class:`~rlax.plugins.rewards.judge.verdict.JudgeTimeout`; the reason in the traces),
 never as a judged 0; :meth:`JudgeReward.metrics` counts each kind.
 """
 
@@ -39,9 +39,9 @@ from rlax.core.constraints import (
 )
 from rlax.core.errors import BadSetting
 from rlax.core.types import Prompt, RewardResult
-from rlax.plugins.rewards.judge_cache import JudgeCache, judgement_key
-from rlax.plugins.rewards.judge_client import GraderClient, GraderSettings
-from rlax.plugins.rewards.judge_verdict import (
+from rlax.plugins.rewards.judge.cache import JudgeCache, judgement_key
+from rlax.plugins.rewards.judge.client import GraderClient, GraderSettings
+from rlax.plugins.rewards.judge.verdict import (
     DEFAULT_RUBRIC,
     JudgeError,
     normalised,
@@ -102,7 +102,7 @@ class JudgeReward:
       api_key_env: the environment variable that holds the API key; "" sends none
         (a local server without keys). Read at construction: unset is refused.
       rubric: the user message, a template with ``{prompt}``, ``{completion}``,
-        ``{answer}``, ``{lo}``, ``{hi}`` (:mod:`.judge_verdict`; braces doubled).
+        ``{answer}``, ``{lo}``, ``{hi}`` (:mod:`.verdict`; braces doubled).
       system: a system message before it ("" for none).
       lo / hi: the range the grader scores in; ``lo`` maps to 0 and ``hi`` to 1.
       request_timeout_s: the limit of one HTTP request.

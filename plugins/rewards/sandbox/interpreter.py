@@ -1,6 +1,6 @@
 """Which interpreter the sandbox runs, and the few host paths it needs to run.
 
-:func:`interpreter_world` lists what ``sandbox_world.py`` binds read-only into
+:func:`interpreter_world` lists what ``sandbox/world.py`` binds read-only into
 the sandbox's otherwise empty root: the interpreter, its standard library
 (``lib-dynload`` included), and the shared libraries that the interpreter and
 the standard library's extension modules link against (as ``ldd`` resolves

@@ -1,7 +1,7 @@
 """Stage 1 of deciding whether two math answers are the same: numbers, exactly.
 
 :func:`parse_number` reads a normalized answer
-(:func:`rlax.plugins.rewards.math_equivalence.normalize`) as one rational
+(:func:`rlax.plugins.rewards.math.equivalence.normalize`) as one rational
 number (``fractions.Fraction``): an integer, a decimal with or without
 thousands separators, e-notation, a fraction or mixed number, a power, a
 percentage, a number word, a repeating decimal (``0.\\overline{3}``,

@@ -1,8 +1,8 @@
 """The ``math`` reward: extract the final answer, compare it with the reference.
 
-Extraction is :mod:`rlax.plugins.rewards.math_extraction` (last ``\\boxed``,
+Extraction is :mod:`rlax.plugins.rewards.math.extraction` (last ``\\boxed``,
 GSM8K ``####``, "the answer is", optionally the last number); equivalence is
-:mod:`rlax.plugins.rewards.math_equivalence` (exact numbers, text for words,
+:mod:`rlax.plugins.rewards.math.equivalence` (exact numbers, text for words,
 math-verify for the rest, under a deadline). A reference answer written as a
 worked solution (a GSM8K ``answer`` field ending in ``#### 72``) is reduced
 to its final answer the same way, so a dataset's answer column can be used
@@ -16,9 +16,9 @@ from typing import Annotated, Any
 from rlax.core import hookimpl
 from rlax.core.constraints import Positive
 from rlax.core.types import Prompt, RewardResult
-from rlax.plugins.rewards.math_deadline import on_main_thread, within
-from rlax.plugins.rewards.math_equivalence import equivalent, load_math_verify
-from rlax.plugins.rewards.math_extraction import extract_answer
+from rlax.plugins.rewards.math.deadline import on_main_thread, within
+from rlax.plugins.rewards.math.equivalence import equivalent, load_math_verify
+from rlax.plugins.rewards.math.extraction import extract_answer
 
 __all__ = ["MathReward", "reference_answer"]
 
@@ -40,7 +40,7 @@ class MathReward:
 
     Args:
       timeout_s: deadline of one whole call, extraction included (see
-        :func:`rlax.plugins.rewards.math_deadline.deadline`): past it the
+        :func:`rlax.plugins.rewards.math.deadline.deadline`): past it the
         completion scores ``wrong_score`` with a reason starting "timeout".
         The alarm is set ``RESERVE`` earlier, so that the call, unwinding
         included, returns within ``timeout_s``.

@@ -3,7 +3,7 @@
 Three stages, cheapest first, after a multiple-choice letter (``B``,
 ``(B)``, ``[B]``: compared as a letter, whatever the case of the other side):
 
-1. **Numbers** (:mod:`rlax.plugins.rewards.math_numbers`), compared exactly
+1. **Numbers** (:mod:`rlax.plugins.rewards.math.numbers`), compared exactly
    as rationals (``fractions.Fraction``): integers, decimals, thousands
    separators (``1,000``, ``1\\,000``, ``1{,}000``, ``1 000``), e-notation
    (``1.5e3``, ``1.5\\times10^{3}``), fractions (``3/4``, ``\\frac{3}{4}``,
@@ -26,7 +26,7 @@ Three stages, cheapest first, after a multiple-choice letter (``B``,
    factorials are refused before it (the deadline would stop them, but only
    after the whole timeout).
 
-The whole comparison runs under :func:`rlax.plugins.rewards.math_deadline.deadline`,
+The whole comparison runs under :func:`rlax.plugins.rewards.math.deadline.deadline`,
 whose timeout is a ``BaseException`` that math-verify's ``except Exception``
 cannot swallow; off the main thread the symbolic stage runs in a child
 process killed at the deadline. The reward pool's kill is a second line, no
@@ -40,15 +40,15 @@ import functools
 import logging
 import re
 
-from rlax.plugins.rewards.math_deadline import (
+from rlax.plugins.rewards.math.deadline import (
     VerifierTimeout,
     deadline,
     on_main_thread,
     run_in_child,
     within,
 )
-from rlax.plugins.rewards.math_extraction import unify_characters
-from rlax.plugins.rewards.math_numbers import (
+from rlax.plugins.rewards.math.extraction import unify_characters
+from rlax.plugins.rewards.math.numbers import (
     Refused,
     compare_numbers,
     numeral_base,

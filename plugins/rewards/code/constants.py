@@ -2,7 +2,7 @@
 
 ``assert f() == 10**9 + 7`` compares a call with a constant as surely as
 ``assert f() == 1000000007``; :func:`fold` computes such constants on the
-trusted side (``code_tests.py`` uses it wherever it needs a literal), so a task
+trusted side (``code/plan.py`` uses it wherever it needs a literal), so a task
 that writes them is not weak. It evaluates an AST of literals (as
 ``ast.literal_eval`` reads them, plus ``set()``) joined by unary ``+ - ~`` and
 binary ``+ - * / // % ** << >> & | ^``; names, calls, attributes, comparisons

@@ -1,6 +1,6 @@
 """The run's cgroup: one memory and process bound for everything a program starts.
 
-Standard library only; used by ``sandbox_supervisor.py`` outside every
+Standard library only; used by ``sandbox/supervisor.py`` outside every
 namespace. Per-process limits (``RLIMIT_AS``, ``RLIMIT_NPROC``) leave a run of
 several processes free to hold their sum, and memory that is not mapped is
 no address space at all (pipe buffers, files in a tmpfs); a memory cgroup

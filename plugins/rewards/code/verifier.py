@@ -2,16 +2,16 @@
 
 The program is the last fenced code block of the completion (the whole text
 if it has none). The tests are the prompt's ``answer``, in any shape that
-:func:`~rlax.plugins.rewards.code_tests.read_tests` reads: call-style
+:func:`~rlax.plugins.rewards.code.plan.read_tests` reads: call-style
 (function, arguments, expected value), stdin/stdout pairs, or assert
 statements (MBPP / HumanEval style).
 
-Every run is sandboxed (:mod:`rlax.plugins.rewards.code_sandbox`): only the
+Every run is sandboxed (:mod:`rlax.plugins.rewards.sandbox.run`): only the
 tests' inputs enter the sandbox, the program's outputs come back in a typed
 format, and the comparison and the count happen outside it, so a program can
 pass only by computing the right outputs. Assert statements are converted to
 call tests where they compare a call with a literal
-(:func:`~rlax.plugins.rewards.code_tests.plan_tests`); a test set with any
+(:func:`~rlax.plugins.rewards.code.plan.plan_tests`); a test set with any
 other assert can only be judged inside the program's interpreter, where the
 program can forge the verdict, so it is refused (a ``ValueError`` naming the
 setting) unless ``allow_weak_tests=True``, and its reason then says
@@ -19,8 +19,8 @@ setting) unless ``allow_weak_tests=True``, and its reason then says
 
 Every call of :meth:`CodeReward.score` (in a reward pool, directly, in a tool
 environment, in evaluation) is bounded by its own deadline, ``wall_s`` plus
-``code_sandbox.GRACE_S``: the sandbox is killed there, and judging the
-program's outputs, bounded in size, depth and work by ``sandbox_verdict.py``,
+``sandbox.run.GRACE_S``: the sandbox is killed there, and judging the
+program's outputs, bounded in size, depth and work by ``code/verdict.py``,
 stops there too (a ``timeout``, scored 0).
 """
 
@@ -32,8 +32,8 @@ from typing import Annotated
 from rlax.core import hookimpl
 from rlax.core.constraints import AtLeast, Positive
 from rlax.core.types import Prompt, RewardResult
-from rlax.plugins.rewards.code_sandbox import Limits, SandboxResult, run_tests
-from rlax.plugins.rewards.code_tests import plan_tests, read_tests
+from rlax.plugins.rewards.code.plan import plan_tests, read_tests
+from rlax.plugins.rewards.code.sandboxed import Limits, SandboxResult, run_tests
 
 __all__ = ["CodeReward", "extract_code", "read_tests"]
 
@@ -59,7 +59,7 @@ class CodeReward:
       file_mb: largest file the program may write.
       processes: processes the program may have at once.
       run_memory_mb: memory of the whole run, every process together, mapped or
-        not (the run's cgroup, where one can be had; see ``code_sandbox.py``).
+        not (the run's cgroup, where one can be had; see ``sandbox/run.py``).
       partial_credit: score passed / total instead of all-or-nothing.
       namespaces: isolate with namespaces and the minimal world (False: the
         weak mode, warned once per process).

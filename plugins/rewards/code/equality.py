@@ -4,7 +4,7 @@ The program's value is never rebuilt on the trusted side. Rebuilding is where
 an answer can stall the caller: a dict or set built from keys the program chose
 costs time quadratic in their number when they share a hash (ints equal modulo
 2**61 - 1 do, whatever the hash seed), and a subclass's code must not run here.
-Instead the wire data (:func:`~rlax.plugins.rewards.sandbox_values.parse_line`:
+Instead the wire data (:func:`~rlax.plugins.rewards.code.values.parse_line`:
 JSON atoms, lists, and one-key tags parsed as ``((tag, body),)``) is walked in
 step with the expected value, which is trusted:
 
@@ -31,7 +31,7 @@ import operator
 import time
 from typing import Any
 
-from rlax.plugins.rewards.sandbox_values import MAX_DEPTH, WireError
+from rlax.plugins.rewards.code.values import MAX_DEPTH, WireError
 
 __all__ = ["Budget", "Late", "bracket_bound", "matches"]
 

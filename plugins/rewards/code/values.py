@@ -10,7 +10,7 @@ than a list is a one-key tag::
 
 :func:`encode` writes test arguments for the harness; :func:`parse_line`
 reads what the program sent back, bounded, as plain JSON data in which an
-object is a tuple of pairs; ``sandbox_equality.py`` compares that data with
+object is a tuple of pairs; ``code/equality.py`` compares that data with
 the expected value node by node, by exact type (``type(x) is``), without
 rebuilding it. Nothing the program defined (a class with an ``__eq__`` that
 always says yes, a patched ``json``) survives the crossing: the harness sends
@@ -76,7 +76,7 @@ def parse_line(line: str) -> Any:
     """One JSON line from the program, parsed without rebuilding anything it chose.
 
     A JSON object becomes a tuple of its ``(key, value)`` pairs, never a dict,
-    so its keys are not hashed into a table here (``sandbox_equality.py`` reads
+    so its keys are not hashed into a table here (``code/equality.py`` reads
     the tags); a decimal int has at most 4,300 digits (larger ones travel as
     ``{"int": hex}``); nesting past the recursion limit is refused. The cyclic
     garbage collector is paused while the line is parsed: a million small

@@ -1,18 +1,14 @@
-"""Running untrusted Python against tests in a sandboxed subprocess.
+"""Running an untrusted program in a sandboxed subprocess: :func:`run_sandboxed`.
 
-:func:`run_tests` runs a solution against a :class:`~rlax.plugins.rewards.
-code_tests.TestPlan`: only the tests' inputs go into the sandbox (on the
-harness's stdin; nothing is written to a file on this side), the harness
-(``sandbox_harness.py``) sends back the outputs, and
-:mod:`rlax.plugins.rewards.sandbox_verdict` compares them here, in the calling
-process, with the expected outputs, which never leave it; the run and the
-judging end by the call's deadline (``wall_s + GRACE_S``). :func:`run_sandboxed` starts ``sandbox_supervisor.py`` (see its
-docstring for the process tree). What contains a hostile program:
+:func:`run_sandboxed` starts ``supervisor.py`` (see its docstring for the process
+tree) with the program's files, arguments and limits; the code reward runs a
+solution against its tests through it (:mod:`rlax.plugins.rewards.code.sandboxed`),
+the Python tool environment each tool call. What contains a hostile program:
 
 =====================  =====================================================
 minimal world          a tmpfs root holding, read-only, only the interpreter,
                        its shared libraries and its standard library
-                       (:func:`interpreter_world`; ``sandbox_world.py``);
+                       (:func:`interpreter_world`; ``world.py``);
                        ``site-packages`` hidden; no host path exists there
 private scratch        ``/tmp``, a size-capped tmpfs, the only writable place;
                        the work dir is ``/tmp/work``
@@ -24,7 +20,7 @@ user namespace         its own per run, mapping one uid (the sandbox uid as
                        is shared with another run; the same sandbox as root
                        and rootless
 system calls           an allow-list compiled by libseccomp
-                       (``sandbox_seccomp.py``): keyrings, new namespaces,
+                       (``seccomp.py``): keyrings, new namespaces,
                        ``ptrace``, ``bpf``, ``memfd_create``, ``userfaultfd``,
                        System V shared memory, sockets but ``AF_UNIX``, ...
                        fail with ``EPERM``
@@ -32,7 +28,7 @@ CPU time               ``RLIMIT_CPU`` per process (SIGKILL one second later)
 memory                 ``RLIMIT_AS`` per process; the whole run, mapped or
                        not, ``run_memory_mb`` in its cgroup where one can be
                        had, else its resident memory watched by init
-                       (``sandbox_cgroup.py``; its peak in ``isolation``)
+                       (``cgroup.py``; its peak in ``isolation``)
 file size              ``RLIMIT_FSIZE`` (and the size-capped tmpfs)
 process count          ``RLIMIT_NPROC``, counted in the run's user namespace
                        (and ``pids.max`` of its cgroup): a fork bomb hits the
@@ -71,33 +67,27 @@ import time
 import warnings
 from typing import Any
 
-from rlax.plugins.rewards.code_tests import CallTest, StdioTest, TestPlan, plan_tests
-from rlax.plugins.rewards.sandbox_interpreter import interpreter_world, python_for_sandbox
-from rlax.plugins.rewards.sandbox_seccomp import SeccompUnavailable, filter_program
-from rlax.plugins.rewards.sandbox_types import Limits, SandboxResult
-from rlax.plugins.rewards.sandbox_values import encode
-from rlax.plugins.rewards.sandbox_verdict import judge, judge_weak
+from rlax.plugins.rewards.sandbox.interpreter import interpreter_world, python_for_sandbox
+from rlax.plugins.rewards.sandbox.records import Limits, SandboxResult
+from rlax.plugins.rewards.sandbox.seccomp import SeccompUnavailable, filter_program
 
 __all__ = [
     "Limits",
     "SandboxResult",
     "WeakIsolationWarning",
     "python_for_sandbox",
-    "run_python_tests",
     "run_sandboxed",
-    "run_tests",
 ]
 
 _HERE = pathlib.Path(__file__).resolve().parent
-SUPERVISOR = _HERE / "sandbox_supervisor.py"
-HARNESS = _HERE / "sandbox_harness.py"
+SUPERVISOR = _HERE / "supervisor.py"
 UID_BASE = 1_000_000  # far above any real account
 GRACE_S = 10.0  # past wall_s: starting the supervisor and its world, reading the report
 # The supervisor runs from -c, so that its command line (readable in the sandbox's
 # /proc) names no host path; the module's directory travels in the job on stdin.
 _BOOTSTRAP = (
     "import json, sys; job = json.loads(sys.stdin.read()); sys.path.insert(0, job['modules']);"
-    " import sandbox_supervisor; sandbox_supervisor.main(job)"
+    " import supervisor; supervisor.main(job)"
 )
 
 
@@ -126,7 +116,7 @@ def _warn_weak(why: str, what: str = "namespaces") -> None:
         _warned.set()
         warnings.warn(
             f"code sandbox: running WITHOUT {what} ({why}): weaker isolation than the "
-            "sandbox's own world, whose walls are listed in code_sandbox.py "
+            "sandbox's own world, whose walls are listed in plugins/rewards/sandbox/run.py "
             "(warned once per process)",
             WeakIsolationWarning,
             stacklevel=3,
@@ -265,92 +255,3 @@ def _result(out: bytes, err: bytes, uid: int) -> SandboxResult:
     if report["timed_out"]:
         return SandboxResult("timeout", detail="wall-clock limit reached", **fields)
     return SandboxResult("finished", **fields)
-
-
-def _job(plan: TestPlan, nonce: str) -> dict[str, Any]:
-    """What the harness gets: inputs only, never an expected output."""
-    if plan.mode == "stdio":
-        return {
-            "mode": "stdio",
-            "inputs": [t.stdin for t in plan.tests if isinstance(t, StdioTest)],
-        }
-    if plan.mode == "call":
-        calls = [
-            [t.function, encode(list(t.args)), encode(t.kwargs)]
-            for t in plan.tests
-            if isinstance(t, CallTest)
-        ]
-        return {"mode": "call", "calls": calls, "setup": plan.setup}
-    return {"mode": "asserts", "asserts": list(plan.asserts), "setup": plan.setup, "nonce": nonce}
-
-
-def run_tests(
-    solution: str,
-    plan: TestPlan,
-    *,
-    limits: Limits = DEFAULT_LIMITS,
-    namespaces: bool = True,
-    allow_weak_isolation: bool = False,
-    deadline: float | None = None,
-) -> SandboxResult:
-    """Runs ``solution`` on ``plan``'s inputs in the sandbox; judges its outputs here.
-
-    The run and the judging both end by ``deadline`` (a ``time.monotonic()``;
-    default ``limits.wall_s + GRACE_S`` from now): past it the result is a
-    ``"timeout"``, whatever the program sent.
-    """
-    if deadline is None:
-        deadline = time.monotonic() + limits.wall_s + GRACE_S
-    nonce = os.urandom(16).hex()
-    run = run_sandboxed(
-        {"harness.py": HARNESS.read_text(), "solution.py": solution},
-        [python_for_sandbox(), "-I", "-S", "-B", "harness.py"],
-        stdin=json.dumps(_job(plan, nonce)) + "\n",
-        limits=limits,
-        namespaces=namespaces,
-        allow_weak_isolation=allow_weak_isolation,
-        deadline=deadline,
-    )
-    if run.status != "finished":
-        return run
-    if plan.weak:
-        verdict = judge_weak(plan, run.channel, nonce)
-        answered = verdict is not None
-    else:
-        verdict = judge(plan, run.channel, deadline)
-        answered = verdict.answered > 0
-        if verdict.late:
-            detail = "the call's deadline passed while judging the program's outputs"
-            return dataclasses.replace(run, status="timeout", detail=detail)
-    by = "program" if plan.weak else "supervisor"
-    if verdict is None or not answered:
-        how = f"killed by signal {run.signal}" if run.signal else f"exit status {run.returncode}"
-        detail = f"no output for any test ({how})"
-        return dataclasses.replace(run, status="no_verdict", detail=detail, verdict_by=by)
-    status = "passed" if verdict.total > 0 and verdict.passed == verdict.total else "failed"
-    return dataclasses.replace(
-        run,
-        status=status,
-        passed=verdict.passed,
-        total=verdict.total,
-        detail=verdict.failure,
-        verdict_by=by,
-    )
-
-
-def run_python_tests(
-    solution: str,
-    tests: dict[str, Any],
-    *,
-    limits: Limits = DEFAULT_LIMITS,
-    namespaces: bool = True,
-    allow_weak_isolation: bool = False,
-) -> SandboxResult:
-    """Runs ``solution`` against a ``read_tests`` spec (weak asserts run as asked)."""
-    return run_tests(
-        solution,
-        plan_tests(tests),
-        limits=limits,
-        namespaces=namespaces,
-        allow_weak_isolation=allow_weak_isolation,
-    )
