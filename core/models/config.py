@@ -46,9 +46,87 @@ class RopeScaling:
             )
 
 
+SCORINGS = ("softmax", "sigmoid")
+DISPATCHES = ("sorted", "dense")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeConfig:
+    """The mixture-of-experts MLP of a decoder's sparse layers (hashable, jit-static).
+
+    A router scores every expert for each token (``softmax`` over the experts,
+    or an independent ``sigmoid`` each), the top ``experts_per_token`` are
+    chosen, and the token's output is the sum of their SwiGLU MLPs weighted by
+    their scores (renormalised to sum 1 when ``normalize_topk``, then times
+    ``routed_scale``), plus an optional shared expert every token goes through.
+
+    Attributes:
+      num_experts: E, the routed experts of a sparse layer.
+      experts_per_token: k, how many experts each token is routed to.
+      expert_mlp_dim: F of one routed expert.
+      scoring: ``"softmax"`` (Mixtral, Qwen-MoE, OLMoE) or ``"sigmoid"`` (DeepSeek-V3).
+      normalize_topk: renormalise the k chosen scores to sum 1.
+      routed_scale: a factor on the routed experts' sum (DeepSeek-V3's
+        ``routed_scaling_factor``).
+      shared_mlp_dim: F of the shared expert (0: none); Qwen2-MoE's
+        ``shared_expert_intermediate_size``, DeepSeek's shared experts joined.
+      shared_gate: the shared expert's output times sigmoid(x . w) (Qwen2-MoE).
+      router_bias: DeepSeek-V3's balancing bias: added to the scores for the
+        choice of experts only (never to their weights), and moved by
+        :func:`rlax.core.models.moe.balance_bias`, not by gradients.
+      aux_loss_coef: weight of the Switch/Mixtral load-balancing loss
+        E * sum_e f_e * P_e (0: not computed into the loss).
+      dense_layers: layers that keep the dense MLP of ``mlp_dim`` (Qwen's
+        ``mlp_only_layers``, DeepSeek's first dense layers).
+      dispatch: ``"sorted"`` (tokens sorted by expert, one grouped matmul per
+        projection: ``jax.lax.ragged_dot``; work k tokens per token) or
+        ``"dense"`` (every expert on every token, masked: E/k times the work,
+        for tiny models and as the reference).
+    """
+
+    num_experts: int
+    experts_per_token: int
+    expert_mlp_dim: int
+    scoring: str = "softmax"
+    normalize_topk: bool = False
+    routed_scale: float = 1.0
+    shared_mlp_dim: int = 0
+    shared_gate: bool = False
+    router_bias: bool = False
+    aux_loss_coef: float = 0.0
+    dense_layers: tuple[int, ...] = ()
+    dispatch: str = "sorted"
+
+    def __post_init__(self) -> None:
+        if self.num_experts <= 0 or self.expert_mlp_dim <= 0:
+            raise ValueError("MoeConfig.num_experts and expert_mlp_dim must be positive")
+        if not 0 < self.experts_per_token <= self.num_experts:
+            raise ValueError(
+                f"MoeConfig.experts_per_token must be in 1..num_experts ({self.num_experts}), "
+                f"got {self.experts_per_token}"
+            )
+        if self.scoring not in SCORINGS:
+            raise ValueError(f"MoeConfig.scoring must be one of {SCORINGS}, got {self.scoring!r}")
+        if self.dispatch not in DISPATCHES:
+            raise ValueError(
+                f"MoeConfig.dispatch must be one of {DISPATCHES}, got {self.dispatch!r}"
+            )
+        if self.shared_gate and not self.shared_mlp_dim:
+            raise ValueError("MoeConfig.shared_gate needs a shared expert (shared_mlp_dim > 0)")
+        if self.aux_loss_coef < 0 or self.shared_mlp_dim < 0:
+            raise ValueError("MoeConfig.aux_loss_coef and shared_mlp_dim must be >= 0")
+        object.__setattr__(self, "dense_layers", tuple(sorted(set(self.dense_layers))))
+
+
 # Fields added after the first saved models: written by ``to_dict`` only when
 # they differ from these defaults, so older model.json files stay byte-identical.
-_LATER_FIELDS = {"qkv_bias": False, "o_bias": False, "qk_norm": False, "rope_scaling": None}
+_LATER_FIELDS = {
+    "qkv_bias": False,
+    "o_bias": False,
+    "qk_norm": False,
+    "rope_scaling": None,
+    "moe": None,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +140,8 @@ class TransformerConfig:
       qk_norm: RMSNorm (over the head dim, weights shared across heads) on
         queries and keys before RoPE (Qwen3).
       rope_scaling: optional RoPE frequency scaling.
+      moe: the mixture-of-experts MLP of every layer not in its
+        ``dense_layers`` (None: a dense model).
     """
 
     vocab_size: int
@@ -78,6 +158,7 @@ class TransformerConfig:
     o_bias: bool = False
     qk_norm: bool = False
     rope_scaling: RopeScaling | None = None
+    moe: MoeConfig | None = None
 
     def __post_init__(self) -> None:
         for field in ("vocab_size", "num_layers", "embed_dim", "num_heads", "head_dim", "mlp_dim"):
@@ -94,6 +175,24 @@ class TransformerConfig:
             )
         if isinstance(self.rope_scaling, dict):  # from_dict / hand-written values
             object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        if isinstance(self.moe, dict):
+            object.__setattr__(self, "moe", MoeConfig(**self.moe))
+        if self.moe is not None and any(
+            not 0 <= i < self.num_layers for i in self.moe.dense_layers
+        ):
+            raise ValueError(
+                f"MoeConfig.dense_layers {self.moe.dense_layers} must be layers of "
+                f"0..{self.num_layers - 1}"
+            )
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` has the mixture-of-experts MLP."""
+        return self.moe is not None and layer not in self.moe.dense_layers
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """The sparse layers, in order (their routes are recorded in this order)."""
+        return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
 
     # -- presets ----------------------------------------------------------------
 
@@ -194,6 +293,8 @@ class TransformerConfig:
         for name, default in _LATER_FIELDS.items():
             if values[name] == default:
                 del values[name]
+        if "moe" in values:
+            values["moe"]["dense_layers"] = list(values["moe"]["dense_layers"])
         return values
 
     @classmethod
@@ -217,4 +318,10 @@ class TransformerConfig:
         attn += (n + 2 * k) * h * self.qkv_bias + d * self.o_bias + 2 * h * self.qk_norm
         layer = attn + 3 * d * f + 2 * d
         head = 0 if self.tie_embeddings else d * self.vocab_size
-        return self.vocab_size * d + self.num_layers * layer + d + head
+        total = self.vocab_size * d + self.num_layers * layer + d + head
+        if self.moe is not None:  # a sparse layer's MoE replaces its dense MLP
+            m = self.moe
+            sparse = d * m.num_experts * (1 + 3 * m.expert_mlp_dim) + 3 * d * m.shared_mlp_dim
+            sparse += d * m.shared_gate + m.num_experts * m.router_bias
+            total += len(self.moe_layers) * (sparse - 3 * d * f)
+        return total

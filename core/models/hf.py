@@ -17,6 +17,10 @@ Name map (``L`` a layer index), HF -> rlax path::
     model.layers.L.mlp.{gate,up,down}_proj    blocks/L/mlp/{gate,up,down}/kernel
     model.norm.weight                         final_norm/scale
     lm_head.weight                            head/kernel (absent when tied)
+
+A mixture-of-experts layer's names are in :mod:`rlax.core.models.hf_moe`; an
+expert's tensor is one slice of a stacked kernel, so its path ends with the
+expert's index (``blocks/L/mlp/experts/gate/j``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from flax import nnx
 
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.hf_config import config_from_hf, config_to_hf
+from rlax.core.models.hf_moe import moe_name_family, moe_names
 from rlax.core.models.safetensors_stream import TensorOut, write_safetensors
 from rlax.core.models.transformer import Transformer, abstract_transformer
 
@@ -73,6 +78,10 @@ def hf_names(cfg: TransformerConfig) -> Iterator[tuple[str, tuple[Any, ...], boo
             for name in ("q", "k"):
                 path = ("blocks", i, "attn", f"{name}_norm", "scale")
                 yield f"{pre}self_attn.{name}_norm.weight", path, False
+        if cfg.is_moe_layer(i):
+            for name, path, transposed, expert in moe_names(cfg, moe_name_family(cfg), i):
+                yield name, path if expert is None else (*path, expert), transposed
+            continue
         for name in ("gate", "up", "down"):
             yield f"{pre}mlp.{name}_proj.weight", ("blocks", i, "mlp", name, "kernel"), True
     yield "model.norm.weight", ("final_norm", "scale"), False
@@ -84,6 +93,23 @@ def _get(tree: Mapping, path: tuple[Any, ...]) -> Any:
     for key in path:
         tree = tree[key]
     return tree
+
+
+def _shape(shapes: Mapping, path: tuple[Any, ...]) -> tuple[int, ...]:
+    """The shape at ``path``; an expert's slice (a path ending in its index) drops the E axis."""
+    if isinstance(path[-1], int) and path[-2] in ("gate", "up", "down"):
+        return tuple(_get(shapes, path[:-1]).shape[1:])
+    return tuple(_get(shapes, path).shape)
+
+
+def _stack_experts(tree: dict) -> None:
+    """Each ``{j: expert j's slice}`` dict of :func:`params_from_tensors` as one [E, ...] array."""
+    for key, value in tree.items():
+        experts = isinstance(value, dict) and value and all(isinstance(k, int) for k in value)
+        if experts and key in ("gate", "up", "down"):
+            tree[key] = np.stack([value[j] for j in range(len(value))])
+        elif isinstance(value, dict):
+            _stack_experts(value)
 
 
 def _set(tree: dict, path: tuple[Any, ...], value: Any) -> None:
@@ -120,7 +146,7 @@ def params_from_tensors(
             continue
         value = np.asarray(tensors[name], dtype=np.float32)
         value = value.T if transposed else value
-        want = tuple(_get(shapes, path).shape)
+        want = _shape(shapes, path)
         if value.shape != want:
             got = value.T.shape if transposed else value.shape
             raise WeightsError(
@@ -133,6 +159,7 @@ def params_from_tensors(
             f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         )
         raise WeightsError(f"{where}: missing tensor(s) {shown}")
+    _stack_experts(out)
     return out
 
 

@@ -1,4 +1,5 @@
-"""HF ``config.json`` <-> :class:`TransformerConfig` for the Llama, Qwen2 and Qwen3 families.
+"""HF ``config.json`` <-> :class:`TransformerConfig` for the Llama, Qwen2 and Qwen3 families
+and the mixture-of-experts ones of :mod:`rlax.core.models.hf_moe` (Mixtral, Qwen2-MoE, Qwen3-MoE).
 
 Reading accepts both spellings transformers has used for RoPE: top-level
 ``rope_theta`` / ``rope_scaling`` (transformers 4) and ``rope_parameters``
@@ -14,6 +15,8 @@ import pathlib
 from typing import Any
 
 from rlax.core.models.config import RopeScaling, TransformerConfig
+from rlax.core.models.hf_moe import MOE_FAMILIES, moe_from_hf, moe_to_hf
+from rlax.core.models.hf_moe import UNSUPPORTED as UNSUPPORTED_MOE
 
 __all__ = ["HFConfigError", "config_from_hf", "config_to_hf", "read_hf_config"]
 
@@ -89,9 +92,17 @@ def config_from_hf(config: str | pathlib.Path | dict[str, Any]) -> TransformerCo
     values = read_hf_config(config) if not isinstance(config, dict) else dict(config)
     where = values.get("_source", "config.json")
     family = values.get("model_type")
-    if family not in FAMILIES:
+    if family in UNSUPPORTED_MOE:
         raise HFConfigError(
-            f"{where}: model_type {family!r} is not supported (supported: {', '.join(FAMILIES)})"
+            f"{where}: model_type {family!r} is not supported: {UNSUPPORTED_MOE[family]}"
+        )
+    moe_family = family if family in MOE_FAMILIES else None
+    family = MOE_FAMILIES.get(family, family)  # the attention of a MoE family is its base's
+    if family not in FAMILIES:
+        supported = ", ".join(FAMILIES + tuple(MOE_FAMILIES))
+        raise HFConfigError(
+            f"{where}: model_type {values.get('model_type')!r} is not supported "
+            f"(supported: {supported})"
         )
     if values.get("hidden_act", "silu") != "silu":
         raise HFConfigError(f"{where}: hidden_act {values['hidden_act']!r}; only 'silu' (SwiGLU)")
@@ -113,6 +124,13 @@ def config_from_hf(config: str | pathlib.Path | dict[str, Any]) -> TransformerCo
     theta, scaling = _rope(values, where)
     attention_bias = bool(values.get("attention_bias", False))
     try:
+        layers = int(req["num_hidden_layers"])
+        moe = None if moe_family is None else moe_from_hf(values, moe_family, layers)
+    except KeyError as err:
+        raise HFConfigError(f"{where}: missing required key {err.args[0]!r}") from None
+    except (TypeError, ValueError) as err:
+        raise HFConfigError(f"{where}: {err}") from None
+    try:
         return TransformerConfig(
             vocab_size=int(req["vocab_size"]),
             num_layers=int(req["num_hidden_layers"]),
@@ -128,6 +146,7 @@ def config_from_hf(config: str | pathlib.Path | dict[str, Any]) -> TransformerCo
             o_bias=family != "qwen2" and attention_bias,
             qk_norm=family == "qwen3",
             rope_scaling=scaling,
+            moe=moe,
         )
     except (TypeError, ValueError) as err:
         raise HFConfigError(f"{where}: {err}") from None
@@ -191,5 +210,9 @@ def config_to_hf(cfg: TransformerConfig, **extra: Any) -> dict[str, Any]:
         values["mlp_bias"] = False
     else:
         values["use_sliding_window"] = False
+    if cfg.moe is not None:
+        values.update(moe_to_hf(cfg))
+        if values["model_type"] == "mixtral":
+            del values["mlp_bias"], values["attention_bias"]
     values.update(extra)
     return values

@@ -35,6 +35,7 @@ from rlax.core.models.logprobs import (
     chunked_token_logprobs,
     logprobs_and_entropy,
 )
+from rlax.core.models.moe import MoeBlock, RoutesOut, load_balancing_loss
 from rlax.core.models.rope import rope_tables
 
 KVCache = list[dict[str, jax.Array]]  # per layer: {"k": [B,K,H,S], "v": [B,K,S,H]}
@@ -69,7 +70,12 @@ class Transformer(nnx.Module):
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.embed = nnx.Embed(cfg.vocab_size, cfg.embed_dim, rngs=rngs)
-        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.blocks = nnx.List(
+            [
+                MoeBlock(cfg, rngs=rngs) if cfg.is_moe_layer(i) else Block(cfg, rngs=rngs)
+                for i in range(cfg.num_layers)
+            ]
+        )
         self.final_norm = nnx.RMSNorm(cfg.embed_dim, epsilon=cfg.norm_eps, rngs=rngs)
         if not cfg.tie_embeddings:
             self.head = nnx.Linear(cfg.embed_dim, cfg.vocab_size, use_bias=False, rngs=rngs)
@@ -98,17 +104,51 @@ class Transformer(nnx.Module):
         A sampler's prefill needs logits at the last position only; on a large
         vocabulary the head over every prompt position is a tenth of its work.
         """
+        x, new_cache, _ = self.routed_hidden_states(
+            tokens, positions, attn_mask, cache, cache_index
+        )
+        return x, new_cache
+
+    def routed_hidden_states(
+        self,
+        tokens: jax.Array,  # [B, T]
+        positions: jax.Array,  # [B, T]
+        attn_mask: jax.Array,  # [B, T, S] bool
+        cache: KVCache | None = None,
+        cache_index: jax.Array | int | None = None,
+        replay: jax.Array | None = None,  # [B, T, R, k] int: R sparse layers, -1 not replayed
+    ) -> tuple[jax.Array, KVCache | None, RoutesOut | None]:
+        """``hidden_states`` that also returns a mixture-of-experts model's routing
+        (None for a dense one), and routes its tokens by ``replay`` where given."""
         x = self.embed(tokens)
         cfg = self.cfg
         rope = rope_tables(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         new_cache: KVCache | None = [] if cache is not None else None
+        routings = []
         for i, block in enumerate(self.blocks):
-            x, layer_cache = block(
-                x, rope, attn_mask, None if cache is None else cache[i], cache_index
-            )
+            layer_cache = None if cache is None else cache[i]
+            if isinstance(block, MoeBlock) or cfg.is_moe_layer(i):  # wrapped blocks too
+                r = len(routings)
+                layer_replay = None if replay is None else replay[:, :, r]
+                x, layer_cache, routing = block(
+                    x, rope, attn_mask, layer_cache, cache_index, layer_replay
+                )
+                routings.append(routing)
+            else:
+                x, layer_cache = block(x, rope, attn_mask, layer_cache, cache_index)
             if new_cache is not None:
                 new_cache.append(layer_cache)
-        return self.final_norm(x), new_cache
+        routes = None
+        if routings:
+            assert cfg.moe is not None
+            b, t = tokens.shape
+            routes = RoutesOut(
+                ids=jnp.stack([r.ids.reshape(b, t, -1) for r in routings], axis=2),
+                aux_loss=jnp.mean(
+                    jnp.stack([load_balancing_loss(r, cfg.moe.num_experts) for r in routings])
+                ),
+            )
+        return self.final_norm(x), new_cache, routes
 
     def logits(self, x: jax.Array) -> jax.Array:
         """The output head on hidden states [..., D] -> float32 logits [..., V]."""
