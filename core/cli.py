@@ -33,11 +33,11 @@ import pathlib
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlax.core import config
 from rlax.core.config.bindings import closest_names
-from rlax.core.config.train_settings import join_trainer_processes, train_setting
+from rlax.core.config.train_settings import join_trainer_processes
 from rlax.core.errors import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -59,13 +59,16 @@ from rlax.core.plugins import (
 )
 from rlax.core.runtime import compile_cache, recovery, terminal
 from rlax.core.runtime.run_dir import RunDir
+from rlax.core.spec.checks import check_run
+
+if TYPE_CHECKING:
+    from rlax.core.spec import RunSpec
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE", "main"]
 
 
 ROLES = ("all", "inline", "param_server", "trainer", "worker")
 _BINDING_PREFIX = "--gin."
-_COMPILE_CACHE = ("rlax", "compile_cache")  # its settings: rlax.core.runtime.compile_cache
 _PLUGIN_COLUMNS = ("kind", "name", "plugin", "distribution", "version")
 
 
@@ -86,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         argv, bindings = _split_bindings(argv)
         args = parser.parse_args(argv)
+        args.bindings = bindings
     except SystemExit as exc:  # argparse has printed usage or help
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except ValueError as exc:
@@ -283,57 +287,76 @@ def _status(result: object) -> int:
 
 
 def _run(args: argparse.Namespace, bindings: list[str]) -> int:
-    pm = _configure(args, bindings)
+    pm, spec = _configure_run(args, bindings)
     role = args.role
-    given = _given_run_dir(args)
+    given = _given_run_dir(args, spec)
+    check_run(spec, role, given)  # the whole specification, before any work or run directory
     if role in ("trainer", "inline"):
-        join_trainer_processes()
+        join_trainer_processes(spec)
     if role not in ("all", "param_server"):  # they compile nothing (the supervisor: no JAX)
-        compile_cache.start(config.configured(*_COMPILE_CACHE)(), given)  # None: in RUN, later
-    if role not in ("all", "trainer", "inline"):
-        where = {"run_dir": given.path} if role == "param_server" and given else {}
-        return _status(config.configured("rlax", role)(hook=pm.hook, **where))
+        compile_cache.start(spec.compile_cache, given)  # None: in RUN, later
+    if role == "worker":
+        from rlax.core.worker.role import worker
+
+        return _status(worker(spec, hook=pm.hook))
+    if role == "param_server":
+        from rlax.core.param_server.role import param_server
+
+        return _status(param_server(spec, hook=pm.hook, run_dir=given.path if given else None))
     if given is not None:
         lead = role == "all" or _multihost().is_lead()  # the supervisor never starts JAX
-        if _says_finished(given, lead):  # before any role starts
+        if _says_finished(given, spec, lead):  # before any role starts
             return EXIT_OK
         before = given.contents() if role == "all" else frozenset()
-        status = _train(args, bindings, pm, given)
+        status = _train(args, pm, spec, given)
         if status == EXIT_USAGE and role == "all":  # a child refused: take back what it made
             given.remove_new(before)
         return status
     if role != "all":  # trainer process 0 makes it, once the trainer's settings are checked
-        return _train(args, bindings, pm, None)
+        return _train(args, pm, spec, None)
     # One run directory for every child and every restart: resuming needs it.
-    run_dir = RunDir.make(train_setting("run_root"), train_setting("run_name"))
-    status = _train(args, bindings, pm, run_dir)
+    run_dir = RunDir.make(spec.train.run_root, spec.train.run_name)
+    status = _train(args, pm, spec, run_dir)
     if status == EXIT_USAGE:  # a child refused its settings before any step
         run_dir.remove_fresh()
     return status
 
 
+def _configure_run(args: argparse.Namespace, bindings: list[str]) -> tuple[PluginManager, RunSpec]:
+    """The plugins, and the run specification gin builds once from the files and bindings."""
+    pm = _configure(args, bindings)
+    return pm, config.build_spec(pm)
+
+
 def _train(
-    args: argparse.Namespace, bindings: list[str], pm: PluginManager, run_dir: RunDir | None
+    args: argparse.Namespace, pm: PluginManager, spec: RunSpec, run_dir: RunDir | None
 ) -> int:
-    """Every role on this machine (``all``), or the trainer in this process, in ``run_dir``."""
+    """Every role on this machine (``all``), or the trainer in this process, in ``run_dir``.
+
+    The children of ``all`` read the specification this process built, as the gin text it
+    was built from (``RUN/spec.gin``, :func:`rlax.core.config.save_spec`): a restarted
+    child runs the same run even if the files it came from were edited meanwhile.
+    """
     if args.role == "all":
         assert run_dir is not None
-        child_argv = [a for f in args.gin for a in ("--gin", f)]
-        child_argv += [f"--gin.{b}" for b in bindings] + [f"-p{p}" for p in args.plugins]
+        spec_file, spec_env = config.save_spec(run_dir)
+        child_argv = ["--gin", str(spec_file), *(f"-p{p}" for p in args.plugins)]
         child_argv += ["--run-dir", str(run_dir)] + ["--start-over"] * args.start_over
-        status = _status(config.configured("rlax", "local_cluster")(argv=child_argv))
+        from rlax.core.launch.local_cluster import local_cluster
+
+        status = _status(local_cluster(spec, argv=child_argv, env=spec_env))
         if status == EXIT_PREEMPTED:
-            _say_how_to_resume(args, bindings, run_dir)
+            _say_how_to_resume(args, args.bindings, run_dir)
         return status
-    train = config.configured("rlax", "train")
-    extra = {"inline": True} if args.role == "inline" else {}
-    return _status(train(hook=pm.hook, run_dir=run_dir, **extra))
+    from rlax.core.trainer.role import train
+
+    return _status(train(spec, hook=pm.hook, run_dir=run_dir, inline=args.role == "inline"))
 
 
-def _says_finished(run_dir: RunDir, lead: bool) -> bool:
+def _says_finished(run_dir: RunDir, spec: RunSpec, lead: bool) -> bool:
     """The one place a run is found finished: True (and process 0 says so) if it has
     nothing left to do at ``rlax.train.steps``; then no role starts."""
-    finished = run_dir.finished_message(train_setting("steps"))
+    finished = run_dir.finished_message(spec.train.steps)
     if finished and lead:
         print(finished, flush=True)
     return finished is not None
@@ -345,10 +368,10 @@ def _multihost() -> Any:
     return multihost
 
 
-def _given_run_dir(args: argparse.Namespace) -> RunDir | None:
+def _given_run_dir(args: argparse.Namespace, spec: RunSpec) -> RunDir | None:
     """``--run-dir DIR``, ``--resume DIR`` (checked), bare ``--resume`` (newest run), or None."""
     if args.resume:
-        given = RunDir.resumed(args.resume, train_setting("run_root"), train_setting("run_name"))
+        given = RunDir.resumed(args.resume, spec.train.run_root, spec.train.run_name)
     elif args.run_dir:
         given = RunDir(args.run_dir)
     else:
@@ -368,11 +391,12 @@ def _say_how_to_resume(
 
 def _eval(args: argparse.Namespace, bindings: list[str]) -> int:
     # INIT_CHECKPOINT is the checkpoint: configs that require it need no placeholder here.
-    pm = _configure(args, [*bindings, f"INIT_CHECKPOINT = {str(args.checkpoint)!r}"])
-    compile_cache.start(config.configured(*_COMPILE_CACHE)(), RunDir.owning(args.checkpoint))
-    evaluate = config.configured("rlax", "evaluate")
-    extra = {"out": args.out} if args.out else {}
-    return _status(evaluate(hook=pm.hook, checkpoint=args.checkpoint, **extra))
+    checkpoint = [f"INIT_CHECKPOINT = {str(args.checkpoint)!r}"]
+    pm, spec = _configure_run(args, [*bindings, *checkpoint])
+    compile_cache.start(spec.compile_cache, RunDir.owning(args.checkpoint))
+    from rlax.core.evaluation.evaluate import evaluate
+
+    return _status(evaluate(spec, hook=pm.hook, checkpoint=args.checkpoint, out=args.out))
 
 
 def _curate(args: argparse.Namespace, bindings: list[str]) -> int:

@@ -7,26 +7,21 @@ import dataclasses
 import json
 import pathlib
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 from tqdm import tqdm
 
 from rlax.core.constraints import AtLeast
-from rlax.core.contracts import Reward, Sampler, Task
+from rlax.core.contracts import Reward, Sampler
 from rlax.core.errors import BadSetting, ConfigError
 from rlax.core.evaluation.metrics import mean_pass_at_k
 from rlax.core.models.bundle import ModelBundle, load_model
 from rlax.core.rollout.groups import rollout, task_prompts
 from rlax.core.types import Prompt
 
-
-def checked(validate, selector: str, **settings) -> None:
-    """``validate(**settings)``, its BadSetting as a ConfigError naming ``selector.parameter``."""
-    try:
-        validate(**settings)
-    except BadSetting as err:
-        raise ConfigError(f"{selector}.{err.parameter}: {err}") from err
+if TYPE_CHECKING:  # the spec sits above this layer; evaluate reads the value it is handed
+    from rlax.core.spec import RunSpec
 
 
 def load_policy(path: str | pathlib.Path, setting: str) -> ModelBundle:
@@ -65,8 +60,9 @@ class HeldOutSettings:
         rlax.held_out.samples = 8     # samples per problem
         rlax.held_out.ks = (1, 8)     # the pass@k reported, each 1 <= k <= samples
 
-    (configs/base/roles.gin binds both from ``EVAL_SAMPLES`` and ``EVAL_KS``,
-    which ``rlax eval`` reads too.)
+    (the run's ``held_out``, ``rlax.run.held_out``: the trainer's evaluation and
+    ``rlax eval`` read the same; configs/base/roles.gin binds both from ``EVAL_SAMPLES``
+    and ``EVAL_KS``.)
     """
 
     samples: Samples = 8
@@ -115,48 +111,45 @@ def format_eval_table(rows: dict[str, dict[str, float]]) -> str:
 
 
 def evaluate(
-    *,
-    hook: Any = None,
-    checkpoint: pathlib.Path,
-    out: pathlib.Path | None = None,
-    task: Task,
-    reward: Reward,
-    sampler: Sampler,
-    seed: int = 0,
-    eval_samples: Samples = 8,
-    eval_ks: Sequence[K] = (1, 8),
-    progress: bool = True,
+    spec: RunSpec, *, hook: Any = None, checkpoint: pathlib.Path, out: pathlib.Path | None = None
 ) -> int:
     """Prints the held-out pass@k table of the model in ``checkpoint``; returns 0.
 
-    With ``out`` (``rlax eval --out FILE``) the results are also written there
-    as JSON: ``{"checkpoint", "problems", "samples", "seed", "pass_at_k":
-    {"pass@1": ..., ...}}`` (fractions, as in ``eval.json``).
+    The run's task, reward and sampler evaluate it, with ``spec.held_out``'s samples
+    per problem and pass@k, from ``spec.seed``. With ``out`` (``rlax eval --out FILE``)
+    the results are also written there as JSON: ``{"checkpoint", "problems", "samples",
+    "seed", "pass_at_k": {"pass@1": ..., ...}}`` (fractions, as in ``eval.json``).
 
     Raises:
       ConfigError: the checkpoint cannot be loaded, or ``out`` cannot be
         written (checked before the evaluation).
     """
-    checked(check_eval_settings, "rlax.evaluate", eval_samples=eval_samples, eval_ks=eval_ks)
+    samples, ks, seed = spec.held_out.samples, spec.held_out.ks, spec.seed
     if out is not None:
         _check_writable(out, "--out")
     bundle = load_policy(checkpoint, "--checkpoint")
     prompts = list(
         task_prompts(
-            task, "eval", tokenizer=bundle.tokenizer, seed=seed, setting="rlax.evaluate.task"
+            spec.task, "eval", tokenizer=bundle.tokenizer, seed=seed, setting="rlax.run.task"
         )
     )
-    sampler.setup(bundle.model, bundle.tokenizer)
+    spec.sampler.setup(bundle.model, bundle.tokenizer)
     result = evaluate_pass_at_k(
-        sampler, reward, prompts, samples=eval_samples, ks=eval_ks, seed=seed + 1, progress=progress
+        spec.sampler,
+        spec.reward,
+        prompts,
+        samples=samples,
+        ks=ks,
+        seed=seed + 1,
+        progress=spec.evaluate.progress,
     )
-    print(f"{checkpoint}: {len(prompts)} held-out problems, {eval_samples} samples each")
+    print(f"{checkpoint}: {len(prompts)} held-out problems, {samples} samples each")
     print(format_eval_table({"model": result}))
     if out is not None:
         record = {
             "checkpoint": str(checkpoint),
             "problems": len(prompts),
-            "samples": eval_samples,
+            "samples": samples,
             "seed": seed,
             "pass_at_k": result,
         }

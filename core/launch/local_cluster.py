@@ -45,10 +45,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
-from typing import Annotated, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from rlax.core.constraints import AtLeast, check_arguments
 from rlax.core.errors import EXIT_PREEMPTED, EXIT_USAGE, USAGE_ERROR_FILE_ENV
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ADDRESS_ENV, TOKEN_ENV, ServerSettings
@@ -56,6 +55,9 @@ from rlax.core.runtime import recovery
 from rlax.core.runtime.preemption import FINISH_SIGNAL, Preemption
 from rlax.core.runtime.run_dir import RunDir
 from rlax.core.worker.role import WORKER_ID_ENV
+
+if TYPE_CHECKING:
+    from rlax.core.spec import RunSpec
 
 
 def _free_port() -> int:
@@ -176,60 +178,47 @@ def _wait_ready(settings: ServerSettings, server: _Child, timeout_s: float = 120
 
 
 def local_cluster(
-    *,
-    argv: Sequence[str],
-    settings: ServerSettings,
-    num_workers: Annotated[int, AtLeast(1)] = 2,
-    trainer_cores: Sequence[Annotated[int, AtLeast(0)]] | None = None,
-    worker_cores: Sequence[Annotated[int, AtLeast(0)]] | None = None,
-    max_restarts: Annotated[int, AtLeast(0)] = 3,
-    preemption_notices: Sequence[Any] | None = None,
+    spec: RunSpec, *, argv: Sequence[str], env: Mapping[str, str] | None = None
 ) -> int:
     """Runs parameter server, trainer and workers as supervised child processes.
 
     Args:
-      argv: the ``rlax run`` arguments without ``--role``; each child gets them
-        plus its role.
-      settings: where the server listens; the port is replaced by a free one
-        unless RLAX_PS_ADDRESS is set.
-      num_workers: worker processes to start.
-      trainer_cores / worker_cores: pin the trainer / the workers to these CPU
-        cores (as if they were separate machines); None leaves them free.
-      max_restarts: how many times each child is restarted after it exits
-        (preempted or crashed) before the run fails.
-      preemption_notices: the supervisor's own notice sources (None: SIGTERM
-        and SIGINT); a notice is passed on to every child as SIGTERM.
+      spec: the run; the supervisor's own settings are ``spec.local_cluster``
+        (:class:`rlax.core.spec.ClusterSpec`: how many workers, their cores, how often
+        a child is restarted, the supervisor's notice sources). The server listens at
+        ``spec.server.address`` with its port replaced by a free one unless
+        RLAX_PS_ADDRESS is set.
+      argv: the ``rlax run`` arguments without ``--role``; each child gets them plus
+        its role.
+      env: more environment for every child (the specification's digest).
 
     Returns:
       The trainer's exit status; 75 if the run was preempted; 2 if a child
       stopped on a configuration error (which it printed); 1 if a child failed
       more than ``max_restarts`` times.
     """
-    check_arguments(local_cluster, {"num_workers": num_workers, "max_restarts": max_restarts})
-    env = _cluster_env()
+    own = spec.local_cluster
+    env = {**_cluster_env(), **(env or {})}
     base = [sys.executable, "-m", "rlax.core.cli", "run", *argv]
-    stop = Preemption(preemption_notices, role="local").start()
+    stop = Preemption(own.preemption_notices, role="local").start()
     reports = pathlib.Path(tempfile.mkdtemp(prefix="rlax-usage-errors-"))
     server = _Child("param_server", [*base, "--role", "param_server"], env, None, reports)
     children = [server]
     status = 1
-    settings = dataclasses.replace(settings, address=env[ADDRESS_ENV], token=env[TOKEN_ENV])
+    settings = dataclasses.replace(spec.server, address=env[ADDRESS_ENV], token=env[TOKEN_ENV])
     try:
         exited = _wait_ready(settings, server)
         if exited is not None:
             status = _start_failure(server, exited)
             return status
-        trainer = _Child("trainer", [*base, "--role", "trainer"], env, trainer_cores, reports)
+        trainer = _Child("trainer", [*base, "--role", "trainer"], env, own.trainer_cores, reports)
         children.append(trainer)
-        for i in range(num_workers):
+        for i in range(own.num_workers):
             worker_env = dict(env, **{WORKER_ID_ENV: f"worker-{i}"})
-            children.append(
-                _Child(
-                    f"worker-{i}", [*base, "--role", "worker"], worker_env, worker_cores, reports
-                )
-            )
+            argv_i = [*base, "--role", "worker"]
+            children.append(_Child(f"worker-{i}", argv_i, worker_env, own.worker_cores, reports))
         timer = _ServerRecovery(settings, _run_dir_in(argv))
-        status = _supervise(trainer, children, max_restarts, stop, timer)
+        status = _supervise(trainer, children, own.max_restarts, stop, timer)
         return status
     finally:
         stop.close()

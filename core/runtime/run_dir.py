@@ -61,6 +61,7 @@ class RunDir:
 
     # Each file and folder of a run, named once (names(): every one of them).
     OPERATIVE_CONFIG: ClassVar[str] = "operative_config.gin"
+    SPEC: ClassVar[str] = "spec.gin"
     TRAINER_CONFIG: ClassVar[str] = "trainer_operative_config.gin"
     METRICS: ClassVar[str] = "metrics.jsonl"
     ROLLOUTS: ClassVar[str] = "rollouts.jsonl"
@@ -97,6 +98,11 @@ class RunDir:
     @property
     def operative_config(self) -> pathlib.Path:
         return self.path / self.OPERATIVE_CONFIG
+
+    @property
+    def spec(self) -> pathlib.Path:
+        """The run specification the supervisor built, as gin text its children read."""
+        return self.path / self.SPEC
 
     @property
     def trainer_config(self) -> pathlib.Path:

@@ -1,15 +1,17 @@
 """The trainer role behind ``rlax run``: :func:`train`, which returns the exit code.
 
-``train`` wires the plugins chosen in gin into the loop of docs/architecture.md
-("The data flow") — task → sampler → reward → curation → algorithm → optax
-update → new weights to the sampler — for ``steps`` steps from ``init_checkpoint``.
-With ``inline`` (``--role inline``) rollouts are sampled in this process;
-otherwise weights go to and groups come from the parameter server
-(``settings``). ``task``, ``reward`` and ``sampler`` also serve the held-out
-evaluation before and after training (``held_out``: samples per problem and the
-pass@k reported, :class:`rlax.core.evaluation.evaluate.HeldOutSettings`;
-:mod:`rlax.core.trainer.finish`). It writes a run directory (``run_dir``, handed
-over by ``rlax run``, or a new one under ``run_root`` named after ``run_name``;
+``train`` takes the run specification (:class:`rlax.core.spec.RunSpec`) and wires the
+plugins it names into the loop of docs/architecture.md ("The data flow") — task →
+sampler → reward → curation → algorithm → optax update → new weights to the sampler —
+for ``spec.train.steps`` steps from ``spec.init_checkpoint``. With ``inline``
+(``--role inline``) rollouts are sampled in this process; otherwise weights go to and
+groups come from the parameter server (``spec.server``). The run's task, reward and
+sampler also serve the held-out evaluation before and after training
+(``spec.held_out``: samples per problem and the pass@k reported;
+:mod:`rlax.core.trainer.finish`). The trainer's own settings are ``spec.train``
+(:class:`rlax.core.trainer.spec.TrainerSpec`, ``rlax.train`` in gin). It writes a run
+directory (``run_dir``, handed over by ``rlax run``, or a new one under
+``spec.train.run_root`` named after ``run_name``;
 :class:`rlax.core.runtime.run_dir.RunDir` names its files)::
 
     RUN/operative_config.gin           the whole gin config, every role: `rlax run --gin` it
@@ -33,7 +35,7 @@ keeping the newest ``checkpointing.keep``
 ``preemption_notices``; None: SIGTERM and SIGINT,
 :mod:`rlax.core.runtime.preemption`) the trainer finishes its step,
 checkpoints and exits with status 75 (``Preempted``). With ``deterministic``
-(needs ``max_staleness = 0``; workers set it too) every batch is put in a
+(``spec.deterministic``, needs ``max_staleness = 0``) every batch is put in a
 fixed order, so a run stopped and resumed ends with the same parameters as one
 that never stopped.
 
@@ -60,11 +62,11 @@ steps (0: never) the held-out pass@k joins that step's metrics; every
 ``rollouts.jsonl``; ``curves.png`` is redrawn every ``plot_every`` steps and at
 a preemption (``curves = False``: never), when ``eval.json`` is written too.
 
-The three groups are frozen settings objects, bound in gin like
-``rlax.trainer_settings`` (configs/base/roles.gin binds each to ``rlax.train``)::
+The groups are frozen settings objects, bound in gin like ``rlax.trainer_settings``
+(configs/base/roles.gin binds each once)::
 
     rlax.checkpointing.every = 100       # rlax.train.checkpointing = @rlax.checkpointing()
-    rlax.held_out.samples = 8            # rlax.train.held_out = @rlax.held_out()
+    rlax.held_out.samples = 8            # rlax.run.held_out = @rlax.held_out()
     rlax.watch.eval_every = 100          # rlax.train.watch = @rlax.watch()
 
 An algorithm that distils from a teacher (``needs_teacher``) needs
@@ -78,39 +80,22 @@ it runs; their contracts are the Protocols in ``core/contracts.py``.
 
 from __future__ import annotations
 
-import dataclasses
 import pathlib
-from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import jax
-import optax
 
-from rlax.core.constraints import AtLeast
-from rlax.core.contracts import (
-    Algorithm,
-    OnlineFilter,
-    Reward,
-    RolloutSource,
-    Sampler,
-    Task,
-)
+from rlax.core.contracts import Reward, RolloutSource
 from rlax.core.errors import ConfigError, Preempted
-from rlax.core.evaluation.evaluate import (
-    HeldOutSettings,
-    format_eval_table,
-    load_policy,
-)
+from rlax.core.evaluation.evaluate import format_eval_table, load_policy
 from rlax.core.models.bundle import ModelBundle, abstract_model
-from rlax.core.models.lora import LoraConfig, merged_state
+from rlax.core.models.lora import merged_state
 from rlax.core.models.lora_wire import wire_tree
 from rlax.core.parallel import multihost
-from rlax.core.parallel.mesh import MeshConfig, make_mesh
+from rlax.core.parallel.mesh import make_mesh
 from rlax.core.parallel.multihost import DistributedSettings
 from rlax.core.parallel.multihost import initialize as initialize_distributed
 from rlax.core.param_server.client import ParamServerClient
-from rlax.core.param_server.settings import ServerSettings
-from rlax.core.rollout.groups import check_online_filters
 from rlax.core.runtime import compile_cache, recovery
 from rlax.core.runtime.preemption import Preemption
 from rlax.core.runtime.run_dir import RunDir
@@ -124,8 +109,11 @@ from rlax.core.trainer.observe import Observer, WatchSettings
 from rlax.core.trainer.sources import InlineRollouts, RemoteRollouts
 from rlax.core.trainer.step import Trainer, TrainerSettings
 from rlax.core.trainer.teacher import Teacher, check_teacher
-from rlax.core.types import ConfigPath, GroupSize, PromptsPerStep, Staleness
+from rlax.core.types import ConfigPath
 from rlax.core.wire import WirePlan
+
+if TYPE_CHECKING:  # the spec sits above the roles; a role reads the value it is handed
+    from rlax.core.spec import RunSpec
 
 
 class _NoHooks:
@@ -157,17 +145,9 @@ def _start_process(distributed: DistributedSettings | None) -> None:
     recovery.begin("trainer").init_backend()
 
 
-def _check_settings(
-    inline: bool,
-    deterministic: bool,
-    max_staleness: int,
-    curation: Sequence[object],
-    trainer_settings: TrainerSettings | None,
-) -> None:
-    """ConfigError for settings that cannot work together, before any work."""
-    check_online_filters(curation, "rlax.train.curation")
-    if deterministic and max_staleness != 0:
-        raise ConfigError(f"rlax.train.deterministic needs max_staleness = 0, got {max_staleness}")
+def _check_settings(inline: bool, trainer_settings: TrainerSettings | None) -> None:
+    """ConfigError for settings this trainer's processes cannot run, before any work (the
+    rules between settings were checked with the whole run: :mod:`rlax.core.spec.checks`)."""
     if inline and jax.process_count() > 1:
         raise ConfigError("--role inline runs in one process; several hosts run --role trainer")
     check_processes(trainer_settings, jax.process_count())
@@ -192,66 +172,35 @@ def _restore(
     return ckpt, restored
 
 
-@dataclasses.dataclass(frozen=True)
-class _Batches:
-    """Where a batch's groups come from and what it is: ``prompts_per_step`` groups of
-    ``group_size`` completions, at most ``max_staleness`` versions old; ``task``'s prompts
-    in the order ``seed`` makes, sampled by ``sampler``, scored by ``reward`` (inline)."""
-
-    task: Task
-    tokenizer: Any
-    sampler: Sampler
-    reward: Reward
-    curation: Sequence[OnlineFilter]
-    prompts_per_step: int
-    group_size: int
-    max_staleness: int
-    seed: int
-
-
 def _rollout_source(
-    batches: _Batches,
-    inline: bool,
-    settings: ServerSettings | None,
-    preemption: Preemption,
-    trainer: Trainer,
+    spec: RunSpec, tokenizer: Any, inline: bool, preemption: Preemption, trainer: Trainer
 ) -> RolloutSource:
     """The inline source, or the parameter server's through the trainer's restart-proof client."""
     if inline:
-        prompts = batches.task.prompts("train", tokenizer=batches.tokenizer, seed=batches.seed)
+        prompts = spec.task.prompts("train", tokenizer=tokenizer, seed=spec.seed)
         return InlineRollouts(
             prompts,
-            batches.sampler,
-            batches.reward,
-            batches.curation,
-            group_size=batches.group_size,
-            prompts_per_step=batches.prompts_per_step,
-            seed=batches.seed,
+            spec.sampler,
+            spec.reward,
+            spec.curation,
+            group_size=spec.group_size,
+            prompts_per_step=spec.prompts_per_step,
+            seed=spec.seed,
         )
-    if settings is None:
-        raise ConfigError("rlax.train.settings: the trainer role needs parameter server settings")
-    client = TrainerClient(ParamServerClient(settings, retry_s=0.0), preemption)  # it retries
-    plan = WirePlan.for_tree(wire_tree(trainer.state.params), settings.wire_dtype)
+    client = TrainerClient(ParamServerClient(spec.server, retry_s=0.0), preemption)  # it retries
+    plan = WirePlan.for_tree(wire_tree(trainer.state.params), spec.server.wire_dtype)
     return RemoteRollouts(
         client,
         plan,
-        prompts_per_step=batches.prompts_per_step,
-        max_staleness=batches.max_staleness,
-        curation=batches.curation,
+        prompts_per_step=spec.prompts_per_step,
+        max_staleness=spec.max_staleness,
+        curation=spec.curation,
     )
 
 
-def _make_trainer(
-    bundle: ModelBundle,
-    sampler: Sampler,
-    algorithm: Algorithm,
-    optimizer: optax.GradientTransformation,
-    mesh: MeshConfig | None,
-    settings: TrainerSettings | None,
-    lora: LoraConfig | None,
-    inline: bool,
-) -> Trainer:
-    """Sets the sampler up on the policy and builds the trainer (on ``mesh``'s devices).
+def _make_trainer(bundle: ModelBundle, spec: RunSpec, inline: bool) -> Trainer:
+    """Sets the sampler up on the policy and builds the trainer (on ``spec.train.mesh``'s
+    devices).
 
     Pushing to the parameter server, nothing holds the weights across a step
     (the push and the held-out evaluation read them between steps), so the
@@ -261,15 +210,19 @@ def _make_trainer(
     fail ("Array has been deleted"). The sampler's are replaced before use
     (the evaluation before training reads them before any step).
     """
-    sampler.setup(bundle.model, bundle.tokenizer)
+    t = spec.train
+    if t.algorithm is None or t.optimizer is None:
+        missing = "algorithm" if t.algorithm is None else "optimizer"
+        raise ConfigError(f"rlax.train.{missing}: not set (e.g. include 'algorithms/grpo.gin')")
+    spec.sampler.setup(bundle.model, bundle.tokenizer)
     trainer = Trainer(
         bundle.model,
-        algorithm,
-        optimizer,
-        temperature=sampler.temperature,
-        mesh=make_mesh(mesh) if mesh else None,
-        settings=settings,
-        lora=lora,
+        t.algorithm,
+        t.optimizer,
+        temperature=spec.sampler.temperature,
+        mesh=make_mesh(t.mesh) if t.mesh else None,
+        settings=t.trainer_settings,
+        lora=t.lora,
         donate_params=not inline,
     )
     if trainer.donate_params:
@@ -287,13 +240,7 @@ def _teacher(path: ConfigPath | None, student: ModelBundle, temperature: float) 
 
 
 def _run(
-    run: TrainingRun,
-    held_out: HeldOut,
-    hook,
-    steps: int,
-    progress: bool,
-    batches: _Batches,
-    teacher: Teacher | None,
+    run: TrainingRun, held_out: HeldOut, hook, spec: RunSpec, teacher: Teacher | None
 ) -> dict[str, float]:
     """Resumes, evaluates the base policy (once per run), trains; the "before" results.
 
@@ -311,9 +258,9 @@ def _run(
                     f"{format_eval_table({'before': run.eval_before})}",
                     flush=True,
                 )
-            completion_len = batches.sampler.max_new_tokens
-            step_args = {"group_size": batches.group_size, "completion_len": completion_len}
-            run.loop(steps, hook, progress, **step_args, teacher=teacher)
+            completion_len = spec.sampler.max_new_tokens
+            step_args = {"group_size": spec.group_size, "completion_len": completion_len}
+            run.loop(spec.train.steps, hook, spec.train.progress, **step_args, teacher=teacher)
     except Preempted as err:
         err.run_dir = run.run_dir.path  # for the CLI's resume command
         raise
@@ -324,61 +271,46 @@ def _run(
 
 
 def train(
+    spec: RunSpec,
     *,
     hook: Any = None,
     run_dir: RunDir | pathlib.Path | None = None,
     inline: bool = False,
-    task: Task,
-    reward: Reward,
-    sampler: Sampler,
-    algorithm: Algorithm,
-    optimizer: optax.GradientTransformation,
-    init_checkpoint: ConfigPath,
-    settings: ServerSettings | None = None,
-    curation: Sequence[OnlineFilter] = (),
-    steps: Annotated[int, AtLeast(1)] = 100,
-    prompts_per_step: PromptsPerStep = 16,
-    group_size: GroupSize = 8,
-    max_staleness: Staleness = 0,
-    seed: int = 0,
-    run_root: str = "runs",
-    run_name: str = "run",
-    progress: bool = True,
-    deterministic: bool = False,
-    checkpointing: CheckpointSettings | None = None,
-    preemption_notices: Sequence[Any] | None = None,
-    held_out: HeldOutSettings | None = None,
-    watch: WatchSettings | None = None,
-    mesh: MeshConfig | None = None,
-    trainer_settings: TrainerSettings | None = None,
-    distributed: DistributedSettings | None = None,
-    teacher: ConfigPath | None = None,
-    lora: LoraConfig | None = None,
 ) -> int:
-    """The trainer role: RL from ``init_checkpoint`` for ``steps`` steps (see the module doc).
+    """The trainer role: RL from ``spec.init_checkpoint`` for ``spec.train.steps`` steps
+    (see the module doc).
+
+    Args:
+      spec: the run (:class:`rlax.core.spec.RunSpec`); the trainer's own part is
+        ``spec.train``.
+      hook: the plugin manager's hook relay (lifecycle hooks); None: no hooks.
+      run_dir: the run directory ``rlax run`` made or resumes (None: a new one).
+      inline: sample in this process (``--role inline``) instead of taking groups from
+        the parameter server.
 
     Raises:
       Preempted: a notice came; the state was checkpointed (exit status 75).
     """
-    _start_process(distributed)
-    _check_settings(inline, deterministic, max_staleness, curation, trainer_settings)
-    check_teacher(algorithm, teacher)
-    bundle = load_policy(init_checkpoint, "rlax.train.init_checkpoint")
-    evaluation = HeldOut(task, sampler, reward, bundle.tokenizer, seed, held_out, progress)
-    run_dir, hook = _open_run_dir(run_dir, run_root, run_name), hook or _NoHooks()
-    trainer = _make_trainer(
-        bundle, sampler, algorithm, optimizer, mesh, trainer_settings, lora, inline
+    t = spec.train
+    _start_process(t.distributed)
+    _check_settings(inline, t.trainer_settings)
+    check_teacher(t.algorithm, t.teacher)
+    bundle = load_policy(spec.init_checkpoint, "rlax.run.init_checkpoint")
+    evaluation = HeldOut(
+        spec.task, spec.sampler, spec.reward, bundle.tokenizer, spec.seed, spec.held_out, t.progress
     )
-    scorer = _teacher(teacher, bundle, sampler.temperature)
-    ckpt, restored = _restore(trainer, run_dir, hook, checkpointing or CheckpointSettings())
-    preemption = Preemption(preemption_notices, role="trainer", hook=hook)
-    parts = (task, bundle.tokenizer, sampler, reward, curation)
-    batches = _Batches(*parts, prompts_per_step, group_size, max_staleness, seed)
-    source = _rollout_source(batches, inline, settings, preemption, trainer)
-    run = TrainingRun(run_dir, trainer, source, ckpt, preemption, restored, deterministic, seed)
-    run.observer = _observer(run, evaluation, watch or WatchSettings(), reward)
+    run_dir, hook = _open_run_dir(run_dir, t.run_root, t.run_name), hook or _NoHooks()
+    trainer = _make_trainer(bundle, spec, inline)
+    scorer = _teacher(t.teacher, bundle, spec.sampler.temperature)
+    ckpt, restored = _restore(trainer, run_dir, hook, t.checkpointing)
+    preemption = Preemption(t.preemption_notices, role="trainer", hook=hook)
+    source = _rollout_source(spec, bundle.tokenizer, inline, preemption, trainer)
+    run = TrainingRun(
+        run_dir, trainer, source, ckpt, preemption, restored, spec.deterministic, spec.seed
+    )
+    run.observer = _observer(run, evaluation, t.watch, spec.reward)
     try:
-        before = _run(run, evaluation, hook, steps, progress, batches, scorer)
+        before = _run(run, evaluation, hook, spec, scorer)
         finish(run, hook, bundle, evaluation, before)
     finally:
         run.observer.close()

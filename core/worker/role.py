@@ -28,31 +28,27 @@ import math
 import os
 import time
 import zlib
-from collections.abc import Callable, Sequence
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from rlax.core.constraints import AtLeast, Positive, checked_by
-from rlax.core.contracts import OnlineFilter, Resumable, Reward, Sampler
+from rlax.core.contracts import Resumable
 from rlax.core.models.bundle import load_model
 from rlax.core.models.lora_wire import AdapterApplier, unpacked
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.retry import RETRYABLE, RetryPolicy
-from rlax.core.param_server.settings import ServerSettings
-from rlax.core.rollout.groups import (
-    check_online_filters,
-    kept_by_filters,
-    rollout,
-    rollout_resumable,
-)
+from rlax.core.rollout.groups import kept_by_filters, rollout, rollout_resumable
 from rlax.core.rollout.reward_pool import RewardPool
 from rlax.core.runtime import recovery
 from rlax.core.runtime.preemption import Preemption
-from rlax.core.types import ConfigPath, Group, GroupSize, PartialGroup, Staleness
+from rlax.core.types import ConfigPath, Group, PartialGroup
 from rlax.core.wire import WirePlan
 from rlax.core.worker.background_pool import BackgroundPool
-from rlax.core.worker.rules import check_reload_in_flight, reload_needs_resumable
+from rlax.core.worker.rules import check_reload_in_flight
+
+if TYPE_CHECKING:  # the spec sits above the roles; a role reads the value it is handed
+    from rlax.core.spec import RunSpec
 
 log = logging.getLogger("rlax.worker")
 
@@ -267,31 +263,14 @@ class Worker:
         )
 
 
-@checked_by(reload_needs_resumable)
-def worker(
-    *,
-    hook: Any = None,
-    sampler: Sampler,
-    reward: Reward,
-    init_checkpoint: ConfigPath,
-    settings: ServerSettings,
-    curation: Sequence[OnlineFilter] = (),
-    group_size: GroupSize = 8,
-    prompts_per_lease: Annotated[int, AtLeast(1)] = 16,
-    reload_staleness: Staleness = 0,
-    reward_workers: Annotated[int, AtLeast(0, means="0: in this process")] = 1,
-    reward_timeout_s: Annotated[float, Positive] = 10.0,
-    seed: int = 0,
-    deterministic: bool = False,
-    reload_in_flight: bool = False,
-    refresh_interval_s: Annotated[float, Positive] = 0.5,
-    preemption_notices: Sequence[Any] | None = None,
-) -> int:
+def worker(spec: RunSpec, *, hook: Any = None) -> int:
     """Runs the worker role until a preemption notice (SIGTERM/SIGINT by default).
 
-    The reward runs in ``reward_workers`` processes (0: in this process; they boot
-    while the worker loads, :mod:`rlax.core.worker.background_pool`) with a hard
-    ``reward_timeout_s`` per call: a verifier that hangs or crashes costs a counted zero.
+    The run's sampler generates and its reward scores; the worker's own settings are
+    ``spec.worker`` (:class:`rlax.core.worker.spec.WorkerSpec`). The reward runs in
+    ``reward_workers`` processes (0: in this process; they boot while the worker loads,
+    :mod:`rlax.core.worker.background_pool`) with a hard ``reward_timeout_s`` per call: a
+    verifier that hangs or crashes costs a counted zero.
 
     ``reload_in_flight`` (Resumable samplers only) loads newer weights between
     decode steps, asking the server at most every ``refresh_interval_s``.
@@ -299,29 +278,27 @@ def worker(
     Raises:
       Preempted: after a notice, once the batch in hand is submitted (exit status 75).
     """
+    own = spec.worker
     clock = recovery.begin(os.environ.get(WORKER_ID_ENV) or f"worker-{os.getpid()}")
     clock.init_backend()
-    check_online_filters(curation, "rlax.worker.curation")
-    check_reload_in_flight(sampler, reload_in_flight)
-    stop = Preemption(preemption_notices, role="worker", hook=hook).start()
-    plan, client = _set_up(
-        sampler, init_checkpoint, settings, stop, reload_in_flight=reload_in_flight
-    )
-    pool = BackgroundPool(reward, workers=reward_workers, timeout_s=reward_timeout_s)
+    check_reload_in_flight(spec.sampler, own.reload_in_flight)  # built by other means too
+    stop = Preemption(own.preemption_notices, role="worker", hook=hook).start()
+    plan, client = _set_up(spec, stop)
+    pool = BackgroundPool(spec.reward, workers=own.reward_workers, timeout_s=own.reward_timeout_s)
     w = Worker(
         client,
-        sampler,
+        spec.sampler,
         pool,
-        list(curation),
-        group_size=group_size,
-        prompts_per_lease=prompts_per_lease,
-        reload_staleness=reload_staleness,
+        list(spec.curation),
+        group_size=spec.group_size,
+        prompts_per_lease=own.prompts_per_lease,
+        reload_staleness=spec.reload_staleness,
         worker_id=clock.role,
-        seed=seed,
-        deterministic=deterministic,
-        reload_in_flight=reload_in_flight,
-        adapters=_adapters(init_checkpoint),
-        refresh_interval_s=refresh_interval_s,
+        seed=spec.seed,
+        deterministic=spec.deterministic,
+        reload_in_flight=own.reload_in_flight,
+        adapters=_adapters(spec.init_checkpoint),
+        refresh_interval_s=own.refresh_interval_s,
         interrupt=lambda: stop.requested,
     )
     w.recovering = clock if clock.is_restart else None
@@ -330,26 +307,22 @@ def worker(
     return 0
 
 
-def _set_up(
-    sampler: Sampler,
-    init_checkpoint: ConfigPath,
-    settings: ServerSettings,
-    stop: Preemption,
-    *,
-    reload_in_flight: bool,
-) -> tuple[WirePlan, ParamServerClient]:
-    """Sets ``sampler`` up with the model and connects to the parameter server: the plan the
-    weights travel in, and the client."""
+def _set_up(spec: RunSpec, stop: Preemption) -> tuple[WirePlan, ParamServerClient]:
+    """Sets the run's sampler up with the model and connects to the parameter server: the
+    plan the weights travel in, and the client."""
     from flax import nnx
 
-    bundle = load_model(init_checkpoint, weights=False)  # no weights: they come by pull
-    sampler.setup(bundle.model, bundle.tokenizer)
-    plan = WirePlan.for_tree(nnx.state(bundle.model), settings.wire_dtype)
+    bundle = load_model(spec.init_checkpoint, weights=False)  # no weights: they come by pull
+    spec.sampler.setup(bundle.model, bundle.tokenizer)
+    plan = WirePlan.for_tree(nnx.state(bundle.model), spec.server.wire_dtype)
     # After a notice (or the run's end) an unreachable server is not retried: the worker
     # has seconds left, and its leases expire and are served again (nothing is lost).
     # In-flight reloads must not pull into the buffer the rows in flight read: a new one.
     client = ParamServerClient(
-        settings, give_up=lambda: stop.requested, relay=True, reuse_pull_buffer=not reload_in_flight
+        spec.server,
+        give_up=lambda: stop.requested,
+        relay=True,
+        reuse_pull_buffer=not spec.worker.reload_in_flight,
     )
     recovery.mark("load")  # a restarted worker's way back: the model and sampler are set up
     return plan, client

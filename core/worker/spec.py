@@ -1,0 +1,47 @@
+"""The workers' part of a run specification: ``rlax.worker`` in gin.
+
+What only a worker reads: how many prompts it leases at once, where its verifier runs,
+and when it loads new weights inside a batch. The sampler, the reward, the curation
+filters, the group size and the reload staleness are the run's
+(:class:`rlax.core.spec.RunSpec`), shared with the trainer's evaluation::
+
+    rlax.worker.prompts_per_lease = 16
+    rlax.worker.reward_workers = 1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from rlax.core.constraints import AtLeast, Positive, check_fields
+
+__all__ = ["WorkerSpec"]
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    """The worker role's settings (``rlax.worker``).
+
+    Args:
+      prompts_per_lease: prompts a worker leases (and generates) at once.
+      reward_workers: verifier processes per worker (0: in the worker's process; they
+        boot while the worker loads, :mod:`rlax.core.worker.background_pool`).
+      reward_timeout_s: a hard deadline per verifier call: a verifier that hangs or
+        crashes costs a counted zero.
+      reload_in_flight: load newer weights between decode steps too (a Resumable
+        sampler only, e.g. ``@samplers.engine()``), asking the server at most every
+        ``refresh_interval_s``.
+      preemption_notices: the worker's notice sources (None: SIGTERM and SIGINT).
+    """
+
+    prompts_per_lease: Annotated[int, AtLeast(1)] = 16
+    reward_workers: Annotated[int, AtLeast(0, means="0: in this process")] = 1
+    reward_timeout_s: Annotated[float, Positive] = 10.0
+    reload_in_flight: bool = False
+    refresh_interval_s: Annotated[float, Positive] = 0.5
+    preemption_notices: Sequence[Any] | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)
