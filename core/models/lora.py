@@ -256,18 +256,44 @@ class LoraLinear(nnx.Module):
         scale: float,
         dropout: float,
         key: jax.Array | None,
+        token_ids: jax.Array | None = None,
     ):
         self.base = base
         self.a, self.b = nnx.Param(a), nnx.Param(b)
         self.scale, self.dropout = scale, dropout
         self.key = None if key is None else nnx.Variable(key)
+        self.token_ids = None if token_ids is None else nnx.Variable(token_ids)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         h = x
         if self.key is not None and self.dropout > 0:
-            keep = jax.random.bernoulli(self.key[...], 1.0 - self.dropout, x.shape)
-            h = jnp.where(keep, x / (1.0 - self.dropout), jnp.zeros_like(x))
+            keep = dropout_keep(self.key[...], self._ids(x), x.shape[-1], 1.0 - self.dropout)
+            h = jnp.where(keep.reshape(x.shape), x / (1.0 - self.dropout), jnp.zeros_like(x))
         return self.base(x) + (h @ self.a[...]) @ self.b[...] * self.scale
+
+    def _ids(self, x: jax.Array) -> jax.Array:
+        """The token identity of each of ``x``'s rows of features (its leading dims flattened)."""
+        if self.token_ids is None:
+            raise ValueError(
+                "LoRA dropout: the model was built without token_ids (each input token's "
+                "identity in the padded layout), so its masks would follow the layout's shape"
+            )
+        ids = self.token_ids[...].reshape(-1)
+        rows = x.size // x.shape[-1]
+        if ids.shape[0] != rows:
+            raise ValueError(
+                f"LoRA dropout: a target layer saw {rows} token rows but the batch has "
+                f"{ids.shape[0]} tokens (rlax.lora.targets matching the output head?)"
+            )
+        return ids
+
+
+def dropout_keep(key: jax.Array, ids: jax.Array, features: int, keep: float) -> jax.Array:
+    """[N, features] keep mask of N tokens: token n's row drawn from ``key`` folded with
+    ``ids[n]`` only, so a token keeps the same mask whatever layout (padded, packed) or
+    position in it the token has (:mod:`rlax.core.trainer.packing`'s ``token_ids``)."""
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
+    return jax.vmap(lambda k: jax.random.bernoulli(k, keep, (features,)))(keys)
 
 
 def _module(root: Any, keys: tuple) -> Any:
@@ -277,8 +303,12 @@ def _module(root: Any, keys: tuple) -> Any:
     return root
 
 
-def model_of(graphdef: Any, params: Any) -> Any:
-    """The model of ``params``: plain, or with :class:`LoraLinear` on each target (unmerged)."""
+def model_of(graphdef: Any, params: Any, token_ids: jax.Array | None = None) -> Any:
+    """The model of ``params``: plain, or with :class:`LoraLinear` on each target (unmerged).
+
+    ``token_ids`` [B, T]: each input token's identity in the padded layout, which dropout
+    draws each token's mask from (:func:`dropout_keep`); needed when dropout is on.
+    """
     if not isinstance(params, LoraParams):
         return nnx.merge(graphdef, params)
     model = nnx.merge(graphdef, params.base)
@@ -293,6 +323,7 @@ def model_of(graphdef: Any, params: Any) -> Any:
             scale=params.config.scale,
             dropout=params.config.dropout,
             key=key,
+            token_ids=token_ids,
         )
         setattr(owner, attr, layer)
     return model

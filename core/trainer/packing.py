@@ -51,6 +51,39 @@ import numpy as np
 
 #: The keys of a packed batch's model inputs; ``tokens`` and ``attention_mask`` are dropped.
 PACKED_TOKENS, PACKED_SEGMENTS, UNPACK_INDEX = "packed_tokens", "packed_segments", "unpack_index"
+#: Each packed token's identity in the padded layout (global row x T + column; -1: none):
+#: what LoRA dropout draws its mask from (:func:`token_ids`), so every layout drops alike.
+PACKED_IDS = "packed_token_ids"
+
+
+def token_ids(rows: np.ndarray, width: int) -> np.ndarray:
+    """[len(rows), width] identities of a padded batch's tokens: global row x width + column.
+
+    ``rows``: each local row's index in the global batch. A token keeps its identity in
+    every layout, so randomness drawn from it (LoRA dropout) is the same however laid out.
+    """
+    return (np.asarray(rows, np.int64)[:, None] * width + np.arange(width)).astype(np.int32)
+
+
+def check_targets(arrays: dict[str, np.ndarray]) -> None:
+    """Refuses a batch with a loss-mask position whose input or target is not a real token.
+
+    Position t of the loss mask is the prediction of token t + 1 from token t and those
+    before it; a target whose token t is padding (a prompt of 0 tokens) or whose token
+    t + 1 is padding has no position in the packed and prefix-shared layouts and a
+    meaningless one padded, so the layouts' losses would differ: refused in all of them.
+    """
+    loss, mask = np.asarray(arrays["loss_mask"]), np.asarray(arrays["attention_mask"], bool)
+    real = mask[:, :-1] & mask[:, 1:]
+    bad = np.argwhere((loss != 0) & ~real)
+    if len(bad):
+        r, t = (int(v) for v in bad[0])
+        what = "token t" if not mask[r, t] else "token t + 1"
+        raise ValueError(
+            f"batch row {r}: loss_mask position {t} predicts token {t + 1} but {what} is "
+            "padding (a prompt or completion of 0 tokens?); every target needs a real token "
+            "before it, in every layout (padded, packed, prefix-shared)"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +199,7 @@ def pack(
     owned: np.ndarray | None = None,
     global_rows: int | None = None,
     k: int | None = None,
+    row_ids: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """The padded batch ``arrays`` with its ``tokens``/``attention_mask`` packed.
 
@@ -177,7 +211,8 @@ def pack(
     the global packed rows this process feeds (:func:`rlax.core.parallel.multihost.process_rows`
     of the k x per_microbatch global rows); the packed arrays hold those rows, filled
     microbatch by microbatch, and ``unpack_index`` points into the global packed outputs.
-    ``k``: the microbatches (:func:`layout`); by default :func:`slots`'s.
+    ``k``: the microbatches (:func:`layout`); by default :func:`slots`'s. ``row_ids``: each
+    local row's index in the global batch (default: 0, 1, ...), for :data:`PACKED_IDS`.
     """
     tokens, mask = arrays["tokens"], arrays["attention_mask"]
     p = the_plan or plan(mask, width)
@@ -190,6 +225,8 @@ def pack(
     n = len(owned)
     packed = np.zeros((n, width), np.int32)
     segments = np.zeros((n, width), np.int32)
+    ids = np.full((n, width), -1, np.int32)
+    padded_ids = token_ids(np.arange(len(tokens)) if row_ids is None else row_ids, tokens.shape[1])
     index = np.full((len(tokens), tokens.shape[1] - 1), -1, np.int32)
     next_segment = np.ones(n, np.int32)
     placed = np.flatnonzero(p.bins >= 0)
@@ -198,12 +235,15 @@ def pack(
         row, start, length, off = local[g], p.starts[r], p.lengths[r], p.offsets[r]
         packed[row, off : off + length] = tokens[r, start : start + length]
         segments[row, off : off + length] = next_segment[row]
+        ids[row, off : off + length] = padded_ids[r, start : start + length]
         next_segment[row] += 1
         # Target position t (predicting token t + 1) of the padded row is column
         # off + t - start of the packed row, for the sequence's length - 1 targets.
         index[r, start : start + length - 1] = g * (width - 1) + off + np.arange(length - 1)
     out = {key: v for key, v in arrays.items() if key not in ("tokens", "attention_mask")}
-    out.update({PACKED_TOKENS: packed, PACKED_SEGMENTS: segments, UNPACK_INDEX: index})
+    out.update(
+        {PACKED_TOKENS: packed, PACKED_SEGMENTS: segments, UNPACK_INDEX: index, PACKED_IDS: ids}
+    )
     return out
 
 

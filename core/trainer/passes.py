@@ -67,7 +67,10 @@ def arrange(
     packed rows of the global layout (:func:`~rlax.core.trainer.packing.pack`).
     """
     mode = settings.packing
-    if mode == "padded" or "tokens" not in arrays:
+    if "tokens" not in arrays:
+        return arrays
+    packing.check_targets(arrays)
+    if mode == "padded":
         return arrays
     mask = np.asarray(arrays["attention_mask"])
     local_rows, padded_width = mask.shape
@@ -102,17 +105,32 @@ def arrange(
         if not cheaper:
             return arrays
     owned = multihost.process_rows(mesh, k * per) if processes > 1 else None
+    row_ids = multihost.process_rows(mesh, rows) if processes > 1 else None
     arrays = {key: np.asarray(v) for key, v in arrays.items()}
-    return packing.pack(arrays, width, per, plan, owned=owned, k=k)
+    return packing.pack(arrays, width, per, plan, owned=owned, k=k, row_ids=row_ids)
 
 
 @dataclasses.dataclass(frozen=True)
 class Passes:
     """How a batch's passes run: ``microbatches`` row slices of a padded batch, or the
-    packed microbatch slots of a packed one; on ``mesh``."""
+    packed microbatch slots of a packed one; on ``mesh``. ``token_ids``: the model reads
+    each token's padded-layout identity too (LoRA dropout, :func:`model_inputs`)."""
 
     settings: TrainerSettings
     mesh: Mesh
+    token_ids: bool = False
+
+    def inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """:func:`model_inputs`, plus ``token_ids`` [rows, width] when asked: each token's
+        identity in the padded layout (row x T + column; a packed batch brings its own)."""
+        out = model_inputs(batch)
+        if self.token_ids:
+            if packing.PACKED_IDS in batch:
+                out["token_ids"] = batch[packing.PACKED_IDS]
+            else:  # padded: the step's rows are the global batch's
+                rows, width = out["tokens"].shape
+                out["token_ids"] = jnp.arange(rows * width, dtype=jnp.int32).reshape(rows, width)
+        return out
 
     def _slots(self, batch: dict[str, Any]) -> int:
         """k, the microbatch slots of a packed batch (from its shapes)."""
@@ -123,7 +141,7 @@ class Passes:
     def forward_all(self, forward: Callable[[dict[str, jax.Array]], Any], batch) -> Any:
         """``forward`` of the whole batch (no gradient), one microbatch at a time: the
         outputs' leaves [B, L] (a packed batch's gathered into the padded layout)."""
-        inputs = model_inputs(batch)
+        inputs = self.inputs(batch)
         if packing.PACKED_TOKENS not in batch:
             return scan_forward(forward, inputs, self.settings.microbatches, self.mesh)
         out = packed_forward(forward, inputs, self._slots(batch), self.mesh)
@@ -145,7 +163,7 @@ class Passes:
         packed batch the loss reads the outputs gathered into the padded layout, so its
         cotangent comes back packed.
         """
-        inputs = model_inputs(batch)
+        inputs = self.inputs(batch)
         packed = packing.PACKED_TOKENS in batch
         k = self._slots(batch) if packed else self.settings.microbatches
         index = batch[packing.UNPACK_INDEX] if packed else None

@@ -146,7 +146,8 @@ class Trainer:
         self.optimizer = optimizer
         self.temperature = temperature
         self._compute_dtype = COMPUTE_DTYPES[self.settings.compute_dtype]
-        self.passes = passes.Passes(self.settings, self.mesh)
+        dropout = lora is not None and lora.dropout > 0
+        self.passes = passes.Passes(self.settings, self.mesh, token_ids=dropout)
         self._embed_dim = model.cfg.embed_dim  # for packing's cost estimate
         params = cast_floats(params, jnp.float32)
         if lora is not None:  # from here on ``params`` is a LoraParams (base, adapters, key)
@@ -250,7 +251,9 @@ class Trainer:
     def _forward(self, params, critic, batch):
         """(logprobs, entropy, values or None), each [B, T-1], in ``compute_dtype``."""
         dtype = self._compute_dtype
-        model = self._wrap_blocks(loralib.model_of(self.graphdef, cast_floats(params, dtype)))
+        ids = batch.get("token_ids")  # LoRA dropout's per-token draws (passes.Passes.inputs)
+        model = loralib.model_of(self.graphdef, cast_floats(params, dtype), ids)
+        model = self._wrap_blocks(model)
         chunk = self.settings.logprob_chunk_tokens  # the head never sees the whole batch
         if critic is None:
             logp, entropy = sequence_logprobs(
