@@ -4,7 +4,7 @@ gin keeps one registry per process. :func:`register_configurables` therefore
 replaces an entry whose factory changed, so a new plugin manager built in the
 same process (tests build many) takes over its kinds cleanly. It sits below
 everything that registers (the plugin manager, the gin front in
-``rlax.core.config``) and imports nothing of rlax.
+``rlax.core.config``) and reads gin's registry only through :mod:`rlax.core.gin_state`.
 """
 
 from __future__ import annotations
@@ -14,18 +14,9 @@ from typing import Any
 
 import gin
 
-__all__ = ["configurables", "gin_registry", "register_configurables"]
+from rlax.core import gin_state
 
-
-def gin_registry() -> Any:
-    """gin's process-global registry of configurables (a ``SelectorMap``)."""
-    registry = getattr(gin.config, "_REGISTRY", None)
-    if not all(hasattr(registry, attr) for attr in ("pop", "get", "items")):
-        raise RuntimeError(
-            "gin.config._REGISTRY is not the SelectorMap rlax expects (pop/get/items); "
-            "this gin-config version is unsupported for re-registering configurables"
-        )
-    return registry
+__all__ = ["configurables", "register_configurables"]
 
 
 def register_configurables(
@@ -43,18 +34,18 @@ def register_configurables(
       exclusive: also drop every other configurable of ``module``, so the
         module holds exactly ``factories`` (used for the plugin kinds).
     """
-    registry = gin_registry()
     with gin.unlock_config():
         if exclusive:
-            for selector, info in list(registry.items()):
-                if info.module == module and info.name not in factories:
-                    registry.pop(selector)
+            for selector in gin_state.registered_selectors():
+                owner, _, name = selector.rpartition(".")
+                if owner == module and name not in factories:
+                    gin_state.unregister(selector)
         for name, factory in factories.items():
-            current = registry.get(f"{module}.{name}")
-            if current is not None and current.wrapped is factory:
+            selector = f"{module}.{name}"
+            current = gin_state.configurable_of(selector)
+            if current is factory:
                 continue
-            if current is not None:
-                registry.pop(f"{module}.{name}")
+            gin_state.unregister(selector)
             gin.external_configurable(factory, name=name, module=module)
 
 
@@ -63,8 +54,9 @@ def configurables(module: str) -> dict[str, Callable[..., Any]]:
 
     For a plugin kind: the components of the plugin manager loaded last.
     """
-    return {
-        info.name: gin.get_configurable(selector)
-        for selector, info in list(gin_registry().items())
-        if info.module == module
-    }
+    found = {}
+    for selector in gin_state.registered_selectors():
+        owner, _, name = selector.rpartition(".")
+        if owner == module:
+            found[name] = gin.get_configurable(selector)
+    return found

@@ -9,7 +9,7 @@ from typing import Any
 import gin
 import pytest
 
-from rlax.core import cli, config, plugins
+from rlax.core import cli, config, gin_state, plugins
 from rlax.core.errors import ConfigError
 from rlax.plugins.critics.head import HeadCritic
 from rlax.plugins.curation.dynamic_sampling import DynamicSampling
@@ -140,7 +140,7 @@ def bound(pm, files: list[str], bindings: list[str]) -> dict[str, str]:
     config.parse(files, bindings, plugins=pm)
     return {
         scope if selector == "gin.macro" else f"{selector}.{arg}": repr(value)
-        for (scope, selector), args in gin.config._CONFIG.items()
+        for scope, selector, args in gin_state.all_bindings()
         for arg, value in args.items()
     }
 

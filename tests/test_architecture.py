@@ -161,6 +161,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rlax.core.hookspecs",
             "rlax.core.plugins",
             "rlax.core.configurables",
+            "rlax.core.gin_state",
             "rlax.core.masked",
             "rlax.core.wire",
         ),
@@ -398,3 +399,44 @@ def test_no_module_but_run_dir_writes_a_run_file_name():
         if path != RUN_DIR_MODULE and (found := run_file_literals(path, names))
     }
     assert offenders == {}
+
+
+# -- gin's private state is read in one module -------------------------------------------
+
+GIN_ADAPTER = ROOT / "core" / "gin_state.py"
+GIN_SCANNED = ("core", "plugins", "tests", "scripts", "benchmarks")
+#: A private attribute of ``gin.config`` (by dot or ``getattr``) and gin's private names on
+#: their own (``OPERATIVE_CONFIG`` is another name: the underscore must start the word).
+GIN_PRIVATE = re.compile(
+    r"\bgin\.config\._|getattr\(\s*gin\.config\s*,\s*[\"']_|\b_(?:REGISTRY|CONFIG|FILE_READERS)\b"
+)
+
+
+def gin_private_reads(text: str) -> list[int]:
+    """The numbers of the lines of ``text`` that name gin's private state."""
+    return [n for n, line in enumerate(text.splitlines(), 1) if GIN_PRIVATE.search(line)]
+
+
+def test_the_gin_private_state_finder_finds_each_form_and_only_those():
+    private = "gin.config." + "_"  # spelled apart, so this file does not name it
+    text = (
+        f"a = {private}REGISTRY.get(s)\n"
+        f"b = list({private}FILE_READERS)\n"
+        f'c = getattr(gin.config, "{private[-1]}CONFIG", None)\n'
+        f"from gin.config import {private[-1]}CONFIG\n"
+        "d = run_dir.OPERATIVE_CONFIG + TRAINER_CONFIG\n"
+        "e = gin.config.ParsedBindingKey.parse(key)\n"
+        "f = gin.query_parameter('rlax.train.steps')\n"
+    )
+    assert gin_private_reads(text) == [1, 2, 3, 4]
+
+
+def test_only_the_gin_adapter_reads_gin_private_state():
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for folder in GIN_SCANNED
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path != GIN_ADAPTER and "__pycache__" not in path.parts
+        for line in gin_private_reads(path.read_text())
+    ]
+    assert offenders == []

@@ -42,7 +42,7 @@ import gin
 import pytest
 from cli_runs import rlax_process
 
-from rlax.core import config
+from rlax.core import config, gin_state
 from rlax.core.config import checks
 from rlax.core.config.bindings import Origins, hints
 from rlax.core.constraints import OneOf, Range, constraints_of
@@ -213,13 +213,13 @@ def registered(pm: PluginManager) -> list[str]:
     """What ``rlax run`` registers: the core's (rlax.*, optax.*, preemption.*) and every
     plugin kind's components (not what other tests of this process register)."""
     modules = {"rlax", "optax", "preemption", *pm.kinds}
-    return sorted(s for s in gin.config._REGISTRY._selector_map if s.split(".")[0] in modules)
+    return sorted(s for s in gin_state.registered_selectors() if s.split(".")[0] in modules)
 
 
 def every_case(pm: PluginManager) -> list[Case]:
     cases = []
     for selector in registered(pm):
-        fn = gin.config._REGISTRY.get(selector).wrapped
+        fn = gin_state.configurable_of(selector)
         try:
             signature = inspect.signature(fn)
         except (TypeError, ValueError):

@@ -22,11 +22,12 @@ from typing import IO, TYPE_CHECKING, Any
 
 import gin
 
+from rlax.core import gin_state
 from rlax.core.config import bindings as bindings_mod
 from rlax.core.config import checks as binding_checks
 from rlax.core.config.building import refusing_components
 from rlax.core.config.finder import find_gin_file, find_packaged, packaged_configs
-from rlax.core.configurables import gin_registry, register_configurables
+from rlax.core.configurables import register_configurables
 from rlax.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ def configured(module: str, name: str) -> Callable[..., Any]:
       ConfigError: nothing is registered under that name.
     """
     selector = f"{module}.{name}"
-    if gin_registry().get(selector) is None:
+    if not gin_state.is_registered(selector):
         raise ConfigError(f"no gin configurable {selector!r} is registered")
     return refusing_components(gin.get_configurable(selector))
 
@@ -266,17 +267,8 @@ def _open_gin_file(path: str) -> Iterator[IO[str]]:
 @contextlib.contextmanager
 def _include_resolution() -> Iterator[None]:
     """Puts rlax's gin file reader first while parsing (gin has no public API for order)."""
-    readers = getattr(gin.config, "_FILE_READERS", None)
-    if not isinstance(readers, list):
-        raise RuntimeError(  # noqa: TRY004 -- a gin version problem, not a caller's type error
-            "gin.config._FILE_READERS is not a list; unsupported gin-config version"
-        )
-    entry = (_open_gin_file, lambda path: _resolve(path) is not None)
-    readers.insert(0, entry)
-    try:
+    with gin_state.first_file_reader((_open_gin_file, lambda path: _resolve(path) is not None)):
         yield
-    finally:
-        readers.remove(entry)
 
 
 _LOCATION = re.compile(r'\n\s*In file "(?P<file>[^"]*)", line (?P<line>\d+)')

@@ -25,11 +25,12 @@ import os
 import pathlib
 import re
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import gin
 
+from rlax.core import gin_state
 from rlax.core.types import PATH_MARK
 
 __all__ = [
@@ -85,40 +86,19 @@ class Origins:
 def recording(origins: Origins, binding: str | None = None) -> Iterator[None]:
     """Records the origin of each binding gin makes while parsing, in gin's own order.
 
-    gin's parser enters ``utils.try_with_location(location)`` around each
-    ``bind_parameter`` call; both are looked up on their modules at call time,
-    so wrapping them for the duration of a parse sees every binding (an
-    ``include`` too) with the file and line it came from. ``binding``: the
-    command-line binding being parsed (gin gives it no file).
+    ``binding``: the command-line binding being parsed (gin gives it no file).
     """
-    utils, config = gin.utils, gin.config
-    try_with_location, bind_parameter = utils.try_with_location, config.bind_parameter
-    current: list[Any] = [None]
 
-    @contextlib.contextmanager
-    def located(location):
-        current.append(location)
-        try:
-            with try_with_location(location):
-                yield
-        finally:
-            current.pop()
-
-    def bind(binding_key: tuple[str, str, str], value: Any) -> None:
-        bind_parameter(binding_key, value)
-        location = current[-1]
-        if location is not None and location.filename:  # a file, one included by a binding too
-            origin = Origin(file=location.filename, line=location.line_num)
+    def seen(binding_key: tuple[str, str, str], file: str | None, line: int) -> None:
+        if file:  # a file, one included by a binding too
+            origin = Origin(file=file, line=line)
         else:
             origin = Origin(binding=binding or "?")
         scope, selector, arg = binding_key  # the parser binds (scope, selector, arg)
         origins.record(scope, selector, arg, origin)
 
-    utils.try_with_location, config.bind_parameter = located, bind
-    try:
+    with gin_state.watching_bindings(seen):
         yield
-    finally:
-        utils.try_with_location, config.bind_parameter = try_with_location, bind_parameter
 
 
 def closest_names(name: str, valid: list[str]) -> str:
@@ -154,7 +134,7 @@ def follow(value: Any, origins: Origins, origin: Origin | None, macro=None, dept
     ref = value
     if isinstance(ref, gin.config.ConfigurableReference) and ref.selector == MACRO and depth < 32:
         name = "/".join(ref.scopes)
-        bound = gin.config._CONFIG.get((name, MACRO), {})
+        bound = gin_state.bindings_of(MACRO, name)
         if "value" in bound:
             return follow(
                 bound["value"], origins, origins.get(name, MACRO, "value"), (name, MACRO), depth + 1
@@ -163,7 +143,7 @@ def follow(value: Any, origins: Origins, origin: Origin | None, macro=None, dept
 
 
 def bound_values(origins: Origins) -> Iterator[Bound]:
-    for (scope, selector), params in list(gin.config._CONFIG.items()):
+    for scope, selector, params in gin_state.all_bindings():
         if selector == MACRO:
             continue
         for arg, value in params.items():
@@ -173,8 +153,7 @@ def bound_values(origins: Origins) -> Iterator[Bound]:
 
 def hints(selector: str) -> dict[str, Any]:
     """The parameter annotations of the configurable ``selector`` ({} if they cannot be read)."""
-    info = gin.config._REGISTRY.get(selector)
-    fn = getattr(info, "wrapped", None)
+    fn = gin_state.configurable_of(selector)
     if fn is None:
         return {}
     if not inspect.isclass(fn) or dataclasses.is_dataclass(fn):
@@ -247,8 +226,7 @@ def show(value: Any) -> str:
 
 def parameter_names(selector: str) -> list[str]:
     """The keyword parameters of the configurable ``selector`` (for 'did you mean')."""
-    info = gin.config._REGISTRY.get_match(selector)
-    fn: Callable[..., Any] | None = getattr(info, "wrapped", None)
+    fn = gin_state.matching_configurable(selector)
     if fn is None:
         return []
     try:

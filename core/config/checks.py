@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import gin
 
+from rlax.core import gin_state
 from rlax.core.config.bindings import (
     MACRO,
     Origin,
@@ -157,7 +158,7 @@ def _is_required(value: Any) -> bool:
 
 def check_required(origins: Origins) -> None:
     """Raises ConfigError naming the first ``%gin.REQUIRED`` value left unset, and where."""
-    for (scope, selector), params in list(gin.config._CONFIG.items()):
+    for scope, selector, params in gin_state.all_bindings():
         for arg, value in params.items():
             if not _is_required(value):
                 continue
@@ -243,8 +244,7 @@ def arguments(
     then it is a :class:`~rlax.core.constraints.Built` (the configurable and
     its factory, not built).
     """
-    info = gin.config._REGISTRY.get(selector)
-    fn = getattr(info, "wrapped", None)
+    fn = gin_state.configurable_of(selector)
     found: dict[str, tuple[Any, Origin | None]] = {}
     if fn is not None:
         for p in inspect.signature(fn).parameters.values():
@@ -270,7 +270,7 @@ def check_values(origins: Origins, validators: dict[str, Callable[..., None]]) -
     prefixed with where that parameter's value was written (or, if it kept its
     default, where another of the configurable's values was).
     """
-    bound = {selector for (_, selector) in gin.config._CONFIG}
+    bound = gin_state.bound_selectors()
     for selector, validate in validators.items():
         if selector not in bound:
             continue
@@ -295,10 +295,8 @@ def _named(validate: Callable[..., None]) -> frozenset[str]:
 def declared_validators() -> dict[str, Callable[..., None]]:
     """``{selector: validator}`` of the bound configurables that carry one (``checked_by``)."""
     found = {}
-    for _, selector in list(gin.config._CONFIG):
-        check = getattr(
-            getattr(gin.config._REGISTRY.get(selector), "wrapped", None), CHECK_ATTRIBUTE, None
-        )
+    for selector in gin_state.bound_selectors():
+        check = getattr(gin_state.configurable_of(selector), CHECK_ATTRIBUTE, None)
         if check is not None:
             found[selector] = check
     return found
@@ -333,10 +331,11 @@ def check_roles_agree(origins: Origins, shared: Mapping[str, Sequence[str]]) -> 
     followed before comparing; a role that does not bind the parameter is not
     compared.
     """
-    config = gin.config._CONFIG
     for arg, roles in shared.items():
         bound = [
-            (role, config[("", role)][arg]) for role in roles if arg in config.get(("", role), {})
+            (role, gin_state.bindings_of(role)[arg])
+            for role in roles
+            if arg in gin_state.bindings_of(role)
         ]
         for (role_a, raw_a), (role_b, raw_b) in itertools.pairwise(bound):
             a = follow(raw_a, origins, None)[0]
@@ -372,7 +371,7 @@ def check_settings_used(origins: Origins, taken_by: Mapping[str, str]) -> None:
         if first is None:
             continue
         role, _, arg = parameter.rpartition(".")
-        value = follow(gin.config._CONFIG.get(("", role), {}).get(arg), origins, None)[0]
+        value = follow(gin_state.bindings_of(role).get(arg), origins, None)[0]
         if is_reference(value) and value.selector == settings:
             continue
         where = f"{first.origin}: " if first.origin else ""

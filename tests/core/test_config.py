@@ -9,7 +9,7 @@ import gin
 import numpy as np
 import pytest
 
-from rlax.core import config, hookimpl
+from rlax.core import config, gin_state, hookimpl
 from rlax.core.errors import ConfigError
 from rlax.core.plugins import build_plugin_manager
 
@@ -78,14 +78,14 @@ def test_including_directory_wins_over_the_working_directory(tmp_path, monkeypat
 
 
 def test_gin_file_readers_are_left_as_they_were(tmp_path):
-    before = list(gin.config._FILE_READERS)
+    before = gin_state.file_readers()
     bad = write(tmp_path / "bad.gin", "point.x 1\n")
 
     config.parse([write(tmp_path / "ok.gin", "point.x = 1\n")], [])
     with pytest.raises(ConfigError):
         config.parse([bad], [])
 
-    assert gin.config._FILE_READERS == before
+    assert gin_state.file_readers() == before
 
 
 # -- errors say what and where ---------------------------------------------

@@ -82,8 +82,9 @@ def test_importing_the_algorithms_registers_nothing():
     # other plugin package is imported (loading is the plugin manager's, on request)
     # but the critics, whose head is PPO's default critic.
     code = (
-        "import sys, gin, rlax.plugins.algorithms as a\n"
-        "print(sorted(k for k, _ in gin.config._REGISTRY.items() if k.startswith('algorithms.')),"
+        "import sys, rlax.plugins.algorithms as a\n"
+        "from rlax.core import gin_state\n"
+        "print(sorted(k for k in gin_state.registered_selectors() if k.startswith('algorithms.')),"
         " sorted({m.split('.')[2] for m in sys.modules if m.startswith('rlax.plugins.')}),"
         " a.grpo.__name__)"
     )
