@@ -10,14 +10,26 @@ lane that cannot (the server lacks its service, its settings leave it off)
 steps aside for the next by raising :class:`StepAside`. The client never
 asks which lane it holds.
 
-The factory builds a lane as configured (its gin parameters); each client
+The factory builds a lane as configured: its keyword parameters are the
+lane's own settings (gin ``weight_lanes.<name>.<param>``; the built-ins are
+frozen dataclasses of them, so a configured lane is a value that travels with
+the server settings to every process, ``ServerSettings.lanes``). Each client
 then calls ``open(link)`` with its way to one server (:class:`LaneLink`) and
-uses what that returns. Re-exported by :mod:`rlax.core.contracts`.
+uses what that returns.
+
+A lane the server takes part in has a server half: ``serve(host)`` (optional)
+is called once by every parameter server whose ``weight_lanes`` lists the
+lane, with the server as a :class:`LaneHost`, and returns a
+:class:`LaneServer` (gRPC handlers to mount, methods that need the token,
+start and stop, figures for ``Stat``) or None when it has nothing to serve
+there. The server mounts what it gets and never asks which lane it holds;
+a lane that mounts nothing on a server makes its clients step aside.
+Re-exported by :mod:`rlax.core.contracts`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 # A pull's result: (version, tensor list, buffer). Each tensor is a dict with
@@ -38,8 +50,8 @@ class LaneLink(Protocol):
 
     @property
     def settings(self) -> Any:
-        """The client's resolved ``ServerSettings`` (address, token, TLS, chunk size, relay
-        fan-out, weight shards): a lane reads its own options there."""
+        """The client's resolved ``ServerSettings`` (address, token, TLS, chunk size); a
+        lane's own options are its factory's parameters, not read here."""
 
     @property
     def channel(self) -> Any:
@@ -57,9 +69,15 @@ class LaneLink(Protocol):
     def relay_id(self) -> str:
         """This client's name among the server's pullers (unique per process)."""
 
-    def call(self, name: str, request: Any, timeout: float) -> Any:
-        """A unary call of the server's ``WeightStore`` service by method name (``Stage``,
-        ``OpenPull``, ``Stat``, ``WaitForVersion``), retried by the client's policy."""
+    def call(self, name: str, request: Any, timeout: float, reply: Any = None) -> Any:
+        """A unary call to the server, with the client's token, retried by its policy.
+
+        ``name``: a method of the ``WeightStore`` service (``Stat``,
+        ``WaitForVersion``, or one a lane's server half mounts there, e.g. ``Stage``)
+        or a full method path (``/my.Service/Method``) of a lane's own service;
+        ``request``: a protobuf message or bytes; ``reply``: the reply's message
+        class (None: ``Stat``'s and ``WaitForVersion``'s are known; bytes otherwise).
+        """
 
     def onward(self, address: str | None) -> WeightLane:
         """The lanes listed after this one, opened on the server at ``address`` (None:
@@ -68,7 +86,11 @@ class LaneLink(Protocol):
 
 
 class WeightLane(Protocol):
-    """One way of carrying weight bytes: built by its factory, opened per server."""
+    """One way of carrying weight bytes: built by its factory, opened per server.
+
+    Optionally also ``serve(host: LaneHost) -> LaneServer | None``: the lane's
+    server half on each parameter server that lists it (see the module's text).
+    """
 
     def open(self, link: LaneLink) -> WeightLane | None:
         """This lane bound to ``link``'s server (itself or a copy); None when it has
@@ -102,3 +124,56 @@ class WeightLane(Protocol):
 
     def close(self) -> None:
         """Releases what ``open`` made (listeners, connections); called once, at the end."""
+
+
+class LaneHost(Protocol):
+    """What a lane's ``serve`` is handed: the parameter server its server half mounts on."""
+
+    @property
+    def settings(self) -> Any:
+        """The server's resolved ``ServerSettings``; ``settings.lanes`` are its configured
+        lanes by name, in order (a half that starts more servers hands them on)."""
+
+    @property
+    def weights(self) -> Any:
+        """The server's weight store (``weights/store.py``): ``begin``/``commit``/``abandon``
+        a pushed part, ``open_pull``/``close_pull`` the served version, ``version``."""
+
+    def half(self, name: str) -> LaneServer | None:
+        """The server half of lane ``name`` on this server, or None if none is mounted (for
+        a lane that works through another's, as relays through the bulk lane's tickets).
+        Every half is made before the first ``start``, so this is complete from then."""
+
+    def authorized(self, context: Any) -> bool:
+        """Whether a call (its ``grpc.ServicerContext``) carries the server's token: for a
+        method open to everyone that gives token holders more."""
+
+
+class LaneServer:
+    """The server half of a weight lane, as ``serve`` returns it: subclass and override
+    what the lane needs (the defaults mount nothing, start nothing, add nothing).
+
+    Attributes:
+      protected: full method names (``/rlax.v1.WeightStore/Stage``) among
+        :meth:`handlers`' that need the token; a call without it is
+        UNAUTHENTICATED and never reaches the handler.
+      splits_versions: this server's store holds part of each version (the rest
+        is on other servers), so a version is saved by pulling it through a
+        client, never read from the local store.
+    """
+
+    protected: Sequence[str] = ()
+    splits_versions: bool = False
+
+    def handlers(self) -> Sequence[Any]:
+        """The ``grpc.GenericRpcHandler`` objects to mount on the server (read once)."""
+        return ()
+
+    def start(self) -> None:
+        """Called once the server has bound its port, before it serves a call."""
+
+    def stop(self) -> None:
+        """Called once the server has stopped serving calls; releases what ``start`` made."""
+
+    def stat(self, reply: Any) -> None:
+        """Adds this half's figures to a ``StatReply`` (e.g. ``bytes_served``)."""

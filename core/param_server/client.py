@@ -49,11 +49,11 @@ class ParamServerClient:
         """``retry_s``: how long a call retries an unreachable server; ``give_up``:
         when it returns True a failing call stops retrying at once (a worker's
         run has finished, so the server it waits for is gone for good);
-        ``relay``: serve what this client pulls to other pullers when the
-        settings' ``relay_fanout`` is above 0 (workers do, see transport/relay_lane.py);
+        ``relay``: serve what this client pulls to other pullers when the relay
+        lane's ``fanout`` is above 0 (workers do, see transport/relay_lane.py);
         ``reuse_pull_buffer``: pull into the last pull's buffer (False: a new one
         each time, so arrays sharing the last one, :meth:`WirePlan.alias`, stay)."""
-        self.settings = settings.resolved()
+        self.settings = lanes.pinned(settings.resolved())
         self.retry = RetryPolicy(deadline_s=retry_s, give_up=give_up or (lambda: False))
         keep_message_buffers()
         self._channel = self.settings.channel()
@@ -81,7 +81,7 @@ class ParamServerClient:
         self.reuse_pull_buffer = reuse_pull_buffer
         self.relay_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         link = lanes.Link(self.settings, ch, self._auth, self.retry, relay, self.relay_id)
-        self.lanes = lanes.open_lanes(link, self.settings.weight_lanes)
+        self.lanes = lanes.open_lanes(link, self.settings.lanes)
 
     def close(self) -> None:
         self.lanes.close()
@@ -153,8 +153,8 @@ class ParamServerClient:
 
         A multi-host trainer calls this once per host with that host's shards
         (``slice_start``/``slice_shape`` set); the version is committed when
-        every part has arrived, and pulled as whole tensors. With
-        ``weight_shards`` the part is split by tensor over the servers
+        every part has arrived, and pulled as whole tensors. Over a split
+        store (the ``split`` lane) the part is split by tensor over the servers
         (weights/split.py; ``sizes``: each whole tensor's bytes, for a part that
         does not name every tensor). Goes through the first weight lane that
         carries it. Raises grpc.RpcError (transfer.BulkError on the bulk lane) if refused.

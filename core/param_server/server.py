@@ -1,23 +1,25 @@
-"""One gRPC server process hosting WeightStore and RolloutQueue, and the bulk lane.
+"""One gRPC server process hosting WeightStore and RolloutQueue, and its weight lanes.
 
-Weight chunks on the gRPC path travel as raw serialized messages (identity
-(de)serializers, the chunk codec of transport/chunk_codec.py). Without TLS the server also
-runs the bulk lane (transport/transfer.py): ``Stage`` and ``OpenPull`` hand out tickets
-for a plain TCP transfer of the bytes, which is what clients use by default.
-Mutating calls need the shared token in the ``authorization`` metadata;
-a missing or wrong token is UNAUTHENTICATED and touches nothing.
+The ``WeightStore`` service (``Push``/``Pull`` streams, ``Stat``,
+``WaitForVersion``) is the server's own: the gRPC lane's bytes and every other
+lane's control calls ride on it, and it is the one path that works under TLS.
+Weight chunks on it travel as raw serialized messages (identity
+(de)serializers, the chunk codec of transport/chunk_codec.py). Every other way
+of carrying weights is a lane's server half (core/weight_lane.py): the server
+mounts the half of each lane of ``weight_lanes`` that has one (the bulk
+lane's listener and tickets, the relay tree, a split store's shards) and
+never asks which lane it holds. Mutating calls, and the methods a half
+protects, need the shared token in the ``authorization`` metadata; a missing
+or wrong token is UNAUTHENTICATED and touches nothing.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import hmac
 import logging
-import socket
-import threading
-from collections.abc import Iterator, Sequence
-from typing import NoReturn
+from collections.abc import Collection, Iterator, Sequence
+from typing import Any, NoReturn
 
 import grpc
 
@@ -27,19 +29,17 @@ from rlax.core.param_server.queue import recovery
 from rlax.core.param_server.queue.service import RolloutQueue
 from rlax.core.param_server.queue.state import QueueError
 from rlax.core.param_server.settings import MB, ServerSettings
-from rlax.core.param_server.transport import transfer
-from rlax.core.param_server.transport.relay import Limiter, relay_key, send_file, send_view
-from rlax.core.param_server.transport.relay_routes import RelayDirectory
-from rlax.core.param_server.weights.parts import Part, PushRejected
-from rlax.core.param_server.weights.store import Served, WeightStore
+from rlax.core.param_server.transport import lanes
+from rlax.core.param_server.weights.parts import PushRejected
+from rlax.core.param_server.weights.store import WeightStore
 from rlax.core.types import Prompt
+from rlax.core.weight_lane import LaneServer
 
 log = logging.getLogger("rlax.param_server")
 
 PROTECTED = {
     *recovery.METHODS,
     "/rlax.v1.WeightStore/Push",
-    "/rlax.v1.WeightStore/Stage",
     "/rlax.v1.RolloutQueue/Lease",
     "/rlax.v1.RolloutQueue/Submit",
     "/rlax.v1.RolloutQueue/SubmitPartial",
@@ -48,31 +48,38 @@ PROTECTED = {
 }
 
 
+def _deny(request: Any, context: grpc.ServicerContext) -> NoReturn:
+    context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
+
+
 class _TokenCheck(grpc.ServerInterceptor):
-    def __init__(self, token: str | None):
+    def __init__(self, token: str | None, protected: Collection[str]):
         if not token:  # ServerSettings.resolved() reads it, or raises
             raise ValueError("parameter server: no token to check calls against")
         self._expected = f"Bearer {token}".encode()
-
-        def deny(request, context: grpc.ServicerContext) -> NoReturn:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
-
-        self._deny: dict[bool, grpc.RpcMethodHandler] = {
-            False: grpc.unary_unary_rpc_method_handler(deny),
-            True: grpc.stream_unary_rpc_method_handler(deny),
-        }
+        self._protected = frozenset(protected)
 
     def intercept_service(self, continuation, details):
-        if details.method in PROTECTED:
-            given = dict(details.invocation_metadata).get("authorization", "")
-            if not hmac.compare_digest(given.encode(), self._expected):
-                log.warning("rejected %s: missing or wrong token", details.method)
-                return self._deny[details.method.endswith("/Push")]
-        return continuation(details)
+        if details.method not in self._protected:
+            return continuation(details)
+        given = dict(details.invocation_metadata).get("authorization", "")
+        if hmac.compare_digest(given.encode(), self._expected):
+            return continuation(details)
+        log.warning("rejected %s: missing or wrong token", details.method)
+        handler = continuation(details)  # the denial takes the method's own shape
+        if handler is None:
+            return None
+        if handler.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(_deny)
+        return grpc.unary_unary_rpc_method_handler(_deny)
 
 
 class ParamServer:
-    """The services' state plus the gRPC glue. ``start()`` binds; ``stop()`` shuts down."""
+    """The services' state plus the gRPC glue. ``start()`` binds; ``stop()`` shuts down.
+
+    It is the :class:`~rlax.core.weight_lane.LaneHost` its lanes' server halves
+    are given (``settings``, ``weights``, :meth:`half`, :meth:`authorized`).
+    """
 
     def __init__(
         self,
@@ -85,17 +92,12 @@ class ParamServer:
         curricula: Sequence = (),
         queue_db=None,
     ):
-        self.settings = settings.resolved()
+        self.settings = lanes.pinned(settings.resolved())
         keep_message_buffers()
         self.weights = WeightStore(
             max_version_bytes=self.settings.max_version_mb * MB,
             chunk_bytes=self.settings.chunk_mb * MB,
         )
-        self.bulk: transfer.BulkLane | None = None
-        self.relays = RelayDirectory(self.settings.relay_fanout, self.settings.relay_direct)
-        self.egress: Limiter | None = None  # a simulated uplink (benchmarks/fanout.py)
-        self.bytes_served = 0
-        self._count_lock = threading.Lock()
         self.queue = RolloutQueue(
             prompts,
             capacity=capacity,
@@ -104,15 +106,34 @@ class ParamServer:
             curricula=curricula,
             db=queue_db,  # a persist.QueueDB: the queue's state survives a restart
         )
+        self.halves: dict[str, LaneServer] = {}  # the lanes' server halves, in lane order
+        for name, lane in self.settings.lanes:
+            serve = getattr(lane, "serve", None)
+            half = serve(self) if serve is not None else None
+            if half is not None:
+                self.halves[name] = half
+        protected = PROTECTED.union(*(h.protected for h in self.halves.values()))
         self._server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(max_workers=threads),
-            interceptors=[_TokenCheck(self.settings.token)],
+            interceptors=[_TokenCheck(self.settings.token, protected)],
             options=self.settings.grpc_options(),
         )
-        self._server.add_generic_rpc_handlers(
-            [self._weight_handlers(), self._queue_handlers(), recovery.handlers(self.queue)]
-        )
+        handlers = [self._weight_handlers(), self._queue_handlers(), recovery.handlers(self.queue)]
+        for half in self.halves.values():
+            handlers.extend(half.handlers())
+        self._server.add_generic_rpc_handlers(handlers)
+        self._started: list[LaneServer] = []
         self.port = 0
+
+    def half(self, name: str) -> Any:
+        """The server half of lane ``name`` on this server, or None (not listed, or nothing
+        to serve here)."""
+        return self.halves.get(name)
+
+    @property
+    def holds_whole_versions(self) -> bool:
+        """Whether this server's store holds every version whole (no half splits it)."""
+        return not any(h.splits_versions for h in self.halves.values())
 
     def start(self) -> int:
         creds = self.settings.server_credentials()
@@ -123,26 +144,38 @@ class ParamServer:
             self.port = self._server.add_secure_port(address, creds)
         if not self.port:
             raise OSError(f"parameter server: cannot bind {address}")
-        if self.settings.bulk_lane:
-            self.bulk = transfer.BulkLane(transfer.split_address(address))
-            self.bulk.start()
-        self._server.start()
+        try:
+            for half in self.halves.values():
+                half.start()
+                self._started.append(half)
+            self._server.start()
+        except BaseException:
+            self._stop_halves()
+            raise
         log.info(
-            "parameter server listening on %s (port %d, tls=%s, bulk lane port %s)",
+            "parameter server listening on %s (port %d, tls=%s, lanes served: %s)",
             address,
             self.port,
             bool(creds),
-            self.bulk.port if self.bulk else None,
+            ", ".join(self.halves) or "grpc only",
         )
         return self.port
 
     def stop(self, grace: float | None = 1.0) -> None:
         self._server.stop(grace).wait()
-        if self.bulk is not None:
-            self.bulk.stop()
+        self._stop_halves()
+
+    def _stop_halves(self) -> None:
+        while self._started:
+            self._started.pop().stop()
 
     def wait(self) -> None:
         self._server.wait_for_termination()
+
+    def authorized(self, context: grpc.ServicerContext) -> bool:
+        """Whether a call carries this server's token."""
+        given = dict(context.invocation_metadata()).get("authorization", "")
+        return hmac.compare_digest(str(given).encode(), f"Bearer {self.settings.token}".encode())
 
     # -- WeightStore --------------------------------------------------------
 
@@ -156,119 +189,21 @@ class ParamServer:
     def _pull(self, request: pb.PullRequest, context):
         yield from self.weights.messages_for(request.have_version)
 
-    def _no_bulk(self, context: grpc.ServicerContext) -> NoReturn:
-        context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "the bulk lane is off (TLS is configured, or weight_lanes omits it): use Push/Pull",
-        )
-
-    def _stage(self, header: pb.PartHeader, context):
-        if self.bulk is None:
-            self._no_bulk(context)
-        try:
-            started = self.weights.begin(header)
-        except PushRejected as err:
-            self.weights.note_rejected()
-            log.warning("push rejected: %s", err)
-            context.abort(err.code, str(err))
-        if isinstance(started, pb.PushReply):
-            return pb.BulkTicket(duplicate=True, version=started.version)
-        ticket = self.bulk.issue(
-            functools.partial(self._receive, started),
-            functools.partial(self.weights.abandon, started, rejected=False),
-        )
-        return pb.BulkTicket(ticket=ticket, port=self.bulk.port)
-
-    def _receive(self, part: Part, conn: socket.socket) -> None:
-        """A staged part's bytes, frame by frame, straight into its buffer; then the commit."""
-        max_frame = self.settings.max_message_mb * MB - 4096  # servable by gRPC Pull as well
-        try:
-            while not part.complete:
-                length, digest = transfer.read_frame_header(conn)
-                part.check_segment(part.received, length)
-                if length > max_frame:
-                    raise PushRejected(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"frame of {length} bytes exceeds the limit of {max_frame}",
-                    )
-                transfer.recv_into(conn, part.landing(length))
-                part.accept(length, digest)
-            reply = self.weights.commit([part])
-        except PushRejected as err:
-            self.weights.abandon(part)
-            log.warning("push rejected: %s", err)
-            left = part.header.nbytes - part.received + 64 * (1 + part.header.nbytes // max_frame)
-            transfer.reply(conn, err.code, str(err).encode(), drain_bytes=left)
-            return
-        except BaseException:
-            self.weights.abandon(part)  # cut off mid-transfer: the served version stays
-            raise
-        transfer.reply(conn, None, reply.SerializeToString())
-
-    def _open_pull(self, request: pb.PullRequest, context):
-        if self.bulk is None:
-            self._no_bulk(context)
-        served = self.weights.open_pull(request.have_version)
-        if served is None:
-            return pb.PullTicket()
-        port = request.relay_port if self._authorized(context) else 0  # relays need the token
-        source = self.relays.assign(
-            served.number, request.worker, request.relay_host, port, request.failed_source
-        )
-        if not source.direct:
-            self.weights.close_pull(served)  # the bytes come from a relay
-            reply = pb.PullTicket(
-                header=served.header,
-                relay_host=source.host,
-                relay_port=source.port,
-                source=source.name,
-                relay_key=relay_key(self.settings.token or "", served.number),
-            )
-            reply.segments.extend(
-                pb.Segment(offset=o, length=n, checksum=d) for o, n, d in served.segments
-            )
-            return reply
-        ticket = self.bulk.issue(
-            functools.partial(self._send, served),
-            functools.partial(self.weights.close_pull, served),
-        )
-        reply = pb.PullTicket(ticket=ticket, port=self.bulk.port, header=served.header)
-        for offset, length, digest in served.segments:
-            reply.segments.add(offset=offset, length=length, checksum=digest)
-        return reply
-
-    def _send(self, served: Served, conn: socket.socket) -> None:
-        try:
-            if served.buffer is not None:
-                send_view(conn, memoryview(served.buffer), self.egress, self._count)
-            else:  # served from its saved file: straight from the page cache
-                assert served.fd is not None
-                send_file(conn, served.fd, served.header.nbytes, self.egress, self._count)
-        finally:
-            self.weights.close_pull(served)
-
-    def _count(self, nbytes: int) -> None:
-        with self._count_lock:
-            self.bytes_served += nbytes
-
-    def _authorized(self, context: grpc.ServicerContext) -> bool:
-        given = dict(context.invocation_metadata()).get("authorization", "")
-        return hmac.compare_digest(str(given).encode(), f"Bearer {self.settings.token}".encode())
-
     def _wait(self, request: pb.WaitRequest, context):
         return pb.VersionInfo(
             version=self.weights.wait_for(request.after_version, request.timeout_s)
         )
 
     def _stat(self, request, context):
-        return pb.StatReply(
+        reply = pb.StatReply(
             version=self.weights.version,
             version_bytes=self.weights.version_bytes,
             pushes_rejected=self.weights.rejected,
-            bytes_served=self.bytes_served,
-            relay_assignments=self.relays.assigned,
             queue=self.queue.stats(),
         )
+        for half in self.halves.values():
+            half.stat(reply)
+        return reply
 
     def _weight_handlers(self):
         return grpc.method_handlers_generic_handler(
@@ -284,8 +219,6 @@ class ParamServer:
                     request_deserializer=pb.PullRequest.FromString,
                     response_serializer=None,
                 ),
-                "Stage": _unary(self._stage, pb.PartHeader, pb.BulkTicket),
-                "OpenPull": _unary(self._open_pull, pb.PullRequest, pb.PullTicket),
                 "WaitForVersion": _unary(self._wait, pb.WaitRequest, pb.VersionInfo),
                 "Stat": _unary(self._stat, pb.StatRequest, pb.StatReply),
             },

@@ -7,7 +7,10 @@ scheduler can place processes without editing gin files.
   RLAX_PS_ADDRESS     host:port of the server (clients) / to bind (server)
   RLAX_PS_TOKEN       the shared token
   RLAX_PS_TOKEN_FILE  a file holding the token (first line)
-  RLAX_RELAY_HOST     where a worker's relay binds and is reached (relay_fanout > 0)
+
+A weight lane's own options (the relay fan-out, the weight shards, ...) are
+its factory's parameters, ``weight_lanes.<name>.<param>`` in gin
+(core/weight_lane.py), not fields here.
 """
 
 from __future__ import annotations
@@ -15,20 +18,30 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-from typing import Annotated
+from typing import Annotated, Any
 
 import grpc
 
-from rlax.core.constraints import AtLeast, OneOf
+from rlax.core.constraints import AtLeast, OneOf, checked_by
+from rlax.core.errors import BadSetting
 from rlax.core.types import ConfigPath
 
 ADDRESS_ENV = "RLAX_PS_ADDRESS"
 TOKEN_ENV = "RLAX_PS_TOKEN"
 TOKEN_FILE_ENV = "RLAX_PS_TOKEN_FILE"
-RELAY_HOST_ENV = "RLAX_RELAY_HOST"
 MB = 1 << 20
 
 
+def _known_lanes(*, weight_lanes: Any = (), **_: Any) -> None:
+    """BadSetting unless ``weight_lanes`` names registered lanes (checked before any role)."""
+    from rlax.core.param_server.transport import lanes
+
+    why = lanes.refusal(tuple(weight_lanes or ()))
+    if why is not None:
+        raise BadSetting("weight_lanes", why)
+
+
+@checked_by(_known_lanes)
 @dataclasses.dataclass(frozen=True)
 class ServerSettings:
     """Connection settings shared by the server and its clients.
@@ -46,22 +59,17 @@ class ServerSettings:
       max_message_mb: gRPC message limit, both directions.
       max_version_mb: the largest weight version the server accepts.
       wire_dtype: dtype of weights on the wire: "float32" or "bfloat16".
-      weight_lanes: the weight lanes clients use, in order (transport/lanes.py): each
-        push and pull goes through the first that carries it. Built-ins: ``split``
-        (over ``weight_shards``), ``relay`` (``relay_fanout``, workers only), ``bulk``
-        (a plain TCP connection beside gRPC, transport/transfer.py; off under TLS) and
-        ``grpc`` (streams; always available). The server serves the bulk lane
-        when it is listed and TLS is off.
-      relay_fanout: workers relay the version they pull to up to this many
-        other workers each (a tree, see transport/relay_routes.py); 0: every worker pulls
-        from the server. Needs the bulk lane.
-      relay_direct: how many pullers of a version the server feeds itself
-        while relays have room.
-      relay_host: the address a worker's relay binds and is reached at
-        (``RLAX_RELAY_HOST`` wins).
-      weight_shards: addresses of further weight-only servers: the weight
-        store is split by tensor over the server at ``address`` and these
-        (weights/split.py); the rollout queue stays at ``address``.
+      weight_lanes: the weight lanes, in order (transport/lanes.py): each push and
+        pull goes through the first that carries it, and the server mounts the
+        server half of each that has one. Built-ins: ``split`` (a store split over
+        ``weight_lanes.split.shards``), ``relay`` (``weight_lanes.relay.fanout``,
+        workers only), ``bulk`` (a plain TCP connection beside gRPC,
+        transport/transfer.py; off under TLS) and ``grpc`` (streams; always
+        available: the server's own ``WeightStore`` service).
+      lanes: the lanes of ``weight_lanes`` as configured, ``(name, lane)`` pairs,
+        pinned once (``transport.lanes.pinned``: the run specification, every
+        server and client) so every process uses the same lane settings; a name
+        not pinned here is built from the plugin registry where it is used.
     """
 
     address: str = "127.0.0.1:50051"
@@ -75,10 +83,7 @@ class ServerSettings:
     max_version_mb: Annotated[int, AtLeast(1)] = 16_384
     wire_dtype: Annotated[str, OneOf("float32", "bfloat16")] = "float32"
     weight_lanes: tuple[str, ...] = ("split", "relay", "bulk", "grpc")
-    relay_fanout: Annotated[int, AtLeast(0, means="0: no relays")] = 0
-    relay_direct: Annotated[int, AtLeast(1)] = 1
-    relay_host: str = "127.0.0.1"
-    weight_shards: tuple[str, ...] = ()
+    lanes: tuple[tuple[str, Any], ...] = ()
 
     def resolved(self) -> ServerSettings:
         """A copy with the environment applied and the token read from its file."""
@@ -97,26 +102,14 @@ class ServerSettings:
             )
         if self.chunk_mb * MB > self.max_message_mb * MB - 4096:
             raise ValueError("parameter server: chunk_mb must be below max_message_mb")
-        if self.relay_fanout < 0 or self.relay_direct < 1:
-            raise ValueError(
-                f"parameter server: relay_fanout ({self.relay_fanout}) must be >= 0 "
-                f"and relay_direct ({self.relay_direct}) >= 1"
-            )
-        relay_host = os.environ.get(RELAY_HOST_ENV) or self.relay_host
         return dataclasses.replace(
             self,
             address=address,
             token=token,
             token_file=token_file,
-            relay_host=relay_host,
-            weight_shards=tuple(self.weight_shards),
             weight_lanes=tuple(self.weight_lanes),
+            lanes=tuple((name, lane) for name, lane in self.lanes),
         )
-
-    @property
-    def bulk_lane(self) -> bool:
-        """Whether the server serves the bulk lane (listed, and TLS off)."""
-        return "bulk" in self.weight_lanes and not self.tls_cert
 
     def grpc_options(self) -> list[tuple[str, int | str]]:
         limit = self.max_message_mb * MB

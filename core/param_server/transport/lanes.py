@@ -1,9 +1,11 @@
-"""A client's weight lanes: found by name, opened on a server, tried in order.
+"""Weight lanes: found by name, configured once, opened on a server, tried in order.
 
 ``rlax.ps_settings.weight_lanes`` names the lanes (the contract:
-:mod:`rlax.core.weight_lane`); :func:`open_lanes` opens each on a
-:class:`Link` to one server and chains the ones that apply into
-:class:`Lanes`, itself a lane, which the client holds. A push or a pull goes
+:mod:`rlax.core.weight_lane`); :func:`pinned` builds each once, as configured,
+into ``ServerSettings.lanes``, so a server (which mounts their server halves,
+server.py) and its clients use the same lane settings. :func:`open_lanes`
+opens each on a :class:`Link` to one server and chains the ones that apply
+into :class:`Lanes`, itself a lane, which the client holds. A push or a pull goes
 through the first lane that carries it; one that steps aside
 (:class:`~rlax.core.weight_lane.StepAside`) says why, logged once per lane and
 reason, and the next one carries it. Nothing here knows a lane's kind.
@@ -14,7 +16,9 @@ module) are entry points of rlax's own distribution like every built-in
 plugin. :func:`factories` reads the plugin manager loaded last through gin
 (so ``weight_lanes.<name>.<param>`` bindings apply); a process that has
 loaded none (a script, a benchmark, a unit test) gets the built-ins by their
-own registration hooks.
+own registration hooks. (That registry is gin's process-global one until the
+registry moves out of gin's state, issue 51 item 3; a lane pinned in the
+settings no longer depends on it.)
 """
 
 from __future__ import annotations
@@ -38,12 +42,12 @@ log = logging.getLogger("rlax.client")
 
 KIND = "weight_lanes"  # the plugin kind, also the gin module
 BUILTINS = (split_lane, relay_lane, bulk_lane, grpc_lane)
-_REPLIES: dict[str, Any] = {  # a call's reply message class
-    "Stage": pb.BulkTicket,
-    "OpenPull": pb.PullTicket,
+SERVICE = "rlax.v1.WeightStore"  # the server's own weight service
+_REPLIES: dict[str, Any] = {  # the reply message class of the service's control calls
     "Stat": pb.StatReply,
     "WaitForVersion": pb.VersionInfo,
 }
+Configured = tuple[tuple[str, WeightLane], ...]  # (name, configured lane) in order
 
 
 def factories() -> dict[str, Callable[..., Any]]:
@@ -55,24 +59,46 @@ def factories() -> dict[str, Callable[..., Any]]:
     return found
 
 
-def check_names(names: Sequence[str], known: Iterable[str] | None = None) -> None:
-    """Raises ConfigError unless ``names`` is a non-empty list of known lanes."""
+def refusal(names: Sequence[str], known: Iterable[str] | None = None) -> str | None:
+    """Why ``names`` is not a non-empty list of known lanes (None: it is)."""
     valid = sorted(factories() if known is None else known)
     unknown = [n for n in names if n not in valid]
-    if unknown or not names:
-        what = f"unknown weight lane {unknown[0]!r}" if unknown else "no weight lane"
-        raise ConfigError(
-            f"rlax.ps_settings.weight_lanes: {what}; valid weight lanes: "
-            f"{', '.join(valid) or '(none registered)'}"
-        )
+    if not unknown and names:
+        return None
+    what = f"unknown weight lane {unknown[0]!r}" if unknown else "no weight lane"
+    return f"{what}; valid weight lanes: {', '.join(valid) or '(none registered)'}"
+
+
+def check_names(names: Sequence[str], known: Iterable[str] | None = None) -> None:
+    """Raises ConfigError unless ``names`` is a non-empty list of known lanes."""
+    why = refusal(names, known)
+    if why is not None:
+        raise ConfigError(f"rlax.ps_settings.weight_lanes: {why}")
+
+
+def configured(settings: ServerSettings) -> Configured:
+    """``settings.weight_lanes``' lanes in order: pinned ones as pinned, the others built
+    from the registry (their gin bindings apply). ConfigError for an unknown name."""
+    pins = dict(settings.lanes)
+    missing = [name for name in settings.weight_lanes if name not in pins]
+    if missing or not settings.weight_lanes:
+        found = factories()
+        check_names(missing or settings.weight_lanes, found)
+        pins.update((name, found[name]()) for name in missing)
+    return tuple((name, pins[name]) for name in settings.weight_lanes)
+
+
+def pinned(settings: ServerSettings) -> ServerSettings:
+    """``settings`` with its lanes built once (:func:`configured`) and kept in ``lanes``."""
+    return dataclasses.replace(settings, lanes=configured(settings))
 
 
 @dataclasses.dataclass(frozen=True)
 class Link:
     """A client's way to one server, as its lanes see it (the contract's ``LaneLink``).
 
-    ``after``: the lane names listed after the lane this link was handed to
-    (what :meth:`onward` opens).
+    ``after``: the configured lanes listed after the lane this link was handed
+    to (what :meth:`onward` opens).
     """
 
     settings: ServerSettings
@@ -81,23 +107,25 @@ class Link:
     retry: RetryPolicy
     relay: bool = False
     relay_id: str = ""
-    after: tuple[str, ...] = ()
+    after: Configured = ()
     _stubs: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
-    def call(self, name: str, request: Any, timeout: float) -> Any:
-        stub = self._stubs.get(name)
+    def call(self, name: str, request: Any, timeout: float, reply: Any = None) -> Any:
+        path = name if name.startswith("/") else f"/{SERVICE}/{name}"
+        stub = self._stubs.get(path)
         if stub is None:
-            stub = self._stubs[name] = self.channel.unary_unary(
-                f"/rlax.v1.WeightStore/{name}",
-                request_serializer=type(request).SerializeToString,
-                response_deserializer=_REPLIES[name].FromString,
+            reply = reply or _REPLIES.get(name)
+            stub = self._stubs[path] = self.channel.unary_unary(
+                path,
+                request_serializer=getattr(type(request), "SerializeToString", None),
+                response_deserializer=reply.FromString if reply is not None else None,
             )
         return self.retry.call(name, lambda: stub(request, metadata=self.metadata, timeout=timeout))
 
     def onward(self, address: str | None) -> Lanes:
         if address is None:
             return open_lanes(dataclasses.replace(self, _stubs={}), self.after)
-        settings = dataclasses.replace(self.settings, address=address, weight_shards=())
+        settings = dataclasses.replace(self.settings, address=address)
         channel = settings.channel()
         link = dataclasses.replace(self, settings=settings, channel=channel, _stubs={})
         lanes = open_lanes(link, self.after)
@@ -105,14 +133,12 @@ class Link:
         return lanes
 
 
-def open_lanes(link: Link, names: Sequence[str]) -> Lanes:
-    """``names``' lanes opened on ``link``'s server, in order (those that apply)."""
-    found = factories()
-    check_names(names, found)
+def open_lanes(link: Link, lanes: Configured) -> Lanes:
+    """The configured ``lanes`` opened on ``link``'s server, in order (those that apply)."""
     opened: list[tuple[str, WeightLane]] = []
     try:
-        for i, name in enumerate(names):
-            lane = found[name]().open(dataclasses.replace(link, after=tuple(names[i + 1 :])))
+        for i, (name, configured_lane) in enumerate(lanes):
+            lane = configured_lane.open(dataclasses.replace(link, after=lanes[i + 1 :]))
             if lane is not None:
                 opened.append((name, lane))
     except BaseException:

@@ -1,10 +1,11 @@
 """The relay lane: a worker pulls where the server points it, and relays what it pulls.
 
-With ``rlax.ps_settings.relay_fanout = k > 0`` a relaying client (a worker)
+With ``weight_lanes.relay.fanout = k > 0`` a relaying client (a worker)
 opens a :class:`~rlax.core.param_server.transport.relay.Relay` beside it and
 offers it on every ``OpenPull``; the server answers with a bulk-lane ticket
 or the address of a relay already holding the version (the tree:
-transport/relay_routes.py). Every segment is checked against the checksums
+transport/relay_routes.py). The server half (:class:`RelayServer`) keeps
+that tree and routes the bulk lane's ``OpenPull`` through it. Every segment is checked against the checksums
 the *server* gave, so a failing relay costs a retry from another source,
 never a corrupt version. Pulls only (a push steps aside), bulk-lane
 tickets only (off under TLS; a server without the bulk lane makes it step
@@ -14,44 +15,112 @@ store has its own tree and this client one relay per server.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import logging
+import os
 from collections.abc import Callable, Iterable
+from typing import Annotated
 
 import grpc
 
 from rlax.core import hookimpl
+from rlax.core.constraints import AtLeast, check_fields
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.codec import tensor_list
 from rlax.core.param_server.transport import transfer
-from rlax.core.param_server.transport.bulk_lane import ABSENT, segments_of
-from rlax.core.param_server.transport.relay import Relay, relay_hello
-from rlax.core.weight_lane import LaneLink, Pulled, StepAside
+from rlax.core.param_server.transport.bulk_lane import ABSENT, BulkServer, segments_of
+from rlax.core.param_server.transport.relay import Relay, relay_hello, relay_key
+from rlax.core.param_server.transport.relay_routes import RelayDirectory
+from rlax.core.param_server.weights.served import Served
+from rlax.core.weight_lane import LaneHost, LaneLink, LaneServer, Pulled, StepAside
 
 log = logging.getLogger("rlax.relay")
 
+HOST_ENV = "RLAX_RELAY_HOST"  # where a worker's relay binds and is reached (wins over host)
 MAX_SOURCES = 4  # sources a pull tries (relays, then whatever the server says) before failing
 
 
+@dataclasses.dataclass(frozen=True)
 class RelayLane:
-    """Relayed pulls; ``relay`` is this client's listener once opened."""
+    """The relay lane's settings (``weight_lanes.relay``).
 
-    def __init__(self) -> None:
-        self.link: LaneLink | None = None
-        self.relay: Relay | None = None
-        self.host = ""
-        self.absent = False
+    Args:
+      fanout: workers relay the version they pull to up to this many other
+        workers each (a tree, transport/relay_routes.py); 0: every worker
+        pulls from the server. Needs the bulk lane.
+      direct: how many pullers of a version the server feeds itself while
+        relays have room.
+      host: the address a worker's relay binds and is reached at
+        (``RLAX_RELAY_HOST`` wins).
+    """
 
-    def open(self, link: LaneLink) -> RelayLane | None:
-        settings = link.settings
-        if not link.relay or settings.relay_fanout <= 0 or settings.tls_cert:
+    fanout: Annotated[int, AtLeast(0, means="0: no relays")] = 0
+    direct: Annotated[int, AtLeast(1)] = 1
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    def open(self, link: LaneLink) -> OpenRelayLane | None:
+        if not link.relay or self.fanout <= 0 or link.settings.tls_cert:
             return None
-        lane = copy.copy(self)
-        lane.link, lane.host = link, transfer.split_address(settings.address)
-        lane.relay = Relay(
-            settings.token, settings.relay_host, max_connections=settings.relay_fanout + 4
+        return OpenRelayLane(self, link)
+
+    def serve(self, host: LaneHost) -> RelayServer | None:
+        return RelayServer(self, host) if self.fanout > 0 else None
+
+
+class RelayServer(LaneServer):
+    """The relay tree on a parameter server: the bulk lane's pulls routed through it.
+
+    Attributes:
+      directory: who pulls the served version from whom (transport/relay_routes.py).
+    """
+
+    def __init__(self, lane: RelayLane, host: LaneHost):
+        self.host = host
+        self.directory = RelayDirectory(lane.fanout, lane.direct)
+
+    def start(self) -> None:
+        bulk = self.host.half("bulk")
+        if isinstance(bulk, BulkServer):  # without it there is nothing to route
+            bulk.route = self.route
+
+    def stat(self, reply: pb.StatReply) -> None:
+        reply.relay_assignments = self.directory.assigned
+
+    def route(
+        self, served: Served, request: pb.PullRequest, context: grpc.ServicerContext
+    ) -> pb.PullTicket | None:
+        """A ticket pointing the puller to a relay, or None when the server feeds it."""
+        port = request.relay_port if self.host.authorized(context) else 0  # relays need the token
+        source = self.directory.assign(
+            served.number, request.worker, request.relay_host, port, request.failed_source
         )
-        return lane
+        if source.direct:
+            return None
+        reply = pb.PullTicket(
+            header=served.header,
+            relay_host=source.host,
+            relay_port=source.port,
+            source=source.name,
+            relay_key=relay_key(self.host.settings.token or "", served.number),
+        )
+        reply.segments.extend(
+            pb.Segment(offset=o, length=n, checksum=d) for o, n, d in served.segments
+        )
+        return reply
+
+
+class OpenRelayLane:
+    """A client's relayed pulls from one server; ``relay`` is its listener."""
+
+    def __init__(self, lane: RelayLane, link: LaneLink):
+        settings = link.settings
+        self.link, self.host = link, transfer.split_address(settings.address)
+        self.absent = False
+        host = os.environ.get(HOST_ENV) or lane.host
+        self.relay = Relay(settings.token, host, max_connections=lane.fanout + 4)
 
     def push(
         self,
@@ -82,7 +151,6 @@ class RelayLane:
         next ``OpenPull``, which points elsewhere; after ``MAX_SOURCES`` tries it
         raises the last error (UNAVAILABLE: the caller's retry policy takes over).
         """
-        assert self.link is not None and self.relay is not None
         relay, failed, error = self.relay, "", None
         for _ in range(MAX_SOURCES):
             request = pb.PullRequest(
@@ -92,7 +160,7 @@ class RelayLane:
                 relay_port=relay.port,
                 failed_source=failed,
             )
-            ticket = self.link.call("OpenPull", request, 60)
+            ticket = self.link.call("OpenPull", request, 60, pb.PullTicket)
             if not ticket.ticket and not ticket.relay_port:
                 return None
             segments = segments_of(ticket)
@@ -137,8 +205,7 @@ class RelayLane:
         raise transfer.BulkError(grpc.StatusCode.UNAVAILABLE, f"relayed pull: {error.details()}")
 
     def close(self) -> None:
-        if self.relay is not None:
-            self.relay.close()
+        self.relay.close()
 
 
 @hookimpl

@@ -1,7 +1,7 @@
-"""The split lane: a weight store split by tensor over several servers (``weight_shards``).
+"""The split lane: a weight store split by tensor over several servers (``shards``).
 
-The server at ``address`` and each weight-only server of ``weight_shards``
-hold one contiguous run of every version's tensors (the arithmetic:
+The server at ``address`` and each weight-only server of
+``weight_lanes.split.shards`` hold one contiguous run of every version's tensors (the arithmetic:
 weights/split.py). To each server this lane sends and takes that server's
 run through the lanes listed *after* it (``LaneLink.onward``), so a split
 store is carried by the bulk lane, gRPC or relays like a single server:
@@ -13,12 +13,17 @@ store is carried by the bulk lane, gRPC or relays like a single server:
   then pulls every run at once, each straight into its place in one buffer
   (:class:`_Gather`); the result is the one-server pull bit for bit. If a
   server moved on meanwhile, it asks again.
+
+The server half (:class:`SplitServer`, on the server at ``address``) starts
+the shards meant for its own host as child processes
+(weights/split_servers.py) and stops them with it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import copy
+import dataclasses
+import multiprocessing
 import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Annotated, cast
@@ -26,11 +31,12 @@ from typing import TYPE_CHECKING, Annotated, cast
 import grpc
 
 from rlax.core import hookimpl
-from rlax.core.constraints import Positive
+from rlax.core.constraints import Positive, check_fields
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.transport import transfer
+from rlax.core.param_server.weights import split_servers
 from rlax.core.param_server.weights.split import ranged, split_header, split_points, whole_sizes
-from rlax.core.weight_lane import LaneLink, Pulled
+from rlax.core.weight_lane import LaneHost, LaneLink, LaneServer, Pulled
 
 if TYPE_CHECKING:
     from rlax.core.param_server.transport.lanes import Lanes
@@ -38,26 +44,75 @@ if TYPE_CHECKING:
 ATTEMPTS = 30  # rounds of "wait for the laggards" before a pull gives up (UNAVAILABLE)
 
 
+@dataclasses.dataclass(frozen=True)
 class SplitLane:
-    """Pushes and pulls a store split over ``address`` and ``weight_shards``."""
+    """The split lane's settings (``weight_lanes.split``).
 
-    def __init__(self, *, gather_timeout_s: Annotated[float, Positive] = 60.0):
-        self.gather_timeout_s = gather_timeout_s
-        self.servers: list[Lanes] = []  # the onward lanes to each server, ``address`` first
+    Args:
+      shards: addresses of further weight-only servers: the weight store is
+        split by tensor over the server at ``address`` and these
+        (weights/split.py); the rollout queue stays at ``address``. Empty:
+        no split (the lane steps out).
+      start_local: the server at ``address`` starts the shards on its own
+        host as child processes (False: they are started on their own, e.g.
+        ``python -m rlax.core.param_server.weights.split_servers``).
+      gather_timeout_s: how long a pull waits for every server to say its size.
+    """
 
-    def open(self, link: LaneLink) -> SplitLane | None:
-        if not link.settings.weight_shards:
-            return None
-        lane = copy.copy(self)
+    shards: tuple[str, ...] = ()
+    start_local: bool = True
+    gather_timeout_s: Annotated[float, Positive] = 60.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shards", tuple(self.shards))
+        check_fields(self)
+
+    def open(self, link: LaneLink) -> OpenSplitLane | None:
+        return OpenSplitLane(self, link) if self.shards else None
+
+    def serve(self, host: LaneHost) -> SplitServer | None:
+        return SplitServer(self, host) if self.shards else None
+
+
+class SplitServer(LaneServer):
+    """The split store on the server at ``address``: it holds the first run of each
+    version, and starts the shards on its own host (``start_local``)."""
+
+    splits_versions = True
+
+    def __init__(self, lane: SplitLane, host: LaneHost):
+        self.lane, self.host = lane, host
+        self.procs: list[multiprocessing.process.BaseProcess] = []
+
+    def start(self) -> None:
+        if self.lane.start_local:
+            # A shard serves with this server's settings and every lane but this one.
+            lanes = self.host.settings.lanes
+            rest = tuple((n, lane) for n, lane in lanes if not isinstance(lane, SplitLane))
+            settings = dataclasses.replace(
+                self.host.settings,
+                weight_lanes=tuple(n for n, _ in rest),
+                lanes=rest,
+            )
+            self.procs = split_servers.start_local(settings, self.lane.shards)
+
+    def stop(self) -> None:
+        split_servers.stop_local(self.procs)
+
+
+class OpenSplitLane:
+    """A client's split store: the onward lanes to each server, ``address`` first."""
+
+    def __init__(self, lane: SplitLane, link: LaneLink):
+        self.gather_timeout_s = lane.gather_timeout_s
         # The client's link makes Lanes (a lane with its own link, for Stat); the contract
         # promises only a WeightLane.
-        lane.servers = [cast("Lanes", link.onward(None))]
+        self.servers: list[Lanes] = [cast("Lanes", link.onward(None))]
         try:
-            lane.servers += [cast("Lanes", link.onward(a)) for a in link.settings.weight_shards]
+            self.servers += [cast("Lanes", link.onward(a)) for a in lane.shards]
         except BaseException:
-            lane.close()
+            self.close()
             raise
-        return lane
 
     def close(self) -> None:
         for server in self.servers:
@@ -100,7 +155,7 @@ class SplitLane:
             if whole is not None and {p[0] for p in pulled} == {target}:
                 return _joined(pulled, whole)
         raise transfer.BulkError(
-            grpc.StatusCode.UNAVAILABLE, "weight_shards: the servers did not agree on a version"
+            grpc.StatusCode.UNAVAILABLE, "split store: the servers did not agree on a version"
         )
 
     def _pull_all(self, have_version: int, buffer: Callable[[int], memoryview]):

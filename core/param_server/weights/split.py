@@ -1,9 +1,9 @@
-"""The arithmetic of a weight store split by tensor over several servers (``weight_shards``).
+"""The arithmetic of a weight store split by tensor over several servers (the split lane).
 
 The lane that pushes and pulls a split store is transport/split_lane.py.
 
 The server at ``address`` holds the rollout queue and the first weight shard;
-each address in ``weight_shards`` is a weight-only server holding one more.
+each address in ``weight_lanes.split.shards`` is a weight-only server holding one more.
 A version's tensors, in the model's order (``index``), are cut into as many
 contiguous runs as there are servers, balanced by bytes (:func:`split_points`),
 and shard s stores run s as an ordinary version of its own. So:
@@ -39,7 +39,7 @@ def split_points(sizes: list[int], shards: int) -> list[int]:
     every shard gets at least one tensor.
     """
     if not 1 <= shards <= len(sizes):
-        raise ValueError(f"weight_shards: {shards} servers for a model of {len(sizes)} tensors")
+        raise ValueError(f"split store: {shards} servers for a model of {len(sizes)} tensors")
     ends = np.cumsum(sizes)
     points = [0]
     for k in range(1, shards):
@@ -57,7 +57,7 @@ def whole_sizes(header: pb.PartHeader) -> list[int]:
         sizes[t.index] = int(np.prod(tuple(t.shape), dtype=np.int64)) * DTYPE_BYTES[t.dtype]
     if sorted(sizes) != list(range(len(sizes))):
         raise ValueError(
-            "weight_shards: this part does not name every tensor of the model (a host with "
+            "split store: this part does not name every tensor of the model (a host with "
             "no block of some tensor), so it cannot be split by tensor; push_part(sizes=...)"
         )
     return [sizes[i] for i in range(len(sizes))]
@@ -67,7 +67,7 @@ def split_header(header: pb.PartHeader, points: list[int]) -> list[tuple[pb.Part
     """Per shard: the part's header for the tensors of its run, and the run's first byte."""
     indices = [t.index for t in header.tensors]
     if indices != sorted(indices):
-        raise ValueError("weight_shards: a part's tensors must be in the model's order")
+        raise ValueError("split store: a part's tensors must be in the model's order")
     out = []
     for s in range(len(points) - 1):
         sub = pb.PartHeader(

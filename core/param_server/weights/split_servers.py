@@ -1,8 +1,8 @@
 """Weight-only servers: the shards of a weight store split by tensor (weights/split.py).
 
-The parameter-server role starts one child process per address in
-``rlax.ps_settings.weight_shards`` on its own host (:func:`start_local`);
-a shard meant for another machine is started there with
+The split lane's server half (transport/split_lane.py) starts one child
+process per address in ``weight_lanes.split.shards`` on its own host
+(:func:`start_local`); a shard meant for another machine is started there with
 
     RLAX_PS_TOKEN=... python -m rlax.core.param_server.weights.split_servers --address HOST:PORT
 
@@ -19,17 +19,21 @@ import multiprocessing
 import os
 import signal
 import threading
+from collections.abc import Sequence
 
 from rlax.core.param_server.settings import ADDRESS_ENV, ServerSettings
 from rlax.core.param_server.transport.transfer import split_address
 
 
 def serve(settings: ServerSettings, address: str, parent: int | None = None) -> None:
-    """Serves one weight shard at ``address`` until SIGTERM/SIGINT (or ``parent`` exits)."""
+    """Serves one weight shard at ``address`` until SIGTERM/SIGINT (or ``parent`` exits).
+
+    ``settings``: the main server's, with the lanes a shard serves pinned (not ``split``).
+    """
     from rlax.core.param_server.server import ParamServer
 
     os.environ.pop(ADDRESS_ENV, None)  # the main server's address is not this shard's
-    local = dataclasses.replace(settings, address=address, weight_shards=())
+    local = dataclasses.replace(settings, address=address)
     server = ParamServer(local, iter(()), capacity=1)
     server.start()
     stop = threading.Event()
@@ -41,12 +45,14 @@ def serve(settings: ServerSettings, address: str, parent: int | None = None) -> 
     server.stop(grace=1.0)
 
 
-def start_local(settings: ServerSettings) -> list[multiprocessing.process.BaseProcess]:
-    """Child processes serving the shards of ``weight_shards`` on this server's own host."""
+def start_local(
+    settings: ServerSettings, shards: Sequence[str]
+) -> list[multiprocessing.process.BaseProcess]:
+    """Child processes serving those of ``shards`` on this server's own host."""
     host = split_address(settings.address)
     ctx = multiprocessing.get_context("spawn")
     procs: list[multiprocessing.process.BaseProcess] = []
-    for address in settings.weight_shards:
+    for address in shards:
         if split_address(address) != host:
             continue  # started on its own machine
         p = ctx.Process(

@@ -44,7 +44,7 @@ def test_round_trip_on_either_path_is_bit_identical(make_ps, bulk_lane):
         weight_lanes=("bulk", "grpc") if bulk_lane else ("grpc",),
     )
     running = make_ps(settings=settings)
-    assert (running.server.bulk is not None) == bulk_lane
+    assert (running.server.half("bulk") is not None) == bulk_lane
     client = running.client
     plan = WirePlan.for_tree(TREE)
     assert client.push(plan, TREE, 0).committed
@@ -160,13 +160,13 @@ def test_tickets_are_one_use_and_strangers_are_turned_away(ps):
 
 def test_an_unclaimed_ticket_expires_and_releases_its_buffer(ps):
     plan = WirePlan.for_tree(TREE)
-    assert ps.server.bulk is not None
+    listener = ps.server.half("bulk").listener
     part = ps.server.weights.begin(ps.client.header(plan, 0))
-    ps.server.bulk.issue(
+    listener.issue(
         lambda conn: None, lambda: ps.server.weights.abandon(part, rejected=False), ttl_s=0.0
     )
     assert ps.server.weights._staged_bytes == plan.nbytes
-    ps.server.bulk._expire()
+    listener._expire()
     assert ps.server.weights._staged_bytes == 0
 
 

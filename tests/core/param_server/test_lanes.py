@@ -20,6 +20,8 @@ from rlax.core.param_server.codec import tensor_list
 from rlax.core.param_server.server import ParamServer
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.param_server.transport import lanes
+from rlax.core.param_server.transport.relay_lane import RelayLane
+from rlax.core.param_server.transport.split_lane import SplitLane
 from rlax.core.plugins import build_plugin_manager
 from rlax.core.weight_lane import StepAside
 from rlax.core.wire import WirePlan
@@ -158,13 +160,16 @@ def test_the_lanes_that_do_not_apply_are_not_opened(ps):
     assert [name for name, _ in ps.client.lanes.lanes] == ["bulk", "grpc"]  # no shards, relay
     tls = dataclasses.replace(ps.settings, tls_cert="/nonexistent.pem")
     link = lanes.Link(tls, ps.client._channel, (), ps.client.retry, relay=True)
-    assert [name for name, _ in lanes.open_lanes(link, ("relay", "bulk", "grpc")).lanes] == ["grpc"]
+    three = lanes.configured(dataclasses.replace(tls, weight_lanes=("relay", "bulk", "grpc")))
+    assert [name for name, _ in lanes.open_lanes(link, three).lanes] == ["grpc"]
 
 
 @pytest.fixture
 def relaying_shard():
     """A weight-only server whose pullers may relay."""
-    settings = ServerSettings(address="127.0.0.1:0", relay_fanout=2, **BASE)
+    settings = ServerSettings(
+        address="127.0.0.1:0", lanes=(("relay", RelayLane(fanout=2)),), **BASE
+    )
     server = ParamServer(settings, iter(()), capacity=1)
     port = server.start()
     yield server, f"127.0.0.1:{port}"
@@ -173,9 +178,9 @@ def relaying_shard():
 
 def test_workers_pull_through_relays_from_a_store_split_over_two_servers(make_ps, relaying_shard):
     shard, address = relaying_shard
-    settings = ServerSettings(
-        address="127.0.0.1:0", relay_fanout=2, weight_shards=(address,), **BASE
-    )
+    split = SplitLane(shards=(address,), start_local=False)  # the shard runs already
+    pins = (("split", split), ("relay", RelayLane(fanout=2)))
+    settings = ServerSettings(address="127.0.0.1:0", lanes=pins, **BASE)
     running = make_ps(settings=settings)
     assert running.client.push(PLAN, TREE, 0).committed
     assert 0 < running.server.weights.version_bytes < PLAN.nbytes  # split over the two
@@ -189,7 +194,7 @@ def test_workers_pull_through_relays_from_a_store_split_over_two_servers(make_ps
         relayed = [server.get("relay").relay.bytes_sent for server in servers]
         # Each server fed the first worker; the two others took its runs from its relays.
         assert sum(relayed) == 2 * PLAN.nbytes
-        served = running.server.bytes_served + shard.bytes_served
+        served = sum(s.half("bulk").bytes_served for s in (running.server, shard))
         assert served == PLAN.nbytes
     finally:
         for w in workers:

@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+from rlax.core.errors import BadSetting
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.param_server.transport.relay import (
@@ -25,6 +26,7 @@ from rlax.core.param_server.transport.relay import (
     send_file,
     send_view,
 )
+from rlax.core.param_server.transport.relay_lane import RelayLane
 from rlax.core.param_server.transport.relay_routes import RelayDirectory
 from rlax.core.wire import WirePlan
 
@@ -45,8 +47,7 @@ def _settings(fanout: int, direct: int = 1) -> ServerSettings:
         token=TOKEN,
         max_message_mb=8,
         chunk_mb=1,
-        relay_fanout=fanout,
-        relay_direct=direct,
+        lanes=(("relay", RelayLane(fanout=fanout, direct=direct)),),
     )
 
 
@@ -86,7 +87,7 @@ def test_a_fleet_pulls_through_a_tree_and_the_server_sends_the_version_once(make
     stat = running.client.stat()
     assert running.client.stat().bytes_served == NBYTES  # one direct pull; six came from relays
     assert stat.relay_assignments == 6
-    nodes = running.server.relays.nodes()
+    nodes = running.server.half("relay").directory.nodes()
     assert len(nodes) == 7 and sum(n.parent == "" for n in nodes) == 1
     assert max(sum(m.parent == n.worker for m in nodes) for n in nodes) == 2  # fanout bound
     assert sum(c.lane("relay").relay.bytes_sent for c in pullers) == 6 * NBYTES
@@ -118,7 +119,7 @@ def test_a_relay_killed_mid_transfer_costs_its_pullers_a_retry_never_a_corrupt_v
     out_b: dict = {}
     tb = _pull_in_thread(b, out_b)  # B pulls from A ...
     deadline = time.monotonic() + 10
-    while not running.server.relays.nodes()[1:] and time.monotonic() < deadline:
+    while not running.server.half("relay").directory.nodes()[1:] and time.monotonic() < deadline:
         time.sleep(0.01)
     out_c: dict = {}
     tc = _pull_in_thread(c, out_c)  # ... and C from B, as B receives
@@ -135,7 +136,7 @@ def test_a_relay_killed_mid_transfer_costs_its_pullers_a_retry_never_a_corrupt_v
         assert version == 0 and bytes(buf) == expected  # verified, complete
     # The retries went elsewhere (the server, or B once it re-registered): bounded.
     assert NBYTES * 2 <= running.client.stat().bytes_served <= NBYTES * 3
-    assert all(n.worker != a.relay_id for n in running.server.relays.nodes())
+    assert all(n.worker != a.relay_id for n in running.server.half("relay").directory.nodes())
 
 
 def test_a_relay_serving_wrong_bytes_costs_a_retry_and_is_dropped(make_ps, pullers):
@@ -148,7 +149,9 @@ def test_a_relay_serving_wrong_bytes_costs_a_retry_and_is_dropped(make_ps, pulle
     version, _, buf_b = b.pull(-1)
     assert version == 0 and bytes(buf_b) == PLAN.pack(TREE).tobytes()
     assert running.client.stat().bytes_served == 2 * NBYTES  # B's retry came from the server
-    assert [n.worker for n in running.server.relays.nodes()] == [b.relay_id]  # A is dropped
+    assert [n.worker for n in running.server.half("relay").directory.nodes()] == [
+        b.relay_id
+    ]  # A is dropped
 
 
 def test_a_stale_relay_is_never_served_as_new(make_ps, pullers):
@@ -208,10 +211,12 @@ def test_without_relays_every_pull_is_direct_and_nothing_listens(make_ps, puller
 
 
 def test_relay_settings_are_checked():
-    with pytest.raises(ValueError, match="relay_fanout"):
-        dataclasses.replace(_settings(1), relay_fanout=-1).resolved()
-    with pytest.raises(ValueError, match="relay_direct"):
-        dataclasses.replace(_settings(1), relay_direct=0).resolved()
+    with pytest.raises(BadSetting, match=r"must be >= 0 \(0: no relays\), got -1") as err:
+        RelayLane(fanout=-1)
+    assert err.value.parameter == "fanout"
+    with pytest.raises(BadSetting, match="must be >= 1, got 0") as err:
+        RelayLane(direct=0)
+    assert err.value.parameter == "direct"
 
 
 def test_a_relaying_client_of_a_server_without_the_bulk_lane_pulls_over_grpc(make_ps, pullers):

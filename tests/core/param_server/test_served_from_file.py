@@ -80,7 +80,7 @@ def test_after_a_save_pulls_read_the_file_and_the_next_push_reuses_the_buffer(tm
     assert store.version == 1 and store.version_bytes == NBYTES
     for bulk_lane in (True, False):  # the bulk lane (sendfile) and gRPC chunks (pread)
         assert pulled(running, bulk_lane=bulk_lane) == (1, version_bytes(1))
-    running.server.egress = Limiter(1 << 30)  # a simulated uplink: sent step by step
+    running.server.half("bulk").egress = Limiter(1 << 30)  # a simulated uplink: sent step by step
     assert pulled(running) == (1, version_bytes(1))
     push(running, 2)
     assert store._served.buffer is buffer and store.memory_bytes == NBYTES  # the same memory

@@ -13,7 +13,7 @@ import pytest
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.server import ParamServer
 from rlax.core.param_server.settings import ServerSettings
-from rlax.core.param_server.weights import split_servers
+from rlax.core.param_server.transport.split_lane import SplitLane
 from rlax.core.param_server.weights.split import split_header, split_points
 from rlax.core.wire import WirePlan
 
@@ -45,8 +45,14 @@ def shards():
         s.stop(grace=None)
 
 
+def _split(addresses, start_local=False):
+    """Settings of a store split over the main server and ``addresses``."""
+    split = SplitLane(shards=addresses, start_local=start_local)
+    return ServerSettings(address="127.0.0.1:0", lanes=(("split", split),), **BASE)
+
+
 def _sharded(make_ps, addresses):
-    return make_ps(settings=ServerSettings(address="127.0.0.1:0", weight_shards=addresses, **BASE))
+    return make_ps(settings=_split(addresses))  # the shards run already
 
 
 def _servers(running):
@@ -138,23 +144,21 @@ def test_split_header_rebases_offsets_per_run():
     assert (h0.push_id, h1.push_id) == ("x/0", "x/1")
 
 
-def test_the_role_starts_local_shards_as_processes_and_they_serve_their_run(make_ps):
+def test_the_split_lane_starts_local_shards_as_processes_and_they_serve_their_run(make_ps):
     with socket.socket() as s:  # a free port for the shard process
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
-    settings = ServerSettings(address="127.0.0.1:0", weight_shards=(address,), **BASE)
-    procs = split_servers.start_local(settings)
-    try:
-        assert len(procs) == 1 and procs[0].is_alive()
-        two = _sharded(make_ps, (address,))
-        shard = _servers(two)[1]
-        retry = dataclasses.replace(shard.link.retry, deadline_s=60.0)  # the child is starting
-        retry.call("Stat", lambda: _stat(shard))
-        assert two.client.push(PLAN, TREE, 0).committed
-        assert bytes(two.client.pull(-1)[2]) == PLAN.pack(TREE).tobytes()
-        assert 0 < two.server.weights.version_bytes < PLAN.nbytes  # the rest is in the child
-    finally:
-        split_servers.stop_local(procs)
+    two = make_ps(settings=_split((address,), start_local=True))
+    procs = two.server.half("split").procs  # started by the server's split half
+    assert len(procs) == 1 and procs[0].is_alive()
+    assert not two.server.holds_whole_versions  # the persister reads through a client
+    shard = _servers(two)[1]
+    retry = dataclasses.replace(shard.link.retry, deadline_s=60.0)  # the child is starting
+    retry.call("Stat", lambda: _stat(shard))
+    assert two.client.push(PLAN, TREE, 0).committed
+    assert bytes(two.client.pull(-1)[2]) == PLAN.pack(TREE).tobytes()
+    assert 0 < two.server.weights.version_bytes < PLAN.nbytes  # the rest is in the child
+    two.server.stop(grace=None)  # stopping the server stops its shards
     assert not procs[0].is_alive()
 
 
