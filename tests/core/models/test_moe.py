@@ -17,7 +17,7 @@ from rlax.core.models.moe import balance_bias, load_balancing_loss, route
 from rlax.core.models.transformer import Transformer, causal_mask, positions_from_mask
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from moe_reference import forward  # noqa: E402  # next to this file
+from moe_reference import forward  # next to this file
 
 BASE = MoeConfig(num_experts=6, experts_per_token=2, expert_mlp_dim=12)
 # Every router option, each on both dispatches.

@@ -18,7 +18,7 @@ from rlax.core.models.transformer import causal_mask, positions_from_mask
 ROOT = pathlib.Path(__file__).parents[3]
 ASSET = ROOT / "assets" / "tiny-moe"
 sys.path.insert(0, str(ROOT / "scripts"))
-from build_tiny_moe import CONFIG, random_params  # noqa: E402
+from build_tiny_moe import CONFIG, random_params
 
 FAMILIES = {
     "qwen3_moe": CONFIG,  # q/k norm, a dense first layer, top-k renormalised
