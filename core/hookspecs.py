@@ -185,7 +185,7 @@ def rlax_register_agents() -> dict[str, Callable[..., object]]:
     at the worker's endpoint with the episode's own key; ``prompt`` the task's
     ``Prompt`` (``text``, ``answer``). It returns a reward (a number), an answer
     (a string the reward plugin scores) or an
-    ``rlax.core.rollout.agent_episode.AgentResult``.
+    ``rlax.core.rollout.agents.episodes.AgentResult``.
     ``@samplers.agents(sampler=..., agent=...)`` runs the episodes, token exact.
 
     Called once per plugin when the plugin manager loads; not firstresult, not

@@ -83,7 +83,7 @@ CONTRACTS: dict[str, tuple[str, ...]] = {
     "tool_parsers": ("ToolParser",),
     "weight_lanes": ("WeightLane",),
     "critics": ("Critic",),
-    "agents": (),  # a function or callable object: rlax.core.rollout.agent_episode
+    "agents": (),  # a function or callable object: rlax.core.rollout.agents.episodes
 }
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")

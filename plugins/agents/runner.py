@@ -3,12 +3,12 @@
 ``samplers.agents(sampler=..., agent=...)`` is a
 :class:`~rlax.core.contracts.Sampler`, as ``samplers.episodes`` is for
 environments, so a worker, the inline trainer and ``rlax eval`` run agents
-unchanged. ``setup`` starts one :class:`~rlax.core.rollout.openai_endpoint.AgentEndpoint`
+unchanged. ``setup`` starts one :class:`~rlax.core.rollout.agents.endpoint.AgentEndpoint`
 over the inner sampler (kept for every call after). ``generate(prompts, n)``
 opens ``n`` episodes per prompt (one API key each) and runs the agent for
-all of them at once (:func:`~rlax.core.rollout.agent_episode.run_agents`:
+all of them at once (:func:`~rlax.core.rollout.agents.episodes.run_agents`:
 threads for a sync agent, one event loop for an async one); their requests
-are sampled together (:class:`~rlax.core.rollout.agent_batch.Batcher`).
+are sampled together (:class:`~rlax.core.rollout.agents.batch.Batcher`).
 
 Limits: ``max_turns`` replies and ``max_episode_tokens`` ids after the
 episode's prompt (requests past them are refused, 400), ``wall_s`` seconds
@@ -59,16 +59,16 @@ import numpy as np
 from rlax.core import hookimpl
 from rlax.core.constraints import AtLeast, Positive
 from rlax.core.contracts import Sampler, ToolParser
-from rlax.core.rollout.agent_episode import (
+from rlax.core.rollout.agents.chat_tokenizer import with_chat_template
+from rlax.core.rollout.agents.episodes import (
     AgentOutcome,
     Job,
     client_factory,
     outcome_of,
     run_agents,
 )
-from rlax.core.rollout.chat_tokenizer import with_chat_template
+from rlax.core.rollout.agents.transcript import Transcript
 from rlax.core.rollout.reward_pool import score_one
-from rlax.core.rollout.transcript import Transcript
 from rlax.core.types import PARTIAL, Completion, PartialGroup, Prompt
 
 __all__ = ["AgentSampler"]
@@ -90,7 +90,7 @@ class AgentSampler:
       batch_window_s: how long a request waits for others to be sampled with it.
       model: the model name the endpoint serves (the one the agent's code asks for).
       chat_template: jinja source the endpoint renders chats with, in place of the
-        model's own (None: the model's; :mod:`rlax.core.rollout.chat_tokenizer`).
+        model's own (None: the model's; :mod:`rlax.core.rollout.agents.chat_tokenizer`).
     """
 
     def __init__(
@@ -135,7 +135,7 @@ class AgentSampler:
     def _endpoint(self):
         if self.endpoint is None:
             # Imported here: the endpoint needs the 'agents' extra (fastapi, uvicorn, openai).
-            from rlax.core.rollout.openai_endpoint import AgentEndpoint
+            from rlax.core.rollout.agents.endpoint import AgentEndpoint
 
             self.endpoint = AgentEndpoint(
                 sampler=self.sampler,

@@ -10,8 +10,8 @@ import openai
 import pytest
 from chatml_case import chatml_tokenizer
 
-from rlax.core.rollout.agent_batch import Batcher
-from rlax.core.rollout.openai_endpoint import AgentEndpoint
+from rlax.core.rollout.agents.batch import Batcher
+from rlax.core.rollout.agents.endpoint import AgentEndpoint
 from rlax.core.types import Completion, Prompt
 
 TOK = chatml_tokenizer()

@@ -17,8 +17,8 @@ from chatml_case import chatml_tokenizer, tiny_config
 from flax import nnx
 
 from rlax.core.models.transformer import Transformer
-from rlax.core.rollout.openai_endpoint import AgentEndpoint
-from rlax.core.rollout.openai_requests import EndpointLimits
+from rlax.core.rollout.agents.endpoint import AgentEndpoint
+from rlax.core.rollout.agents.requests import EndpointLimits
 from rlax.core.types import Completion
 from rlax.plugins.environments.tool_calls import HermesToolParser
 from rlax.plugins.samplers.engine import SlotEngine

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rlax.core.rollout.openai_requests import (
+from rlax.core.rollout.agents.requests import (
     ApiError,
     EndpointLimits,
     chat_request,

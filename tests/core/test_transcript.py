@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from chatml_case import chatml_tokenizer
 
-from rlax.core.rollout.chat_ids import Reply, ReplyBook, conversation_ids, reply_key
-from rlax.core.rollout.transcript import Transcript
+from rlax.core.rollout.agents.chat_ids import Reply, ReplyBook, conversation_ids, reply_key
+from rlax.core.rollout.agents.transcript import Transcript
 from rlax.core.types import Completion
 
 

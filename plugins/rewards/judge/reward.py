@@ -7,7 +7,7 @@
 where ``s`` is the number on the grader's final ``SCORE: <number>`` line,
 ``lo <= s <= hi`` (:mod:`.verdict` states the format). The grader is
 any OpenAI-compatible chat endpoint (rlax's own
-:class:`~rlax.core.rollout.openai_endpoint.AgentEndpoint`, a local server, a
+:class:`~rlax.core.rollout.agents.endpoint.AgentEndpoint`, a local server, a
 hosted API), asked with the ``openai`` client (the ``agents`` extra); its
 API key is read from the environment variable ``api_key_env`` names, never
 from the configuration. Each call has a deadline, transport failures are

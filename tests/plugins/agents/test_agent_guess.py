@@ -13,7 +13,7 @@ import pytest
 from rlax.core import config
 from rlax.core.models.tokenizer import BOS, EOS, CharTokenizer
 from rlax.core.plugins import build_plugin_manager
-from rlax.core.rollout.chat_tokenizer import with_chat_template
+from rlax.core.rollout.agents.chat_tokenizer import with_chat_template
 from rlax.core.types import Completion
 from rlax.plugins.agents.guess import guess
 from rlax.plugins.agents.runner import AgentSampler

@@ -15,7 +15,7 @@ import pytest
 from chatml_case import chatml_tokenizer
 
 from rlax.core.param_server.codec import msgs_to_partial, partial_to_msg
-from rlax.core.rollout.agent_episode import AgentResult
+from rlax.core.rollout.agents.episodes import AgentResult
 from rlax.core.rollout.groups import episode_prompt
 from rlax.core.types import Completion, PartialGroup, Prompt
 from rlax.plugins.agents.calculator import calculate, calculator

@@ -19,7 +19,7 @@ import pytest
 from chatml_case import chatml_tokenizer
 
 from rlax.core.errors import BadSetting
-from rlax.core.rollout.openai_endpoint import AgentEndpoint
+from rlax.core.rollout.agents.endpoint import AgentEndpoint
 from rlax.core.rollout.reward_pool import RewardPool
 from rlax.core.types import Completion, Prompt
 from rlax.plugins.rewards.judge.reward import JudgeReward

@@ -1,8 +1,8 @@
 """One agent episode's turns: a request's ids, the sampler's reply, both recorded, token exact.
 
 :class:`AgentSession` is what the endpoint keeps per episode (per API key):
-its :class:`~rlax.core.rollout.transcript.Transcript`, the replies it gave
-(:class:`~rlax.core.rollout.chat_ids.ReplyBook`) and, for the completions
+its :class:`~rlax.core.rollout.agents.transcript.Transcript`, the replies it gave
+(:class:`~rlax.core.rollout.agents.chat_ids.ReplyBook`) and, for the completions
 API, the text and ids its prompts so far stood for. :func:`chat_turn` and
 :func:`text_turn` turn a validated request into prompt ids, sample one reply
 through the :class:`~rlax.core.contracts.Sampler` contract, record both and
@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from rlax.core.contracts import Sampler, ToolParser
-from rlax.core.rollout.agent_batch import Batcher
-from rlax.core.rollout.chat_ids import Reply, ReplyBook, conversation_ids, reply_key
-from rlax.core.rollout.openai_requests import ApiError, ChatRequest, TextRequest
-from rlax.core.rollout.transcript import Transcript
+from rlax.core.rollout.agents.batch import Batcher
+from rlax.core.rollout.agents.chat_ids import Reply, ReplyBook, conversation_ids, reply_key
+from rlax.core.rollout.agents.requests import ApiError, ChatRequest, TextRequest
+from rlax.core.rollout.agents.transcript import Transcript
 from rlax.core.types import Completion, Prompt
 
 __all__ = ["AgentSession", "Turn", "chat_turn", "text_turn", "tools_text"]

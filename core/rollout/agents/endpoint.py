@@ -6,12 +6,12 @@ events, ``logprobs``), ``POST /v1/completions`` and ``GET /v1/models``,
 served by FastAPI on uvicorn. It binds to 127.0.0.1 (port 0: any free one)
 unless told otherwise. Every episode gets its own API key
 (:meth:`AgentEndpoint.open_episode`); the key is how a request finds its
-episode's :class:`~rlax.core.rollout.agent_turns.AgentSession`, so an agent
+episode's :class:`~rlax.core.rollout.agents.turns.AgentSession`, so an agent
 needs nothing but ``OpenAI(base_url=endpoint.url, api_key=key)``. A request
 with any other key is refused (401). Requests are checked by
-:mod:`.openai_requests` and refused in the API's error shape. Each turn's
+:mod:`.requests` and refused in the API's error shape. Each turn's
 ids are recorded by the episode's
-:class:`~rlax.core.rollout.transcript.Transcript` (sampled ids never encoded
+:class:`~rlax.core.rollout.agents.transcript.Transcript` (sampled ids never encoded
 again); :meth:`AgentEndpoint.close_episode` hands it back, its segments as
 the :class:`~rlax.core.types.Completion` s environments make.
 
@@ -29,7 +29,7 @@ each request whose ids match a recorded turn with the recorded reply (same
 ids, logprobs, versions; ``AgentSession.replay``) and sampling only past them; an agent that then
 asks something else starts a counted new segment. The requests of
 concurrent episodes are sampled together, one ``generate`` call per batch
-(:class:`~rlax.core.rollout.agent_batch.Batcher`), so they share the
+(:class:`~rlax.core.rollout.agents.batch.Batcher`), so they share the
 engine's slots.
 
 ``max_tokens`` (or ``max_completion_tokens``) above the sampler's
@@ -63,9 +63,8 @@ except ImportError as err:  # pragma: no cover -- the agents extra is not instal
     ) from err
 
 from rlax.core.contracts import Sampler, ToolParser
-from rlax.core.rollout.agent_batch import Batcher
-from rlax.core.rollout.agent_turns import AgentSession, Backend, Turn, chat_turn, text_turn
-from rlax.core.rollout.openai_requests import (
+from rlax.core.rollout.agents.batch import Batcher
+from rlax.core.rollout.agents.requests import (
     ApiError,
     EndpointLimits,
     chat_request,
@@ -73,8 +72,9 @@ from rlax.core.rollout.openai_requests import (
     text_request,
     too_large,
 )
-from rlax.core.rollout.openai_responses import chat_body, chat_chunks, text_body, text_chunks
-from rlax.core.rollout.transcript import Transcript
+from rlax.core.rollout.agents.responses import chat_body, chat_chunks, text_body, text_chunks
+from rlax.core.rollout.agents.transcript import Transcript
+from rlax.core.rollout.agents.turns import AgentSession, Backend, Turn, chat_turn, text_turn
 
 __all__ = ["AgentEndpoint"]
 
@@ -95,7 +95,7 @@ class AgentEndpoint:
       limits: what one request may hold (None: the defaults).
       host / port: where it listens (127.0.0.1; port 0: a free one).
       batch_window_s: how long a request waits for other episodes' requests to be
-        sampled with it (:class:`~rlax.core.rollout.agent_batch.Batcher`).
+        sampled with it (:class:`~rlax.core.rollout.agents.batch.Batcher`).
     """
 
     def __init__(

@@ -1,9 +1,9 @@
 """Token-exact recording of one agent episode: the ids each request sent, the ids sampled.
 
 An agent that talks to the OpenAI-compatible endpoint
-(:mod:`rlax.core.rollout.openai_endpoint`) sends its whole conversation with
+(:mod:`rlax.core.rollout.agents.endpoint`) sends its whole conversation with
 every request. The endpoint renders it to prompt ids
-(:func:`rlax.core.rollout.chat_ids.conversation_ids`, which puts the sampled
+(:func:`rlax.core.rollout.agents.chat_ids.conversation_ids`, which puts the sampled
 ids back in place of the replies it gave, so nothing sampled is encoded
 again) and hands them to :meth:`Transcript.request`:
 
@@ -167,7 +167,7 @@ class Transcript:
 
     def turns(self) -> list[tuple[np.ndarray, Completion]]:
         """Every reply in order: (the ids it was sampled after, the reply as sampled): what a
-        replay answers the same requests with (:mod:`rlax.core.rollout.agent_turns`)."""
+        replay answers the same requests with (:mod:`rlax.core.rollout.agents.turns`)."""
         out = []
         for segment in self.segments:
             before, k = [segment.prompt], 0

@@ -1,7 +1,7 @@
 """A chat template for a tokenizer that has none: what the agent endpoint renders messages with.
 
 The endpoint's chat API renders each request's messages with the model's
-chat template (:func:`rlax.core.rollout.chat_ids.conversation_ids`). A tiny
+chat template (:func:`rlax.core.rollout.agents.chat_ids.conversation_ids`). A tiny
 model with a character tokenizer has none, and a model's own template may
 not be the one its policy was taught on. :func:`with_chat_template` gives
 a tokenizer the template a run names in gin (``samplers.agents.chat_template``):

@@ -16,7 +16,7 @@ the template frames it, text as plain text
 (:meth:`~rlax.core.models.hf_tokenizer.HFTokenizer.chat_parts`).
 
 So a request that only adds messages after the last reply renders to the
-recorded ids plus new ones, and :class:`~rlax.core.rollout.transcript.Transcript`
+recorded ids plus new ones, and :class:`~rlax.core.rollout.agents.transcript.Transcript`
 appends only those.
 """
 

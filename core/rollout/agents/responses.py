@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rlax.core.rollout.agent_turns import Turn
+from rlax.core.rollout.agents.turns import Turn
 
 __all__ = ["chat_body", "chat_chunks", "text_body", "text_chunks"]
 
