@@ -231,29 +231,65 @@ def test_registration_works_after_the_config_is_locked(tmp_path):
     assert config.configured("cfgtest", "late")(x=2) == (-2, 0)
 
 
-def test_core_configurables_optax_and_rlax(monkeypatch):
-    from rlax.core.trainer import role as experiment
+def test_core_configurables_optax_and_rlax():
+    from rlax.core.trainer.spec import TrainerSpec
 
-    def fake_train(*, hook=None, run_dir=None, steps: int = 1):
-        return steps
-
-    monkeypatch.setattr(experiment, "train", fake_train)
     config.register_core_configurables()
     config.register_core_configurables()  # idempotent
 
-    config.parse([], ["optax.adam.learning_rate = 0.5", "rlax.train.steps = 9"])
+    config.parse(
+        [],
+        [
+            "optax.adam.learning_rate = 0.5",
+            "rlax.run.train = @rlax.train()",
+            "rlax.train.steps = 9",
+        ],
+    )
 
     optimizer = config.configured("optax", "adam")()
     grads = {"w": np.ones(2, np.float32)}
     updates, _ = optimizer.update(grads, optimizer.init(grads))
     np.testing.assert_allclose(updates["w"], [-0.5, -0.5], rtol=1e-5)  # Adam's first step: -lr
-    assert config.configured("rlax", "train")() == 9
+    assert config.configured("rlax", "train")() == TrainerSpec(steps=9)  # the trainer's part
     for name in ("adamw", "sgd", "constant_schedule", "linear_schedule"):
         config.configured("optax", name)
     schedule = config.configured("optax", "warmup_cosine_decay_schedule")(
         init_value=0.0, peak_value=1.0, warmup_steps=2, decay_steps=4
     )
     assert float(schedule(1)) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    ("binding", "instead"),
+    [
+        ("rlax.train.task = None", "rlax.run.task"),
+        ("rlax.worker.reward = None", "rlax.run.reward"),
+        ("rlax.worker.curation = []", "rlax.run.curation"),
+        ("rlax.train.init_checkpoint = 'm'", "rlax.run.init_checkpoint"),
+        ("rlax.train.deterministic = True", "rlax.run.deterministic"),
+        ("rlax.worker.deterministic = True", "rlax.run.deterministic"),
+        ("rlax.train.seed = 1", "rlax.run.seed"),
+        ("rlax.param_server.max_staleness = 1", "rlax.run.max_staleness"),
+        ("rlax.local_cluster.settings = None", "rlax.run.server"),
+        ("rlax.train.held_out = None", "rlax.run.held_out"),
+        ("rlax.evaluate.eval_samples = 2", "rlax.held_out.samples"),
+        ("rlax.evaluate.eval_ks = (1,)", "rlax.held_out.ks"),
+    ],
+)
+def test_a_role_binding_of_a_setting_the_run_holds_is_refused_naming_its_new_name(
+    tmp_path, binding, instead
+):
+    config.register_core_configurables()
+    old = binding.split(" =")[0]
+    says = f"{old} is the run's now, one value for every role: bind {instead} instead"
+
+    with pytest.raises(ConfigError) as on_line:
+        config.parse([], [binding])
+    with pytest.raises(ConfigError) as in_file:
+        config.parse([write(tmp_path / "old.gin", f"# an old experiment\n{binding}\n")], [])
+
+    assert str(on_line.value) == f"--gin.{binding}: {says} (configs/base/roles.gin)"
+    assert str(in_file.value) == f"{tmp_path / 'old.gin'}:2: {says} (configs/base/roles.gin)"
 
 
 def test_config_texts_show_bound_and_used_values(tmp_path):
