@@ -1,6 +1,6 @@
 """What a role's call does with a component that refuses its settings as gin builds it.
 
-gin builds the components a role's bindings name (``rlax.worker.reward =
+gin builds the components a role's bindings name (``rlax.run.reward =
 @rewards.format()``) before the role's own code runs. A component that refuses
 what it was given there (a ``ValueError`` from its constructor: a template
 without a column, a pattern that is not a regular expression) fails the same

@@ -1,6 +1,6 @@
 """Where a model comes from: a model reference string -> a local path and its format.
 
-A reference (``rlax.train.init_checkpoint``, ``rlax eval --checkpoint``) is one of:
+A reference (``rlax.run.init_checkpoint``, ``rlax eval --checkpoint``) is one of:
 
 - an rlax model directory (``model.json`` + ``params/``),
 - an HF model directory (``config.json`` + safetensors + tokenizer files),

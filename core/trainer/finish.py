@@ -46,7 +46,7 @@ class HeldOut:
     ):
         held_out = held_out or HeldOutSettings()
         split = task_prompts(
-            task, "eval", tokenizer=tokenizer, seed=seed, setting="rlax.train.task"
+            task, "eval", tokenizer=tokenizer, seed=seed, setting="rlax.run.task"
         )
         prompts = list(split)
         self.sampler = sampler

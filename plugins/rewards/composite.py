@@ -4,7 +4,7 @@
 
 In gin::
 
-    rlax.train.reward = @rewards.composite()
+    REWARD = @rewards.composite()        # rlax.run.reward (configs/base/roles.gin)
     rewards.composite.rewards = [@rewards.math(), @rewards.format(), @rewards.length()]
     rewards.composite.weights = [1.0, 0.1, 0.05]
 
