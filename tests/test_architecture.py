@@ -7,8 +7,10 @@
   only through the contracts (``core/contracts.py``) and the plugin manager.
 - Every module belongs to a layer (:data:`LAYERS`) and imports only from its own
   layer or the ones below it, in functions too (``TYPE_CHECKING`` imports excepted).
-- No module is over 400 lines and no function over 60 (generated protobuf
-  code excepted).
+- Sizes are a guide and a cap (generated protobuf code excepted): a module past
+  400 lines or a function past 60 is reported (one :class:`SizeGuideWarning`
+  naming each, in the warnings summary: look there for a split by meaning, not
+  for lines to save); past 500 lines or 80 the test fails.
 - No module imports a package that only the ``hf`` extra installs (torch,
   transformers, accelerate, peft): they are for parity tests, not a dependency,
   and the type check skips them (pyproject.toml), so an import would go unchecked.
@@ -23,7 +25,8 @@ from __future__ import annotations
 import ast
 import pathlib
 import re
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 
 import pytest
 
@@ -32,7 +35,8 @@ from rlax.core.runtime.run_dir import RunDir
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = {"rlax.core": ROOT / "core", "rlax.plugins": ROOT / "plugins"}
 GENERATED = {"rlax_pb2.py", "rlax_pb2_grpc.py"}
-MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
+MODULE_GUIDE, FUNCTION_GUIDE = 400, 60  # past these: reported
+MODULE_CAP, FUNCTION_CAP = 500, 80  # past these: the test fails
 
 
 def modules() -> dict[str, pathlib.Path]:
@@ -171,6 +175,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plugins", ("rlax.plugins",)),
     ("services", ("rlax.core.param_server", "rlax.core.evaluation")),
     ("roles", ("rlax.core.worker", "rlax.core.trainer")),
+    ("spec", ("rlax.core.spec",)),
     ("launch", ("rlax.core.launch",)),
     ("config", ("rlax.core.config",)),
     ("cli", ("rlax.core.cli",)),
@@ -258,17 +263,81 @@ def _sources() -> list[pathlib.Path]:
     return [p for p in modules().values() if p.name not in GENERATED]
 
 
-@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_no_module_over_400_lines_and_no_function_over_60(path):
-    text = path.read_text()
-    assert text.count("\n") <= MAX_MODULE_LINES
-    long = [
-        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
-        for node in ast.walk(ast.parse(text))
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+class SizeGuideWarning(UserWarning):
+    """Modules or functions past the size guide, not past the cap: where to look for a split."""
+
+
+def oversized(text: str, module_lines: int, function_lines: int) -> list[str]:
+    """``"N lines"`` if the module ``text`` is over ``module_lines``, then ``"NAME (N lines)"``
+    for each function (nested ones too) over ``function_lines``."""
+    lines = text.count("\n")
+    found = [f"{lines} lines"] if lines > module_lines else []
+    for node in ast.walk(ast.parse(text)):
+        size = node.end_lineno - node.lineno + 1 if hasattr(node, "end_lineno") else 0
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and size > function_lines:
+            found.append(f"{node.name} ({size} lines)")
+    return found
+
+
+def report_past_the_guide(sources: Mapping[str, str]) -> dict[str, list[str]]:
+    """``{name: what is past the guide}`` of ``sources`` (name -> text), warned as one
+    :class:`SizeGuideWarning` listing each (nothing warned when none is)."""
+    report = {
+        name: found
+        for name, text in sources.items()
+        if (found := oversized(text, MODULE_GUIDE, FUNCTION_GUIDE))
+    }
+    if report:
+        lines = [f"  {name}: {', '.join(found)}" for name, found in sorted(report.items())]
+        warnings.warn(
+            SizeGuideWarning(
+                f"{len(report)} modules past the guide ({MODULE_GUIDE} lines, functions "
+                f"{FUNCTION_GUIDE}); a split by meaning, if they hold more than one job:\n"
+                + "\n".join(lines)
+            ),
+            stacklevel=2,
+        )
+    return report
+
+
+def _function(name: str, lines: int) -> str:
+    """A function of exactly ``lines`` lines (its ``def`` line, then one statement a line)."""
+    return f"def {name}():\n" + "    x = 1\n" * (lines - 1)
+
+
+def test_past_the_guide_is_reported_and_only_past_the_cap_fails():
+    # 451 lines: a 70-line function, a 61-line one, a 60-line one and 260 lines of statements.
+    text = _function("long", 70) + _function("just_over", 61) + _function("at_guide", 60)
+    text += "y = 2\n" * 260
+    assert text.count("\n") == 451
+    assert oversized(text, MODULE_GUIDE, FUNCTION_GUIDE) == [
+        "451 lines",
+        "long (70 lines)",
+        "just_over (61 lines)",
     ]
-    assert long == []
+    assert oversized(text, MODULE_CAP, FUNCTION_CAP) == []  # past the guide, within the cap
+    assert oversized(_function("huge", 81), MODULE_CAP, FUNCTION_CAP) == ["huge (81 lines)"]
+    assert oversized("z = 3\n" * 501, MODULE_CAP, FUNCTION_CAP) == ["501 lines"]
+
+    with pytest.warns(SizeGuideWarning, match=r"(?s)1 modules past.*big: 451 lines, long \(70"):
+        assert report_past_the_guide({"big": text, "small": _function("f", 60)}) == {
+            "big": ["451 lines", "long (70 lines)", "just_over (61 lines)"]
+        }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing past the guide: nothing warned
+        assert report_past_the_guide({"small": _function("f", 60)}) == {}
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_over_500_lines_and_no_function_over_80(path):
+    assert oversized(path.read_text(), MODULE_CAP, FUNCTION_CAP) == []
+
+
+def test_modules_and_functions_past_the_guide_are_reported():
+    """The tree's report (a warning in the summary; ``-W error::SizeGuideWarning`` to stop)."""
+    sources = {str(path.relative_to(ROOT)): path.read_text() for path in _sources()}
+    report = report_past_the_guide(sources)
+    assert set(report) <= set(sources)
 
 
 def test_every_path_in_the_where_is_table_exists():
