@@ -394,6 +394,183 @@ CASES = {
 }
 
 
+# The run specification checked as a whole before any work (core/spec/checks.py), one row
+# list per class of issue 51 item 2: rules between settings, rules a plugin declares
+# about its own settings, facts of this machine, and gin's own errors in one line.
+WHOLE_SECONDS = 15
+PACKED = ["--gin.rlax.train.trainer_settings=@rlax.trainer_settings()"]
+SPEC_CLASSES: dict[str, dict[str, object]] = {
+    "between settings": {
+        "packed rows shorter than the longest sequence": (
+            ["run", "--gin", "quickstart", *PACKED, "--gin.rlax.trainer_settings.row_tokens=6"],
+            "rlax.trainer_settings.row_tokens: 6 is shorter than the longest sequence",
+        ),
+        "a deterministic run that trains on stale groups": (
+            ["run", "--gin", "quickstart", "--gin.rlax.run.deterministic=True"],
+            "rlax.run.deterministic needs rlax.run.max_staleness = 0",
+        ),
+        "in-flight reloads of a sampler that cannot do them": (
+            ["run", "--gin", "quickstart", "--gin.rlax.worker.reload_in_flight=True"],
+            "rlax.worker.reload_in_flight: JaxSampler is not Resumable",
+        ),
+        "a sampling budget whose cache outgrows the machine": (
+            ["run", "--gin", "quickstart", "--gin.samplers.jax.max_new_tokens=50000000"],
+            "rlax.run.sampler: its cache for",
+        ),
+        "a reference left uncalled": (
+            ["run", "--gin", "quickstart", "--gin.rlax.train.algorithm=@algorithms.grpo"],
+            "rlax.train.algorithm: got the factory grpo itself",
+        ),
+    },
+    "a plugin's own rules": {
+        "an agent asking for a model the endpoint does not serve": (
+            ["run", "--gin", "agents_quickstart", "--gin.samplers.agents.model='gpt-4o'"],
+            "samplers.agents.model: the endpoint serves 'gpt-4o' but the agent asks for "
+            "'rlax-policy'",
+        ),
+        "a chat template that cannot render a conversation": (
+            [
+                "run",
+                "--gin",
+                "agents_quickstart",
+                "--gin.samplers.agents.chat_template='{{ messages[0].nope() }}'",
+            ],
+            "samplers.agents.chat_template: cannot render a conversation",
+        ),
+        "a chat template that drops what was said": (
+            ["run", "--gin", "agents_quickstart", "--gin.samplers.agents.chat_template='x'"],
+            "samplers.agents.chat_template: the chat template drops the messages' content",
+        ),
+        "a third-party component's check_run": lambda tmp: (
+            [
+                "run",
+                "--gin",
+                "quickstart",
+                "-p",
+                plugin_with_a_rule(tmp),
+                "--gin.REWARD=@rewards.picky()",
+            ],
+            "rewards.picky.threshold: 0.5 needs a group size of at least 16, got 8",
+        ),
+    },
+    "facts of this machine": {
+        "a compile cache that is a file": lambda tmp: (
+            [
+                "run",
+                "--gin",
+                "quickstart",
+                f"--gin.rlax.compile_cache.path='{write(tmp / 'cache', 'x')}'",
+            ],
+            "rlax.compile_cache.path: ",
+        ),
+        "a run root that is a file": lambda tmp: (
+            [
+                "run",
+                "--gin",
+                "quickstart",
+                f"--gin.rlax.train.run_root='{write(tmp / 'root', 'x')}'",
+            ],
+            "rlax.train.run_root: ",
+        ),
+        "a core that does not exist": (
+            ["run", "--gin", "quickstart", "--gin.rlax.local_cluster.worker_cores=[4096]"],
+            "rlax.local_cluster.worker_cores: core 4096 does not exist here",
+        ),
+        "a starting checkpoint that is not there": (
+            ["run", "--gin", "quickstart", "--gin.INIT_CHECKPOINT='no/such/model'"],
+            "rlax.run.init_checkpoint: 'no/such/model': no such file or folder",
+        ),
+        "an unknown weight lane": (
+            [
+                "run",
+                "--gin",
+                "quickstart",
+                "--gin.rlax.ps_settings.weight_lanes=['carrier_pigeon']",
+            ],
+            "unknown weight lane 'carrier_pigeon'",
+        ),
+    },
+    "gin's own errors": {
+        "an undefined macro": (
+            ["run", "--gin", "quickstart", "--gin.rlax.train.steps=%STEPS"],
+            "%STEPS is used but never set",
+        ),
+        "a missing include": lambda tmp: (
+            [
+                "run",
+                "--gin",
+                write(tmp / "mine.gin", "include 'quickstart.gin'\ninclude 'nope.gin'\n"),
+            ],
+            "mine.gin:2: include 'nope.gin': no such file",
+        ),
+        "a moved role binding": (
+            ["run", "--gin", "quickstart", "--gin.rlax.worker.reward=@rewards.length()"],
+            "rlax.worker.reward is the run's now, one value for every role: bind rlax.run.reward",
+        ),
+    },
+}
+
+PICKY_REWARD = """
+from rlax.core import hookimpl
+from rlax.core.errors import BadSetting
+
+
+class PickyReward:
+    # A rule about its own setting that only the whole run can check.
+    def __init__(self, *, threshold: float = 0.5):
+        self.threshold = threshold
+
+    def check_run(self, spec):
+        if spec.group_size < 16:
+            raise BadSetting(
+                "threshold", f"{self.threshold} needs a group size of at least 16, "
+                f"got {spec.group_size}"
+            )
+
+    def score(self, prompt, completion):
+        return 0.0
+
+
+@hookimpl
+def rlax_register_rewards():
+    return {"picky": PickyReward}
+"""
+
+
+def plugin_with_a_rule(tmp: pathlib.Path) -> str:
+    """A plugin module beside ``tmp`` (importable from it) whose reward declares a rule."""
+    write(tmp.parent / f"{tmp.name}-plugins" / "picky_reward.py", PICKY_REWARD)
+    return "picky_reward"
+
+
+@pytest.mark.parametrize(
+    ("klass", "name"), [(k, n) for k, rows in SPEC_CLASSES.items() for n in rows]
+)
+def test_the_whole_spec_is_checked_before_anything_starts(
+    klass, name, tmp_path, rlax_main, monkeypatch
+):
+    """Each class of whole-run rule: exit 2 and one line naming the setting, in seconds,
+    before a run directory or any process exists."""
+    monkeypatch.syspath_prepend(str(tmp_path.parent / f"{tmp_path.name}-plugins"))
+    case = SPEC_CLASSES[klass][name]
+    args, expected = case(tmp_path) if callable(case) else case
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+
+    result, seconds = rlax_main(*args, cwd=tmp_path)
+
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.stderr.startswith("rlax: error: ") and result.stderr.count("\n") == 1
+    assert expected in result.stderr, result.stderr
+    assert seconds < WHOLE_SECONDS
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_every_class_of_whole_run_rule_has_at_least_two_rows():
+    assert len(SPEC_CLASSES) == 4
+    assert all(len(rows) >= 2 for rows in SPEC_CLASSES.values())
+
+
 def check_one_case(name: str, tmp_path: pathlib.Path, run) -> None:
     case = CASES[name]
     args, expected = case(tmp_path) if callable(case) else case

@@ -13,6 +13,7 @@ plugin manager, which registers each plugin kind through it); re-exported here.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pathlib
 import re
@@ -27,6 +28,7 @@ from rlax.core.config import bindings as bindings_mod
 from rlax.core.config import checks as binding_checks
 from rlax.core.config.building import refusing_components
 from rlax.core.config.finder import find_gin_file, find_packaged, packaged_configs
+from rlax.core.config.spec_building import build_spec, save_spec
 from rlax.core.configurables import register_configurables
 from rlax.core.errors import ConfigError
 
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from rlax.core.plugins import PluginManager
 
 __all__ = [
+    "build_spec",
     "config_text",
     "configured",
     "find_gin_file",
@@ -42,6 +45,7 @@ __all__ = [
     "parse",
     "register_configurables",
     "register_core_configurables",
+    "save_spec",
 ]
 
 # -------------------------------------------------------------------------
@@ -50,23 +54,24 @@ __all__ = [
 
 
 def register_core_configurables() -> None:
-    """Registers optax optimisers/schedules (``optax.*``, with their constraints),
-    ``rlax.train``/``rlax.evaluate`` and ``rlax.clipped_optimizer``.
+    """Registers optax optimisers/schedules (``optax.*``, with their constraints), the run
+    specification (``rlax.run``) and its parts (``rlax.train``, ``rlax.worker``, ...), and
+    the settings objects they hold.
 
     Idempotent. Imports optax and the role modules only when called.
     """
     from rlax.core.evaluation import evaluate as evaluation
-    from rlax.core.launch import local_cluster
     from rlax.core.models import lora
     from rlax.core.parallel import mesh, multihost
-    from rlax.core.param_server import role as ps_role
     from rlax.core.param_server import settings
+    from rlax.core.param_server.spec import ParamServerSpec
     from rlax.core.runtime import compile_cache, preemption
+    from rlax.core.spec import ClusterSpec, EvaluateSpec, RunSpec
     from rlax.core.trainer import checkpoint, observe
     from rlax.core.trainer import optimizer as optim
-    from rlax.core.trainer import role as trainer_role
-    from rlax.core.trainer import step as trainer_step
-    from rlax.core.worker import role as worker_role
+    from rlax.core.trainer import settings as trainer_settings
+    from rlax.core.trainer.spec import TrainerSpec
+    from rlax.core.worker.spec import WorkerSpec
 
     register_configurables("optax", optim.optax_configurables())
     register_configurables(
@@ -80,15 +85,18 @@ def register_core_configurables() -> None:
     register_configurables(
         "rlax",
         {
-            "train": trainer_role.train,
-            "evaluate": evaluation.evaluate,
+            # The run specification and each role's part of it (core/spec/run.py).
+            "run": RunSpec,
+            "train": TrainerSpec,
+            "worker": WorkerSpec,
+            "param_server": ParamServerSpec,
+            "local_cluster": ClusterSpec,
+            "evaluate": EvaluateSpec,
+            # The settings objects they hold.
             "clipped_optimizer": optim.clipped_optimizer,
-            "param_server": ps_role.param_server,
-            "worker": worker_role.worker,
-            "local_cluster": local_cluster.local_cluster,
             "ps_settings": settings.ServerSettings,
             "mesh": mesh.MeshConfig,
-            "trainer_settings": trainer_step.TrainerSettings,
+            "trainer_settings": trainer_settings.TrainerSettings,
             "checkpointing": checkpoint.CheckpointSettings,
             "held_out": evaluation.HeldOutSettings,
             "watch": observe.WatchSettings,
@@ -161,7 +169,7 @@ def parse(
     """
     gin.clear_config()
     origins = bindings_mod.Origins()
-    with _include_resolution():
+    with _include_resolution(), _quiet_gin_logging():
         for path in [find_gin_file(f) for f in gin_files]:
             with _as_config_error(plugins), bindings_mod.recording(origins):
                 gin.parse_config_file(path)
@@ -179,28 +187,49 @@ def parse(
         binding_checks.check_values(
             origins, {**_validators(), **binding_checks.declared_validators()}
         )
-        binding_checks.check_roles_agree(origins, SHARED_SETTINGS)
         binding_checks.check_settings_used(origins, SETTINGS_TAKEN_BY)
         gin.finalize()
 
 
-# What the roles of one run must agree on (configs/base/roles.gin binds each from one macro).
-SHARED_SETTINGS: dict[str, tuple[str, ...]] = {
-    "task": ("rlax.train", "rlax.param_server"),
-    "reward": ("rlax.train", "rlax.worker"),
-    "sampler": ("rlax.train", "rlax.worker"),
-    "curation": ("rlax.train", "rlax.worker"),
-    "init_checkpoint": ("rlax.train", "rlax.worker", "rlax.param_server"),
-    "group_size": ("rlax.train", "rlax.worker"),
-    "prompts_per_step": ("rlax.train", "rlax.param_server"),
-    "max_staleness": ("rlax.train", "rlax.param_server"),
+# Role parameters that became the run specification's own (one value for every role):
+# an old binding of one is refused with the name to bind instead.
+MOVED: dict[str, str] = {
+    **{
+        f"rlax.{role}.{name}": f"rlax.run.{name}"
+        for role in ("train", "worker", "param_server", "evaluate")
+        for name in (
+            "task",
+            "reward",
+            "sampler",
+            "curation",
+            "init_checkpoint",
+            "seed",
+            "prompts_per_step",
+            "group_size",
+            "max_staleness",
+            "reload_staleness",
+            "deterministic",
+        )
+    },
+    **{f"rlax.{role}.settings": "rlax.run.server" for role in ("train", "worker", "param_server")},
+    "rlax.local_cluster.settings": "rlax.run.server",
+    "rlax.train.held_out": "rlax.run.held_out",
+    "rlax.evaluate.eval_samples": "rlax.held_out.samples",
+    "rlax.evaluate.eval_ks": "rlax.held_out.ks",
 }
 
 
 # Settings objects and the one parameter that takes each: their bindings count only through it.
 SETTINGS_TAKEN_BY: dict[str, str] = {
+    "rlax.train": "rlax.run.train",
+    "rlax.worker": "rlax.run.worker",
+    "rlax.param_server": "rlax.run.param_server",
+    "rlax.local_cluster": "rlax.run.local_cluster",
+    "rlax.evaluate": "rlax.run.evaluate",
+    "rlax.ps_settings": "rlax.run.server",
+    "rlax.held_out": "rlax.run.held_out",
+    "rlax.compile_cache": "rlax.run.compile_cache",
     "rlax.checkpointing": "rlax.train.checkpointing",
-    "rlax.held_out": "rlax.train.held_out",
     "rlax.watch": "rlax.train.watch",
     "rlax.trainer_settings": "rlax.train.trainer_settings",
 }
@@ -209,12 +238,12 @@ SETTINGS_TAKEN_BY: dict[str, str] = {
 def _validators() -> dict[str, Callable[..., None]]:
     """Checks of a configurable's settings taken together, run on the bound literals
     (one setting alone is held to its annotation: :mod:`rlax.core.constraints`)."""
-    from rlax.core.evaluation.evaluate import HeldOutSettings, check_eval_settings
+    from rlax.core.evaluation.evaluate import HeldOutSettings
 
     def held_out(*, samples: int = 8, ks: Any = (1, 8), **_: Any) -> None:
         HeldOutSettings(samples=samples, ks=ks)  # its own check
 
-    return {"rlax.held_out": held_out, "rlax.evaluate": check_eval_settings}
+    return {"rlax.held_out": held_out}
 
 
 _INCLUDING_DIRS: list[str] = []  # directory of each gin file being parsed, innermost last
@@ -264,6 +293,25 @@ def _open_gin_file(path: str) -> Iterator[IO[str]]:
             _INCLUDING_DIRS.pop()
 
 
+class _GinLogFilter(logging.Filter):
+    """Drops what gin logs itself while it reads files (a missing include's "Path not
+    found"): the ConfigError that follows says it once, in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{os.sep}gin{os.sep}" not in record.pathname
+
+
+@contextlib.contextmanager
+def _quiet_gin_logging() -> Iterator[None]:
+    quiet = _GinLogFilter()
+    root = logging.getLogger()
+    root.addFilter(quiet)
+    try:
+        yield
+    finally:
+        root.removeFilter(quiet)
+
+
 @contextlib.contextmanager
 def _include_resolution() -> Iterator[None]:
     """Puts rlax's gin file reader first while parsing (gin has no public API for order)."""
@@ -299,6 +347,28 @@ def _as_config_error(plugins: PluginManager | None, binding: str | None = None) 
 
 
 _BAD_TOKEN = re.compile(r"Failed to parse token '(?P<token>[^']*)'")
+_NO_MACRO = re.compile(r"No bindings specified for '(?P<name>[\w.]+)/gin\.macro'")
+_NOT_CALLED = re.compile(r"Reference '(?P<ref>[^']+)' must be evaluated")
+_NO_INCLUDE = re.compile(r"Unable to open file: (?P<path>.+?)\. Searched config paths")
+
+
+def _without_config_dump(what: str) -> str:
+    """gin's message in one line: the whole config it appends to some messages cut off, and
+    those messages said in rlax's words."""
+    if macro := _NO_MACRO.search(what):
+        name = macro["name"]
+        return (
+            f"%{name} is used but never set: set {name} = ... in a gin file "
+            f"(or --gin.{name}=...), or bind a value instead"
+        )
+    if called := _NOT_CALLED.search(what):
+        return f"{called['ref']} must be called to build it: write {called['ref']}()"
+    if include := _NO_INCLUDE.search(what):
+        return (
+            f"include {include['path']!r}: no such file beside the including file, in the "
+            "working directory or among rlax's packaged configs"
+        )
+    return what.split(" in config string:")[0].strip()
 
 
 def _syntax_message(message: str) -> str:
@@ -317,9 +387,15 @@ def _describe(message: str, plugins: PluginManager | None, binding: str | None) 
     """Rewrites gin's message as ``WHERE: WHAT`` (innermost file first)."""
     locations = list(_LOCATION.finditer(message))
     what = re.split(r"\n\s*In (?:file|bindings string)", message, maxsplit=1)[0].strip()
+    what = _without_config_dump(what)
     unknown = _UNKNOWN.search(what)
     missing = _NO_PARAMETER.search(what)
-    if missing:
+    if missing and (moved := MOVED.get(f"{missing['selector']}.{missing['arg']}")):
+        what = (
+            f"{missing['selector']}.{missing['arg']} is the run's now, one value for every "
+            f"role: bind {moved} instead (configs/base/roles.gin)"
+        )
+    elif missing:
         names = bindings_mod.parameter_names(missing["selector"])
         what = f"{missing['selector']} has no parameter {missing['arg']!r}"
         what += bindings_mod.closest_names(missing["arg"], names) if names else ""

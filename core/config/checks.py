@@ -15,12 +15,8 @@ names the binding, where it was written (``FILE:LINE`` or
 - :func:`check_values`: a component's own checks of its settings taken
   together (a validator raising :class:`BadSetting`: those of ``rlax.core.config``
   and those a configurable carries, :func:`rlax.core.constraints.checked_by`);
-- :func:`check_roles_agree`: two roles of one run bound to different values of
-  a setting they share (the workers' reward and the trainer's);
 - :func:`check_settings_used`: a settings object's parameters bound while the
   role's parameter that takes it is not bound to it (the values would be ignored);
-- :func:`check_weights_kept` (called by ``rlax run`` once it knows how many trainer
-  processes there are): a parameter server that keeps no weights with several.
 
 References (``@rewards.math()``) are not evaluated here: what they build is
 checked by its own parameters' bindings.
@@ -30,16 +26,13 @@ from __future__ import annotations
 
 import collections.abc
 import inspect
-import itertools
 import os
 import pathlib
 import re
 import types
 import typing
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
-
-import gin
 
 from rlax.core import gin_state
 from rlax.core.config.bindings import (
@@ -63,10 +56,8 @@ __all__ = [
     "arguments",
     "check_constraints",
     "check_required",
-    "check_roles_agree",
     "check_types",
     "check_values",
-    "check_weights_kept",
     "declared_validators",
 ]
 
@@ -322,43 +313,6 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def check_roles_agree(origins: Origins, shared: Mapping[str, Sequence[str]]) -> None:
-    """Raises ConfigError if two roles are bound to different values of a shared setting.
-
-    ``shared`` maps a parameter name to the configurables (roles) that must
-    agree on it, e.g. ``{"reward": ("rlax.train", "rlax.worker")}``: the
-    trainer evaluates with the reward the workers score with. Macros are
-    followed before comparing; a role that does not bind the parameter is not
-    compared.
-    """
-    for arg, roles in shared.items():
-        bound = [
-            (role, gin_state.bindings_of(role)[arg])
-            for role in roles
-            if arg in gin_state.bindings_of(role)
-        ]
-        for (role_a, raw_a), (role_b, raw_b) in itertools.pairwise(bound):
-            a = follow(raw_a, origins, None)[0]
-            b = follow(raw_b, origins, None)[0]
-            if _same(a, b):
-                continue
-            if _is_macro(raw_a) and not _is_macro(raw_b):  # report the odd one out first
-                (role_a, raw_a, a), (role_b, raw_b, b) = (role_b, raw_b, b), (role_a, raw_a, a)
-            where = origins.get("", role_a, arg) or role_a
-            other = f"{_shown(raw_b)}, which is {show(b)}" if _is_macro(raw_b) else _shown(raw_b)
-            macro = next((r for r in (raw_b, raw_a) if _is_macro(r)), None)
-            fix = (
-                f"set {'/'.join(macro.scopes)} = ... once instead (every role reads it)"
-                if macro
-                else "bind both to the same value"
-            )
-            raise ConfigError(
-                f"{where}: {role_a}.{arg} = {_shown(raw_a)} but {role_b}.{arg} = {other} "
-                f"({origins.get('', role_b, arg) or 'its default'}): the roles would disagree; "
-                f"{fix}"
-            )
-
-
 def check_settings_used(origins: Origins, taken_by: Mapping[str, str]) -> None:
     """ConfigError for a binding of a settings object that nothing would build.
 
@@ -378,21 +332,4 @@ def check_settings_used(origins: Origins, taken_by: Mapping[str, str]) -> None:
         raise ConfigError(
             f"{where}{first.name} is bound, but {parameter} is not @{settings}(), so it would "
             f"be ignored; bind {parameter} = @{settings}() (configs/base/roles.gin does)"
-        )
-
-
-def check_weights_kept(processes: int) -> None:
-    """ConfigError: several trainer processes and a server that keeps no weights.
-
-    Restarted, such a server serves nothing until the trainer publishes again, and
-    only a one-process trainer does (docs/preemption.md)."""
-    try:
-        kept = gin.query_parameter("rlax.param_server.saved_weights")
-    except ValueError:  # not bound: the default keeps one version
-        return
-    if processes > 1 and kept == 0:
-        raise ConfigError(
-            f"rlax.param_server.saved_weights = 0 needs a one-process trainer, this one has "
-            f"{processes}: after a server restart only one process publishes its weights "
-            "again; keep saved_weights >= 1"
         )

@@ -11,22 +11,22 @@ import dataclasses
 import logging
 import pathlib
 import socket
-from collections.abc import Iterator, Sequence
-from typing import Annotated, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
-from rlax.core.constraints import AtLeast, Positive
-from rlax.core.contracts import Curriculum, Task
 from rlax.core.errors import ConfigError
 from rlax.core.models.tokenizer import load_tokenizer
 from rlax.core.param_server.queue.store import QueueDB, QueueDBError
 from rlax.core.param_server.server import ParamServer
 from rlax.core.param_server.settings import ADDRESS_ENV, ServerSettings
-from rlax.core.param_server.weights import split_servers
 from rlax.core.param_server.weights.persist import WeightPersister
 from rlax.core.rollout.groups import task_prompts
 from rlax.core.runtime.preemption import Preemption
 from rlax.core.runtime.run_dir import RunDir
-from rlax.core.types import ConfigPath, Prompt, PromptsPerStep, Staleness
+from rlax.core.types import ConfigPath, Prompt
+
+if TYPE_CHECKING:  # the spec sits above the roles; a role reads the value it is handed
+    from rlax.core.spec import RunSpec
 
 SPOOL = ".spool"  # in RUN/param_server/weights: the files pushes are received into
 
@@ -34,61 +34,44 @@ log = logging.getLogger("rlax.roles")
 
 
 def param_server(
-    *,
-    hook: Any = None,
-    task: Task,
-    init_checkpoint: ConfigPath,
-    settings: ServerSettings,
-    prompts_per_step: PromptsPerStep,
-    max_staleness: Staleness = 0,
-    reload_staleness: Staleness = 0,
-    capacity: Annotated[int, AtLeast(1)] | None = None,
-    lease_ttl_s: Annotated[float, Positive] = 120.0,
-    curricula: Sequence[Curriculum] = (),
-    seed: int = 0,
-    state_dir: str | None = None,
-    saved_weights: Annotated[int, AtLeast(0, means="0: save none")] = 1,
-    run_dir: RunDir | pathlib.Path | None = None,
-    preemption_notices: Sequence[Any] | None = None,
+    spec: RunSpec, *, hook: Any = None, run_dir: RunDir | pathlib.Path | None = None
 ) -> int:
     """Serves weights and the rollout queue until a notice (SIGTERM/SIGINT by default).
 
-    ``capacity`` (prompts leased, queued or being trained on) defaults to
-    ``prompts_per_step * max(1, max_staleness + 1 - reload_staleness)``: one
-    batch in synchronous mode, and otherwise as many batches ahead as the
-    staleness rule can accept — a group generated with weights up to
-    ``reload_staleness`` versions old waits behind at most that many batches,
-    so deeper queues would only produce groups the trainer must drop.
-    ``curricula`` (e.g. ``@curation.pass_rate_curriculum()``) see every
-    submitted group and keep retired prompts from being leased again.
-    ``state_dir`` (default: ``RUN/param_server`` when given a run directory;
-    neither: nothing is kept) holds ``queue.sqlite`` and ``weights/``, where the
-    newest ``saved_weights`` served versions are kept (one by default: an older
-    one is deleted only once the newer is complete on disk; 0: none, the
-    trainer publishes again after a restart, docs/preemption.md).
+    The queue holds the run's task's training prompts (``spec.task``, in the order
+    ``spec.seed`` makes) and takes ``spec.queue_capacity`` prompts at once; the server
+    listens as ``spec.server`` says; its own settings are ``spec.param_server``
+    (:class:`rlax.core.param_server.spec.ParamServerSpec`): lease time, curricula and what
+    is kept in ``state_dir`` (default: ``RUN/param_server`` when given a run directory;
+    neither: nothing is kept) -- ``queue.sqlite`` and ``weights/``, where the newest
+    ``saved_weights`` served versions are kept (an older one is deleted only once the
+    newer is complete on disk; 0: none, the trainer publishes again after a restart,
+    docs/preemption.md).
 
     Raises:
       Preempted: after a notice, once the server has stopped (exit status 75).
     """
-    _check_listen(settings, saved_weights)
-    prompts = _train_prompts(task, init_checkpoint, seed)
+    own = spec.param_server
+    _check_listen(spec.server)
+    prompts = _train_prompts(spec.task, spec.init_checkpoint, spec.seed)
+    state_dir = own.state_dir
     if state_dir is None and run_dir is not None:
         state_dir = str(RunDir.of(run_dir).param_server)
     db = _queue_db(state_dir)
-    stop = Preemption(preemption_notices, role="param_server", hook=hook).start()
+    stop = Preemption(own.preemption_notices, role="param_server", hook=hook).start()
     try:
         server = ParamServer(
-            settings,
+            spec.server,
             prompts,
-            capacity=capacity or prompts_per_step * max(1, max_staleness + 1 - reload_staleness),
-            lease_ttl_s=lease_ttl_s,
-            curricula=curricula,
+            capacity=spec.queue_capacity,
+            lease_ttl_s=own.lease_ttl_s,
+            curricula=own.curricula,
             queue_db=db,
         )
     except QueueDBError as err:  # the saved queue does not fit this task (a different seed?)
         stop.close()
         raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
-    _serve(stop, server, state_dir, saved_weights)
+    _serve(stop, server, state_dir, own.saved_weights)
     stop.stop_now()
     return 0
 
@@ -96,14 +79,10 @@ def param_server(
 def _serve(
     stop: Preemption, server: ParamServer, state_dir: str | None, saved_weights: int
 ) -> None:
-    """Starts the weight shards on this host, the server and the weights kept in ``state_dir``;
+    """Starts the server (and its lanes' server halves) and the weights kept in ``state_dir``;
     serves until a notice, then stops them all (:func:`_serve_until`)."""
-    shards = split_servers.start_local(server.settings)  # weight_shards on this host
     port = server.start()
-    try:
-        _serve_until(stop, server, _keep_weights(server, port, state_dir, saved_weights))
-    finally:
-        split_servers.stop_local(shards)
+    _serve_until(stop, server, _keep_weights(server, port, state_dir, saved_weights))
 
 
 def _train_prompts(task: Any, init_checkpoint: ConfigPath, seed: int) -> Iterator[Prompt]:
@@ -111,10 +90,8 @@ def _train_prompts(task: Any, init_checkpoint: ConfigPath, seed: int) -> Iterato
     try:
         tokenizer = load_tokenizer(init_checkpoint)
     except (OSError, ValueError) as err:
-        raise ConfigError(f"rlax.param_server.init_checkpoint: {err}") from err
-    return task_prompts(
-        task, "train", tokenizer=tokenizer, seed=seed, setting="rlax.param_server.task"
-    )
+        raise ConfigError(f"rlax.run.init_checkpoint: {err}") from err
+    return task_prompts(task, "train", tokenizer=tokenizer, seed=seed, setting="rlax.run.task")
 
 
 def _serve_until(stop: Preemption, server: ParamServer, persister: WeightPersister | None) -> None:
@@ -149,7 +126,7 @@ def _keep_weights(
     """The persister of ``saved_weights`` versions, or (0) just the spool; None without one."""
     if state_dir and saved_weights > 0:
         return _start_persister(server, port, state_dir, saved_weights)
-    if state_dir and not server.settings.weight_shards:
+    if state_dir and server.holds_whole_versions:
         server.weights.spool_to(pathlib.Path(state_dir) / "weights" / SPOOL)
     return None
 
@@ -171,7 +148,7 @@ def _start_persister(
     host = server.settings.address.rsplit(":", 1)[0]
     local = dataclasses.replace(server.settings, address=f"{host}:{port}")
     # The served buffer is saved in place; a sharded store is read whole through the client.
-    store = None if server.settings.weight_shards else server.weights
+    store = server.weights if server.holds_whole_versions else None
     persister = WeightPersister(pathlib.Path(state_dir) / "weights", local, keep=keep, store=store)
     if store is not None:  # pushes land in files beside the saves, never in this process
         store.spool_to(persister.directory / SPOOL)
@@ -180,13 +157,9 @@ def _start_persister(
     return persister
 
 
-def _check_listen(settings: ServerSettings, saved_weights: int = 1) -> None:
-    """ConfigError unless the server has a token and its address can be bound (before any work),
-    and ``saved_weights`` is a count."""
-    if saved_weights < 0:
-        raise ConfigError(
-            f"rlax.param_server.saved_weights must be >= 0 (0: save none), got {saved_weights}"
-        )
+def _check_listen(settings: ServerSettings) -> None:
+    """ConfigError unless the server has a token and its address can be bound (before any
+    work)."""
     try:
         resolved = settings.resolved()
     except ValueError as err:

@@ -9,9 +9,11 @@ model it serves can render a conversation, say.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from rlax.core.configurables import selector_of
 from rlax.core.errors import BadSetting, ConfigError
 from rlax.core.rollout.groups import check_online_filters
 from rlax.core.trainer.epochs import check_processes
@@ -100,6 +102,18 @@ def components(spec: RunSpec) -> Iterator[tuple[str, Any]]:
     yield from ((f"rlax.watch.loggers[{i}]", x) for i, x in enumerate(spec.train.watch.loggers))
 
 
+def check_built(spec: RunSpec, role: str) -> None:
+    """Every component was built: a reference written without its call (``@rewards.math``)
+    hands over the factory itself."""
+    for setting, component in components(spec):
+        if inspect.isclass(component) or inspect.isfunction(component):
+            name = getattr(component, "__name__", "it")
+            raise ConfigError(
+                f"{setting}: got the factory {name} itself, not what it builds; call the "
+                "reference: @kind.name() with parentheses"
+            )
+
+
 def check_components(spec: RunSpec, role: str) -> None:
     """The rules each component declares about itself in this run: its ``check_run(spec)``.
 
@@ -118,13 +132,14 @@ def check_components(spec: RunSpec, role: str) -> None:
 
 def _owner(setting: str, component: Any) -> str:
     """The gin name a component's parameters are bound under, else the setting holding it."""
-    return getattr(component, "gin_selector", None) or setting
+    return selector_of(component) or setting
 
 
 Rule = Callable[["RunSpec", str], None]
 
 #: The rules between settings, in the order they are checked.
 RULES: tuple[Rule, ...] = (
+    check_built,
     check_staleness,
     check_curation,
     check_worker,

@@ -70,6 +70,7 @@ from rlax.core.rollout.agents.episodes import (
 from rlax.core.rollout.agents.transcript import Transcript
 from rlax.core.rollout.reward_pool import score_one
 from rlax.core.types import PARTIAL, Completion, PartialGroup, Prompt
+from rlax.plugins.agents.rules import SELECTOR, check_chat_template, check_served_model
 
 __all__ = ["AgentSampler"]
 
@@ -123,6 +124,20 @@ class AgentSampler:
     def max_new_tokens(self) -> int:
         """The episode's token limit: no completion is longer."""
         return self.max_episode_tokens
+
+    def check_run(self, spec: Any) -> None:
+        """The rules of an agent run, before it starts (:mod:`rlax.plugins.agents.rules`): the
+        agent asks for the model the endpoint serves, and the policy's tokenizer (with
+        ``chat_template``) renders a conversation."""
+        from rlax.core.models.tokenizer import load_tokenizer
+
+        check_served_model(self.agent, self.model)
+        try:
+            tokenizer = load_tokenizer(spec.init_checkpoint)
+        except (OSError, ValueError):
+            return  # the roles load it and say what is wrong with the checkpoint
+        setting = f"{SELECTOR}.chat_template" if self.chat_template else "rlax.run.init_checkpoint"
+        check_chat_template(with_chat_template(tokenizer, self.chat_template), setting)
 
     def setup(self, model, tokenizer) -> None:
         self.sampler.setup(model, tokenizer)
