@@ -13,9 +13,13 @@ from rlax.core.contracts import Resumable
 from rlax.core.errors import ConfigError
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.runtime.preemption import Preemption
+from rlax.core.spec import RunSpec
+from rlax.core.spec.checks import check_run
+from rlax.core.spec.rules import check_worker
 from rlax.core.types import PARTIAL, Completion, Group, PartialGroup
 from rlax.core.wire import WirePlan
 from rlax.core.worker.role import Worker, worker
+from rlax.core.worker.spec import WorkerSpec
 
 TREE = {"w": np.zeros((4,), np.float32)}
 PLAN = WirePlan.for_tree(TREE)
@@ -260,11 +264,17 @@ def test_reload_in_flight_needs_a_resumable_sampler():
     class Static:
         pass
 
-    with pytest.raises(ConfigError, match="rlax.worker.reload_in_flight: Static is not Resumable"):
-        worker(
-            sampler=Static(),
-            reward=LengthReward(),
-            init_checkpoint="unused",
-            settings=None,
-            reload_in_flight=True,
-        )
+    spec = RunSpec(
+        task=None,
+        reward=LengthReward(),
+        sampler=Static(),
+        init_checkpoint="unused",
+        worker=WorkerSpec(reload_in_flight=True),
+    )
+    says = "rlax.worker.reload_in_flight: Static is not Resumable"
+    with pytest.raises(ConfigError, match=says):
+        check_run(spec, "worker")  # the run, checked before any role starts
+    with pytest.raises(ConfigError, match=says):
+        worker(spec)  # and the worker, before it loads the model ("unused" is none)
+    check_worker(spec.replace(worker=WorkerSpec(reload_in_flight=False)), "worker")
+    check_worker(spec, "trainer")  # the trainer runs no sampler between decode steps
