@@ -15,6 +15,7 @@ registers through it, and imports nothing of rlax.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "file_readers",
     "first_file_reader",
     "is_registered",
+    "kept_bindings",
     "matching_configurable",
     "registered_selectors",
     "unregister",
@@ -124,6 +126,29 @@ def watching_bindings(
         yield
     finally:
         utils.try_with_location, config.bind_parameter = try_with_location, bind_parameter
+
+
+@contextlib.contextmanager
+def kept_bindings() -> Iterator[None]:
+    """Puts gin's bindings back as they were before the block: the values, the imports,
+    the operative config, the singletons built and whether the config was locked.
+
+    (So a block may parse, finalize or clear the config; the registry of
+    configurables is :func:`rlax.core.configurables.kept`'s.)
+    """
+    config = gin.config
+    nested = (_config(), config._OPERATIVE_CONFIG)  # {key: {parameter: value}}, bound in place
+    flat = (config._IMPORTS, config._SINGLETONS)
+    saved_nested = [{key: dict(params) for key, params in part.items()} for part in nested]
+    saved_flat = [copy.copy(part) for part in flat]
+    locked = gin.config_is_locked()
+    try:
+        yield
+    finally:
+        for part, before in zip((*nested, *flat), (*saved_nested, *saved_flat), strict=True):
+            part.clear()
+            part.update(before)
+        config._set_config_is_locked(locked)
 
 
 # -------------------------------------------------------------------------

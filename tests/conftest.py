@@ -96,6 +96,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.module.__name__ not in heavy)
 
 
+# -- each test starts from the registrations and gin bindings the one before it found ------
+
+
+@pytest.fixture(autouse=True)
+def _registrations_kept() -> Iterator[None]:
+    """What a test registers with gin (a plugin manager it builds, a docs example's plugin)
+    and what it binds are undone after it (``configurables.kept``), so no test sees
+    another's: the suite runs in random order. Fixtures of a wider scope are set up
+    before this one, so what they register and bind stays for the tests that share them."""
+    from rlax.core import configurables
+
+    with configurables.kept():
+        yield
+
+
 # -- the machine: shared by the workers, taken whole by a serial test ------------------
 
 
