@@ -74,14 +74,23 @@ def test_the_trainer_role_leaves_the_bundle_no_arrays_that_a_step_deletes():
     """Pushing to a server, the role's trainer donates its weights; the bundle they came from
     keeps the architecture only, so nothing else can read arrays a step has deleted."""
     from rlax.core.models.bundle import ModelBundle
+    from rlax.core.spec import RunSpec
     from rlax.core.trainer.role import _make_trainer
+    from rlax.core.trainer.spec import TrainerSpec
     from rlax.plugins.samplers.jax_sampler import JaxSampler
 
     for inline in (False, True):
         bundle = ModelBundle(
             Transformer(CFG, rngs=nnx.Rngs(0)), tokenizer=type("T", (), {"eos_id": 0})()
         )
-        t = _make_trainer(bundle, JaxSampler(), grpo(), optax.adam(1e-2), None, None, None, inline)
+        spec = RunSpec(
+            task=None,
+            reward=None,
+            sampler=JaxSampler(),
+            init_checkpoint="unused",  # the bundle is the policy
+            train=TrainerSpec(algorithm=grpo(), optimizer=optax.adam(1e-2)),
+        )
+        t = _make_trainer(bundle, spec, inline)
         t.step(batch(grpo()))
         state = jax.tree.leaves(nnx.state(bundle.model))
         if inline:  # nothing donated: the bundle still holds the (readable) starting weights
