@@ -2,7 +2,7 @@
 
 The code reward (:mod:`rlax.plugins.rewards.code`) and the Python tool
 environment run programs through it. ``supervisor.py`` and the modules it
-imports (``cgroup``, ``seccomp``, ``sweep``, ``world``) are standard library
+imports (``capture``, ``cgroup``, ``seccomp``, ``sweep``, ``world``) are standard library
 only: the supervisor runs from this folder alone on ``sys.path``, so no module
 here may share a name with one of the standard library.
 """

@@ -27,7 +27,7 @@ directories are removed (``sandbox/sweep.py``).
 
 The program gets the job's ``stdin`` text (test inputs only) and writes its
 outputs to fd 3; the supervisor relays that channel verbatim (up to
-``CHANNEL_LIMIT``) and judges nothing: the caller decodes and compares.
+``capture.CHANNEL_LIMIT``) and judges nothing: the caller decodes and compares.
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ import ctypes
 import json
 import os
 import resource
-import select
 import signal
 import time
 
 if __package__:  # imported as part of rlax (its tests, an installed wheel's import check)
-    from rlax.plugins.rewards.sandbox import cgroup, seccomp, sweep, world
+    from rlax.plugins.rewards.sandbox import capture, cgroup, seccomp, sweep, world
 else:  # the sandbox's bootstrap: this folder alone on sys.path, no rlax (python -I -S)
+    import capture  # type: ignore[import-not-found, no-redef]
     import cgroup  # type: ignore[import-not-found, no-redef]
     import seccomp  # type: ignore[import-not-found, no-redef]
     import sweep  # type: ignore[import-not-found, no-redef]
@@ -53,8 +53,6 @@ CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWUSER = 0x40000000, 0x20000000, 0x10000000
 NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 PR_SET_CHILD_SUBREAPER = 36
-CAPTURE_LIMIT = 64 * 1024  # stdout / stderr: for logs only
-CHANNEL_LIMIT = 4 * 1024 * 1024  # the outputs channel; more is cut (and fails to decode)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -170,65 +168,6 @@ def _program(job: dict, workdir: str, fds: dict) -> None:
     os._exit(127)
 
 
-def _feed(fd: int, pending: bytearray) -> bool:
-    """Writes what the pipe takes of ``pending``; False once done (or the reader left)."""
-    try:
-        written = os.write(fd, pending[:65536])
-    except (BlockingIOError, InterruptedError):
-        return True
-    except OSError:  # the program closed its stdin: the rest is not wanted
-        pending.clear()
-        written = 0
-    del pending[:written]
-    if pending:
-        return True
-    os.close(fd)
-    return False
-
-
-def _capture(
-    fds: dict[str, int], stdin: tuple[int, bytes], child: int, deadline: float, watch=None
-):
-    """Feeds stdin and reads stdout, stderr, the outputs channel until exit or time runs out;
-    with a ``watch`` (no cgroup), kills the namespace once the run holds too much memory."""
-    buffers = {name: bytearray() for name in fds}
-    limits = {name: CHANNEL_LIMIT if name == "channel" else CAPTURE_LIMIT for name in fds}
-    open_fds, (stdin_fd, pending) = dict(fds), (stdin[0], bytearray(stdin[1]))
-    os.set_blocking(stdin_fd, False)
-    feeding = _feed(stdin_fd, pending)
-    status, exited_at = None, None
-    while open_fds:
-        now = time.monotonic()
-        if now >= deadline or (exited_at is not None and now - exited_at > 0.2):
-            break  # after exit, a daemon may hold the pipes open: stop shortly after
-        writable = [stdin_fd] if feeding else []
-        poll = 0.05 if watch is None else cgroup.POLL_S
-        ready, can_write, _ = select.select(list(open_fds.values()), writable, [], poll)
-        if watch is not None and not watch.exceeded and watch.over():
-            os.kill(-1, signal.SIGKILL)  # init: every process of its namespace but itself
-        if can_write:
-            feeding = _feed(stdin_fd, pending)
-        for name, fd in list(open_fds.items()):
-            if fd in ready:
-                data = os.read(fd, 65536)
-                if not data:
-                    del open_fds[name]
-                elif len(buffers[name]) < limits[name]:
-                    buffers[name] += data[: limits[name] - len(buffers[name])]
-        if status is None:
-            pid, status_now = os.waitpid(child, os.WNOHANG)
-            if pid == child:
-                status, exited_at = status_now, time.monotonic()
-    if feeding:
-        os.close(stdin_fd)
-    while status is None and time.monotonic() < deadline:  # pipes closed, exit pending
-        pid, status_now = os.waitpid(child, os.WNOHANG)
-        status = status_now if pid == child else None
-        if status is None:
-            time.sleep(0.005)
-    return {"buffers": buffers, "status": status, "timed_out": status is None}
-
-
 def _sweep(child: int) -> str:
     """Kills everything the program left behind; says how."""
     if os.getpid() == 1:  # init of our own pid namespace: -1 is exactly the namespace
@@ -294,7 +233,7 @@ def _init(job: dict, isolation: dict, parent: int, out: int) -> None:
     start = time.monotonic()
     child, reads, stdin_fd = _start(job, workdir)
     stdin = (stdin_fd, job["stdin"].encode())
-    captured = _capture(reads, stdin, child, start + job["limits"]["wall_s"], watch)
+    captured = capture.capture(reads, stdin, child, start + job["limits"]["wall_s"], watch)
     isolation["cleanup"] = _sweep(child)
     if watch is not None:
         isolation["run_memory_mb"] = job["limits"]["run_memory_mb"]
