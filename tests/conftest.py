@@ -89,11 +89,47 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(SHARED, ignore_errors=True)
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-random-order's shuffle, which it keeps
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Modules with whole runs first (a stable sort), so no long run starts last and
     keeps one core busy while the other has finished."""
     heavy = {item.module.__name__ for item in items if item.get_closest_marker("e2e")}
     items.sort(key=lambda item: item.module.__name__ not in heavy)
+
+
+# -- random order (pytest-random-order): the seed is said, so a failure can be replayed ------
+
+
+def random_order(config: pytest.Config) -> str | None:
+    """``--random-order-bucket=B --random-order-seed=S`` of this run (None: not shuffled).
+
+    The plugin shuffles when any of its options is given; a seed not given is drawn
+    once by the main process and handed to xdist's workers, so all share one order."""
+    bucket = config.getoption("random_order_bucket", None)
+    seed = config.getoption("random_order_seed", None)
+    if bucket is None or seed is None:  # the plugin is not loaded (-p no:random_order)
+        return None
+    given = [v for v in (bucket, seed) if not v.startswith("default:")]
+    if not (config.getoption("random_order_enabled", False) or given):
+        return None
+    bucket, seed = (v.removeprefix("default:") for v in (bucket, seed))
+    return f"--random-order-bucket={bucket} --random-order-seed={seed}"
+
+
+def _say_the_order(config: pytest.Config) -> None:
+    order = random_order(config)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if order is not None and reporter is not None and not hasattr(config, "workerinput"):
+        reporter.write_line(f"random order: {order} (add it to a pytest command to replay it)")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's header
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _say_the_order(session.config)
+
+
+def pytest_terminal_summary(config: pytest.Config) -> None:
+    _say_the_order(config)
 
 
 # -- each test starts from the registrations and gin bindings the one before it found ------

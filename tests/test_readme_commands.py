@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pathlib
 import re
+import subprocess
+import sys
 
 from rlax.core import config
 
@@ -31,7 +33,10 @@ def test_both_commands_set_up_the_same_way_with_the_extras_the_tests_need():
     assert quickstart.startswith(setup + "-e . && ")
     # --no-compile: the suite writes the bytecode of what it imports (tests/conftest.py);
     # the quickstart's processes may run where none is written, so its install compiles.
-    assert tests == setup + "--no-compile -e '.[test,hf]' && python -m pytest -q -n auto"
+    assert tests == (
+        setup + "--no-compile -e '.[test,hf]' && python -m pytest -q -n auto "
+        "--random-order-bucket=module"
+    )
 
 
 def test_the_quickstart_command_names_a_packaged_config():
@@ -61,3 +66,31 @@ def test_every_extra_we_ask_of_a_dependency_is_one_it_provides():
     ]
     assert asked  # the check has something to check
     assert missing == []
+
+
+def collected(*args: str) -> tuple[list[str], set[str]]:
+    """The test ids a pytest collection lists, in order, and the random orders it says."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0"]
+        + ["-p", "no:cacheprovider", *args, *SAMPLE],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    ids = [line for line in out.splitlines() if "::" in line]
+    return ids, set(re.findall(r"^random order: (.*) \(add it", out, re.MULTILINE))
+
+
+SAMPLE = ("tests/test_readme_commands.py", "tests/core/test_configurables.py")
+
+
+def test_the_random_order_a_run_says_replays_that_order():
+    plain, said = collected()
+    shuffled, (order,) = collected("--random-order-bucket=module")
+    replayed, again = collected(*order.split())
+
+    assert said == set()
+    assert sorted(shuffled) == sorted(plain)  # the same tests, in the order that was said
+    assert replayed == shuffled
+    assert again == {order}
