@@ -50,6 +50,7 @@ from rlax.core.types import PARTIAL, Completion, PartialGroup, Prompt
 from rlax.plugins.samplers import engine_steps
 from rlax.plugins.samplers.engine_host import Row, Table, make_ring
 from rlax.plugins.samplers.jax_sampler import JaxSampler, _bucket
+from rlax.plugins.samplers.sampler_mesh import SamplerMesh
 
 # Rows per place and move call (fixed) and at most per prefill call (a power of two, so
 # one shared prompt costs one row): refills compile nothing new once each prompt bucket
@@ -165,7 +166,9 @@ class SlotEngine(JaxSampler):
             donate_argnums=1,
         )
         self._fn = self._decode_fn  # JaxSampler's "set up" marker
-        self._slots = engine_steps.empty_slots(model, self.ring)
+        if self.mesh is not None:  # each call's slots are put back on the mesh (_kept)
+            self._on_mesh = SamplerMesh(self.mesh, self.devices)
+        self._slots = self._kept(engine_steps.empty_slots(model, self.ring))
         self._windows = np.asarray(self.ring.windows())
         self._active = np.zeros(self.slots, bool)
         self._used = np.zeros(self.slots, np.int32)
@@ -260,10 +263,11 @@ class SlotEngine(JaxSampler):
         for batch in _batches(moves, MOVE_ROWS, keep_pairs=True):
             src, dst, ends = (np.full(MOVE_ROWS, x, np.int32) for x in (self.slots, self.slots, 0))
             src[: len(batch)], dst[: len(batch)], ends[: len(batch)] = zip(*batch)
-            self._slots = self._move_fn(self._slots, src, dst, ends, jnp.int32(self.step))
+            moved = self._move_fn(self._slots, src, dst, ends, jnp.int32(self.step))
+            self._slots = self._kept(moved)
         if paused:
             active = self._slots.active.at[np.asarray(paused)].set(False)
-            self._slots = self._slots._replace(active=active)
+            self._slots = self._kept(self._slots._replace(active=active))
         placed: list[tuple[int, Row, int]] = []
         waiting: collections.deque[Row] = collections.deque()
         while pending:
@@ -342,11 +346,13 @@ class SlotEngine(JaxSampler):
             limit,
             jnp.int32(self.step),
         )
+        self._slots = self._kept(self._slots)
 
     def _decode_once(self, table: Table, done, key) -> None:
-        self._slots, out = self._decode_fn(
+        slots, out = self._decode_fn(
             self._state, self._slots, key, jnp.float32(self.temperature), jnp.int32(self.step)
         )
+        self._slots = self._kept(slots)
         n = int(out.n)
         self.step += n
         tokens, logprobs, emitted = (np.asarray(a)[:, :n] for a in out[:3])
@@ -379,7 +385,7 @@ class SlotEngine(JaxSampler):
         """The result of an interrupted call: finished groups, and partial work for the rest."""
         for row in [r for _, r in table.running()] + list(pending):
             done[row.request][row.sample] = self._finished(row, PARTIAL)
-        self._slots = self._slots._replace(active=jnp.zeros((self.slots,), bool))
+        self._slots = self._kept(self._slots._replace(active=jnp.zeros((self.slots,), bool)))
         self._active = np.zeros(self.slots, bool)
         out: list[tuple[Completion, ...] | PartialGroup] = []
         for i in range(len(prompts)):

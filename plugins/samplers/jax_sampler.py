@@ -42,7 +42,9 @@ from rlax.core import hookimpl
 from rlax.core.constraints import AtLeast, OneOf, Range, check_arguments
 from rlax.core.models.tokenizer import PAD
 from rlax.core.models.transformer import KVCache, Transformer, init_cache, positions_from_mask
+from rlax.core.parallel.mesh import MeshConfig
 from rlax.core.types import Completion, Prompt
+from rlax.plugins.samplers.sampler_mesh import SamplerMesh
 from rlax.plugins.samplers.sampling import METHODS, sample_token
 
 # Above this vocabulary size the sampler draws by inverse CDF and computes the
@@ -197,6 +199,9 @@ class JaxSampler:
         its logprob under softmax(logits / temperature). A temperature of 0 is
         refused, not read as greedy: the trainer recomputes logprobs at the
         sampler's temperature.
+      mesh: sample over a mesh of this process's devices (:mod:`.sampler_mesh`: the
+        trainer's sharding rules); None: one device. ``devices`` (an attribute, set
+        before :meth:`setup`) narrows the mesh to some devices.
     """
 
     def __init__(
@@ -210,8 +215,11 @@ class JaxSampler:
         stop_tokens: Sequence[Annotated[int, AtLeast(0)]] = (),
         stop_at_eos: bool = True,
         method: Annotated[str, OneOf("auto", *METHODS)] = "auto",
+        mesh: MeshConfig | None = None,
     ):
         check_arguments(JaxSampler.__init__, locals(), owner="jax sampler")
+        self.mesh, self.devices = mesh, None
+        self._on_mesh: SamplerMesh | None = None  # made by setup when mesh is set
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.top_k = top_k
@@ -251,6 +259,8 @@ class JaxSampler:
             keep_unused=True,
         )
         self._cfg = model.cfg
+        if self.mesh is not None:
+            self._on_mesh = SamplerMesh(self.mesh, self.devices)
         self._cache: KVCache | None = None  # the last call's, handed to the next of its shape
         self.load_weights(state, 0)
 
@@ -266,9 +276,15 @@ class JaxSampler:
         return 0 if self._fn is None else self._fn._cache_size()  # type: ignore[attr-defined]
 
     def load_weights(self, state: nnx.State, version: int) -> None:
-        self._state = state
         self.version = version
         self._abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(state))
+        if self._on_mesh is not None and not self._abstract:
+            state = self._on_mesh.weights(state)
+        self._state = state
+
+    def _kept(self, tree):
+        """An array kept between calls, back on its mesh layout (as it is without a mesh)."""
+        return tree if self._on_mesh is None else self._on_mesh.place(tree)
 
     def _check_ready(self) -> jax.stages.Wrapped:
         """The compiled program; RuntimeError unless set up with weights (not just shapes)."""
@@ -320,7 +336,7 @@ class JaxSampler:
         fn = self._check_ready()
         tokens, mask, rows_of = self.pad_prompts(prompts, n)
         self.prefilled_tokens += tokens.size
-        out_tok, out_logp, self._cache = fn(
+        out_tok, out_logp, cache = fn(
             self._state,
             self._cache_for(len(rows_of), tokens.shape[1]),
             tokens,
@@ -329,6 +345,7 @@ class JaxSampler:
             jax.random.key(seed),
             jnp.float32(self.temperature),
         )
+        self._cache = self._kept(cache)
         out_tok, out_logp = np.asarray(out_tok), np.asarray(out_logp)
         return [
             tuple(self._completion(out_tok[i * n + j], out_logp[i * n + j]) for j in range(n))
@@ -342,7 +359,7 @@ class JaxSampler:
         if cache is not None and cache[0]["v"].shape[0] == rows and cache[0]["v"].shape[2] == slots:
             return cache
         del cache
-        return init_cache(self._cfg, rows, slots)
+        return self._kept(init_cache(self._cfg, rows, slots))
 
     def _completion(self, toks: np.ndarray, logps: np.ndarray) -> Completion:
         stops = np.flatnonzero(np.isin(toks, self._stops))

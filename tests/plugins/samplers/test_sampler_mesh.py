@@ -1,0 +1,57 @@
+"""Both samplers over a 4-device mesh (8 fake CPU devices in a subprocess, the sampler on
+devices 4-7): the one-device sampler's tokens, its logprobs to 1e-5 (fp32), no program
+compiled after the first call, and the weights and KV caches split across the 4 devices."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from cli_runs import fake_devices
+
+pytestmark = pytest.mark.e2e
+
+CHECKS = pathlib.Path(__file__).with_name("sampler_mesh_checks.py")
+CASES = [f"{s}/{m}" for s in ("jax", "engine") for m in ("tensor4", "data2_tensor2")]
+
+
+@pytest.fixture(scope="module")
+def results():
+    env = dict(os.environ, XLA_FLAGS=fake_devices(8), JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, str(CHECKS)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_sharded_sampler_samples_as_one_device_does(results, case):
+    got = results[case]
+    assert got["tokens_equal"]
+    assert got["max_logprob_diff"] <= 1e-5
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_sharded_sampler_compiles_nothing_after_warm_up(results, case):
+    got = results[case]
+    assert got["compiles_warm"] >= 1
+    assert got["compiles_after"] == got["compiles_warm"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_sampler_device_holds_part_of_the_weights_and_caches(results, case):
+    got = results[case]
+    assert got["devices"] == [4, 5, 6, 7]
+    assert got["split_leaves"] > 0
+    assert got["shards_of_a_split_leaf"] == (4 if case.endswith("tensor4") else 2)
+    assert got["caches_split"]
