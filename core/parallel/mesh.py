@@ -1,12 +1,16 @@
 """The device mesh and the sharding rules: where every parameter and batch row lives.
 
-The mesh has three named axes:
+The mesh has four named axes:
 
 - ``data``: pure data parallelism; parameters are replicated across it.
 - ``fsdp``: data parallelism whose parameters (and optimiser state) are split
   across it on their large dimension and gathered just before use (ZeRO-3).
 - ``tensor``: tensor (model) parallelism across attention heads, the MLP's
   hidden units and the vocabulary.
+- ``expert``: expert parallelism: a mixture-of-experts layer's experts are
+  split across it (E/n whole experts per device) and the batch's rows too, so
+  outside the experts it is one more data-parallel axis; XLA moves each
+  token to its experts' devices and back (:mod:`rlax.core.models.moe`).
 
 A batch is split over ``(data, fsdp)`` on its leading dimension. Everything else
 follows from the rules: an ordered list of ``(pattern, spec)`` pairs where the
@@ -37,8 +41,8 @@ from rlax.core.constraints import AtLeast, checked_by
 from rlax.core.errors import BadSetting
 from rlax.core.wire import leaf_name
 
-AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")
+AXES = ("data", "fsdp", "tensor", "expert")
+BATCH_AXES = ("data", "fsdp", "expert")
 
 Spec = tuple[str | tuple[str, ...] | None, ...]
 Rule = tuple[str, Spec]
@@ -57,6 +61,14 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     (r"(^|/)proj/kernel$", ("fsdp", None)),  # value head [D, 1]
     (r"(^|/)proj/bias$", (None,)),  # [1]
     (r"norm[^/]*/scale$", (None,)),  # RMSNorm scales [D] / q-k norm [H]
+    # Mixture-of-experts layers (rlax.core.models.moe): whole experts per device.
+    (r"(^|/)mlp/router/kernel$", ("fsdp", None)),  # [D, E]
+    (r"(^|/)mlp/router_bias$", (None,)),  # [E]
+    (r"(^|/)experts/(gate|up)$", ("expert", "fsdp", "tensor")),  # [E, D, F]
+    (r"(^|/)experts/down$", ("expert", "tensor", "fsdp")),  # [E, F, D]
+    (r"(^|/)shared/(gate|up)/kernel$", ("fsdp", "tensor")),  # [D, F]
+    (r"(^|/)shared/down/kernel$", ("tensor", "fsdp")),  # [F, D]
+    (r"(^|/)shared/out_gate/kernel$", ("fsdp", None)),  # [D, 1]
 )
 
 
@@ -64,9 +76,11 @@ DEFAULT_RULES: tuple[Rule, ...] = (
 MeshAxis = Annotated[int, AtLeast(-1, means="-1: the devices left; 0 is no size")]
 
 
-def _one_axis_left(*, data: int = 1, fsdp: int = -1, tensor: int = 1, **_: Any) -> None:
+def _one_axis_left(
+    *, data: int = 1, fsdp: int = -1, tensor: int = 1, expert: int = 1, **_: Any
+) -> None:
     """BadSetting for a size of 0 or for more than one axis of -1."""
-    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor, "expert": expert}
     if zero := next((name for name, size in sizes.items() if size == 0), None):
         raise BadSetting(zero, "must be >= 1, or -1 (the devices left), got 0")
     if sum(size == -1 for size in sizes.values()) > 1:
@@ -84,11 +98,13 @@ class MeshConfig:
         rlax.mesh.data = 2
         rlax.mesh.fsdp = -1
         rlax.mesh.tensor = 2
+        rlax.mesh.expert = 4  # a MoE's experts over 4 devices (docs/models.md)
     """
 
     data: MeshAxis = 1
     fsdp: MeshAxis = -1
     tensor: MeshAxis = 1
+    expert: MeshAxis = 1
 
     def __post_init__(self) -> None:
         sizes = dataclasses.astuple(self)
@@ -97,8 +113,8 @@ class MeshConfig:
         if any(s == 0 or s < -1 for s in sizes):
             raise ValueError(f"mesh: axis sizes must be positive or -1, got {self}")
 
-    def shape(self, num_devices: int) -> tuple[int, int, int]:
-        """(data, fsdp, tensor) for ``num_devices`` devices, with -1 resolved."""
+    def shape(self, num_devices: int) -> tuple[int, ...]:
+        """(data, fsdp, tensor, expert) for ``num_devices`` devices, with -1 resolved."""
         sizes = dataclasses.astuple(self)
         known = math.prod(s for s in sizes if s != -1)
         if -1 in sizes:
@@ -191,7 +207,7 @@ def batch_shardings(batch: Any, mesh: Mesh) -> Any:
 
 
 def batch_size_multiple(mesh: Mesh) -> int:
-    """Rows of a global batch must be a multiple of this (the data x fsdp size)."""
+    """Rows of a global batch must be a multiple of this (the data x fsdp x expert size)."""
     return _axis_size(mesh, BATCH_AXES)
 
 

@@ -175,7 +175,7 @@ def test_parameters_and_optimizer_state_are_laid_out_by_the_rules():
     for ref, x in zip(jax.tree.leaves(trainer.ref_params), jax.tree.leaves(trainer.state.params)):
         assert ref.sharding == x.sharding
     tokens = trainer.device_batch(random_batch())["tokens"]
-    assert tokens.sharding.spec == P(("data", "fsdp"), None)
+    assert tokens.sharding.spec == P(("data", "fsdp", "expert"), None)
     assert {s.data.shape for s in tokens.addressable_shards} == {(4, 12)}
     with pytest.raises(ValueError, match="6 rows does not split over data x fsdp = 4 devices"):
         trainer.device_batch(random_batch(rows=6))

@@ -26,13 +26,19 @@ from rlax.core.parallel.mesh import (
 from rlax.plugins.critics.head import HeadCritic
 from rlax.plugins.critics.separate import SeparateCritic
 
-MESH = AbstractMesh((2, 4, 2), AXES)  # data 2, fsdp 4, tensor 2
+
+def sizes(**named: int) -> tuple[int, ...]:
+    """The mesh shape in AXES order: the named axes' sizes, every other axis 1."""
+    return tuple(named.get(axis, 1) for axis in AXES)
+
+
+MESH = AbstractMesh(sizes(data=2, fsdp=4, tensor=2), AXES)
 
 
 def test_minus_one_takes_the_devices_left():
-    assert MeshConfig(data=2, fsdp=-1, tensor=2).shape(16) == (2, 4, 2)
-    assert MeshConfig(data=-1, fsdp=1, tensor=1).shape(8) == (8, 1, 1)
-    assert MeshConfig(2, 4, 1).shape(8) == (2, 4, 1)
+    assert MeshConfig(data=2, fsdp=-1, tensor=2).shape(16) == sizes(data=2, fsdp=4, tensor=2)
+    assert MeshConfig(data=-1, fsdp=1, tensor=1).shape(8) == sizes(data=8)
+    assert MeshConfig(2, 4, 1).shape(8) == sizes(data=2, fsdp=4)
 
 
 @pytest.mark.parametrize(
@@ -56,7 +62,7 @@ def test_invalid_configs_are_errors():
 
 def test_one_device_mesh():
     mesh = make_mesh(MeshConfig(1, -1, 1), jax.devices()[:1])
-    assert mesh.axis_names == AXES and mesh.devices.shape == (1, 1, 1)
+    assert mesh.axis_names == AXES and mesh.devices.shape == sizes()
 
 
 @pytest.mark.parametrize(
@@ -131,9 +137,10 @@ def test_every_parameter_of_the_model_families_has_a_rule():
     assert specs["blocks"][1]["mlp"]["gate"]["kernel"] == P("fsdp", "tensor")
 
 
-def test_batch_is_split_over_data_and_fsdp():
-    assert batch_spec(2) == P(("data", "fsdp"), None)
-    assert batch_spec(1) == P(("data", "fsdp"))
+def test_batch_is_split_over_data_fsdp_and_expert():
+    # The expert axis splits rows too: outside the experts it is data parallelism.
+    assert batch_spec(2) == P(("data", "fsdp", "expert"), None)
+    assert batch_spec(1) == P(("data", "fsdp", "expert"))
 
 
 def test_describe_lists_each_parameter_with_its_shape_and_spec():
