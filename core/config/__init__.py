@@ -193,10 +193,11 @@ def parse(
 
 # Role parameters that became the run specification's own (one value for every role):
 # an old binding of one is refused with the name to bind instead.
+_ROLE_PARTS = ("rlax.train", "rlax.worker", "rlax.param_server", "rlax.evaluate")
 MOVED: dict[str, str] = {
     **{
-        f"rlax.{role}.{name}": f"rlax.run.{name}"
-        for role in ("train", "worker", "param_server", "evaluate")
+        f"{role}.{name}": f"rlax.run.{name}"
+        for role in _ROLE_PARTS
         for name in (
             "task",
             "reward",
@@ -211,8 +212,7 @@ MOVED: dict[str, str] = {
             "deterministic",
         )
     },
-    **{f"rlax.{role}.settings": "rlax.run.server" for role in ("train", "worker", "param_server")},
-    "rlax.local_cluster.settings": "rlax.run.server",
+    **{f"{role}.settings": "rlax.run.server" for role in (*_ROLE_PARTS, "rlax.local_cluster")},
     "rlax.train.held_out": "rlax.run.held_out",
     "rlax.evaluate.eval_samples": "rlax.held_out.samples",
     "rlax.evaluate.eval_ks": "rlax.held_out.ks",
