@@ -67,5 +67,6 @@ def save_spec(run_dir: RunDir) -> tuple[pathlib.Path, dict[str, str]]:
     """Writes the parsed config the specification was built from to ``RUN/spec.gin``; the
     file, and the environment a child started on it checks its own build against."""
     path = run_dir.spec
+    path.parent.mkdir(parents=True, exist_ok=True)  # --run-dir DIR need not exist yet
     path.write_text(_HEADER.format(path=path) + gin.config_str())
     return path, {SPEC_DIGEST_ENV: spec_digest()}

@@ -34,24 +34,80 @@ def fresh_gin():
     gin.clear_config()
 
 
+# The components of a run, as a plugin installs them (nothing here loads a model).
+RUN_PLUGIN = """
+    from rlax.core import hookimpl
+
+    class Task:
+        def prompts(self, split, *, tokenizer, seed):
+            return iter(())
+
+    class Reward:
+        def score(self, prompt, completion_text):
+            return 0.0
+
+    class Sampler:
+        temperature = 1.0
+
+    class Algorithm:
+        pass
+
+    @hookimpl
+    def rlax_register_tasks():
+        return {"fake": Task}
+
+    @hookimpl
+    def rlax_register_rewards():
+        return {"fake": Reward}
+
+    @hookimpl
+    def rlax_register_samplers():
+        return {"fake": Sampler}
+
+    @hookimpl
+    def rlax_register_algorithms():
+        return {"fake": Algorithm}
+"""
+
+# A whole run of those components: the run specification's parts as roles.gin binds them.
+RUN_GIN = """
+include 'roles.gin'
+TASK = @tasks.fake()
+REWARD = @rewards.fake()
+SAMPLER = @samplers.fake()
+INIT_CHECKPOINT = 'model'  # beside this file
+rlax.train.algorithm = @algorithms.fake()
+rlax.train.optimizer = @optax.sgd()
+optax.sgd.learning_rate = 0.1
+"""
+
+
 @pytest.fixture
-def fake_experiment(monkeypatch):
-    """Replaces rlax.train / rlax.evaluate; returns the calls they received."""
+def fake_experiment(site, monkeypatch):
+    """Installs RUN_PLUGIN and replaces the roles ``rlax run`` / ``rlax eval`` start with
+    fakes; returns the calls they received (the specification each was handed)."""
+    site.install("rlax-fake-run", "1.0", {"fake_run": RUN_PLUGIN})
     calls: dict[str, dict] = {}
 
-    def train(*, hook, run_dir=None, steps: int = 1, label: str = "", status: int = 0):
-        calls["train"] = {"run_dir": run_dir, "steps": steps, "label": label}
-        for step in range(1, steps + 1):
+    def train(spec, *, hook, run_dir=None, inline=False):
+        calls["train"] = {"spec": spec, "run_dir": run_dir, "inline": inline}
+        for step in range(1, spec.train.steps + 1):
             hook.rlax_on_step_end(step=step, metrics={"loss": 1.0 / step})
-        return status
+        return spec.seed  # the test's status: the run's seed
 
-    def evaluate(*, hook, checkpoint, split: str = "test"):
-        calls["evaluate"] = {"checkpoint": checkpoint, "split": split}
+    def evaluate(spec, *, hook, checkpoint, out=None):
+        calls["evaluate"] = {"spec": spec, "checkpoint": checkpoint, "out": out}
         return 0
 
     monkeypatch.setattr(experiment, "train", train)
     monkeypatch.setattr(evaluation, "evaluate", evaluate)
     return calls
+
+
+def run_gin(tmp_path: pathlib.Path, more: str = "") -> str:
+    """RUN_GIN (and ``more``) in ``tmp_path``, beside the model folder it names."""
+    (tmp_path / "model").mkdir(exist_ok=True)
+    return gin_file(tmp_path, RUN_GIN + more)
 
 
 def gin_file(tmp_path: pathlib.Path, text: str, name: str = "exp.gin") -> str:
@@ -130,75 +186,123 @@ def test_plugins_prints_no_autoload_notice_by_default(site, capsys):
 # -- rlax run / eval ---------------------------------------------------------
 
 
-def test_run_all_hands_its_arguments_to_the_local_cluster(site, monkeypatch, tmp_path):
+def test_run_all_starts_every_child_on_the_specification_it_built(
+    site, fake_experiment, monkeypatch, tmp_path, capsys
+):
+    from rlax.core.config.spec_building import SPEC_DIGEST_ENV
     from rlax.core.launch import local_cluster as roles
 
+    site.install("rlax-extra", "1.0", {"fake_extra": site.rewards("extra")})
     seen = {}
 
-    def local_cluster(*, argv, settings=None):
-        seen["argv"] = list(argv)
+    def local_cluster(spec, *, argv, env=None):
+        seen.update(spec=spec, argv=list(argv), env=dict(env or {}))
         return 0
 
     monkeypatch.setattr(roles, "local_cluster", local_cluster)
-    path = gin_file(tmp_path, "")
-    args = ["--gin", path, "--gin.local_cluster.settings=None", "-p", "no:grpo", "--run-dir", "out"]
+    out = tmp_path / "out"
+    bindings = ["--gin.SEED=7", "--gin.rlax.local_cluster.num_workers=3"]
+    args = ["--gin", run_gin(tmp_path), *bindings, "-p", "no:fake_extra", "--run-dir", str(out)]
     assert cli.main(["run", *args]) == 0
-    assert seen["argv"] == [
-        "--gin",
-        path,
-        "--gin.local_cluster.settings=None",
-        "-pno:grpo",
-        "--run-dir",
-        "out",
-    ]
+
+    spec, spec_file = seen["spec"], out / "spec.gin"
+    assert (spec.seed, spec.local_cluster.num_workers) == (7, 3)
+    assert spec.init_checkpoint == str(tmp_path / "model")  # beside the file that named it
+    # The children get the written specification alone (with the plugins and the run).
+    assert seen["argv"] == ["--gin", str(spec_file), "-pno:fake_extra", "--run-dir", str(out)]
+    assert "SEED = 7" in spec_file.read_text()
+
+    # A child started on it builds the same run, and its build matches the supervisor's.
+    monkeypatch.setenv(SPEC_DIGEST_ENV, seen["env"][SPEC_DIGEST_ENV])
+    child = ["run", "--role", "trainer", "--gin", str(spec_file), "-pno:fake_extra"]
+    assert cli.main([*child, "--run-dir", str(out)]) == 7  # the fake trainer returns the seed
+    built = fake_experiment["train"]["spec"]
+    assert (built.seed, built.local_cluster.num_workers) == (7, 3)
+    assert built.init_checkpoint == spec.init_checkpoint
+    assert built.train.steps == spec.train.steps and built.server == spec.server
+
+    # A child whose build differs from the supervisor's refuses to start.
+    capsys.readouterr()
+    assert cli.main([*child, "--gin.SEED=8", "--run-dir", str(out)]) == cli.EXIT_USAGE
+    assert capsys.readouterr().err.startswith(
+        "rlax: error: the run specification differs from the supervisor's"
+    )
 
 
-def test_run_calls_the_configured_train_with_the_hook(site, fake_experiment, tmp_path):
+def test_run_calls_train_with_the_specification_and_the_hook(site, fake_experiment, tmp_path):
     recorder = site.module("fake_recorder", RECORDER)
-    path = gin_file(tmp_path, "train.steps = 2\ntrain.label = 'from file'\n")
+    path = run_gin(tmp_path, "rlax.train.steps = 2\nrlax.train.run_name = 'from file'\n")
 
-    args = ["--role", "trainer", "--gin", path, "--gin.train.label='cli'", "-p", recorder]
+    args = ["--role", "trainer", "--gin", path, "--gin.rlax.train.run_name='cli'", "-p", recorder]
     status = cli.main(["run", *args, "--run-dir", "out"])
 
     assert status == cli.EXIT_OK
+    call = fake_experiment["train"]
     # The run directory as a RunDir: it carries --start-over (a RunDir equals one of its path).
-    run_dir = RunDir(pathlib.Path("out"))
-    assert fake_experiment["train"] == {"run_dir": run_dir, "steps": 2, "label": "cli"}
+    assert (call["run_dir"], call["inline"]) == (RunDir(pathlib.Path("out")), False)
+    assert (call["spec"].train.steps, call["spec"].train.run_name) == (2, "cli")
     assert sys.modules[recorder].CALLS == [(1, {"loss": 1.0}), (2, {"loss": 0.5})]
 
 
+def test_run_inline_trains_in_this_process(site, fake_experiment, tmp_path):
+    assert cli.main(["run", "--role", "inline", "--gin", run_gin(tmp_path)]) == cli.EXIT_OK
+    assert fake_experiment["train"]["inline"] is True
+
+
 def test_run_returns_train_s_status(site, fake_experiment, tmp_path):
-    path = gin_file(tmp_path, "train.status = 3\n")
+    path = run_gin(tmp_path, "SEED = 3\n")  # the fake trainer returns the run's seed
 
     assert cli.main(["run", "--role", "trainer", "--gin", path]) == 3
     assert fake_experiment["train"]["run_dir"] is None
 
 
-def test_eval_calls_the_configured_evaluate(site, fake_experiment, tmp_path):
-    path = gin_file(tmp_path, "evaluate.split = 'dev'\n")
+def test_eval_calls_evaluate_with_the_checkpoint_as_the_starting_policy(
+    site, fake_experiment, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpt" / "7").mkdir(parents=True)
+    path = run_gin(tmp_path, "rlax.evaluate.progress = False\n")
 
-    assert cli.main(["eval", "--gin", path, "--checkpoint", "ckpt/7"]) == cli.EXIT_OK
+    argv = ["eval", "--gin", path, "--checkpoint", "ckpt/7", "--out", "e.json"]
+    assert cli.main(argv) == cli.EXIT_OK
 
-    assert fake_experiment["evaluate"] == {"checkpoint": pathlib.Path("ckpt/7"), "split": "dev"}
+    call = fake_experiment["evaluate"]
+    assert (call["checkpoint"], call["out"]) == (pathlib.Path("ckpt/7"), pathlib.Path("e.json"))
+    assert call["spec"].init_checkpoint == "ckpt/7"  # as given, from the working directory
+    assert call["spec"].evaluate.progress is False
 
 
-def test_preempted_exits_75(site, monkeypatch, tmp_path, capsys):
-    def train(*, hook, run_dir=None):
+def test_a_run_that_breaks_a_rule_of_the_whole_specification_starts_no_role(
+    site, fake_experiment, tmp_path, capsys
+):
+    path = run_gin(tmp_path, "rlax.run.deterministic = True\nMAX_STALENESS = 1\n")
+
+    assert cli.main(["run", "--role", "trainer", "--gin", path, "--run-dir", "out"]) == 2
+
+    assert capsys.readouterr().err == (
+        "rlax: error: rlax.run.deterministic needs rlax.run.max_staleness = 0 (MAX_STALENESS), "
+        "got 1: a resumed run could otherwise train on other groups\n"
+    )
+    assert "train" not in fake_experiment and not pathlib.Path("out").exists()
+
+
+def test_preempted_exits_75(site, fake_experiment, monkeypatch, tmp_path, capsys):
+    def train(spec, *, hook, run_dir=None, inline=False):
         raise Preempted("SIGTERM at step 4")
 
     monkeypatch.setattr(experiment, "train", train)
 
-    assert cli.main(["run", "--role", "trainer", "--gin", gin_file(tmp_path, "")]) == 75
+    assert cli.main(["run", "--role", "trainer", "--gin", run_gin(tmp_path)]) == 75
     assert "SIGTERM at step 4" in capsys.readouterr().err
 
 
-def test_failure_exits_1_with_a_traceback(site, monkeypatch, tmp_path, capsys):
-    def train(*, hook, run_dir=None):
+def test_failure_exits_1_with_a_traceback(site, fake_experiment, monkeypatch, tmp_path, capsys):
+    def train(spec, *, hook, run_dir=None, inline=False):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(experiment, "train", train)
 
-    assert cli.main(["run", "--role", "trainer", "--gin", gin_file(tmp_path, "")]) == 1
+    assert cli.main(["run", "--role", "trainer", "--gin", run_gin(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "RuntimeError: boom" in err
 
@@ -214,7 +318,7 @@ def usage_error(argv: list[str], capsys) -> str:
 
 
 def test_gin_syntax_error_exits_2(site, fake_experiment, tmp_path, capsys):
-    path = gin_file(tmp_path, "train.steps = 1\ntrain.label 'x'\n")
+    path = gin_file(tmp_path, "rlax.train.steps = 1\nrlax.train.run_name 'x'\n")
 
     err = usage_error(["run", "--gin", path], capsys)
 
@@ -223,22 +327,25 @@ def test_gin_syntax_error_exits_2(site, fake_experiment, tmp_path, capsys):
 
 
 def test_unknown_binding_exits_2(site, fake_experiment, tmp_path, capsys):
-    err = usage_error(["run", "--gin", gin_file(tmp_path, ""), "--gin.train.stepz=3"], capsys)
+    err = usage_error(["run", "--gin", run_gin(tmp_path), "--gin.rlax.train.stepz=3"], capsys)
 
     assert err == (
-        "rlax: error: --gin.train.stepz=3: train has no parameter 'stepz'; did you mean 'steps'? "
-        "(valid: hook, label, run_dir, status, steps)\n"
+        "rlax: error: --gin.rlax.train.stepz=3: rlax.train has no parameter 'stepz'; "
+        "did you mean 'steps'? "
+        "(valid: algorithm, checkpointing, distributed, lora, mesh, optimizer, "
+        "preemption_notices, progress, run_name, run_root, steps, teacher, trainer_settings, "
+        "watch)\n"
     )
 
 
 def test_unknown_plugin_name_exits_2_listing_valid_names(site, fake_experiment, tmp_path, capsys):
     site.install("rlax-fake", "1.0", {"fake_cli": site.rewards("loud", "quiet")})
-    path = gin_file(tmp_path, "train.label = @rewards.shout()\n")
+    path = gin_file(tmp_path, "REWARD = @rewards.shout()\n")
 
     err = usage_error(["run", "--gin", path], capsys)
 
     assert err.startswith(f"rlax: error: {path}:1: ")
-    assert err.endswith("valid rewards: loud, quiet\n")
+    assert err.endswith("valid rewards: fake, loud, quiet\n")  # fake: fake_experiment's
 
 
 def test_duplicate_plugin_exits_2(site, capsys):
