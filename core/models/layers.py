@@ -6,6 +6,13 @@ Attention writes this call's keys and values into the cache it is given
 through an explicit [B, T, S] mask, so left-padded prompts work everywhere.
 Shapes as in :mod:`rlax.core.models.transformer`.
 
+Context parallelism (the mesh's ``context`` axis, :func:`split_sequence`): in
+training each device holds T / c of a row's queries; each layer all-gathers
+the row's keys and values over the axis and scores its queries against all of
+them, so the result is exactly the unsplit attention (GQA's keys and values are
+K / N of the queries' size: the gather moves less than a ring would pass, and
+every device scores T / c x T, so the causal mask leaves no device idle).
+
 References:
   Vaswani et al., 2017, https://arxiv.org/abs/1706.03762 (the transformer)
   Ainslie et al., 2023, https://arxiv.org/abs/2305.13245 (grouped-query attention)
@@ -15,10 +22,12 @@ References:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.rope import rotate
@@ -39,6 +48,8 @@ class Attention(nnx.Module):
         if cfg.qk_norm:
             self.q_norm = nnx.RMSNorm(h, epsilon=cfg.norm_eps, rngs=rngs)
             self.k_norm = nnx.RMSNorm(h, epsilon=cfg.norm_eps, rngs=rngs)
+        self.sequence_mesh: Mesh | None = None  # set by split_sequence
+        self.sequence_rows: tuple[str, ...] = ()  # the mesh axes that split rows
 
     def project(
         self,
@@ -50,8 +61,10 @@ class Attention(nnx.Module):
         cfg = self.cfg
         b, t, d = x.shape
         # Projections on [B*T, D]: one plain matmul each (XLA:CPU runs a rank-3
-        # dot and its weight gradient markedly slower than the flattened one).
-        x = x.reshape(b * t, d)
+        # dot and its weight gradient markedly slower than the flattened one). Not when
+        # the sequence is split: rows x a split sequence do not flatten without a gather.
+        if self.sequence_mesh is None:
+            x = x.reshape(b * t, d)
         q = self.q(x).reshape(b, t, cfg.num_heads, cfg.head_dim)
         k = self.k(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
         v = self.v(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
@@ -75,6 +88,8 @@ class Attention(nnx.Module):
         q, k, v = self.project(x, rope)
         kv, groups = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
         groups_t = groups * t
+        if cache is None and self.sequence_mesh is not None:
+            return self.o(self._split_attention(q, k, v, attn_mask).reshape(b, t, -1)), None
         if cache is None:
             # The G query heads that share a KV head stacked as rows: one plain
             # [G*T, H] x [H, S] product per (sequence, KV head). XLA:CPU runs it
@@ -106,6 +121,41 @@ class Attention(nnx.Module):
         out = out.reshape(b * t, -1)
         return self.o(out).reshape(b, t, d), cache
 
+    def _split_attention(
+        self, q: jax.Array, k: jax.Array, v: jax.Array, attn_mask: jax.Array
+    ) -> jax.Array:
+        """Training attention with the sequence split over the mesh's ``context`` axis:
+        queries [B, T, K, G, H] stay split, keys and values [B, S, K, H] are gathered whole;
+        the output [B, T, K, G, H] is split as the queries are."""
+        mesh = self.sequence_mesh
+        assert mesh is not None
+        free = PartitionSpec.UNCONSTRAINED
+
+        def put(x: jax.Array, *spec: Any) -> jax.Array:
+            return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
+
+        rows = self.sequence_rows
+        q = put(q, rows, "context", free, free, free)
+        k, v = put(k, rows, None, free, free), put(v, rows, None, free, free)
+        scores = put(jnp.einsum("btkgh,bskh->bkgts", q, k), rows, free, free, "context", None)
+        mask = put(attn_mask, rows, "context", None)
+        scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
+        probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
+        return put(jnp.einsum("bkgts,bskh->btkgh", probs, v), rows, "context", free, free, free)
+
+
+def split_sequence(module: nnx.Module, mesh: Mesh, rows: tuple[str, ...]) -> None:
+    """Every attention layer of ``module`` attends with its sequence split over ``mesh``'s
+    ``context`` axis (:meth:`Attention._split_attention`) and its rows over the ``rows``
+    axes; a no-op on a context size of 1."""
+    if dict(mesh.shape).get("context", 1) == 1:
+        return
+    for _, m in nnx.iter_modules(module):
+        if isinstance(m, Attention):
+            m.sequence_mesh, m.sequence_rows = mesh, rows
+        elif isinstance(m, MLP):
+            m.flatten = False
+
 
 def decode_attention(
     q: jax.Array,  # [B, K, G, H], scaled
@@ -129,10 +179,12 @@ class MLP(nnx.Module):
         self.gate = nnx.Linear(cfg.embed_dim, cfg.mlp_dim, use_bias=False, rngs=rngs)
         self.up = nnx.Linear(cfg.embed_dim, cfg.mlp_dim, use_bias=False, rngs=rngs)
         self.down = nnx.Linear(cfg.mlp_dim, cfg.embed_dim, use_bias=False, rngs=rngs)
+        self.flatten = True  # [B*T, D] matmuls; False with the sequence split (split_sequence)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         shape = x.shape
-        x = x.reshape(-1, shape[-1])  # [B*T, D]: see Attention
+        if self.flatten:
+            x = x.reshape(-1, shape[-1])  # [B*T, D]: see Attention
         return self.down(jax.nn.silu(self.gate(x)) * self.up(x)).reshape(shape)
 
 

@@ -1,10 +1,14 @@
 """The device mesh and the sharding rules: where every parameter and batch row lives.
 
-The mesh has four named axes:
+The mesh has five named axes:
 
 - ``data``: pure data parallelism; parameters are replicated across it.
 - ``fsdp``: data parallelism whose parameters (and optimiser state) are split
   across it on their large dimension and gathered just before use (ZeRO-3).
+- ``context``: context (sequence) parallelism: the trainer's activations are
+  split along the sequence, so one long row's activations spread over its
+  devices; attention gathers each layer's keys and values over it
+  (:mod:`rlax.core.models.layers`). Parameters are replicated across it.
 - ``tensor``: tensor (model) parallelism across attention heads, the MLP's
   hidden units and the vocabulary.
 - ``expert``: expert parallelism: a mixture-of-experts layer's experts are
@@ -12,7 +16,8 @@ The mesh has four named axes:
   outside the experts it is one more data-parallel axis; XLA moves each
   token to its experts' devices and back (:mod:`rlax.core.models.moe`).
 
-A batch is split over ``(data, fsdp)`` on its leading dimension. Everything else
+A batch is split over ``(data, fsdp)`` on its leading dimension (and, inside
+the step, over ``context`` on its sequence dimension). Everything else
 follows from the rules: an ordered list of ``(pattern, spec)`` pairs where the
 first pattern that ``re.search``-matches a parameter's name (``"blocks/0/attn/q/kernel"``)
 gives one mesh axis (or None) per dimension. Optimiser state is laid out by the
@@ -41,8 +46,9 @@ from rlax.core.constraints import AtLeast, checked_by
 from rlax.core.errors import BadSetting
 from rlax.core.wire import leaf_name
 
-AXES = ("data", "fsdp", "tensor", "expert")
+AXES = ("data", "fsdp", "context", "tensor", "expert")
 BATCH_AXES = ("data", "fsdp", "expert")
+CONTEXT_AXIS = "context"
 
 Spec = tuple[str | tuple[str, ...] | None, ...]
 Rule = tuple[str, Spec]
@@ -77,10 +83,10 @@ MeshAxis = Annotated[int, AtLeast(-1, means="-1: the devices left; 0 is no size"
 
 
 def _one_axis_left(
-    *, data: int = 1, fsdp: int = -1, tensor: int = 1, expert: int = 1, **_: Any
+    *, data: int = 1, fsdp: int = -1, tensor: int = 1, expert: int = 1, context: int = 1, **_: Any
 ) -> None:
     """BadSetting for a size of 0 or for more than one axis of -1."""
-    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor, "expert": expert}
+    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor, "expert": expert, "context": context}
     if zero := next((name for name, size in sizes.items() if size == 0), None):
         raise BadSetting(zero, "must be >= 1, or -1 (the devices left), got 0")
     if sum(size == -1 for size in sizes.values()) > 1:
@@ -99,11 +105,13 @@ class MeshConfig:
         rlax.mesh.fsdp = -1
         rlax.mesh.tensor = 2
         rlax.mesh.expert = 4  # a MoE's experts over 4 devices (docs/models.md)
+        rlax.mesh.context = 4  # long rows: each split over 4 devices (docs/mesh.md)
     """
 
     data: MeshAxis = 1
     fsdp: MeshAxis = -1
     tensor: MeshAxis = 1
+    context: MeshAxis = 1
     expert: MeshAxis = 1
 
     def __post_init__(self) -> None:
@@ -114,8 +122,8 @@ class MeshConfig:
             raise ValueError(f"mesh: axis sizes must be positive or -1, got {self}")
 
     def shape(self, num_devices: int) -> tuple[int, ...]:
-        """(data, fsdp, tensor, expert) for ``num_devices`` devices, with -1 resolved."""
-        sizes = dataclasses.astuple(self)
+        """The axes' sizes in :data:`AXES` order for ``num_devices`` devices, -1 resolved."""
+        sizes = tuple(getattr(self, axis) for axis in AXES)
         known = math.prod(s for s in sizes if s != -1)
         if -1 in sizes:
             if num_devices % known:
@@ -129,7 +137,7 @@ class MeshConfig:
 
 
 def make_mesh(config: MeshConfig | None = None, devices: Sequence[Any] | None = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh over ``devices`` (default: all, every process's).
+    """A (data, fsdp, context, tensor) mesh over ``devices`` (default: all, every process's).
 
     Axes are ``Auto``: the step states its in/out shardings and XLA (GSPMD)
     partitions everything between them.
@@ -141,7 +149,7 @@ def make_mesh(config: MeshConfig | None = None, devices: Sequence[Any] | None = 
 
 
 def single_device_mesh() -> Mesh:
-    """The 1x1x1 mesh: the unsharded special case of every rule."""
+    """The one-device mesh: the unsharded special case of every rule."""
     return make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])
 
 
@@ -204,6 +212,11 @@ def batch_spec(rank: int) -> PartitionSpec:
 def batch_shardings(batch: Any, mesh: Mesh) -> Any:
     """NamedShardings splitting every array of ``batch`` over (data, fsdp) by rows."""
     return jax.tree.map(lambda x: NamedSharding(mesh, batch_spec(np.ndim(x))), batch)
+
+
+def context_size(mesh: Mesh) -> int:
+    """How many devices split a row's sequence (the ``context`` axis's size; 1: none)."""
+    return int(dict(mesh.shape).get(CONTEXT_AXIS, 1))
 
 
 def batch_size_multiple(mesh: Mesh) -> int:

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from rlax.core.models.layers import split_sequence
 from rlax.core.models.transformer import Transformer
 from rlax.core.parallel import mesh as meshlib
 
@@ -59,7 +60,8 @@ class RematBlock(nnx.Module):
 
 class BatchShardedBlock(nnx.Module):
     """A decoder block whose input and output activations [B, T, D] are split by rows
-    over (data, fsdp): FSDP then gathers the weights, never the activations."""
+    over (data, fsdp), and by sequence over ``context`` when the mesh has one: FSDP then
+    gathers the weights, never the activations."""
 
     def __init__(self, block: nnx.Module, sharding: NamedSharding):
         self.block = block
@@ -97,14 +99,23 @@ def wrap_blocks(module: ModuleT, remat: str, mesh: Mesh) -> ModuleT:
     """
     decoders = [m for _, m in nnx.iter_modules(module) if isinstance(m, Transformer)]
     for model in decoders:
+        split_sequence(model, mesh, meshlib.BATCH_AXES)  # context > 1: gather K/V
         blocks: list[nnx.Module] = list(model.blocks)
         if remat != "none":
             blocks = [RematBlock(b, remat) for b in blocks]
         if mesh.size > 1:
-            rows = NamedSharding(mesh, jax.sharding.PartitionSpec(meshlib.BATCH_AXES))
+            rows = NamedSharding(mesh, activation_spec(mesh))
             blocks = [BatchShardedBlock(b, rows) for b in blocks]
         model.blocks = nnx.List(blocks)  # type: ignore[arg-type]  # wrappers called as a Block
     return module
+
+
+def activation_spec(mesh: Mesh) -> jax.sharding.PartitionSpec:
+    """The layout of activations [B, T, D]: rows over (data, fsdp), the sequence over
+    ``context`` when the mesh splits it."""
+    if meshlib.context_size(mesh) > 1:
+        return jax.sharding.PartitionSpec(meshlib.BATCH_AXES, meshlib.CONTEXT_AXIS)
+    return jax.sharding.PartitionSpec(meshlib.BATCH_AXES)
 
 
 def split_microbatches(batch: dict[str, jax.Array], k: int, mesh: Mesh) -> dict[str, jax.Array]:

@@ -77,6 +77,7 @@ def arrange(
     processes = jax.process_count()
     rows = local_rows * processes  # the global batch's
     width = settings.row_tokens or padded_width
+    width = -(-width // meshlib.context_size(mesh)) * meshlib.context_size(mesh)  # even splits
     plan = packing.plan(mask, width)
     used = plan.used
     if processes > 1:  # each packs its own rows: the layout fits the fullest
