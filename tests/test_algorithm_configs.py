@@ -60,10 +60,15 @@ REQUIRED = {"distill": ["TEACHER = '/path/to/teacher'"]}
 
 
 def parsed(pm, name: str) -> dict[str, Any]:
+    """What the experiment's run specification holds (built as ``rlax run`` builds it)."""
     config.parse([CONFIGS / "experiments" / EXPERIMENTS[name]], REQUIRED.get(name, []), plugins=pm)
+    spec = config.build_spec(pm)
     return {
-        key: build(gin.query_parameter(f"rlax.train.{key}"))
-        for key in ("algorithm", "curation", "reward", "run_name")
+        "algorithm": spec.train.algorithm,
+        "curation": list(spec.curation),
+        "reward": spec.reward,
+        "run_name": spec.train.run_name,
+        "teacher": spec.train.teacher,
     }
 
 
@@ -119,7 +124,7 @@ def test_ppo_and_reinforcepp_settings(pm):
 def test_distill_names_its_teacher_and_keeps_every_group(pm):
     run = parsed(pm, "distill")
     assert run["algorithm"].needs_teacher and run["curation"] == []
-    assert build(gin.query_parameter("rlax.train.teacher")) == "/path/to/teacher"
+    assert run["teacher"] == "/path/to/teacher"
     with pytest.raises(ConfigError, match="TEACHER is required"):
         config.parse([CONFIGS / "experiments" / "distill.gin"], plugins=pm)
 
@@ -135,13 +140,27 @@ ALGORITHM_REQUIRES = {
 RUN_REQUIRES = ["LEARNING_RATE = 1e-4", "INIT_CHECKPOINT = '/a/model'"]
 
 
+# A layer parsed alone takes the parts of the run specification its settings go to, as
+# configs/base/roles.gin binds them (gin refuses a setting that no part would take).
+PARTS = {
+    "rlax.run.train": "@rlax.train()",
+    "rlax.run.worker": "@rlax.worker()",
+    "rlax.run.param_server": "@rlax.param_server()",
+    "rlax.train.checkpointing": "@rlax.checkpointing()",
+    "rlax.train.watch": "@rlax.watch()",
+}
+
+
 def bound(pm, files: list[str], bindings: list[str]) -> dict[str, str]:
-    """Every binding the files and bindings make: ``selector.arg`` or ``MACRO`` -> its value."""
-    config.parse(files, bindings, plugins=pm)
+    """Every binding the files and bindings make: ``selector.arg`` or ``MACRO`` -> its value
+    (but the PARTS, which the files are parsed with)."""
+    parts = [f"{name} = {value}" for name, value in PARTS.items()]
+    config.parse(files, [*parts, *bindings], plugins=pm)
     return {
-        scope if selector == "gin.macro" else f"{selector}.{arg}": repr(value)
+        name: repr(value)
         for scope, selector, args in gin_state.all_bindings()
         for arg, value in args.items()
+        if (name := scope if selector == "gin.macro" else f"{selector}.{arg}") not in PARTS
     }
 
 
@@ -174,8 +193,10 @@ def test_every_algorithm_file_composes_with_every_task_file(pm, name, task):
     composed = bound(pm, files, required)
 
     assert composed.items() >= {**algorithm, **task_alone}.items()
-    assert build(gin.query_parameter("rlax.train.algorithm")).name == name
-    assert gin.query_parameter("rlax.train.task").scoped_selector == "TASK/gin.macro"
+    spec = config.build_spec(pm)
+    assert spec.train.algorithm.name == name
+    assert composed["rlax.run.task"] == "%TASK"  # the wiring's macro, which the task file sets
+    assert type(spec.task) is type(build(gin.query_parameter("%TASK")))
 
 
 def test_dapo_runs_on_the_arithmetic_task_composed_from_the_layers(tmp_path):
