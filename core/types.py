@@ -85,6 +85,12 @@ class Completion:
         ``reward`` (the group's reward for it, used instead of the reward
         plugin), ``reason``, ``turns``, ``tool_calls``, ``tool_errors``,
         ``observation_tokens``. None for a single-turn completion.
+      kept_floor: with ``logprobs`` under the sampler's truncated distribution
+        (top-k / top-p), the kept set of each position, float32 [C']: the full
+        tempered distribution's logprob of the least likely token that could
+        be drawn (-inf: nothing cut). The trainer truncates its own
+        distribution the same way (:mod:`rlax.plugins.samplers.sampling`).
+        None: ``logprobs`` are under the full distribution.
     """
 
     tokens: np.ndarray
@@ -95,6 +101,7 @@ class Completion:
     versions: np.ndarray | None = None
     loss_mask: np.ndarray | None = None
     episode: dict[str, Any] | None = None
+    kept_floor: np.ndarray | None = None
 
     @property
     def model_mask(self) -> np.ndarray:
@@ -197,6 +204,10 @@ class TrainBatch:
       advantages: float32 [B, L] per-token advantages (0 off the loss mask).
       group_ids: int32 [B], which group each row belongs to.
       ref_logprobs: optional float32 [B, L] of a frozen reference policy.
+      kept_floor: optional float32 [B, L], the sampler's kept set of each
+        target position (:attr:`Completion.kept_floor`; -inf: the full
+        distribution): the trainer's logprobs are then under the same
+        truncation as ``old_logprobs``.
     """
 
     tokens: np.ndarray
@@ -206,6 +217,7 @@ class TrainBatch:
     advantages: np.ndarray
     group_ids: np.ndarray
     ref_logprobs: np.ndarray | None = None
+    kept_floor: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -93,6 +93,7 @@ def forward_with_values(
     attention_mask: jax.Array,  # [B, T]
     temperature: float = 1.0,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    floor: jax.Array | None = None,  # [B, L]: the sampler's kept sets
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Per-token logprobs, entropies and values, each [B, L].
 
@@ -102,6 +103,8 @@ def forward_with_values(
     (:func:`rlax.core.models.logprobs.chunked_token_logprobs`): no [B, T, V] logits.
     """
     hidden = hidden_states(policy, tokens, attention_mask)
-    logp, entropy = chunked_token_logprobs(policy.logits, hidden, tokens, temperature, chunk_tokens)
+    logp, entropy = chunked_token_logprobs(
+        policy.logits, hidden, tokens, temperature, chunk_tokens, floor
+    )
     values = critic.values(module, policy, hidden, tokens, attention_mask)
     return logp, entropy, values[:, :-1]

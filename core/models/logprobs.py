@@ -35,14 +35,46 @@ import jax.numpy as jnp
 DEFAULT_CHUNK_TOKENS = 1024
 
 
+# A token whose full logprob is within this of a kept set's floor counts as kept: the
+# trainer's float32 log-softmax of the same logits differs from the sampler's by rounding.
+FLOOR_TOLERANCE = 1e-5
+
+
+def kept_logprobs(
+    logp: jax.Array,  # [..., V] full log-probabilities
+    targets: jax.Array,  # [...]
+    floor: jax.Array,  # [...] the kept set's floor (-inf: everything kept)
+) -> jax.Array:
+    """log p(target) under ``logp`` truncated to the tokens at or above ``floor`` and renormalised.
+
+    The truncation the sampler drew from (:mod:`rlax.plugins.samplers.sampling`):
+    the kept set is every token whose full logprob is at least the floor (less
+    :data:`FLOOR_TOLERANCE`), and always the target itself, so a policy that moved
+    since sampling still gives it a finite logprob. Differentiable: the set's
+    mass depends on ``logp``.
+    """
+    picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    vocab = jnp.arange(logp.shape[-1])
+    keep = (logp >= (floor - FLOOR_TOLERANCE)[..., None]) | (vocab == targets[..., None])
+    return picked - jax.nn.logsumexp(jnp.where(keep, logp, -jnp.inf), axis=-1)
+
+
 def logprobs_and_entropy(
     logits: jax.Array,  # [..., V]
     targets: jax.Array,  # [...]
     temperature: float = 1.0,
+    floor: jax.Array | None = None,  # [...]
 ) -> tuple[jax.Array, jax.Array]:
-    """log softmax(logits / temperature)[target] and the entropy, both [...], float32."""
+    """log softmax(logits / temperature)[target] and the entropy, both [...], float32.
+
+    With ``floor`` (the sampler's kept sets, :func:`kept_logprobs`) the logprob is
+    under the truncated distribution; the entropy is the full distribution's either way.
+    """
     logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-    picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    if floor is None:
+        picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    else:
+        picked = kept_logprobs(logp, targets, floor)
     entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
     return picked, entropy
 
@@ -60,6 +92,7 @@ def chunked_token_logprobs(
     tokens: jax.Array,  # [B, T]
     temperature: float = 1.0,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    floor: jax.Array | None = None,  # [B, T-1]
 ) -> tuple[jax.Array, jax.Array]:
     """Logprob of ``tokens[:, t+1]`` under ``head(hidden[:, t])`` and the entropy, chunked.
 
@@ -69,6 +102,8 @@ def chunked_token_logprobs(
       tokens: the sequence; position t predicts token t+1.
       temperature: the logits are divided by it (the sampler's tempered policy).
       chunk_tokens: at most this many tokens' logits exist at once.
+      floor: the sampler's kept set at each target position (:func:`kept_logprobs`);
+        None: the full distribution.
 
     Returns:
       logprobs [B, T-1] and entropies [B, T-1], float32, equal (up to
@@ -85,18 +120,23 @@ def chunked_token_logprobs(
     if pad:
         h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
         targets = jnp.pad(targets, ((0, 0), (0, pad)))
+        if floor is not None:
+            floor = jnp.pad(floor, ((0, 0), (0, pad)), constant_values=-jnp.inf)
     # [B, n*c, ...] -> [n, B, c, ...]: the scan walks chunks, rows stay where they are.
     h = jnp.moveaxis(h.reshape(rows, n, c, h.shape[-1]), 1, 0)
     targets = jnp.moveaxis(targets.reshape(rows, n, c), 1, 0)
+    xs = (h, targets)
+    if floor is not None:
+        xs += (jnp.moveaxis(floor.astype(jnp.float32).reshape(rows, n, c), 1, 0),)
 
     @jax.checkpoint
-    def one_chunk(h_c, t_c):
-        return logprobs_and_entropy(head(h_c), t_c, temperature)
+    def one_chunk(h_c, t_c, f_c=None):
+        return logprobs_and_entropy(head(h_c), t_c, temperature, f_c)
 
     def body(carry, xs):
         return carry, one_chunk(*xs)
 
-    _, (logp, entropy) = jax.lax.scan(body, None, (h, targets))
+    _, (logp, entropy) = jax.lax.scan(body, None, xs)
 
     def unchunk(x):  # [n, B, c] -> [B, T-1]
         return jnp.moveaxis(x, 0, 1).reshape(rows, n * c)[:, : length - 1]

@@ -226,14 +226,16 @@ def sequence_logprobs(
     attention_mask: jax.Array,  # [B, T]
     temperature: float = 1.0,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    floor: jax.Array | None = None,  # [B, T-1]
 ) -> tuple[jax.Array, jax.Array]:
     """Full forward pass: per-token logprobs and entropies, both [B, T-1].
 
     The head runs on ``chunk_tokens`` tokens at a time
     (:func:`rlax.core.models.logprobs.chunked_token_logprobs`), so the whole
     batch's logits [B, T, V] never exist, in the forward or the backward pass.
+    ``floor``: the sampler's kept sets, for logprobs under its truncated distribution.
     """
     hidden, _ = model.hidden_states(
         tokens, positions_from_mask(attention_mask), causal_mask(attention_mask)
     )
-    return chunked_token_logprobs(model.logits, hidden, tokens, temperature, chunk_tokens)
+    return chunked_token_logprobs(model.logits, hidden, tokens, temperature, chunk_tokens, floor)

@@ -64,6 +64,9 @@ def make_batch(
     old_logprobs = np.zeros((n, t - 1), np.float32)
     adv = np.zeros((n, t - 1), np.float32)
     group_ids = np.full((n,), -1, np.int32)
+    # The sampler's kept sets travel only when some completion was drawn truncated.
+    truncated = any(c.kept_floor is not None for _, _, c in completions)
+    floor = np.full((n, t - 1), -np.inf, np.float32) if truncated else None
     flat_adv = np.asarray(advantages, np.float32).reshape(-1)
     for r, (gi, prompt, comp) in enumerate(completions):
         lp, lc = len(prompt.tokens), len(comp.tokens)
@@ -77,4 +80,6 @@ def make_batch(
         old_logprobs[r, p - 1 : p - 1 + lc] = comp.logprobs * model
         adv[r, p - 1 : p - 1 + lc] = flat_adv[r] * model
         group_ids[r] = gi
-    return TrainBatch(tokens, attention, loss_mask, old_logprobs, adv, group_ids)
+        if floor is not None and comp.kept_floor is not None:
+            floor[r, p - 1 : p - 1 + lc] = comp.kept_floor
+    return TrainBatch(tokens, attention, loss_mask, old_logprobs, adv, group_ids, kept_floor=floor)

@@ -86,6 +86,10 @@ def check_targets(arrays: dict[str, np.ndarray]) -> None:
         )
 
 
+#: The sampler's kept sets (``kept_floor`` [B, L]) laid out as the packed targets [R, W - 1].
+PACKED_FLOOR = "packed_kept_floor"
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """Where each padded row's sequence goes.
@@ -244,6 +248,12 @@ def pack(
     out.update(
         {PACKED_TOKENS: packed, PACKED_SEGMENTS: segments, UNPACK_INDEX: index, PACKED_IDS: ids}
     )
+    if "kept_floor" in arrays:  # a model input too: the head truncates as the sampler did
+        floor = np.full((n, width - 1), -np.inf, np.float32)
+        real = index >= 0
+        g, col = np.divmod(index[real], width - 1)
+        floor[[local[int(x)] for x in g], col] = arrays["kept_floor"][real]
+        out[PACKED_FLOOR] = floor
     return out
 
 

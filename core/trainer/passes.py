@@ -40,13 +40,20 @@ Outputs = Callable[[Any, dict[str, jax.Array]], tuple[tuple[jax.Array, Any], jax
 
 def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
     """What the model reads of a batch: ``tokens`` and ``attention_mask`` [rows, width],
-    the packed rows and their segment ids for a packed batch."""
+    the packed rows and their segment ids for a packed batch, and the sampler's kept
+    sets ``kept_floor`` [rows, width - 1] when the batch brings them."""
     if packing.PACKED_TOKENS in batch:
-        return {
+        inputs = {
             "tokens": batch[packing.PACKED_TOKENS],
             "attention_mask": batch[packing.PACKED_SEGMENTS],
         }
-    return {"tokens": batch["tokens"], "attention_mask": batch["attention_mask"]}
+        if packing.PACKED_FLOOR in batch:
+            inputs["kept_floor"] = batch[packing.PACKED_FLOOR]
+        return inputs
+    inputs = {"tokens": batch["tokens"], "attention_mask": batch["attention_mask"]}
+    if "kept_floor" in batch:  # the sampler's kept sets: the head truncates as it did
+        inputs["kept_floor"] = batch["kept_floor"]
+    return inputs
 
 
 def rows_per_microbatch(settings: TrainerSettings, mesh: Mesh, width: int, rows: int) -> int:

@@ -255,9 +255,10 @@ class Trainer:
         model = loralib.model_of(self.graphdef, cast_floats(params, dtype), ids)
         model = self._wrap_blocks(model)
         chunk = self.settings.logprob_chunk_tokens  # the head never sees the whole batch
+        floor = batch.get("kept_floor")  # the sampler's kept sets: truncate as it did
         if critic is None:
             logp, entropy = sequence_logprobs(
-                model, batch["tokens"], batch["attention_mask"], self.temperature, chunk
+                model, batch["tokens"], batch["attention_mask"], self.temperature, chunk, floor
             )
             return logp, entropy, None
         # Both set in __init__ with the critic's params.
@@ -265,7 +266,7 @@ class Trainer:
         module = self._wrap_blocks(nnx.merge(self.critic_graphdef, cast_floats(critic, dtype)))
         tokens, mask = batch["tokens"], batch["attention_mask"]
         return forward_with_values(
-            model, self.value_model, module, tokens, mask, self.temperature, chunk
+            model, self.value_model, module, tokens, mask, self.temperature, chunk, floor
         )
 
     def _wrap_blocks(self, module: ModuleT) -> ModuleT:

@@ -20,8 +20,9 @@ simple reference) pays.
   :class:`~rlax.core.types.PartialGroup`; given back in ``partials``, each
   cut row is prefilled with its prompt and tokens so far and keeps decoding.
 
-Per-token logprobs are under softmax(logits / temperature), as the static
-sampler's (:mod:`.sampling`).
+Per-token logprobs and kept sets are recorded as the static sampler's
+(``recorded_logprobs``, :mod:`.sampling`); a resumed row keeps those of its
+earlier tokens.
 
 References:
   Yu et al., 2022, "Orca", OSDI (iteration-level scheduling)
@@ -162,6 +163,7 @@ class SlotEngine(JaxSampler):
                 top_k=self.top_k,
                 top_p=self.top_p,
                 method=self._method(model.cfg.vocab_size),
+                recorded=self.recorded_logprobs,
             ),
             donate_argnums=1,
         )
@@ -250,6 +252,12 @@ class SlotEngine(JaxSampler):
                         old.versions.tolist()
                         if old.versions is not None
                         else [old.policy_version] * len(old.tokens)
+                    )
+                    # No kept sets: its logprobs are the full distribution's (-inf floors).
+                    row.floors = (
+                        old.kept_floor.tolist()
+                        if old.kept_floor is not None
+                        else [-np.inf] * len(old.tokens)
                     )
                 pending.append(row)
         return done, pending
@@ -356,6 +364,7 @@ class SlotEngine(JaxSampler):
         n = int(out.n)
         self.step += n
         tokens, logprobs, emitted = (np.asarray(a)[:, :n] for a in out[:3])
+        floors = np.asarray(out.floors)[:, :n]
         self.decoded_tokens += int(emitted.sum())
         self._active = np.asarray(self._slots.active)
         self._used = np.asarray(self._slots.used)
@@ -364,6 +373,7 @@ class SlotEngine(JaxSampler):
             row.tokens += tokens[slot, on].tolist()
             row.logprobs += logprobs[slot, on].tolist()
             row.versions += [self.version] * int(on.sum())
+            row.floors += floors[slot, on].tolist()
             if not self._active[slot] and slot not in table.paused:
                 stopped = bool(row.tokens) and row.tokens[-1] in self._stops
                 done[row.request][row.sample] = self._finished(row, "stop" if stopped else "length")
@@ -371,6 +381,7 @@ class SlotEngine(JaxSampler):
 
     def _finished(self, row: Row, reason: str) -> Completion:
         versions = np.asarray(row.versions, np.int32)
+        floors = np.asarray(row.floors, np.float32)
         same = len(versions) == 0 or bool(np.all(versions == versions[0]))
         return Completion(
             tokens=np.asarray(row.tokens, np.int32),
@@ -379,6 +390,7 @@ class SlotEngine(JaxSampler):
             finish_reason=reason,
             policy_version=int(versions.min()) if len(versions) else self.version,
             versions=None if same else versions,
+            kept_floor=floors if self.truncates or np.isfinite(floors).any() else None,
         )
 
     def _cut(self, prompts, n, done, table, pending) -> list[tuple[Completion, ...] | PartialGroup]:

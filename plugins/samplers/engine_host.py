@@ -35,6 +35,7 @@ class Row:
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
+    floors: list[float] = dataclasses.field(default_factory=list)  # kept sets (sampling.py)
 
     @property
     def prefix(self) -> np.ndarray:

@@ -254,6 +254,7 @@ class Chunk(NamedTuple):
     logprobs: jax.Array  # [R, steps] float32
     emitted: jax.Array  # [R, steps] bool
     n: jax.Array  # scalar int32
+    floors: jax.Array  # [R, steps] float32: the kept sets (-inf: nothing cut; sampling.py)
 
 
 def _empty_chunk(rows: int, steps: int) -> Chunk:
@@ -262,17 +263,22 @@ def _empty_chunk(rows: int, steps: int) -> Chunk:
         logprobs=jnp.zeros((rows, steps), jnp.float32),
         emitted=jnp.zeros((rows, steps), bool),
         n=jnp.int32(0),
+        floors=jnp.full((rows, steps), -jnp.inf, jnp.float32),
     )
 
 
-def _record(out: Chunk, i: jax.Array, on: jax.Array, nxt: jax.Array, logp: jax.Array) -> Chunk:
-    """``out`` with decode step ``i``'s column written: the token ``nxt`` and its logprob
-    ``logp`` of each row that was active (``on``), PAD and 0 for the others."""
+def _record(
+    out: Chunk, i: jax.Array, on: jax.Array, nxt: jax.Array, logp: jax.Array, floor: jax.Array
+) -> Chunk:
+    """``out`` with decode step ``i``'s column written: the token ``nxt``, its logprob
+    ``logp`` and kept set's ``floor`` of each row that was active (``on``), PAD, 0 and
+    -inf for the others."""
     return Chunk(
         tokens=out.tokens.at[:, i].set(jnp.where(on, nxt, PAD)),
         logprobs=out.logprobs.at[:, i].set(jnp.where(on, logp, 0.0)),
         emitted=out.emitted.at[:, i].set(on),
         n=i + 1,
+        floors=out.floors.at[:, i].set(jnp.where(on, floor, -jnp.inf)),
     )
 
 
@@ -310,6 +316,7 @@ def decode(
     top_k: int,
     top_p: float,
     method: str,
+    recorded: str = "full",
 ) -> tuple[Slots, Chunk]:
     """Up to ``steps`` decode steps over every slot.
 
@@ -332,12 +339,14 @@ def decode(
         on = sl.active
         logits, cache, key_valid = _forward(model, sl, start + i, ring)
         key, sub = jax.random.split(key)
-        nxt, logp = sample_token(logits, sub, temperature, top_k=top_k, top_p=top_p, method=method)
+        nxt, logp, floor = sample_token(
+            logits, sub, temperature, top_k=top_k, top_p=top_p, method=method, recorded=recorded
+        )
         count = sl.generated + on
         stopped = count >= sl.limit
         if stop_ids:
             stopped = stopped | jnp.any(nxt[:, None] == stops[None, :], axis=-1)
-        out = _record(out, i, on, nxt, logp)
+        out = _record(out, i, on, nxt, logp, floor)
         sl = _advance(sl, cache, key_valid, nxt, stopped)
         return i + 1, finished + jnp.sum(on & stopped), sl, out, key
 

@@ -22,9 +22,11 @@ one SmolLM2 cache, in one run of three). One cache is kept, for the last
 shape used.
 
 Token choice (temperature, top-k, top-p) is :mod:`.sampling`; each generated
-token comes with its log-probability under softmax(logits / temperature), the
-distribution the trainer recomputes, so the two agree and the trainer reports
-what mismatch remains.
+token comes with its log-probability under the distribution it was drawn from
+(``recorded_logprobs="truncated"``: top-k / top-p's kept set, whose floor
+travels in :attr:`~rlax.core.types.Completion.kept_floor`) or under the full
+softmax(logits / temperature) (``"full"``). The trainer recomputes the same
+distribution, so the two agree and the trainer reports what mismatch remains.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from rlax.core.models.transformer import KVCache, Transformer, init_cache, posit
 from rlax.core.parallel.mesh import MeshConfig
 from rlax.core.types import Completion, Prompt
 from rlax.plugins.samplers.sampler_mesh import SamplerMesh
-from rlax.plugins.samplers.sampling import METHODS, sample_token
+from rlax.plugins.samplers.sampling import METHODS, RECORDED, sample_token
 
 # Above this vocabulary size the sampler draws by inverse CDF and computes the
 # prefill's logits at the last position only (smaller ones keep their exact
@@ -133,8 +135,10 @@ def _generate(
     top_p: float = 1.0,
     method: str = "gumbel",
     last_logits_only: bool = False,
-) -> tuple[jax.Array, jax.Array, KVCache]:
-    """Generated tokens [B, C] (PAD after the stop token), their logprobs [B, C], the cache."""
+    recorded: str = "full",
+) -> tuple[jax.Array, jax.Array, jax.Array, KVCache]:
+    """Generated tokens [B, C] (PAD after the stop token), their logprobs [B, C], the kept
+    sets' floors [B, C] (-inf: nothing cut; :mod:`.sampling`) and the cache."""
     model: Transformer = nnx.merge(graphdef, state)
     p, b = tokens.shape[1], rows_of.shape[0]
     slots = jnp.arange(p + max_new_tokens)
@@ -148,20 +152,28 @@ def _generate(
         return (i < max_new_tokens) & ~jnp.all(done)
 
     def body(carry):
-        i, done, last_logits, pos, cache, key_valid, out_tok, out_logp, key = carry
+        i, done, last_logits, pos, cache, key_valid, out_tok, out_logp, out_floor, key = carry
         key, sub = jax.random.split(key)
-        tok, logp = sample_token(
-            last_logits, sub, temperature, top_k=top_k, top_p=top_p, method=method
+        tok, logp, floor = sample_token(
+            last_logits,
+            sub,
+            temperature,
+            top_k=top_k,
+            top_p=top_p,
+            method=method,
+            recorded=recorded,
         )
         tok = jnp.where(done, PAD, tok)
         out_tok = out_tok.at[:, i].set(tok)
         out_logp = out_logp.at[:, i].set(jnp.where(done, 0.0, logp))
+        out_floor = out_floor.at[:, i].set(jnp.where(done, -jnp.inf, floor))
         key_valid = key_valid.at[:, p + i].set(~done)
         step_mask = ((slots <= p + i)[None, :] & key_valid)[:, None, :]
         logits, cache = model(tok[:, None], pos[:, None], step_mask, cache, p + i)
         if stop_ids:
             done = done | jnp.any(tok[:, None] == stops[None, :], axis=-1)
-        return i + 1, done, logits[:, 0], pos + 1, cache, key_valid, out_tok, out_logp, key
+        out = (out_tok, out_logp, out_floor)
+        return i + 1, done, logits[:, 0], pos + 1, cache, key_valid, *out, key
 
     carry = (
         jnp.int32(0),
@@ -172,10 +184,11 @@ def _generate(
         key_valid,
         jnp.full((b, max_new_tokens), PAD, jnp.int32),
         jnp.zeros((b, max_new_tokens), jnp.float32),
+        jnp.full((b, max_new_tokens), -jnp.inf, jnp.float32),
         key,
     )
     carry = jax.lax.while_loop(cond, body, carry)
-    return carry[6], carry[7], carry[4]
+    return carry[6], carry[7], carry[8], carry[4]
 
 
 class JaxSampler:
@@ -186,8 +199,15 @@ class JaxSampler:
       temperature: softmax temperature (logprobs are of the tempered distribution).
       top_k: draw only from the k most likely tokens (0 = off).
       top_p: draw only from the smallest set of most likely tokens whose
-        probability reaches p (1.0 = off). With top-k / top-p the logprobs stay
-        those of the full tempered distribution, which the trainer also computes.
+        probability reaches p (1.0 = off).
+      recorded_logprobs: which distribution the recorded logprobs are under
+        when top-k / top-p cut (:mod:`.sampling`): ``"truncated"``, the one
+        each token was drawn from, with each position's kept set travelling to
+        the trainer (which truncates its own distribution the same way, so the
+        importance ratio compares like with like); or ``"full"``, the full
+        tempered distribution (the trainer's too): the ratio then compares
+        distributions the token was not drawn from. Without top-k / top-p the
+        two are the same.
       prompt_bucket: prompts are left-padded to a multiple of this length.
       stop_tokens: ids that end a completion besides the tokenizer's eos.
       stop_at_eos: whether the tokenizer's eos ends a completion (benchmarks
@@ -215,6 +235,7 @@ class JaxSampler:
         stop_tokens: Sequence[Annotated[int, AtLeast(0)]] = (),
         stop_at_eos: bool = True,
         method: Annotated[str, OneOf("auto", *METHODS)] = "auto",
+        recorded_logprobs: Annotated[str, OneOf(*RECORDED)] = "truncated",
         mesh: MeshConfig | None = None,
     ):
         check_arguments(JaxSampler.__init__, locals(), owner="jax sampler")
@@ -228,6 +249,7 @@ class JaxSampler:
         self.stop_tokens = tuple(int(t) for t in stop_tokens)
         self.stop_at_eos = stop_at_eos
         self.method = method
+        self.recorded_logprobs = recorded_logprobs
         self._fn: jax.stages.Wrapped | None = None  # jit of _generate, bound by setup
         self._state: nnx.State | None = None
         self._abstract = False  # the state holds shapes only (an abstract model's)
@@ -254,6 +276,7 @@ class JaxSampler:
                 top_p=self.top_p,
                 method=self._method(model.cfg.vocab_size),
                 last_logits_only=model.cfg.vocab_size > _LARGE_VOCAB,
+                recorded=self.recorded_logprobs,
             ),
             donate_argnums=1,  # the cache (cleared in the program, so kept though unread)
             keep_unused=True,
@@ -336,7 +359,7 @@ class JaxSampler:
         fn = self._check_ready()
         tokens, mask, rows_of = self.pad_prompts(prompts, n)
         self.prefilled_tokens += tokens.size
-        out_tok, out_logp, cache = fn(
+        out_tok, out_logp, out_floor, cache = fn(
             self._state,
             self._cache_for(len(rows_of), tokens.shape[1]),
             tokens,
@@ -347,10 +370,24 @@ class JaxSampler:
         )
         self._cache = self._kept(cache)
         out_tok, out_logp = np.asarray(out_tok), np.asarray(out_logp)
+        floors = np.asarray(out_floor) if self.truncates else None
         return [
-            tuple(self._completion(out_tok[i * n + j], out_logp[i * n + j]) for j in range(n))
+            tuple(
+                self._completion(
+                    out_tok[i * n + j],
+                    out_logp[i * n + j],
+                    None if floors is None else floors[i * n + j],
+                )
+                for j in range(n)
+            )
             for i in range(len(prompts))
         ]
+
+    @property
+    def truncates(self) -> bool:
+        """Whether the recorded logprobs are under a truncated distribution (kept sets travel)."""
+        cuts = bool(self.top_k) or self.top_p < 1.0
+        return cuts and self.recorded_logprobs == "truncated" and self.method != "greedy"
 
     def _cache_for(self, rows: int, prompt_len: int) -> KVCache:
         """The kept cache if it has this shape, else a new one (the old one is let go first)."""
@@ -361,7 +398,9 @@ class JaxSampler:
         del cache
         return self._kept(init_cache(self._cfg, rows, slots))
 
-    def _completion(self, toks: np.ndarray, logps: np.ndarray) -> Completion:
+    def _completion(
+        self, toks: np.ndarray, logps: np.ndarray, floors: np.ndarray | None = None
+    ) -> Completion:
         stops = np.flatnonzero(np.isin(toks, self._stops))
         length = int(stops[0]) + 1 if len(stops) else len(toks)
         return Completion(
@@ -370,6 +409,7 @@ class JaxSampler:
             text=self.tokenizer.decode(toks[:length]),
             finish_reason="stop" if len(stops) else "length",
             policy_version=self.version,
+            kept_floor=None if floors is None else floors[:length].copy(),
         )
 
 

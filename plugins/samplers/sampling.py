@@ -1,11 +1,25 @@
 """Choosing the next token: temperature, top-k, top-p, and the logprob that travels with it.
 
-Pure functions on a batch of logits [B, V]. The logprob returned for a token
-is always under the *tempered full* distribution, softmax(logits / T): that is
-what the trainer recomputes from the same tokens (``token_logprobs`` with the
-same temperature), so sampler and trainer agree up to floating point, and the
-remaining train/inference mismatch is measured by the trainer. Top-k and top-p
-only restrict which tokens may be drawn.
+Pure functions on a batch of logits [B, V]. Which distribution a token's
+recorded logprob is under is the sampler's ``recorded_logprobs`` setting
+(:data:`RECORDED`):
+
+- ``"truncated"`` (the default): the distribution the token was actually drawn
+  from, softmax(logits / T) restricted to the kept set (top-k, top-p) and
+  renormalised. Beside it travels the set's **floor**: the log-probability,
+  under the full tempered distribution, of the least likely token kept (-inf
+  where nothing was cut). The kept set is exactly the tokens whose full
+  logprob is at least the floor, so the trainer rebuilds it from its own
+  logits and the floor alone (:func:`rlax.core.models.logprobs.logprobs_and_entropy`),
+  and its ratio compares like with like: at the sampler's weights the two
+  logprobs agree up to float rounding.
+- ``"full"``: the full tempered distribution's logprob (no floor travels), the
+  behaviour before truncation was recorded. With top-k / top-p on, the token
+  was drawn from another distribution than the one recorded: importance
+  ratios and the alignment corrections then correct toward the wrong
+  behaviour policy (peers measured a mean ratio near 0.9 at top_p 0.8).
+
+Without top-k and top-p the two are the same numbers (the floor is -inf).
 
 Greedy decoding is its own method, ``"greedy"``: the most likely token of
 each row (argmax of the logits, the first on a tie; top-k and top-p change
@@ -36,6 +50,8 @@ import jax.numpy as jnp
 
 # How a token is chosen: the two exact draws, and the most likely token.
 METHODS = ("gumbel", "inverse_cdf", "greedy")
+# Which distribution the recorded logprobs are under (see the module doc).
+RECORDED = ("truncated", "full")
 
 
 def restrict_top_k(scaled: jax.Array, k: int) -> jax.Array:
@@ -88,6 +104,16 @@ def inverse_cdf_sample(key: jax.Array, logits: jax.Array, block: int = 256) -> j
     return _inverse_cdf_from_weights(key, weights, block)
 
 
+def kept_floor(
+    allowed: jax.Array,  # [B, V] the restricted scaled logits (-inf: cut)
+    logp: jax.Array,  # [B, V] log softmax of the unrestricted scaled logits
+) -> jax.Array:
+    """The full logprob of the least likely kept token of each row, [B] (-inf: none cut)."""
+    cut = jnp.any(allowed == -jnp.inf, axis=-1)
+    floor = jnp.min(jnp.where(allowed > -jnp.inf, logp, jnp.inf), axis=-1)
+    return jnp.where(cut, floor, -jnp.inf)
+
+
 def sample_token(
     logits: jax.Array,  # [B, V] float32
     key: jax.Array,
@@ -96,18 +122,28 @@ def sample_token(
     top_k: int = 0,
     top_p: float = 1.0,
     method: str = "gumbel",
-) -> tuple[jax.Array, jax.Array]:
-    """Draws one token per row; returns (tokens [B], logprobs [B] under softmax(logits / T)).
+    recorded: str = "truncated",
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Draws one token per row: (tokens [B], logprobs [B], floors [B]).
 
-    ``method="greedy"`` takes the most likely token of each row instead of drawing one.
+    The logprobs are under the distribution ``recorded`` names (:data:`RECORDED`);
+    the floors are those of the kept sets under ``"truncated"`` (:func:`kept_floor`),
+    -inf where nothing was cut and always under ``"full"``. ``method="greedy"`` takes
+    the most likely token of each row instead of drawing one (logprob under
+    softmax(logits / T), floor -inf).
     """
     if method not in METHODS:
         raise ValueError(f"sampling method must be one of {', '.join(METHODS)}, got {method!r}")
+    if recorded not in RECORDED:
+        raise ValueError(
+            f"recorded logprobs must be one of {', '.join(RECORDED)}, got {recorded!r}"
+        )
     scaled = logits / temperature
+    none = jnp.full(logits.shape[:1], -jnp.inf, jnp.float32)
     if method == "greedy":
         tok = jnp.argmax(logits, axis=-1)
         logp = jax.nn.log_softmax(scaled, axis=-1)
-        return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+        return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0], none
     restricted = bool(top_k) or top_p < 1.0
     if method == "inverse_cdf" and not restricted:
         # One pass of exp serves both the draw and the logprob's normaliser.
@@ -115,7 +151,7 @@ def sample_token(
         weights = jnp.exp(scaled - top)
         tok = _inverse_cdf_from_weights(key, weights, 256)
         lse = top[:, 0] + jnp.log(jnp.sum(weights, axis=-1))
-        return tok, jnp.take_along_axis(scaled, tok[:, None], axis=-1)[:, 0] - lse
+        return tok, jnp.take_along_axis(scaled, tok[:, None], axis=-1)[:, 0] - lse, none
     allowed = scaled
     if top_k:
         allowed = restrict_top_k(allowed, top_k)
@@ -126,4 +162,9 @@ def sample_token(
     else:
         tok = inverse_cdf_sample(key, allowed)
     logp = jax.nn.log_softmax(scaled, axis=-1)
-    return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+    picked = jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+    if recorded == "full" or not restricted:
+        return tok, picked, none
+    # The kept set's mass from the full logprobs, as the trainer computes it (kept_logprobs).
+    kept_mass = jax.nn.logsumexp(jnp.where(allowed > -jnp.inf, logp, -jnp.inf), axis=-1)
+    return tok, picked - kept_mass, kept_floor(allowed, logp)

@@ -59,12 +59,13 @@ def test_top_p_keeps_the_smallest_nucleus():
     assert kept(1.0) == [True, True, True, True]
 
 
-def test_sampled_tokens_stay_in_the_allowed_set_and_logprob_is_the_tempered_one():
+def test_sampled_tokens_stay_in_the_allowed_set_and_full_logprob_is_the_tempered_one():
     logits = jax.random.normal(jax.random.key(0), (256, 40)) * 3
     for top_k, top_p in ((1, 1.0), (5, 1.0), (0, 0.6), (3, 0.9)):
-        tok, logp = sample_token(
-            logits, jax.random.key(1), jnp.float32(0.7), top_k=top_k, top_p=top_p
+        tok, logp, floor = sample_token(
+            logits, jax.random.key(1), jnp.float32(0.7), top_k=top_k, top_p=top_p, recorded="full"
         )
+        assert np.all(np.asarray(floor) == -np.inf)  # "full": no kept set travels
         allowed = logits / 0.7
         if top_k:
             allowed = restrict_top_k(allowed, top_k)
@@ -82,7 +83,7 @@ def test_sampled_tokens_stay_in_the_allowed_set_and_logprob_is_the_tempered_one(
 def test_top_p_frequencies_follow_the_renormalised_nucleus():
     probs = np.array([0.5, 0.3, 0.15, 0.05])
     logits = jnp.log(jnp.tile(probs, (20_000, 1)))
-    tok, _ = sample_token(logits, jax.random.key(2), jnp.float32(1.0), top_p=0.7)
+    tok, _, _ = sample_token(logits, jax.random.key(2), jnp.float32(1.0), top_p=0.7)
     freq = np.bincount(np.asarray(tok), minlength=4) / 20_000
     np.testing.assert_allclose(freq, [0.625, 0.375, 0, 0], atol=0.015)
 
@@ -136,8 +137,8 @@ def test_inverse_cdf_frequencies_and_zero_probability_tokens(block):
 
 def test_inverse_cdf_respects_top_k_and_logprobs():
     logits = jax.random.normal(jax.random.key(5), (128, 3000)) * 2
-    tok, logp = sample_token(
-        logits, jax.random.key(6), jnp.float32(1.3), top_k=7, method="inverse_cdf"
+    tok, logp, _ = sample_token(
+        logits, jax.random.key(6), jnp.float32(1.3), top_k=7, method="inverse_cdf", recorded="full"
     )
     kth = jax.lax.top_k(logits, 7)[0][:, -1]
     assert np.all(np.asarray(logits[jnp.arange(128), tok] >= kth))
@@ -156,7 +157,7 @@ def test_auto_method_by_vocabulary(model):
 def test_inverse_cdf_unrestricted_path_logprobs_and_frequencies():
     probs = np.array([0.1, 0.0, 0.4, 0.2, 0.3] + [0.0] * 400)
     logits = jnp.log(jnp.tile(jnp.asarray(probs), (40_000, 1))) * 0.5  # T = 0.5 undoes the 0.5
-    tok, logp = sample_token(logits, jax.random.key(7), jnp.float32(0.5), method="inverse_cdf")
+    tok, logp, _ = sample_token(logits, jax.random.key(7), jnp.float32(0.5), method="inverse_cdf")
     freq = np.bincount(np.asarray(tok), minlength=5)[:5] / 40_000
     np.testing.assert_allclose(freq, probs[:5], atol=0.01)
     np.testing.assert_allclose(logp, np.log(probs[np.asarray(tok)]), rtol=1e-5)
@@ -199,7 +200,7 @@ def test_greedy_is_the_argmax_whatever_the_seed_with_the_tempered_logprob():
     logits = jnp.array([[0.0, 1.0, 3.0, 2.0], [2.0, -1.0, 0.0, 2.0]])
     t = 0.5
     for seed in range(4):
-        tok, logp = sample_token(
+        tok, logp, _ = sample_token(
             logits, jax.random.key(seed), jnp.float32(t), top_k=2, top_p=0.3, method="greedy"
         )
         assert np.asarray(tok).tolist() == [2, 0]
