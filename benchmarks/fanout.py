@@ -11,9 +11,9 @@ loopback and xxh3 do on one core), so the figures are stable on a loaded
 machine.
 
 For N = 1, 4, 16, 32, in one run:
-  baseline  ``relay_fanout = 0``: every worker pulls from the server, whose
+  baseline  ``weight_lanes.relay.fanout = 0``: every worker pulls from the server, whose
             uplink is shared by all N transfers
-  relayed   ``relay_fanout = --fanout``: the server feeds ``relay_direct = 1``
+  relayed   ``fanout = --fanout``: the server feeds ``direct = 1``
             puller, every other puller gets the bytes from a relay, cut-through
             (a relay forwards bytes as they arrive)
 
@@ -48,6 +48,7 @@ from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.server import ParamServer
 from rlax.core.param_server.settings import MB, ServerSettings
 from rlax.core.param_server.transport.relay import Limiter
+from rlax.core.param_server.transport.relay_lane import RelayLane
 from rlax.core.wire import WirePlan
 
 TOKEN = "bench-token"
@@ -84,12 +85,11 @@ def one_round(n: int, fanout: int, tree: dict, rate: float) -> tuple[float, int]
         token=TOKEN,
         chunk_mb=1,
         max_message_mb=8,
-        relay_fanout=fanout,
-        relay_direct=1,
+        lanes=(("relay", RelayLane(fanout=fanout, direct=1)),),
     )
     server = ParamServer(settings, _prompts(), capacity=1)
     port = server.start()
-    server.egress = Limiter(rate)  # the server's uplink
+    server.half("bulk").egress = Limiter(rate)  # the server's uplink
     address = f"127.0.0.1:{port}"
     local = ServerSettings(**{**settings.__dict__, "address": address})
     trainer = ParamServerClient(local, retry_s=5)
@@ -133,7 +133,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--mb", type=float, default=4.0, help="model size in MB (MiB)")
     ap.add_argument("--mb-s", type=float, default=20.0, help="every node's uplink, MB/s")
-    ap.add_argument("--fanout", type=int, default=2, help="relay_fanout of the relayed runs")
+    ap.add_argument(
+        "--fanout", type=int, default=2, help="the relay lane's fanout in the relayed runs"
+    )
     ap.add_argument("--n", type=int, nargs="+", default=[1, 4, 16, 32])
     args = ap.parse_args()
     logging.getLogger("rlax.param_server").setLevel(logging.ERROR)  # the baseline's refusals

@@ -226,8 +226,12 @@ def rlax_register_weight_lanes() -> dict[str, Callable[..., object]]:
     PushReply``, ``pull(have_version, buffer) -> (version, tensors, buffer) |
     None`` and ``close()`` on what it returned. A lane that cannot carry a
     transfer raises ``rlax.core.contracts.StepAside`` before reading it, and the
-    next lane of ``rlax.ps_settings.weight_lanes`` carries it. The built-ins
-    are ``split``, ``relay``, ``bulk`` and ``grpc``.
+    next lane of ``rlax.ps_settings.weight_lanes`` carries it. A lane the
+    server takes part in also has ``serve(host) -> LaneServer | None``
+    (``rlax.core.weight_lane``): every parameter server that lists the lane
+    mounts what it returns (gRPC handlers, methods behind the token, start and
+    stop, ``Stat`` figures). The factory's keyword parameters are the lane's
+    settings. The built-ins are ``split``, ``relay``, ``bulk`` and ``grpc``.
 
     Called once per plugin when the plugin manager loads; not firstresult, not
     historic.

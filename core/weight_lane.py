@@ -144,6 +144,11 @@ class LaneHost(Protocol):
         a lane that works through another's, as relays through the bulk lane's tickets).
         Every half is made before the first ``start``, so this is complete from then."""
 
+    def start_server(self, settings: Any) -> Any:
+        """Starts a weight-only server like this one, serving ``settings`` (its own address
+        and lanes), in a child process that exits with this one; returns the process
+        (``multiprocessing``'s: ``terminate``, ``join``). For a lane that spreads a store."""
+
     def authorized(self, context: Any) -> bool:
         """Whether a call (its ``grpc.ServicerContext``) carries the server's token: for a
         method open to everyone that gives token holders more."""

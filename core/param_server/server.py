@@ -18,6 +18,10 @@ from __future__ import annotations
 import concurrent.futures
 import hmac
 import logging
+import multiprocessing
+import os
+import signal
+import threading
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any, NoReturn
 
@@ -28,7 +32,7 @@ from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.queue import recovery
 from rlax.core.param_server.queue.service import RolloutQueue
 from rlax.core.param_server.queue.state import QueueError
-from rlax.core.param_server.settings import MB, ServerSettings
+from rlax.core.param_server.settings import ADDRESS_ENV, MB, ServerSettings
 from rlax.core.param_server.transport import lanes
 from rlax.core.param_server.weights.parts import PushRejected
 from rlax.core.param_server.weights.store import WeightStore
@@ -124,6 +128,19 @@ class ParamServer:
         self._server.add_generic_rpc_handlers(handlers)
         self._started: list[LaneServer] = []
         self.port = 0
+
+    def start_server(self, settings: ServerSettings) -> multiprocessing.process.BaseProcess:
+        """A weight-only server like this one, serving ``settings`` (its own address and
+        lanes) in a child process (spawned) that exits when this process does."""
+        ctx = multiprocessing.get_context("spawn")
+        proc = ctx.Process(
+            target=serve_weights,
+            args=(settings, os.getpid()),
+            name=f"rlax-weight-server-{settings.address}",
+            daemon=True,
+        )
+        proc.start()
+        return proc
 
     def half(self, name: str) -> Any:
         """The server half of lane ``name`` on this server, or None (not listed, or nothing
@@ -249,6 +266,21 @@ class ParamServer:
                 "Ack": _unary(self._queue_call(q.ack), pb.AckRequest, pb.AckReply),
             },
         )
+
+
+def serve_weights(settings: ServerSettings, parent: int | None = None) -> None:
+    """Serves weights only (no prompts) at ``settings.address`` until SIGTERM/SIGINT (or
+    until process ``parent`` exits): a shard of a split store."""
+    os.environ.pop(ADDRESS_ENV, None)  # the main server's address is not this one's
+    server = ParamServer(settings, iter(()), capacity=1)
+    server.start()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        if parent is not None and os.getppid() != parent:
+            break  # the server that started this one is gone
+    server.stop(grace=1.0)
 
 
 def _unary(fn, request_cls, reply_cls):

@@ -18,10 +18,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Any
 
 import grpc
 
+from rlax.core.configurables import configurables
 from rlax.core.constraints import AtLeast, OneOf, checked_by
 from rlax.core.errors import BadSetting
 from rlax.core.types import ConfigPath
@@ -32,11 +34,24 @@ TOKEN_FILE_ENV = "RLAX_PS_TOKEN_FILE"
 MB = 1 << 20
 
 
-def _known_lanes(*, weight_lanes: Any = (), **_: Any) -> None:
-    """BadSetting unless ``weight_lanes`` names registered lanes (checked before any role)."""
-    from rlax.core.param_server.transport import lanes
+LANE_KIND = "weight_lanes"  # the weight lanes' plugin kind, also their gin module
 
-    why = lanes.refusal(tuple(weight_lanes or ()))
+
+def lane_refusal(names: Sequence[str], known: Iterable[str]) -> str | None:
+    """Why ``names`` is not a non-empty list of ``known`` lanes (None: it is)."""
+    valid = sorted(known)
+    unknown = [n for n in names if n not in valid]
+    if not unknown and names:
+        return None
+    what = f"unknown weight lane {unknown[0]!r}" if unknown else "no weight lane"
+    return f"{what}; valid weight lanes: {', '.join(valid) or '(none registered)'}"
+
+
+def _known_lanes(*, weight_lanes: Any = (), **_: Any) -> None:
+    """BadSetting unless ``weight_lanes`` names lanes of the plugin manager in use (checked
+    before any role); with none loaded, where the lanes are built (transport/lanes.py)."""
+    known = configurables(LANE_KIND)
+    why = lane_refusal(tuple(weight_lanes or ()), known) if known else None
     if why is not None:
         raise BadSetting("weight_lanes", why)
 

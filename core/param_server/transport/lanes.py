@@ -34,13 +34,13 @@ from rlax.core.configurables import configurables
 from rlax.core.errors import ConfigError
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.retry import RetryPolicy
-from rlax.core.param_server.settings import ServerSettings
+from rlax.core.param_server.settings import LANE_KIND, ServerSettings, lane_refusal
 from rlax.core.param_server.transport import bulk_lane, grpc_lane, relay_lane, split_lane
 from rlax.core.weight_lane import Pulled, StepAside, WeightLane
 
 log = logging.getLogger("rlax.client")
 
-KIND = "weight_lanes"  # the plugin kind, also the gin module
+KIND = LANE_KIND  # the plugin kind, also the gin module
 BUILTINS = (split_lane, relay_lane, bulk_lane, grpc_lane)
 SERVICE = "rlax.v1.WeightStore"  # the server's own weight service
 _REPLIES: dict[str, Any] = {  # the reply message class of the service's control calls
@@ -59,19 +59,9 @@ def factories() -> dict[str, Callable[..., Any]]:
     return found
 
 
-def refusal(names: Sequence[str], known: Iterable[str] | None = None) -> str | None:
-    """Why ``names`` is not a non-empty list of known lanes (None: it is)."""
-    valid = sorted(factories() if known is None else known)
-    unknown = [n for n in names if n not in valid]
-    if not unknown and names:
-        return None
-    what = f"unknown weight lane {unknown[0]!r}" if unknown else "no weight lane"
-    return f"{what}; valid weight lanes: {', '.join(valid) or '(none registered)'}"
-
-
 def check_names(names: Sequence[str], known: Iterable[str] | None = None) -> None:
     """Raises ConfigError unless ``names`` is a non-empty list of known lanes."""
-    why = refusal(names, known)
+    why = lane_refusal(names, factories() if known is None else known)
     if why is not None:
         raise ConfigError(f"rlax.ps_settings.weight_lanes: {why}")
 

@@ -15,8 +15,9 @@ store is carried by the bulk lane, gRPC or relays like a single server:
   server moved on meanwhile, it asks again.
 
 The server half (:class:`SplitServer`, on the server at ``address``) starts
-the shards meant for its own host as child processes
-(weights/split_servers.py) and stops them with it.
+the shards meant for its own host as child processes of the server
+(``LaneHost.start_server``; elsewhere: weights/split_servers.py) and stops
+them with it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from rlax.core import hookimpl
 from rlax.core.constraints import Positive, check_fields
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.transport import transfer
-from rlax.core.param_server.weights import split_servers
 from rlax.core.param_server.weights.split import ranged, split_header, split_points, whole_sizes
 from rlax.core.weight_lane import LaneHost, LaneLink, LaneServer, Pulled
 
@@ -85,19 +85,24 @@ class SplitServer(LaneServer):
         self.procs: list[multiprocessing.process.BaseProcess] = []
 
     def start(self) -> None:
-        if self.lane.start_local:
-            # A shard serves with this server's settings and every lane but this one.
-            lanes = self.host.settings.lanes
-            rest = tuple((n, lane) for n, lane in lanes if not isinstance(lane, SplitLane))
-            settings = dataclasses.replace(
-                self.host.settings,
-                weight_lanes=tuple(n for n, _ in rest),
-                lanes=rest,
-            )
-            self.procs = split_servers.start_local(settings, self.lane.shards)
+        if not self.lane.start_local:
+            return
+        # A shard serves with this server's settings and every lane but this one.
+        settings = self.host.settings
+        rest = tuple((n, lane) for n, lane in settings.lanes if not isinstance(lane, SplitLane))
+        here = transfer.split_address(settings.address)
+        for address in self.lane.shards:
+            if transfer.split_address(address) == here:  # the others start on their own host
+                shard = dataclasses.replace(
+                    settings, address=address, weight_lanes=tuple(n for n, _ in rest), lanes=rest
+                )
+                self.procs.append(self.host.start_server(shard))
 
     def stop(self) -> None:
-        split_servers.stop_local(self.procs)
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.join(timeout=10)
 
 
 class OpenSplitLane:
