@@ -53,6 +53,8 @@ def completion_to_msg(c: Completion) -> pb.CompletionMsg:
         msg.loss_mask = np.asarray(c.loss_mask, np.int8).tobytes()
     if c.episode is not None:
         msg.episode_json = json.dumps(c.episode)
+    if c.kept_floor is not None:
+        msg.kept_floor = np.asarray(c.kept_floor, "<f4").tobytes()
     return msg
 
 
@@ -66,6 +68,7 @@ def msg_to_completion(c: pb.CompletionMsg) -> Completion:
         versions=_ints(c.versions, "completion versions") if c.versions else None,
         loss_mask=np.frombuffer(c.loss_mask, np.int8).copy() if c.loss_mask else None,
         episode=_episode(c.episode_json),
+        kept_floor=np.frombuffer(c.kept_floor, "<f4").astype(np.float32) if c.kept_floor else None,
     )
 
 
@@ -140,6 +143,12 @@ def check_completion(
         raise WireError(f"{where}: a loss mask of {len(c.loss_mask)} bytes, not 0/1 per token")
     if not np.all(np.isfinite(np.frombuffer(c.logprobs, "<f4"))):
         raise WireError(f"{where} has non-finite logprobs")
+    if c.kept_floor:  # logprobs of kept sets: <= 0, -inf where nothing was cut
+        floors = np.frombuffer(c.kept_floor, "<f4") if len(c.kept_floor) == n_tok else None
+        if floors is None or np.any(np.isnan(floors)) or np.any(floors > 0):
+            raise WireError(
+                f"{where}: kept_floor of {len(c.kept_floor)} bytes, not a logprob <= 0 or -inf per token"
+            )
 
 
 def check_group(

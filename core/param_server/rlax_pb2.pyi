@@ -79,7 +79,26 @@ class TensorMeta(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dtype", b"dtype", "index", b"index", "name", b"name", "nbytes", b"nbytes", "offset", b"offset", "part", b"part", "shape", b"shape", "slice_shape", b"slice_shape", "slice_start", b"slice_start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "dtype",
+        b"dtype",
+        "index",
+        b"index",
+        "name",
+        b"name",
+        "nbytes",
+        b"nbytes",
+        "offset",
+        b"offset",
+        "part",
+        b"part",
+        "shape",
+        b"shape",
+        "slice_shape",
+        b"slice_shape",
+        "slice_start",
+        b"slice_start",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -120,7 +139,20 @@ class PartHeader(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["nbytes", b"nbytes", "num_parts", b"num_parts", "part", b"part", "push_id", b"push_id", "tensors", b"tensors", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "nbytes",
+        b"nbytes",
+        "num_parts",
+        b"num_parts",
+        "part",
+        b"part",
+        "push_id",
+        b"push_id",
+        "tensors",
+        b"tensors",
+        "version",
+        b"version",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -158,7 +190,18 @@ class WeightChunk(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "data", b"data", "header", b"header", "offset", b"offset", "part", b"part"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "checksum",
+        b"checksum",
+        "data",
+        b"data",
+        "header",
+        b"header",
+        "offset",
+        b"offset",
+        "part",
+        b"part",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -185,7 +228,9 @@ class PushReply(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed", "duplicate", b"duplicate", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "committed", b"committed", "duplicate", b"duplicate", "version", b"version"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -221,7 +266,18 @@ class PullRequest(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_source", b"failed_source", "have_version", b"have_version", "relay_host", b"relay_host", "relay_port", b"relay_port", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "failed_source",
+        b"failed_source",
+        "have_version",
+        b"have_version",
+        "relay_host",
+        b"relay_host",
+        "relay_port",
+        b"relay_port",
+        "worker",
+        b"worker",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -243,7 +299,9 @@ class WaitRequest(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_version", b"after_version", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "after_version", b"after_version", "timeout_s", b"timeout_s"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -366,7 +424,48 @@ class QueueStats(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "consumed", b"consumed", "cursor", b"cursor", "dropped_stale", b"dropped_stale", "expired_leases", b"expired_leases", "filtered", b"filtered", "leased", b"leased", "partial_resumed", b"partial_resumed", "partial_submitted", b"partial_submitted", "partial_tokens", b"partial_tokens", "pool", b"pool", "queued", b"queued", "retired_skipped", b"retired_skipped", "reward_errors", b"reward_errors", "reward_timeouts", b"reward_timeouts", "taken", b"taken", "worker_busy_s", b"worker_busy_s", "worker_generate_s", b"worker_generate_s", "worker_idle_s", b"worker_idle_s", "worker_score_s", b"worker_score_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "capacity",
+        b"capacity",
+        "consumed",
+        b"consumed",
+        "cursor",
+        b"cursor",
+        "dropped_stale",
+        b"dropped_stale",
+        "expired_leases",
+        b"expired_leases",
+        "filtered",
+        b"filtered",
+        "leased",
+        b"leased",
+        "partial_resumed",
+        b"partial_resumed",
+        "partial_submitted",
+        b"partial_submitted",
+        "partial_tokens",
+        b"partial_tokens",
+        "pool",
+        b"pool",
+        "queued",
+        b"queued",
+        "retired_skipped",
+        b"retired_skipped",
+        "reward_errors",
+        b"reward_errors",
+        "reward_timeouts",
+        b"reward_timeouts",
+        "taken",
+        b"taken",
+        "worker_busy_s",
+        b"worker_busy_s",
+        "worker_generate_s",
+        b"worker_generate_s",
+        "worker_idle_s",
+        b"worker_idle_s",
+        "worker_score_s",
+        b"worker_score_s",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -403,7 +502,20 @@ class StatReply(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_served", b"bytes_served", "pushes_rejected", b"pushes_rejected", "queue", b"queue", "relay_assignments", b"relay_assignments", "version", b"version", "version_bytes", b"version_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "bytes_served",
+        b"bytes_served",
+        "pushes_rejected",
+        b"pushes_rejected",
+        "queue",
+        b"queue",
+        "relay_assignments",
+        b"relay_assignments",
+        "version",
+        b"version",
+        "version_bytes",
+        b"version_bytes",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -439,7 +551,9 @@ class BulkTicket(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duplicate", b"duplicate", "port", b"port", "ticket", b"ticket", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "duplicate", b"duplicate", "port", b"port", "ticket", b"ticket", "version", b"version"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -466,7 +580,9 @@ class Segment(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "length", b"length", "offset", b"offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "checksum", b"checksum", "length", b"length", "offset", b"offset"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -515,7 +631,24 @@ class PullTicket(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "port", b"port", "relay_host", b"relay_host", "relay_key", b"relay_key", "relay_port", b"relay_port", "segments", b"segments", "source", b"source", "ticket", b"ticket"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "header",
+        b"header",
+        "port",
+        b"port",
+        "relay_host",
+        b"relay_host",
+        "relay_key",
+        b"relay_key",
+        "relay_port",
+        b"relay_port",
+        "segments",
+        b"segments",
+        "source",
+        b"source",
+        "ticket",
+        b"ticket",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -549,7 +682,18 @@ class PromptMsg(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer_json", b"answer_json", "id", b"id", "metadata_json", b"metadata_json", "text", b"text", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "answer_json",
+        b"answer_json",
+        "id",
+        b"id",
+        "metadata_json",
+        b"metadata_json",
+        "text",
+        b"text",
+        "tokens",
+        b"tokens",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -567,6 +711,7 @@ class CompletionMsg(_message.Message):
     VERSIONS_FIELD_NUMBER: _builtins.int
     LOSS_MASK_FIELD_NUMBER: _builtins.int
     EPISODE_JSON_FIELD_NUMBER: _builtins.int
+    KEPT_FLOOR_FIELD_NUMBER: _builtins.int
     tokens: _builtins.bytes
     """int32 little-endian"""
     logprobs: _builtins.bytes
@@ -581,6 +726,8 @@ class CompletionMsg(_message.Message):
     """int8, one per token: 1 model, 0 observation; empty: all 1"""
     episode_json: _builtins.str
     """a multi-turn episode's report (reward, turns, ...); empty: none"""
+    kept_floor: _builtins.bytes
+    """float32 little-endian, one per token: the sampler's kept sets"""
     def __init__(
         self,
         *,
@@ -592,10 +739,30 @@ class CompletionMsg(_message.Message):
         versions: _builtins.bytes = ...,
         loss_mask: _builtins.bytes = ...,
         episode_json: _builtins.str = ...,
+        kept_floor: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["episode_json", b"episode_json", "finish_reason", b"finish_reason", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "policy_version", b"policy_version", "text", b"text", "tokens", b"tokens", "versions", b"versions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "episode_json",
+        b"episode_json",
+        "finish_reason",
+        b"finish_reason",
+        "kept_floor",
+        b"kept_floor",
+        "logprobs",
+        b"logprobs",
+        "loss_mask",
+        b"loss_mask",
+        "policy_version",
+        b"policy_version",
+        "text",
+        b"text",
+        "tokens",
+        b"tokens",
+        "versions",
+        b"versions",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -616,7 +783,9 @@ class GroupMsg(_message.Message):
     @_builtins.property
     def prompt(self) -> Global___PromptMsg: ...
     @_builtins.property
-    def completions(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompletionMsg]: ...
+    def completions(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___CompletionMsg]: ...
     @_builtins.property
     def rewards(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
     def __init__(
@@ -630,7 +799,18 @@ class GroupMsg(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completions", b"completions", "filtered", b"filtered", "lease_id", b"lease_id", "prompt", b"prompt", "rewards", b"rewards"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "completions",
+        b"completions",
+        "filtered",
+        b"filtered",
+        "lease_id",
+        b"lease_id",
+        "prompt",
+        b"prompt",
+        "rewards",
+        b"rewards",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -677,7 +857,26 @@ class LeaseRequest(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_s", b"busy_s", "generate_s", b"generate_s", "idle_s", b"idle_s", "max_prompts", b"max_prompts", "reward_errors", b"reward_errors", "reward_timeouts", b"reward_timeouts", "score_s", b"score_s", "wait_s", b"wait_s", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "busy_s",
+        b"busy_s",
+        "generate_s",
+        b"generate_s",
+        "idle_s",
+        b"idle_s",
+        "max_prompts",
+        b"max_prompts",
+        "reward_errors",
+        b"reward_errors",
+        "reward_timeouts",
+        b"reward_timeouts",
+        "score_s",
+        b"score_s",
+        "wait_s",
+        b"wait_s",
+        "worker",
+        b"worker",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -709,7 +908,9 @@ class Lease(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_id", b"lease_id", "partial", b"partial", "prompt", b"prompt", "ttl_s", b"ttl_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "lease_id", b"lease_id", "partial", b"partial", "prompt", b"prompt", "ttl_s", b"ttl_s"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -805,7 +1006,9 @@ class SubmitPartialRequest(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_id", b"lease_id", "prompt_id", b"prompt_id", "rows", b"rows"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "lease_id", b"lease_id", "prompt_id", b"prompt_id", "rows", b"rows"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -834,7 +1037,16 @@ class TakeRequest(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_version", b"current_version", "max_groups", b"max_groups", "max_staleness", b"max_staleness", "wait_s", b"wait_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "current_version",
+        b"current_version",
+        "max_groups",
+        b"max_groups",
+        "max_staleness",
+        b"max_staleness",
+        "wait_s",
+        b"wait_s",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -860,7 +1072,9 @@ class TakeReply(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped_stale", b"dropped_stale", "groups", b"groups", "take_id", b"take_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "dropped_stale", b"dropped_stale", "groups", b"groups", "take_id", b"take_id"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -901,7 +1115,9 @@ class AckReply(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumed", b"consumed", "duplicate", b"duplicate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "consumed", b"consumed", "duplicate", b"duplicate"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -53,6 +53,7 @@ class _Live:
     logprobs: list[np.ndarray] = dataclasses.field(default_factory=list)
     mask: list[np.ndarray] = dataclasses.field(default_factory=list)
     versions: list[np.ndarray] = dataclasses.field(default_factory=list)
+    floors: list[np.ndarray] = dataclasses.field(default_factory=list)  # the sampler's kept sets
     parts: list[str] = dataclasses.field(default_factory=list)
     turns: int = 0
     observation_tokens: int = 0
@@ -67,11 +68,15 @@ class _Live:
         ids = np.concatenate([self.prompt.tokens, *self.tokens]).astype(np.int32)
         return dataclasses.replace(self.prompt, tokens=ids)
 
-    def append(self, ids: np.ndarray, logprobs: np.ndarray, model: bool, version: np.ndarray):
+    def append(
+        self, ids: np.ndarray, logprobs: np.ndarray, model: bool, version: np.ndarray, floors=None
+    ):
         self.tokens.append(np.asarray(ids, np.int32))
         self.logprobs.append(np.asarray(logprobs, np.float32))
         self.mask.append(np.full(len(ids), int(model), np.int8))
         self.versions.append(np.asarray(version, np.int32))
+        none = np.full(len(ids), -np.inf, np.float32)  # -inf: the full distribution
+        self.floors.append(none if floors is None else np.asarray(floors, np.float32))
 
     def fail(self, reason: str) -> None:
         self.failure, self.finish = reason, "stop"
@@ -148,7 +153,8 @@ class EpisodeSampler:
         versions = (
             c.versions if c.versions is not None else np.full(len(c.tokens), c.policy_version)
         )
-        live.append(c.tokens[:k], c.logprobs[:k], True, versions[:k])
+        floors = None if c.kept_floor is None else c.kept_floor[:k]
+        live.append(c.tokens[:k], c.logprobs[:k], True, versions[:k], floors)
         cut = k < len(c.tokens)
         text = self.tokenizer.decode(c.tokens[:k]) if cut else c.text
         live.parts.append(text)
@@ -199,6 +205,7 @@ class EpisodeSampler:
             log.warning("episode of prompt %r ends with reward 0: %s", live.prompt.id, reason)
         versions = np.concatenate(live.versions)
         oldest = int(versions.min()) if len(versions) else -1
+        floors = np.concatenate(live.floors) if live.floors else np.zeros(0, np.float32)
         return Completion(
             tokens=np.concatenate(live.tokens).astype(np.int32),
             logprobs=np.concatenate(live.logprobs).astype(np.float32),
@@ -215,6 +222,7 @@ class EpisodeSampler:
                 "failed": failed,
                 **info,
             },
+            kept_floor=floors if np.isfinite(floors).any() else None,
         )
 
     def _reward(self, live: _Live) -> tuple[float, str]:

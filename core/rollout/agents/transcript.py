@@ -19,7 +19,9 @@ and weight versions (loss mask 1). :meth:`Transcript.completions` gives each
 segment as ONE :class:`~rlax.core.types.Completion`, the structure
 environments produce (:mod:`rlax.plugins.environments.runner`): every id
 after the segment's prompt, ``loss_mask`` 1 on the sampled ids and 0 on the
-rest, ``logprobs`` the sampler's (0 off the mask), ``versions`` per token.
+rest, ``logprobs`` the sampler's (0 off the mask), ``versions`` per token,
+``kept_floor`` the sampler's kept sets when it recorded truncated logprobs
+(-inf off the mask: :mod:`rlax.plugins.samplers.sampling`).
 So the trainer sees exactly the ids and logprobs the sampler produced.
 """
 
@@ -54,6 +56,7 @@ class Segment:
     logprobs: list[np.ndarray] = dataclasses.field(default_factory=list)
     mask: list[np.ndarray] = dataclasses.field(default_factory=list)
     versions: list[np.ndarray] = dataclasses.field(default_factory=list)
+    floors: list[np.ndarray] = dataclasses.field(default_factory=list)  # kept sets; -inf: none
     texts: list[str] = dataclasses.field(default_factory=list)
     finishes: list[str] = dataclasses.field(default_factory=list)
     finish_reason: str = "length"
@@ -67,11 +70,13 @@ class Segment:
     def turns(self) -> int:
         return len(self.texts)
 
-    def append(self, ids, logprobs, *, model: bool, versions) -> None:
+    def append(self, ids, logprobs, *, model: bool, versions, floors=None) -> None:
         self.tokens.append(np.asarray(ids, np.int32))
         self.logprobs.append(np.asarray(logprobs, np.float32))
         self.mask.append(np.full(len(ids), int(model), np.int8))
         self.versions.append(np.asarray(versions, np.int32))
+        none = np.full(len(ids), -np.inf, np.float32)
+        self.floors.append(none if floors is None else np.asarray(floors, np.float32))
 
     def last_version(self) -> int:
         """The newest part's last version (-1 before any reply): what prompt ids are tagged with."""
@@ -89,6 +94,7 @@ class Segment:
         end = int(sampled[-1]) + 1
         versions = np.concatenate(self.versions)[:end]
         on_model = versions[mask[:end] == 1]
+        floors = np.concatenate(self.floors)[:end]
         return Completion(
             tokens=np.concatenate(self.tokens)[:end].astype(np.int32),
             logprobs=np.concatenate(self.logprobs)[:end].astype(np.float32),
@@ -98,6 +104,7 @@ class Segment:
             versions=versions if len(set(versions.tolist())) > 1 else None,
             loss_mask=mask[:end],
             episode={"turns": self.turns, **info},
+            kept_floor=floors if np.isfinite(floors).any() else None,
         )
 
 
@@ -160,7 +167,7 @@ class Transcript:
             c.versions if c.versions is not None else np.full(len(c.tokens), c.policy_version)
         )
         segment = self.segments[-1]
-        segment.append(c.tokens, c.logprobs, model=True, versions=versions)
+        segment.append(c.tokens, c.logprobs, model=True, versions=versions, floors=c.kept_floor)
         segment.texts.append(c.text if text is None else text)
         segment.finishes.append(c.finish_reason)
         segment.finish_reason = c.finish_reason
@@ -171,8 +178,8 @@ class Transcript:
         out = []
         for segment in self.segments:
             before, k = [segment.prompt], 0
-            for ids, lp, mask, versions in zip(
-                segment.tokens, segment.logprobs, segment.mask, segment.versions
+            for ids, lp, mask, versions, floors in zip(
+                segment.tokens, segment.logprobs, segment.mask, segment.versions, segment.floors
             ):
                 if len(mask) and mask[0] == 1:
                     c = Completion(
@@ -182,6 +189,7 @@ class Transcript:
                         segment.finishes[k],
                         int(versions.min()),
                         versions,
+                        kept_floor=floors if np.isfinite(floors).any() else None,
                     )
                     out.append((np.concatenate(before).astype(np.int32), c))
                     k += 1

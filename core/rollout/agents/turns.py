@@ -179,6 +179,7 @@ def _sample(backend: Backend, session: AgentSession, ids, max_tokens, seed) -> C
         text=text,
         finish_reason="length",
         versions=versions,
+        kept_floor=None if c.kept_floor is None else c.kept_floor[:max_tokens],
     )
 
 

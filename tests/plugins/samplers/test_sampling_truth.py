@@ -204,3 +204,41 @@ def test_kept_logprobs_by_hand_and_the_target_is_always_kept():
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
     none = kept_logprobs(logp[None], jnp.asarray([1]), jnp.asarray([-jnp.inf]))
     np.testing.assert_allclose(np.asarray(none), np.log([0.3]), rtol=1e-6)
+
+
+def test_the_kept_sets_travel_over_the_wire_and_bad_ones_are_refused(model):
+    from rlax.core.param_server import codec
+    from rlax.core.param_server.codec import WireError
+
+    sampler = JaxSampler(max_new_tokens=10, top_k=6, top_p=0.8, temperature=0.7)
+    group = rollouts(sampler, model)[1]
+    msg = codec.group_to_msg(group, "L")
+    codec.check_group(msg, max_completions=4, max_tokens=10, newest_version=0)
+    back = codec.msg_to_group(msg)
+    for a, b in zip(group.completions, back.completions):
+        assert a.kept_floor is not None and b.kept_floor is not None
+        assert a.kept_floor.tobytes() == b.kept_floor.tobytes()
+    for bad in (b"\0\0\0", np.float32([0.5] * 10).tobytes(), np.float32([np.nan] * 10).tobytes()):
+        msg.completions[0].kept_floor = bad
+        with pytest.raises(WireError, match="kept_floor"):
+            codec.check_group(msg, max_completions=4, max_tokens=10, newest_version=0)
+
+
+def test_an_agent_transcript_keeps_each_reply_s_kept_sets(model):
+    from rlax.core.rollout.agents.transcript import Transcript
+
+    sampler = JaxSampler(max_new_tokens=6, top_k=6, top_p=0.8, temperature=0.7)
+    reply = rollouts(sampler, model)[0].completions[0]
+    t = Transcript("episode")
+    first = np.asarray(TOK.encode("7+5=", bos=True), np.int32)
+    t.request(first)
+    t.reply(reply)
+    t.request(np.concatenate([first, reply.tokens, TOK.encode("1")]))  # an observation
+    t.reply(reply)
+    ((_, c),) = t.completions()
+    n = len(reply.tokens)
+    assert c.kept_floor is not None
+    np.testing.assert_array_equal(c.kept_floor[:n], reply.kept_floor)
+    assert c.kept_floor[n] == -np.inf  # the observation: not sampled, nothing cut
+    np.testing.assert_array_equal(c.kept_floor[n + 1 :], reply.kept_floor)
+    assert all(turn.kept_floor is not None for _, turn in t.turns())
