@@ -79,26 +79,7 @@ class TensorMeta(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "dtype",
-        b"dtype",
-        "index",
-        b"index",
-        "name",
-        b"name",
-        "nbytes",
-        b"nbytes",
-        "offset",
-        b"offset",
-        "part",
-        b"part",
-        "shape",
-        b"shape",
-        "slice_shape",
-        b"slice_shape",
-        "slice_start",
-        b"slice_start",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dtype", b"dtype", "index", b"index", "name", b"name", "nbytes", b"nbytes", "offset", b"offset", "part", b"part", "shape", b"shape", "slice_shape", b"slice_shape", "slice_start", b"slice_start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -139,20 +120,7 @@ class PartHeader(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "nbytes",
-        b"nbytes",
-        "num_parts",
-        b"num_parts",
-        "part",
-        b"part",
-        "push_id",
-        b"push_id",
-        "tensors",
-        b"tensors",
-        "version",
-        b"version",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["nbytes", b"nbytes", "num_parts", b"num_parts", "part", b"part", "push_id", b"push_id", "tensors", b"tensors", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -190,18 +158,7 @@ class WeightChunk(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "checksum",
-        b"checksum",
-        "data",
-        b"data",
-        "header",
-        b"header",
-        "offset",
-        b"offset",
-        "part",
-        b"part",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "data", b"data", "header", b"header", "offset", b"offset", "part", b"part"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -228,9 +185,7 @@ class PushReply(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "committed", b"committed", "duplicate", b"duplicate", "version", b"version"
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed", "duplicate", b"duplicate", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -266,18 +221,7 @@ class PullRequest(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "failed_source",
-        b"failed_source",
-        "have_version",
-        b"have_version",
-        "relay_host",
-        b"relay_host",
-        "relay_port",
-        b"relay_port",
-        "worker",
-        b"worker",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_source", b"failed_source", "have_version", b"have_version", "relay_host", b"relay_host", "relay_port", b"relay_port", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -299,9 +243,7 @@ class WaitRequest(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "after_version", b"after_version", "timeout_s", b"timeout_s"
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_version", b"after_version", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -424,48 +366,7 @@ class QueueStats(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "capacity",
-        b"capacity",
-        "consumed",
-        b"consumed",
-        "cursor",
-        b"cursor",
-        "dropped_stale",
-        b"dropped_stale",
-        "expired_leases",
-        b"expired_leases",
-        "filtered",
-        b"filtered",
-        "leased",
-        b"leased",
-        "partial_resumed",
-        b"partial_resumed",
-        "partial_submitted",
-        b"partial_submitted",
-        "partial_tokens",
-        b"partial_tokens",
-        "pool",
-        b"pool",
-        "queued",
-        b"queued",
-        "retired_skipped",
-        b"retired_skipped",
-        "reward_errors",
-        b"reward_errors",
-        "reward_timeouts",
-        b"reward_timeouts",
-        "taken",
-        b"taken",
-        "worker_busy_s",
-        b"worker_busy_s",
-        "worker_generate_s",
-        b"worker_generate_s",
-        "worker_idle_s",
-        b"worker_idle_s",
-        "worker_score_s",
-        b"worker_score_s",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "consumed", b"consumed", "cursor", b"cursor", "dropped_stale", b"dropped_stale", "expired_leases", b"expired_leases", "filtered", b"filtered", "leased", b"leased", "partial_resumed", b"partial_resumed", "partial_submitted", b"partial_submitted", "partial_tokens", b"partial_tokens", "pool", b"pool", "queued", b"queued", "retired_skipped", b"retired_skipped", "reward_errors", b"reward_errors", "reward_timeouts", b"reward_timeouts", "taken", b"taken", "worker_busy_s", b"worker_busy_s", "worker_generate_s", b"worker_generate_s", "worker_idle_s", b"worker_idle_s", "worker_score_s", b"worker_score_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -502,20 +403,7 @@ class StatReply(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "bytes_served",
-        b"bytes_served",
-        "pushes_rejected",
-        b"pushes_rejected",
-        "queue",
-        b"queue",
-        "relay_assignments",
-        b"relay_assignments",
-        "version",
-        b"version",
-        "version_bytes",
-        b"version_bytes",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_served", b"bytes_served", "pushes_rejected", b"pushes_rejected", "queue", b"queue", "relay_assignments", b"relay_assignments", "version", b"version", "version_bytes", b"version_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -551,9 +439,7 @@ class BulkTicket(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "duplicate", b"duplicate", "port", b"port", "ticket", b"ticket", "version", b"version"
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duplicate", b"duplicate", "port", b"port", "ticket", b"ticket", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -580,9 +466,7 @@ class Segment(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "checksum", b"checksum", "length", b"length", "offset", b"offset"
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "length", b"length", "offset", b"offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -631,24 +515,7 @@ class PullTicket(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "header",
-        b"header",
-        "port",
-        b"port",
-        "relay_host",
-        b"relay_host",
-        "relay_key",
-        b"relay_key",
-        "relay_port",
-        b"relay_port",
-        "segments",
-        b"segments",
-        "source",
-        b"source",
-        "ticket",
-        b"ticket",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "port", b"port", "relay_host", b"relay_host", "relay_key", b"relay_key", "relay_port", b"relay_port", "segments", b"segments", "source", b"source", "ticket", b"ticket"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -682,18 +549,7 @@ class PromptMsg(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "answer_json",
-        b"answer_json",
-        "id",
-        b"id",
-        "metadata_json",
-        b"metadata_json",
-        "text",
-        b"text",
-        "tokens",
-        b"tokens",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer_json", b"answer_json", "id", b"id", "metadata_json", b"metadata_json", "text", b"text", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -743,26 +599,7 @@ class CompletionMsg(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "episode_json",
-        b"episode_json",
-        "finish_reason",
-        b"finish_reason",
-        "kept_floor",
-        b"kept_floor",
-        "logprobs",
-        b"logprobs",
-        "loss_mask",
-        b"loss_mask",
-        "policy_version",
-        b"policy_version",
-        "text",
-        b"text",
-        "tokens",
-        b"tokens",
-        "versions",
-        b"versions",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["episode_json", b"episode_json", "finish_reason", b"finish_reason", "kept_floor", b"kept_floor", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "policy_version", b"policy_version", "text", b"text", "tokens", b"tokens", "versions", b"versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -783,9 +620,7 @@ class GroupMsg(_message.Message):
     @_builtins.property
     def prompt(self) -> Global___PromptMsg: ...
     @_builtins.property
-    def completions(
-        self,
-    ) -> _containers.RepeatedCompositeFieldContainer[Global___CompletionMsg]: ...
+    def completions(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompletionMsg]: ...
     @_builtins.property
     def rewards(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
     def __init__(
@@ -799,18 +634,7 @@ class GroupMsg(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "completions",
-        b"completions",
-        "filtered",
-        b"filtered",
-        "lease_id",
-        b"lease_id",
-        "prompt",
-        b"prompt",
-        "rewards",
-        b"rewards",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completions", b"completions", "filtered", b"filtered", "lease_id", b"lease_id", "prompt", b"prompt", "rewards", b"rewards"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -857,26 +681,7 @@ class LeaseRequest(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "busy_s",
-        b"busy_s",
-        "generate_s",
-        b"generate_s",
-        "idle_s",
-        b"idle_s",
-        "max_prompts",
-        b"max_prompts",
-        "reward_errors",
-        b"reward_errors",
-        "reward_timeouts",
-        b"reward_timeouts",
-        "score_s",
-        b"score_s",
-        "wait_s",
-        b"wait_s",
-        "worker",
-        b"worker",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_s", b"busy_s", "generate_s", b"generate_s", "idle_s", b"idle_s", "max_prompts", b"max_prompts", "reward_errors", b"reward_errors", "reward_timeouts", b"reward_timeouts", "score_s", b"score_s", "wait_s", b"wait_s", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -908,9 +713,7 @@ class Lease(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "lease_id", b"lease_id", "partial", b"partial", "prompt", b"prompt", "ttl_s", b"ttl_s"
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_id", b"lease_id", "partial", b"partial", "prompt", b"prompt", "ttl_s", b"ttl_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1006,9 +809,7 @@ class SubmitPartialRequest(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "lease_id", b"lease_id", "prompt_id", b"prompt_id", "rows", b"rows"
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_id", b"lease_id", "prompt_id", b"prompt_id", "rows", b"rows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1037,16 +838,7 @@ class TakeRequest(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "current_version",
-        b"current_version",
-        "max_groups",
-        b"max_groups",
-        "max_staleness",
-        b"max_staleness",
-        "wait_s",
-        b"wait_s",
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_version", b"current_version", "max_groups", b"max_groups", "max_staleness", b"max_staleness", "wait_s", b"wait_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1072,9 +864,7 @@ class TakeReply(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "dropped_stale", b"dropped_stale", "groups", b"groups", "take_id", b"take_id"
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped_stale", b"dropped_stale", "groups", b"groups", "take_id", b"take_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1115,9 +905,7 @@ class AckReply(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "consumed", b"consumed", "duplicate", b"duplicate"
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumed", b"consumed", "duplicate", b"duplicate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
