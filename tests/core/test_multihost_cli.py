@@ -1,11 +1,11 @@
-"""`rlax run --role trainer` joins the trainer processes before gin builds the trainer.
+"""`rlax run --role trainer` joins the trainer processes before the trainer runs.
 
-JAX's multi-process runtime must start before anything touches a device, and
-gin builds ``rlax.train``'s arguments (the sampler, the task, ...) before the
-function runs, so the CLI reads ``rlax.train.distributed`` (or the
-``RLAX_*`` environment) and initializes first. Asked for two processes
-without a coordinator, it refuses as a configuration error before
-``rlax.train`` is ever called.
+JAX's multi-process runtime must start before anything touches a device. gin
+builds the run specification (the sampler, the task, ...: none touches a device
+until a role sets it up); the CLI checks it whole, then reads
+``spec.train.distributed`` (or the ``RLAX_*`` environment) and initializes before
+``train(spec)`` is called. Asked for two processes without a coordinator, it
+refuses as a configuration error before the trainer is ever called.
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ def fresh_gin(monkeypatch):
 def train_calls(monkeypatch):
     calls = []
 
-    def train(**kwargs):
-        calls.append(kwargs)
+    def train(spec, **kwargs):
+        calls.append((spec, kwargs))
         return 0
 
-    monkeypatch.setattr(experiment, "train", train)  # registered with gin by the CLI
+    monkeypatch.setattr(experiment, "train", train)  # the CLI calls train(spec, ...)
     return calls
 
 
@@ -63,7 +63,7 @@ def test_gin_distributed_settings_are_applied_before_the_trainer_is_built(train_
     assert status == cli.EXIT_USAGE
     err = capsys.readouterr().err
     assert "rlax.train.distributed" in err and "coordinator" in err
-    assert train_calls == []  # refused before rlax.train (and its sampler) was built
+    assert train_calls == []  # refused before the trainer was called
 
 
 def test_the_environment_alone_asks_for_several_processes(train_calls, monkeypatch, capsys):
@@ -104,3 +104,5 @@ def test_several_processes_with_a_server_that_keeps_no_weights_are_refused(train
 def test_one_process_may_keep_no_weights(train_calls):
     status = cli.main(["run", *GIN, "--role", "trainer", "--gin.rlax.param_server.saved_weights=0"])
     assert status == cli.EXIT_OK and len(train_calls) == 1
+    ((spec, _),) = train_calls
+    assert spec.param_server.saved_weights == 0
