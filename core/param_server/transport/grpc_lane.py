@@ -1,15 +1,16 @@
 """The gRPC lane: weight bytes as streams of hand-encoded ``WeightChunk`` messages.
 
-``WeightStore.Push`` / ``Pull`` (the chunk codec: transport/chunk_codec.py). Every
-server serves it, TLS or not, so it carries whatever the lanes before it in
-``rlax.ps_settings.weight_lanes`` step aside from: it never steps aside itself.
+``WeightStore.Push`` / ``Pull`` (the chunk codec: transport/chunk_codec.py). These
+are the server's own service (server.py), not a lane's server half: every
+server serves them, TLS or not, so this lane carries whatever the lanes before
+it in ``rlax.ps_settings.weight_lanes`` step aside from, and never steps aside.
 Pushes are not retried here (the trainer repeats a whole push,
 :mod:`rlax.core.trainer.client`).
 """
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -21,28 +22,29 @@ from rlax.core.param_server.transport.transfer import checksum
 from rlax.core.weight_lane import LaneLink, Pulled
 
 
+@dataclasses.dataclass(frozen=True)
 class GrpcLane:
-    """Push and pull over gRPC streams (no options)."""
+    """Push and pull over gRPC streams (``weight_lanes.grpc``: no settings)."""
 
-    def __init__(self) -> None:
-        self._push: Any = None
-        self._pull: Any = None
-        self._metadata: tuple[tuple[str, str], ...] = ()
+    def open(self, link: LaneLink) -> OpenGrpcLane:
+        return OpenGrpcLane(link)
 
-    def open(self, link: LaneLink) -> GrpcLane:
-        lane = copy.copy(self)
-        lane._metadata = link.metadata
-        lane._push = link.channel.stream_unary(
+
+class OpenGrpcLane:
+    """A client's gRPC streams to one server."""
+
+    def __init__(self, link: LaneLink):
+        self._metadata = link.metadata
+        self._push: Any = link.channel.stream_unary(
             "/rlax.v1.WeightStore/Push",
             request_serializer=None,
             response_deserializer=pb.PushReply.FromString,
         )
-        lane._pull = link.channel.unary_stream(
+        self._pull: Any = link.channel.unary_stream(
             "/rlax.v1.WeightStore/Pull",
             request_serializer=pb.PullRequest.SerializeToString,
             response_deserializer=None,
         )
-        return lane
 
     def push(
         self,

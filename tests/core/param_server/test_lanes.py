@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pathlib
+import pickle
 import re
 
 import gin
@@ -20,6 +21,8 @@ from rlax.core.param_server.codec import tensor_list
 from rlax.core.param_server.server import ParamServer
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.param_server.transport import lanes
+from rlax.core.param_server.transport.bulk_lane import BulkLane
+from rlax.core.param_server.transport.grpc_lane import GrpcLane
 from rlax.core.param_server.transport.relay_lane import RelayLane
 from rlax.core.param_server.transport.split_lane import SplitLane
 from rlax.core.plugins import build_plugin_manager
@@ -199,3 +202,31 @@ def test_workers_pull_through_relays_from_a_store_split_over_two_servers(make_ps
     finally:
         for w in workers:
             w.close()
+
+
+def test_pinned_lanes_are_one_value_that_travels_to_another_process():
+    relay = RelayLane(fanout=2, direct=3)
+    settings = ServerSettings(address="127.0.0.1:0", lanes=(("relay", relay),), **BASE)
+    pinned = lanes.pinned(settings)
+    assert pinned.lanes == (
+        ("split", SplitLane()),  # built from the registry: the defaults, as no gin binds them
+        ("relay", relay),  # the pin is kept as it was
+        ("bulk", BulkLane()),
+        ("grpc", GrpcLane()),
+    )
+    assert pickle.loads(pickle.dumps(pinned)) == pinned  # what a spawned shard receives
+    assert lanes.pinned(pinned) == pinned
+    # Listing fewer lanes keeps only theirs; the pins of the others are dropped.
+    fewer = lanes.pinned(dataclasses.replace(pinned, weight_lanes=("relay", "grpc")))
+    assert fewer.lanes == (("relay", relay), ("grpc", GrpcLane()))
+
+
+def test_a_lane_server_half_is_mounted_only_where_its_settings_turn_it_on(make_ps):
+    off = make_ps()  # the defaults: no shards, no relays, bulk on (no TLS)
+    assert list(off.server.halves) == ["bulk"] and off.server.holds_whole_versions
+    pins = (("relay", RelayLane(fanout=2)),)
+    on = make_ps(settings=ServerSettings(address="127.0.0.1:0", lanes=pins, **BASE))
+    assert list(on.server.halves) == ["relay", "bulk"]
+    assert on.server.half("bulk").route == on.server.half("relay").route  # relays route pulls
+    grpc_only = ServerSettings(address="127.0.0.1:0", weight_lanes=("grpc",), **BASE)
+    assert make_ps(settings=grpc_only).server.halves == {}
