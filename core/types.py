@@ -85,6 +85,11 @@ class Completion:
         ``reward`` (the group's reward for it, used instead of the reward
         plugin), ``reason``, ``turns``, ``tool_calls``, ``tool_errors``,
         ``observation_tokens``. None for a single-turn completion.
+      routes: a mixture-of-experts sampler's routing of the row, int16
+        [P' + C', R, k]: the experts each token of the prompt (P' tokens) and of
+        the completion went to in each of the R sparse layers, -1 where none
+        (the last token is never fed back). The trainer may route by it
+        (:mod:`rlax.core.models.routing_replay`). None: not recorded.
       kept_floor: with ``logprobs`` under the sampler's truncated distribution
         (top-k / top-p), the kept set of each position, float32 [C']: the full
         tempered distribution's logprob of the least likely token that could
@@ -102,6 +107,7 @@ class Completion:
     loss_mask: np.ndarray | None = None
     episode: dict[str, Any] | None = None
     kept_floor: np.ndarray | None = None
+    routes: np.ndarray | None = None
 
     @property
     def model_mask(self) -> np.ndarray:
@@ -204,6 +210,8 @@ class TrainBatch:
       advantages: float32 [B, L] per-token advantages (0 off the loss mask).
       group_ids: int32 [B], which group each row belongs to.
       ref_logprobs: optional float32 [B, L] of a frozen reference policy.
+      routes: optional int16 [B, T, R, k], each token's recorded experts
+        (:attr:`Completion.routes`; -1: none), for routing replay.
       kept_floor: optional float32 [B, L], the sampler's kept set of each
         target position (:attr:`Completion.kept_floor`; -inf: the full
         distribution): the trainer's logprobs are then under the same
@@ -218,6 +226,7 @@ class TrainBatch:
     group_ids: np.ndarray
     ref_logprobs: np.ndarray | None = None
     kept_floor: np.ndarray | None = None
+    routes: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)

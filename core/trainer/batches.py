@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rlax.core.models.routing_replay import batch_routes
 from rlax.core.types import Group, TrainBatch
 
 
@@ -82,4 +83,7 @@ def make_batch(
         group_ids[r] = gi
         if floor is not None and comp.kept_floor is not None:
             floor[r, p - 1 : p - 1 + lc] = comp.kept_floor
-    return TrainBatch(tokens, attention, loss_mask, old_logprobs, adv, group_ids, kept_floor=floor)
+    routes = batch_routes([(len(pr.tokens), c.routes) for _, pr, c in completions], (n, t), p)
+    return TrainBatch(
+        tokens, attention, loss_mask, old_logprobs, adv, group_ids, kept_floor=floor, routes=routes
+    )

@@ -54,6 +54,8 @@ PACKED_TOKENS, PACKED_SEGMENTS, UNPACK_INDEX = "packed_tokens", "packed_segments
 #: Each packed token's identity in the padded layout (global row x T + column; -1: none):
 #: what LoRA dropout draws its mask from (:func:`token_ids`), so every layout drops alike.
 PACKED_IDS = "packed_token_ids"
+#: Routing replay\'s ``routes`` [B, T, R, k] laid out as the packed rows [R, W, R, k].
+PACKED_ROUTES = "packed_routes"
 
 
 def token_ids(rows: np.ndarray, width: int) -> np.ndarray:
@@ -254,6 +256,20 @@ def pack(
         g, col = np.divmod(index[real], width - 1)
         floor[[local[int(x)] for x in g], col] = arrays["kept_floor"][real]
         out[PACKED_FLOOR] = floor
+    if "routes" in arrays:  # routing replay: each token's recorded experts go with it
+        out[PACKED_ROUTES] = _packed_routes(arrays["routes"], p, local, fill, n, width)
+        del out["routes"]
+    return out
+
+
+def _packed_routes(
+    routes: np.ndarray, p: Plan, local: dict[int, int], fill: list[int], n: int, width: int
+) -> np.ndarray:
+    """Routes [B, T, R, k] laid out as the packed rows [n, width, R, k] (-1 off the sequences)."""
+    out = np.full((n, width, *routes.shape[2:]), -1, routes.dtype)
+    for r in np.flatnonzero(p.bins >= 0):
+        row, start, length, off = local[fill[p.bins[r]]], p.starts[r], p.lengths[r], p.offsets[r]
+        out[row, off : off + length] = routes[r, start : start + length]
     return out
 
 

@@ -49,10 +49,14 @@ def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
         }
         if packing.PACKED_FLOOR in batch:
             inputs["kept_floor"] = batch[packing.PACKED_FLOOR]
+        if packing.PACKED_ROUTES in batch:  # routing replay: each token's recorded experts
+            inputs["routes"] = batch[packing.PACKED_ROUTES]
         return inputs
     inputs = {"tokens": batch["tokens"], "attention_mask": batch["attention_mask"]}
     if "kept_floor" in batch:  # the sampler's kept sets: the head truncates as it did
         inputs["kept_floor"] = batch["kept_floor"]
+    if "routes" in batch:  # routing replay: each token's recorded experts
+        inputs["routes"] = batch["routes"]
     return inputs
 
 

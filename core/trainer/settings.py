@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from rlax.core.constraints import AtLeast, OneOf
 from rlax.core.models.logprobs import DEFAULT_CHUNK_TOKENS
+from rlax.core.models.routing_replay import REPLAY_MODES
 from rlax.core.trainer.microbatch import REMAT_POLICIES
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -70,6 +71,9 @@ class TrainerSettings:
         on at most this many tokens at a time
         (:mod:`rlax.core.models.logprobs`), so the batch's [B, T, V] logits
         never exist; smaller saves memory, larger saves loop steps.
+      routing_replay: a mixture-of-experts policy's routing in the step:
+        ``off`` (its own) or ``rollout`` (R3: each rollout token goes to the
+        experts the sampler recorded; :mod:`rlax.core.models.routing_replay`).
     """
 
     microbatches: Annotated[int, AtLeast(1)] = 1
@@ -84,6 +88,7 @@ class TrainerSettings:
     packing: Annotated[str, OneOf(*PACKINGS)] = "auto"
     microbatch_tokens: Annotated[int, AtLeast(1)] = 8192
     row_tokens: Annotated[int, AtLeast(2, means="None: the padded row's width")] | None = None
+    routing_replay: Annotated[str, OneOf(*REPLAY_MODES)] = "off"
 
     def __post_init__(self) -> None:
         positive = ("microbatches", "epochs", "minibatches", "logprob_chunk_tokens")

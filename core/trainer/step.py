@@ -51,6 +51,7 @@ from rlax.core.contracts import Algorithm, Critic
 from rlax.core.masked import masked_mean
 from rlax.core.models import lora as loralib
 from rlax.core.models.critic import forward_with_values
+from rlax.core.models.routing_replay import replayed_logprobs
 from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.parallel import mesh as meshlib
 from rlax.core.parallel import multihost
@@ -256,6 +257,15 @@ class Trainer:
         model = self._wrap_blocks(model)
         chunk = self.settings.logprob_chunk_tokens  # the head never sees the whole batch
         floor = batch.get("kept_floor")  # the sampler's kept sets: truncate as it did
+        routes = batch.get("routes") if self.settings.routing_replay == "rollout" else None
+        if routes is not None:  # R3: the sampler's experts (rlax.core.models.routing_replay)
+            if critic is not None:
+                raise ValueError("routing_replay = 'rollout' with a critic is not supported")
+            tokens, mask = batch["tokens"], batch["attention_mask"]
+            logp, entropy = replayed_logprobs(
+                model, tokens, mask, routes, self.temperature, chunk, batch.get("kept_floor")
+            )
+            return logp, entropy, None
         if critic is None:
             logp, entropy = sequence_logprobs(
                 model, batch["tokens"], batch["attention_mask"], self.temperature, chunk, floor

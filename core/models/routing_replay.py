@@ -1,0 +1,76 @@
+"""Routing replay (R3): the trainer routes each rollout token to the experts the sampler chose.
+
+A mixture-of-experts policy's sampler and trainer run the same weights with
+different numerics (another dtype, batch shape or kernel), and a token whose
+top-k scores are close is then routed to different experts by the two: the
+rollout's logprobs come from another network than the one trained, and the
+importance ratios blow up. With replay, the sampler records each token's
+expert ids per sparse layer and the trainer's forward routes by them (the
+router's scores at those ids still weight the experts, so the router keeps
+its gradient).
+
+The record of a row is int16 ``routes`` [T, R, k] aligned with its tokens
+(R sparse layers, k experts per token), -1 where a token was not routed by
+the sampler (padding, the last generated token): those tokens are routed by
+the trainer itself. On the wire that is 2 * R * k bytes per token.
+
+References:
+  Ma et al., 2025, "Stabilizing MoE Reinforcement Learning by Aligning Training and
+    Inference Routers" (rollout routing replay, R3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from rlax.core.models.logprobs import chunked_token_logprobs
+from rlax.core.models.transformer import Transformer, causal_mask, positions_from_mask
+
+__all__ = ["REPLAY_MODES", "ROUTES_DTYPE", "batch_routes", "replayed_logprobs"]
+
+ROUTES_DTYPE = np.int16  # expert ids < 32768; -1: not recorded
+#: ``off``: the trainer routes every token itself; ``rollout``: it routes rollout tokens
+#: by the sampler's recorded experts (R3).
+REPLAY_MODES = ("off", "rollout")
+
+
+def replayed_logprobs(
+    model: Transformer,
+    tokens: jax.Array,  # [B, T]
+    attention_mask: jax.Array,  # [B, T] bool, or segment ids of a packed batch
+    routes: jax.Array,  # [B, T, R, k] int, -1: route the token itself
+    temperature: float,
+    chunk_tokens: int,
+    floor: jax.Array | None = None,  # [B, T-1]: the sampler's kept sets
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`rlax.core.models.transformer.sequence_logprobs` with the tokens routed by ``routes``."""
+    hidden, _, _ = model.routed_hidden_states(
+        tokens, positions_from_mask(attention_mask), causal_mask(attention_mask), replay=routes
+    )
+    extra: tuple[Any, ...] = () if floor is None else (floor,)
+    return chunked_token_logprobs(model.logits, hidden, tokens, temperature, chunk_tokens, *extra)
+
+
+def batch_routes(
+    rows: Sequence[tuple[int, np.ndarray | None]],  # (prompt tokens, routes or None) per row
+    shape: tuple[int, int],  # (B, T) of the batch
+    prompt_width: int,  # P: each row's prompt is left-padded to it
+) -> np.ndarray | None:
+    """The batch's ``routes`` [B, T, R, k] from each row's record (None if no row has one).
+
+    A row's record covers its prompt's ``prompt tokens`` tokens and then its
+    completion's, so it lands at ``P - prompt tokens`` of its padded row.
+    """
+    records = [r for _, r in rows if r is not None]
+    if not records:
+        return None
+    out = np.full((*shape, *records[0].shape[1:]), -1, ROUTES_DTYPE)
+    for i, (prompt_tokens, record) in enumerate(rows):
+        if record is not None:
+            start = prompt_width - prompt_tokens
+            out[i, start : start + len(record)] = record
+    return out
