@@ -13,10 +13,10 @@ reason, and the next one carries it. Nothing here knows a lane's kind.
 Lanes are plugin components (``rlax_register_weight_lanes``); the built-ins
 (``grpc_lane``, ``bulk_lane``, ``relay_lane``, ``split_lane`` beside this
 module) are entry points of rlax's own distribution like every built-in
-plugin. :func:`factories` reads the plugin manager loaded last through gin
-(so ``weight_lanes.<name>.<param>`` bindings apply); a process that has
-loaded none (a script, a benchmark, a unit test) gets the built-ins by their
-own registration hooks. (That registry is gin's process-global one until the
+plugin, and nothing here names them. :func:`factories` reads the plugin
+manager loaded last through gin (so ``weight_lanes.<name>.<param>`` bindings
+apply); a process that has loaded none (a script, a benchmark, a unit test)
+gets the built-ins by their own registration hooks. (That registry is gin's process-global one until the
 registry moves out of gin's state, issue 51 item 3; a lane pinned in the
 settings no longer depends on it.)
 """
@@ -24,6 +24,7 @@ settings no longer depends on it.)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -35,13 +36,12 @@ from rlax.core.errors import ConfigError
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.retry import RetryPolicy
 from rlax.core.param_server.settings import LANE_KIND, ServerSettings, lane_refusal
-from rlax.core.param_server.transport import bulk_lane, grpc_lane, relay_lane, split_lane
+from rlax.core.plugins import installed_entry_points, is_builtin
 from rlax.core.weight_lane import Pulled, StepAside, WeightLane
 
 log = logging.getLogger("rlax.client")
 
 KIND = LANE_KIND  # the plugin kind, also the gin module
-BUILTINS = (split_lane, relay_lane, bulk_lane, grpc_lane)
 SERVICE = "rlax.v1.WeightStore"  # the server's own weight service
 _REPLIES: dict[str, Any] = {  # the reply message class of the service's control calls
     "Stat": pb.StatReply,
@@ -52,11 +52,19 @@ Configured = tuple[tuple[str, WeightLane], ...]  # (name, configured lane) in or
 
 def factories() -> dict[str, Callable[..., Any]]:
     """The weight lanes by name: the manager's loaded last, or the built-ins if none was."""
-    found = configurables(KIND)
-    if not found:
-        for module in BUILTINS:
-            found.update(module.rlax_register_weight_lanes())
-    return found
+    return configurables(KIND) or dict(builtins())
+
+
+@functools.cache
+def builtins() -> tuple[tuple[str, Callable[..., Any]], ...]:
+    """The built-in lanes by their own registration hooks: the entry points of rlax's own
+    distribution that live beside this module (a new built-in lane is its module and its
+    entry point, nothing here)."""
+    found: dict[str, Callable[..., Any]] = {}
+    for entry_point in installed_entry_points():
+        if is_builtin(entry_point) and entry_point.value.startswith(f"{__package__}."):
+            found.update(entry_point.load().rlax_register_weight_lanes())
+    return tuple(sorted(found.items()))
 
 
 def check_names(names: Sequence[str], known: Iterable[str] | None = None) -> None:
