@@ -30,7 +30,7 @@ Re-exported by :mod:`rlax.core.contracts`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 # A pull's result: (version, tensor list, buffer). Each tensor is a dict with
 # "name", "shape", "offset", "nbytes" and "dtype"; the buffer holds them whole.
@@ -88,8 +88,7 @@ class LaneLink(Protocol):
 class WeightLane(Protocol):
     """One way of carrying weight bytes: built by its factory, opened per server.
 
-    Optionally also ``serve(host: LaneHost) -> LaneServer | None``: the lane's
-    server half on each parameter server that lists it (see the module's text).
+    A lane the server takes part in is also a :class:`HasServerHalf`.
     """
 
     def open(self, link: LaneLink) -> WeightLane | None:
@@ -124,6 +123,16 @@ class WeightLane(Protocol):
 
     def close(self) -> None:
         """Releases what ``open`` made (listeners, connections); called once, at the end."""
+
+
+@runtime_checkable
+class HasServerHalf(Protocol):
+    """A lane the parameter server takes part in (an optional capability of a lane)."""
+
+    def serve(self, host: LaneHost) -> LaneServer | None:
+        """This lane's server half on ``host``, a parameter server whose ``weight_lanes``
+        list it (called once per server, before it binds), or None when it has nothing
+        to serve there (e.g. its settings leave it off)."""
 
 
 class LaneHost(Protocol):

@@ -203,7 +203,7 @@ class PullRequest(_message.Message):
     have_version: _builtins.int
     """-1: nothing yet"""
     worker: _builtins.str
-    """Relayed pulls (rlax.ps_settings.relay_fanout > 0): the caller's id, and
+    """Relayed pulls (weight_lanes.relay.fanout > 0): the caller's id, and
     where it will serve the version it pulls to others (port 0: it will not);
     failed_source: the relay whose transfer just failed this caller.
     """

@@ -37,7 +37,7 @@ from rlax.core.param_server.transport import lanes
 from rlax.core.param_server.weights.parts import PushRejected
 from rlax.core.param_server.weights.store import WeightStore
 from rlax.core.types import Prompt
-from rlax.core.weight_lane import LaneServer
+from rlax.core.weight_lane import HasServerHalf, LaneServer
 
 log = logging.getLogger("rlax.param_server")
 
@@ -112,8 +112,7 @@ class ParamServer:
         )
         self.halves: dict[str, LaneServer] = {}  # the lanes' server halves, in lane order
         for name, lane in self.settings.lanes:
-            serve = getattr(lane, "serve", None)
-            half = serve(self) if serve is not None else None
+            half = lane.serve(self) if isinstance(lane, HasServerHalf) else None
             if half is not None:
                 self.halves[name] = half
         protected = PROTECTED.union(*(h.protected for h in self.halves.values()))

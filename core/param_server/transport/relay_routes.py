@@ -1,10 +1,10 @@
 """Who a puller gets the served version from: the server itself, or a relay.
 
-With ``rlax.ps_settings.relay_fanout = k > 0`` a worker pulling version v
+With ``weight_lanes.relay.fanout = k > 0`` a worker pulling version v
 offers to serve it on (its ``OpenPull`` carries ``relay_host``/``relay_port``),
 and relays the bytes *as they arrive* (cut-through) to the workers the server
 points to it. The server sends each version directly to at most
-``relay_direct`` pullers; every later puller is pointed to the earliest
+``weight_lanes.relay.direct`` pullers; every later puller is pointed to the earliest
 registered holder of v with fewer than k pullers of its own, and registers in
 turn — a tree of fanout k grown breadth first, in which every new node brings
 k free places, so there is always one.
