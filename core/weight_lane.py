@@ -17,9 +17,10 @@ the server settings to every process, ``ServerSettings.lanes``). Each client
 then calls ``open(link)`` with its way to one server (:class:`LaneLink`) and
 uses what that returns.
 
-A lane the server takes part in has a server half: ``serve(host)`` (optional)
-is called once by every parameter server whose ``weight_lanes`` lists the
-lane, with the server as a :class:`LaneHost`, and returns a
+A lane the server takes part in has a server half (:class:`HasServerHalf`):
+its ``serve(host)`` is called once by every parameter server whose
+``weight_lanes`` lists the lane, with the server as a :class:`LaneHost`, and
+returns a
 :class:`LaneServer` (gRPC handlers to mount, methods that need the token,
 start and stop, figures for ``Stat``) or None when it has nothing to serve
 there. The server mounts what it gets and never asks which lane it holds;
