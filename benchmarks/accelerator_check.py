@@ -21,6 +21,9 @@ the whole path runs anywhere in a minute.
   quickstart's tiny model for 2 on a CPU, ``--role inline`` with a small
   held-out set): the seconds it took and the mean
   reward of its first and last steps (from the run's ``metrics.jsonl``).
+- ``modes``, ``handoff_s``, ``ps_push_pull_s``, ``handoff_vs_ps``: each placement mode's
+  step and sampling, and the device-to-device weight handoff against a parameter
+  server's push + pull (``benchmarks/accelerator_modes.py``; ``--no-modes`` skips them).
 
 Usage: python benchmarks/accelerator_check.py [--shape auto|tiny|qwen0.5b] [--rl-steps N]
 The last line of output is the JSON result.
@@ -90,6 +93,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rl-steps", type=int, default=-1, help="-1: 20 (accelerator) / 2 (tiny)")
     p.add_argument("--rl-role", default="", help="'': all roles (accelerator) / inline (tiny)")
     p.add_argument("--rl-timeout-s", type=float, default=300.0)
+    p.add_argument("--no-modes", dest="modes", action="store_false", help="skip mode figures")
     return p.parse_args(argv)
 
 
@@ -269,6 +273,10 @@ def main(argv: list[str]) -> dict:
         "peak_device_gb": None if device_peak is None else round(device_peak / 1e9, 2),
         "train_loss_finite": bool(np.isfinite(train["train_loss"])),
     }
+    if a.modes:
+        import accelerator_modes  # here: it imports this module's probes
+
+        result.update(accelerator_modes.probe(cfg, a))
     result.update(rl_probe(a))
     return result
 
