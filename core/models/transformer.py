@@ -176,15 +176,34 @@ def causal_mask(attention_mask: jax.Array) -> jax.Array:
     the valid keys s <= t. An integer mask holds segment ids, several
     sequences packed in a row (:mod:`rlax.core.trainer.packing`): 0 is
     padding, and query t sees the keys s <= t of its own segment only, so
-    sequences packed together never see one another.
+    sequences packed together never see one another. A tree (prefix sharing,
+    :mod:`rlax.core.trainer.prefix`) also gives each token a parent segment
+    (:func:`tree_ids`): its queries see the parent's keys too.
     """
     t = attention_mask.shape[-1]
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))
     if attention_mask.dtype == jnp.bool_:
         return causal[None] & attention_mask[:, None, :]
-    seg = attention_mask
+    seg, parent = segments_and_parents(attention_mask)
     same = seg[:, :, None] == seg[:, None, :]
-    return causal[None] & same & (seg[:, None, :] > 0)
+    shared = (parent[:, :, None] == seg[:, None, :]) & (parent[:, :, None] > 0)
+    return causal[None] & (same | shared) & (seg[:, None, :] > 0)
+
+
+#: A tree's integer mask holds segment + TREE_SHIFT x parent segment (:func:`tree_ids`).
+TREE_SHIFT = 1 << 16
+
+
+def tree_ids(segments: jax.Array, parents: jax.Array) -> jax.Array:
+    """The integer attention mask of packed segments with parents (0: none): each branch
+    of a tree sees its parent segment (a shared prefix) and itself, and its positions
+    continue from the parent's length. Segments < TREE_SHIFT, parents < 2**15."""
+    return segments + TREE_SHIFT * parents
+
+
+def segments_and_parents(attention_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """An integer mask's segment ids and parent segments (:func:`tree_ids`)."""
+    return attention_mask % TREE_SHIFT, attention_mask // TREE_SHIFT
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
@@ -192,16 +211,21 @@ def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
 
     A bool mask: real tokens count from 0, left padding ignored. Segment ids
     (an integer mask, see :func:`causal_mask`): each segment counts from 0 at
-    its first token (a segment's tokens are contiguous).
+    its first token (a segment's tokens are contiguous), a tree's branch from
+    its parent segment's length.
     """
     if attention_mask.dtype == jnp.bool_:
         return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
-    seg = attention_mask
+    seg, parent = segments_and_parents(attention_mask)
     index = jnp.broadcast_to(jnp.arange(seg.shape[-1], dtype=jnp.int32), seg.shape)
     starts = jnp.concatenate(
         [jnp.ones_like(seg[:, :1], dtype=bool), seg[:, 1:] != seg[:, :-1]], axis=-1
     )
-    return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=seg.ndim - 1)
+    own = index - jax.lax.cummax(jnp.where(starts, index, 0), axis=seg.ndim - 1)
+    # A branch continues from its parent: + the parent segment's token count.
+    counts = jax.vmap(lambda s: jnp.bincount(s, length=seg.shape[-1] + 1))(seg)
+    inherited = jnp.take_along_axis(counts, jnp.minimum(parent, seg.shape[-1]), axis=-1)
+    return own + jnp.where(parent > 0, inherited, 0)
 
 
 def token_logprobs(

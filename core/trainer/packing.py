@@ -132,9 +132,16 @@ def plan(attention_mask: np.ndarray, width: int) -> Plan:
             f"pack: row {first}'s sequence has {int(lengths[first])} tokens > the packed row's "
             f"{width} (rlax.trainer_settings.row_tokens); sequences are never split"
         )
+    bins, offsets, opened = first_fit_decreasing(lengths, width)
+    return Plan(starts, lengths, bins, offsets, opened)
+
+
+def first_fit_decreasing(lengths: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(bins, offsets, used): items of ``lengths`` (each <= ``width``; 0: not placed, bin -1)
+    taken longest first (ties: lower index first), each into the first row with room."""
     bins = np.full(len(lengths), -1, np.int64)
     offsets = np.zeros(len(lengths), np.int64)
-    free = np.full(len(lengths), width, np.int64)  # at most one packed row per sequence
+    free = np.full(len(lengths), width, np.int64)  # at most one packed row per item
     opened = 0
     for r in sorted(np.flatnonzero(lengths > 0), key=lambda i: (-lengths[i], i)):
         fits = np.flatnonzero(free[:opened] >= lengths[r])
@@ -142,7 +149,7 @@ def plan(attention_mask: np.ndarray, width: int) -> Plan:
         opened = max(opened, b + 1)
         bins[r], offsets[r] = b, width - free[b]
         free[b] -= lengths[r]
-    return Plan(starts, lengths, bins, offsets, opened)
+    return bins, offsets, opened
 
 
 def rows_per_microbatch(budget: int, width: int, rows: int, multiple: int = 1) -> int:

@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 
 from rlax.core.parallel import mesh as meshlib
 from rlax.core.parallel import multihost
-from rlax.core.trainer import packing
+from rlax.core.trainer import packing, prefix
 from rlax.core.trainer.microbatch import (
     accumulate_grads,
     packed_accumulate_grads,
@@ -66,16 +66,55 @@ def rows_per_microbatch(settings: TrainerSettings, mesh: Mesh, width: int, rows:
     return packing.rows_per_microbatch(budget, width, rows, multiple)
 
 
-def arrange(
+def prefix_layout(
     arrays: dict[str, Any], settings: TrainerSettings, mesh: Mesh, embed_dim: int
+) -> tuple[float, Callable[[], dict[str, Any]]]:
+    """(estimated cost, the layout) of ``arrays`` prefix-shared (:mod:`.prefix`), its rows
+    as wide as the longest tree needs (:func:`~rlax.core.trainer.prefix.width_for`)."""
+    tokens, mask, loss = (np.asarray(arrays[k]) for k in ("tokens", "attention_mask", "loss_mask"))
+    rows, padded_width = mask.shape
+    longest = max((i.length for i in prefix.plan(tokens, mask, loss, 1 << 30).items), default=1)
+    width = prefix.width_for(
+        settings.row_tokens or padded_width, longest, settings.microbatch_tokens
+    )
+    width = -(-width // meshlib.context_size(mesh)) * meshlib.context_size(mesh)
+    tree = prefix.plan(tokens, mask, loss, width)
+    budget_rows = rows_per_microbatch(settings, mesh, width, rows)
+    k, per = packing.layout(tree.used, rows, budget_rows, meshlib.batch_size_multiple(mesh))
+    microbatches = max(1, -(-tree.used // per))
+    cost = packing.step_cost(microbatches * per, width, 3 if k == 1 else 4, embed_dim)
+    as_arrays = {key: np.asarray(v) for key, v in arrays.items()}
+    return cost, lambda: prefix.pack(as_arrays, width, per, tree, k)
+
+
+def shareable(arrays: dict[str, Any], token_ids: bool) -> str:
+    """Why ``arrays`` cannot be prefix-shared ('' if they can)."""
+    if token_ids:
+        return "LoRA dropout draws a mask per row's token (rlax.lora.dropout > 0)"
+    if jax.process_count() > 1:
+        return "several processes each lay out their own rows"
+    per_row = [key for key in prefix.PER_ROW_INPUTS if key in arrays]
+    return f"the batch brings per-row token inputs {per_row}" if per_row else ""
+
+
+def arrange(
+    arrays: dict[str, Any],
+    settings: TrainerSettings,
+    mesh: Mesh,
+    embed_dim: int,
+    token_ids: bool = False,
 ) -> dict[str, Any]:
-    """``arrays`` as the step will run them: packed or padded (``TrainerSettings.packing``).
+    """``arrays`` as the step will run them: padded, packed or prefix-shared
+    (``TrainerSettings.packing``).
 
     A padded batch (``tokens``/``attention_mask``) is packed when packing is on, or under
     ``"auto"`` when :func:`~rlax.core.trainer.packing.packed_is_cheaper` (with several
     processes: when it is for every process's rows, so all choose alike); a batch that is
     already packed stays. With several processes each packs its own rows into its own
     packed rows of the global layout (:func:`~rlax.core.trainer.packing.pack`).
+    ``"prefix"`` shares each group's prefix (:mod:`rlax.core.trainer.prefix`); ``"auto"``
+    picks it when its estimated cost is the lowest of the three and the batch is
+    :func:`shareable` (``token_ids``: the model reads token identities, LoRA dropout).
     """
     mode = settings.packing
     if "tokens" not in arrays:
@@ -83,6 +122,12 @@ def arrange(
     packing.check_targets(arrays)
     if mode == "padded":
         return arrays
+    refused = shareable(arrays, token_ids) if mode in ("auto", "prefix") else "not asked"
+    if mode == "prefix":
+        if refused:
+            raise ValueError(f"rlax.trainer_settings.packing='prefix': {refused}; use 'packed'")
+        return prefix_layout(arrays, settings, mesh, embed_dim)[1]()
+    tree = None if refused else prefix_layout(arrays, settings, mesh, embed_dim)
     mask = np.asarray(arrays["attention_mask"])
     local_rows, padded_width = mask.shape
     processes = jax.process_count()
@@ -114,6 +159,12 @@ def arrange(
             from jax.experimental import multihost_utils
 
             cheaper = bool(np.all(multihost_utils.process_allgather(np.asarray(cheaper))))
+        packed_cost = packing.step_cost(
+            max(1, -(-plan.used // per)) * per, width, 3 if one_microbatch else 4, embed_dim
+        )
+        padded_cost = packing.step_cost(local_rows, padded_width, passes, embed_dim)
+        if tree is not None and tree[0] < min(packed_cost, padded_cost):
+            return tree[1]()
         if not cheaper:
             return arrays
     owned = multihost.process_rows(mesh, k * per) if processes > 1 else None

@@ -16,7 +16,7 @@ from rlax.core.trainer.microbatch import REMAT_POLICIES
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 PLACEMENTS = ("sharded", "replicated")
 #: How the step lays out the batch's sequences (:mod:`rlax.core.trainer.packing`).
-PACKINGS = ("auto", "packed", "padded")
+PACKINGS = ("auto", "packed", "padded", "prefix")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +55,11 @@ class TrainerSettings:
         (default): per batch, whichever of the two is estimated cheaper
         (:func:`~rlax.core.trainer.packing.packed_is_cheaper`: tokens computed
         times passes, with attention's quadratic term): packed on ragged
-        lengths, padded when rows are nearly full. Either way the loss and
-        its gradient are the same up to float rounding.
+        lengths, padded when rows are nearly full, prefix-shared when that is
+        cheapest. ``"prefix"``: packed rows where each group's shared prefix
+        is computed once and its completions attend to it
+        (:mod:`rlax.core.trainer.prefix`). Every way the loss and its
+        gradient are the same up to float rounding.
       microbatch_tokens: packed rows per microbatch x ``row_tokens`` stays
         within this budget (at least one row): memory follows it, not
         rows x the longest row.

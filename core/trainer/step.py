@@ -343,7 +343,9 @@ class Trainer:
 
     def layout(self, arrays: dict[str, Any]) -> dict[str, Any]:
         """``arrays`` packed or padded as the step will run them (:func:`passes.arrange`)."""
-        return passes.arrange(arrays, self.settings, self.mesh, self._embed_dim)
+        return passes.arrange(
+            arrays, self.settings, self.mesh, self._embed_dim, self.passes.token_ids
+        )
 
     def device_batch(self, batch: TrainBatch | dict[str, Any]) -> dict[str, jax.Array]:
         """The batch as global arrays split over (data, fsdp), packed or padded (:meth:`layout`).
