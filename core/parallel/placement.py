@@ -34,8 +34,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Annotated, Literal
 
+from rlax.core.constraints import AtLeast, OneOf, Range, check_fields
 from rlax.core.errors import BadSetting
 from rlax.core.parallel.inventory import Inventory
 
@@ -67,20 +68,15 @@ class Placement:
         ``XLA_PYTHON_CLIENT_MEM_FRACTION``; JAX's own default is 0.75).
     """
 
-    mode: str = "auto"
+    mode: Annotated[str, OneOf(*MODES)] = "auto"
     trainer: Devices = None
     sampler: Devices = None
-    trainer_cores: tuple[int, ...] | None = None
-    worker_cores: tuple[int, ...] | None = None
-    gpu_memory_fraction: float = 0.9
+    trainer_cores: tuple[Annotated[int, AtLeast(0)], ...] | None = None
+    worker_cores: tuple[Annotated[int, AtLeast(0)], ...] | None = None
+    gpu_memory_fraction: Annotated[float, Range(gt=0, le=1)] = 0.9
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise BadSetting("mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if not 0 < self.gpu_memory_fraction <= 1:
-            raise BadSetting(
-                "gpu_memory_fraction", f"must be in (0, 1], got {self.gpu_memory_fraction}"
-            )
+        check_fields(self)
         for name in ("trainer", "sampler"):
             value = getattr(self, name)
             if isinstance(value, int) and value < 1:
