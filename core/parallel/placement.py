@@ -105,6 +105,14 @@ class RoleDevices:
     worker_cores: tuple[int, ...] | None = None
     gpu_memory_fraction: float = 0.9
 
+    def in_process(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The trainer's and the sampler's devices as the one process of ``"one_process"`` /
+        ``"colocated"`` numbers them: positions in its visible devices (the sorted union of
+        both roles', which is all its environment lets it see), i.e. in ``jax.devices()``."""
+        visible = sorted(set(self.trainer) | set(self.sampler))
+        where = {d: i for i, d in enumerate(visible)}
+        return tuple(where[d] for d in self.trainer), tuple(where[d] for d in self.sampler)
+
 
 def _ownable(inventory: Inventory, count: int) -> bool:
     """Whether one process may own ``count`` of ``inventory``'s devices."""

@@ -32,10 +32,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from rlax.core.parallel.inventory import Inventory
-from rlax.core.parallel.placement import RoleDevices
+from rlax.core.parallel.inventory import Inventory, detect_inventory
+from rlax.core.parallel.placement import Placement, RoleDevices, place_roles
 
-__all__ = ["PARAM_SERVER", "TRAINER", "ChildDevices", "child_environments", "worker_name"]
+__all__ = [
+    "PARAM_SERVER",
+    "TRAINER",
+    "ChildDevices",
+    "child_environments",
+    "plan_children",
+    "worker_name",
+]
 
 PARAM_SERVER, TRAINER = "param_server", "trainer"
 TPU_BASE_PORT = 8476  # the recipe's first mesh-controller port
@@ -82,6 +89,20 @@ def _tpu_env(inventory: Inventory, chips: Sequence[int], port: int, shared: bool
     if shared:
         env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
     return env
+
+
+def plan_children(
+    placement: Placement,
+    *,
+    workers: int,
+    inventory: Inventory | None = None,
+    tpu_port: int = TPU_BASE_PORT,
+) -> tuple[RoleDevices, dict[str, ChildDevices]]:
+    """The supervisor's one call: the host's inventory (detected unless given), each
+    role's devices, and each child's environment and cores; BadSetting if impossible."""
+    inventory = inventory if inventory is not None else detect_inventory()
+    roles = place_roles(inventory, placement, workers=workers)
+    return roles, child_environments(inventory, roles, tpu_port=tpu_port)
 
 
 def child_environments(

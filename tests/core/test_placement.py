@@ -14,7 +14,7 @@ import pytest
 from rlax.core.errors import BadSetting
 from rlax.core.parallel.inventory import Inventory, detect_inventory
 from rlax.core.parallel.placement import Placement, place_roles
-from rlax.core.parallel.process_env import ChildDevices, child_environments
+from rlax.core.parallel.process_env import ChildDevices, child_environments, plan_children
 
 GIB = 2**30
 CPU4 = Inventory("cpu", cpu_cores=(0, 1, 2, 3))
@@ -267,6 +267,25 @@ def test_a_bad_placement_value_is_refused_when_made(kwargs, setting):
     with pytest.raises(BadSetting) as err:
         Placement(**kwargs)
     assert err.value.parameter == setting
+
+
+def test_one_process_numbers_its_roles_devices_as_it_sees_them():
+    roles = place_roles(
+        GPU8, Placement(mode="one_process", trainer=(4, 5), sampler=(6, 7)), workers=2
+    )
+    (trainer,) = [c for n, c in child_environments(GPU8, roles).items() if n == "trainer"]
+    assert trainer.env["CUDA_VISIBLE_DEVICES"] == "12,13,14,15"  # the host's ids of 4..7
+    assert roles.in_process() == ((0, 1), (2, 3))  # jax.devices() of that process
+    colocated = place_roles(GPU2, Placement(mode="colocated"), workers=1)
+    assert colocated.in_process() == ((0, 1), (0, 1))
+
+
+def test_the_supervisor_s_one_call_places_and_gives_environments():
+    roles, children = plan_children(Placement(), workers=1, inventory=V6E8)
+    assert roles == place_roles(V6E8, Placement(), workers=1)
+    assert children == child_environments(V6E8, roles)
+    with pytest.raises(BadSetting):
+        plan_children(Placement(mode="processes", trainer=2), workers=1, inventory=V6E8)
 
 
 def test_every_tpu_process_owns_distinct_chips_and_ports():
