@@ -31,6 +31,7 @@ distribution, so the two agree and the trainer reports what mismatch remains.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Annotated
@@ -42,6 +43,8 @@ from flax import nnx
 
 from rlax.core import hookimpl
 from rlax.core.constraints import AtLeast, OneOf, Range, check_arguments
+from rlax.core.models.moe import RoutesOut
+from rlax.core.models.routing_replay import ROUTES_DTYPE
 from rlax.core.models.tokenizer import PAD
 from rlax.core.models.transformer import KVCache, Transformer, init_cache, positions_from_mask
 from rlax.core.parallel.mesh import MeshConfig
@@ -75,8 +78,9 @@ def _prefill(
     key_valid: jax.Array,  # [B, S] bool, S = P + max_new_tokens
     cache: KVCache,  # S slots, contents ignored: cleared here
     last_logits_only: bool,
-) -> tuple[jax.Array, KVCache]:
-    """The prompt's pass: logits at its last position [B, V] and the cache of S slots.
+) -> tuple[jax.Array, KVCache, jax.Array]:
+    """The prompt's pass: logits at its last position [B, V], the cache of S slots and the
+    prompt tokens' experts [B, P, R, k] (:func:`_route_ids`).
 
     ``last_logits_only`` applies the head at the last position alone (a real
     vocabulary); otherwise at every position, the toy models' path kept
@@ -85,13 +89,20 @@ def _prefill(
     p, s = tokens.shape[1], key_valid.shape[1]
     prefill_mask = (jnp.arange(s)[None, :] <= jnp.arange(p)[:, None])[None] & key_valid[:, None, :]
     cache = jax.tree.map(jnp.zeros_like, cache)  # in place: the buffer is donated
+    hidden, written, routed = model.routed_hidden_states(tokens, positions, prefill_mask, cache, 0)
+    assert written is not None  # a call given a cache returns the written one
+    routes = _route_ids(model, routed, tokens.shape)
     if last_logits_only:
-        hidden, written = model.hidden_states(tokens, positions, prefill_mask, cache, 0)
-        assert written is not None  # a call given a cache returns the written one
-        return model.logits(hidden[:, -1]), written
-    logits, written = model(tokens, positions, prefill_mask, cache, 0)
-    assert written is not None
-    return logits[:, -1], written
+        return model.logits(hidden[:, -1]), written, routes
+    return model.logits(hidden)[:, -1], written, routes
+
+
+def _route_ids(model: Transformer, routed: RoutesOut | None, shape: tuple[int, ...]) -> jax.Array:
+    """Each token's experts, int16 [B, T, R, k] (R = 0 for a dense model): what routing
+    replay records (:mod:`rlax.core.models.routing_replay`)."""
+    if routed is None:
+        return jnp.zeros((*shape, 0, 1), ROUTES_DTYPE)
+    return routed.ids.astype(ROUTES_DTYPE)
 
 
 def _prefill_rows(
@@ -102,21 +113,23 @@ def _prefill_rows(
     rows_of: jax.Array,  # [B]
     max_new_tokens: int,
     last_logits_only: bool,
-) -> tuple[jax.Array, KVCache, jax.Array, jax.Array]:
-    """Each row's prompt prefilled: last logits [B, V], the cache, key validity [B, S] and
-    positions [B, P]. Each distinct prompt is prefilled once; with fewer prompts than rows
+) -> tuple[jax.Array, KVCache, jax.Array, jax.Array, jax.Array]:
+    """Each row's prompt prefilled: last logits [B, V], the cache, key validity [B, S],
+    positions [B, P] and the prompt's experts [B, P, R, k]. Each distinct prompt is prefilled once; with fewer prompts than rows
     (U < B) its keys and values are then copied into the rows of its samples, else the
     rows are prefilled in place (``rows_of`` is then the identity)."""
     u, p = tokens.shape
     prompt_valid = jnp.zeros((u, p + max_new_tokens), bool).at[:, :p].set(mask)
     positions = positions_from_mask(mask)
     if u == rows_of.shape[0]:
-        logits, cache = _prefill(model, tokens, positions, prompt_valid, cache, last_logits_only)
-        return logits, cache, prompt_valid, positions
+        logits, cache, routes = _prefill(
+            model, tokens, positions, prompt_valid, cache, last_logits_only
+        )
+        return logits, cache, prompt_valid, positions, routes
     own = jax.tree.map(lambda c: jnp.zeros((u, *c.shape[1:]), c.dtype), cache)
-    logits, own = _prefill(model, tokens, positions, prompt_valid, own, last_logits_only)
+    logits, own, routes = _prefill(model, tokens, positions, prompt_valid, own, last_logits_only)
     cache = jax.tree.map(lambda rows, prompt: rows.at[:].set(prompt[rows_of]), cache, own)
-    return logits[rows_of], cache, prompt_valid[rows_of], positions[rows_of]
+    return logits[rows_of], cache, prompt_valid[rows_of], positions[rows_of], routes[rows_of]
 
 
 def _generate(
@@ -136,14 +149,16 @@ def _generate(
     method: str = "gumbel",
     last_logits_only: bool = False,
     recorded: str = "full",
-) -> tuple[jax.Array, jax.Array, jax.Array, KVCache]:
+) -> tuple[jax.Array, jax.Array, jax.Array, KVCache, tuple[jax.Array, jax.Array]]:
     """Generated tokens [B, C] (PAD after the stop token), their logprobs [B, C], the kept
-    sets' floors [B, C] (-inf: nothing cut; :mod:`.sampling`) and the cache."""
+    sets' floors [B, C] (-inf: nothing cut; :mod:`.sampling`), the cache, and the experts
+    of the prompt's tokens [B, P, R, k] and of the generated ones [B, C, R, k] (-1 after
+    the stop; R = 0 for a dense model)."""
     model: Transformer = nnx.merge(graphdef, state)
     p, b = tokens.shape[1], rows_of.shape[0]
     slots = jnp.arange(p + max_new_tokens)
     stops = jnp.asarray(stop_ids, jnp.int32)
-    last_logits, cache, key_valid, positions = _prefill_rows(
+    last_logits, cache, key_valid, positions, prompt_routes = _prefill_rows(
         model, cache, tokens, mask, rows_of, max_new_tokens, last_logits_only
     )
 
@@ -152,7 +167,9 @@ def _generate(
         return (i < max_new_tokens) & ~jnp.all(done)
 
     def body(carry):
-        i, done, last_logits, pos, cache, key_valid, out_tok, out_logp, out_floor, key = carry
+        i, done, last_logits, pos, cache, key_valid, out_tok, out_logp, out_floor, routes, key = (
+            carry
+        )
         key, sub = jax.random.split(key)
         tok, logp, floor = sample_token(
             last_logits,
@@ -169,10 +186,15 @@ def _generate(
         out_floor = out_floor.at[:, i].set(jnp.where(done, -jnp.inf, floor))
         key_valid = key_valid.at[:, p + i].set(~done)
         step_mask = ((slots <= p + i)[None, :] & key_valid)[:, None, :]
-        logits, cache = model(tok[:, None], pos[:, None], step_mask, cache, p + i)
+        hidden, cache, routed = model.routed_hidden_states(
+            tok[:, None], pos[:, None], step_mask, cache, p + i
+        )
+        logits = model.logits(hidden)
+        step_routes = _route_ids(model, routed, (b, 1))[:, 0]  # the fed token's experts
+        routes = routes.at[:, i].set(jnp.where(done[:, None, None], -1, step_routes))
         if stop_ids:
             done = done | jnp.any(tok[:, None] == stops[None, :], axis=-1)
-        out = (out_tok, out_logp, out_floor)
+        out = (out_tok, out_logp, out_floor, routes)
         return i + 1, done, logits[:, 0], pos + 1, cache, key_valid, *out, key
 
     carry = (
@@ -185,10 +207,11 @@ def _generate(
         jnp.full((b, max_new_tokens), PAD, jnp.int32),
         jnp.zeros((b, max_new_tokens), jnp.float32),
         jnp.full((b, max_new_tokens), -jnp.inf, jnp.float32),
+        jnp.full((b, max_new_tokens, *prompt_routes.shape[2:]), -1, ROUTES_DTYPE),
         key,
     )
     carry = jax.lax.while_loop(cond, body, carry)
-    return carry[6], carry[7], carry[8], carry[4]
+    return carry[6], carry[7], carry[8], carry[4], (prompt_routes, carry[9])
 
 
 class JaxSampler:
@@ -359,7 +382,7 @@ class JaxSampler:
         fn = self._check_ready()
         tokens, mask, rows_of = self.pad_prompts(prompts, n)
         self.prefilled_tokens += tokens.size
-        out_tok, out_logp, out_floor, cache = fn(
+        out_tok, out_logp, out_floor, cache, routes = fn(
             self._state,
             self._cache_for(len(rows_of), tokens.shape[1]),
             tokens,
@@ -371,7 +394,7 @@ class JaxSampler:
         self._cache = self._kept(cache)
         out_tok, out_logp = np.asarray(out_tok), np.asarray(out_logp)
         floors = np.asarray(out_floor) if self.truncates else None
-        return [
+        completions = [
             tuple(
                 self._completion(
                     out_tok[i * n + j],
@@ -382,6 +405,9 @@ class JaxSampler:
             )
             for i in range(len(prompts))
         ]
+        if self._cfg.moe is None:
+            return completions
+        return _with_routes(completions, prompts, n, *(np.asarray(r) for r in routes))
 
     @property
     def truncates(self) -> bool:
@@ -411,6 +437,31 @@ class JaxSampler:
             policy_version=self.version,
             kept_floor=None if floors is None else floors[:length].copy(),
         )
+
+
+def _with_routes(
+    completions: list[tuple[Completion, ...]],
+    prompts: Sequence[Prompt],
+    n: int,
+    prompt_routes: np.ndarray,  # [B, P, R, k]
+    routes: np.ndarray,  # [B, C, R, k]
+) -> list[tuple[Completion, ...]]:
+    """Each completion with its row's experts: its prompt's tokens' then its own (R3)."""
+    out = []
+    for i, (prompt, group) in enumerate(zip(prompts, completions, strict=True)):
+        start = prompt_routes.shape[1] - len(prompt.tokens)
+        out.append(
+            tuple(
+                dataclasses.replace(
+                    c,
+                    routes=np.concatenate(
+                        [prompt_routes[i * n + j, start:], routes[i * n + j, : len(c.tokens)]]
+                    ),
+                )
+                for j, c in enumerate(group)
+            )
+        )
+    return out
 
 
 @hookimpl
