@@ -34,6 +34,54 @@ REWARD_PLUGIN = """
 """
 
 
+# The components of a run, as a plugin installs them (nothing here loads a model).
+RUN_PLUGIN = """
+    from rlax.core import hookimpl
+
+    class Task:
+        def prompts(self, split, *, tokenizer, seed):
+            return iter(())
+
+    class Reward:
+        def score(self, prompt, completion_text):
+            return 0.0
+
+    class Sampler:
+        temperature = 1.0
+
+    class Algorithm:
+        pass
+
+    @hookimpl
+    def rlax_register_tasks():
+        return {"fake": Task}
+
+    @hookimpl
+    def rlax_register_rewards():
+        return {"fake": Reward}
+
+    @hookimpl
+    def rlax_register_samplers():
+        return {"fake": Sampler}
+
+    @hookimpl
+    def rlax_register_algorithms():
+        return {"fake": Algorithm}
+"""
+
+# A whole run of those components, wired by roles.gin.
+RUN_GIN = """
+include 'roles.gin'
+TASK = @tasks.fake()
+REWARD = @rewards.fake()
+SAMPLER = @samplers.fake()
+INIT_CHECKPOINT = 'model'  # beside this file
+rlax.train.algorithm = @algorithms.fake()
+rlax.train.optimizer = @optax.sgd()
+optax.sgd.learning_rate = 0.1
+"""
+
+
 class FakeSite:
     """A site-packages directory of fake distributions with ``rlax`` entry points.
 
@@ -71,6 +119,20 @@ class FakeSite:
     def rewards(*names: str, cls: str = "Reward") -> str:
         """Source of a plugin registering class ``cls`` as each reward in ``names``."""
         return REWARD_PLUGIN.format(cls=cls, names=", ".join(f"{n!r}: {cls}" for n in names))
+
+    def install_run_components(self) -> None:
+        """Installs RUN_PLUGIN: a task, a reward, a sampler and an algorithm that load nothing."""
+        if "fake_run" not in self.modules:
+            self.install("rlax-fake-run", "1.0", {"fake_run": RUN_PLUGIN})
+
+    @staticmethod
+    def run_gin(folder: pathlib.Path, more: str = "") -> str:
+        """Writes ``folder/exp.gin``, RUN_GIN and ``more``, beside the (empty) model folder
+        it names; returns its path."""
+        (folder / "model").mkdir(exist_ok=True)
+        path = folder / "exp.gin"
+        path.write_text(RUN_GIN + more)
+        return str(path)
 
     def entry_points(self) -> list[importlib.metadata.EntryPoint]:
         return [

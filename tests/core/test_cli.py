@@ -34,59 +34,11 @@ def fresh_gin():
     gin.clear_config()
 
 
-# The components of a run, as a plugin installs them (nothing here loads a model).
-RUN_PLUGIN = """
-    from rlax.core import hookimpl
-
-    class Task:
-        def prompts(self, split, *, tokenizer, seed):
-            return iter(())
-
-    class Reward:
-        def score(self, prompt, completion_text):
-            return 0.0
-
-    class Sampler:
-        temperature = 1.0
-
-    class Algorithm:
-        pass
-
-    @hookimpl
-    def rlax_register_tasks():
-        return {"fake": Task}
-
-    @hookimpl
-    def rlax_register_rewards():
-        return {"fake": Reward}
-
-    @hookimpl
-    def rlax_register_samplers():
-        return {"fake": Sampler}
-
-    @hookimpl
-    def rlax_register_algorithms():
-        return {"fake": Algorithm}
-"""
-
-# A whole run of those components: the run specification's parts as roles.gin binds them.
-RUN_GIN = """
-include 'roles.gin'
-TASK = @tasks.fake()
-REWARD = @rewards.fake()
-SAMPLER = @samplers.fake()
-INIT_CHECKPOINT = 'model'  # beside this file
-rlax.train.algorithm = @algorithms.fake()
-rlax.train.optimizer = @optax.sgd()
-optax.sgd.learning_rate = 0.1
-"""
-
-
 @pytest.fixture
 def fake_experiment(site, monkeypatch):
     """Installs RUN_PLUGIN and replaces the roles ``rlax run`` / ``rlax eval`` start with
     fakes; returns the calls they received (the specification each was handed)."""
-    site.install("rlax-fake-run", "1.0", {"fake_run": RUN_PLUGIN})
+    site.install_run_components()
     calls: dict[str, dict] = {}
 
     def train(spec, *, hook, run_dir=None, inline=False):
@@ -102,12 +54,6 @@ def fake_experiment(site, monkeypatch):
     monkeypatch.setattr(experiment, "train", train)
     monkeypatch.setattr(evaluation, "evaluate", evaluate)
     return calls
-
-
-def run_gin(tmp_path: pathlib.Path, more: str = "") -> str:
-    """RUN_GIN (and ``more``) in ``tmp_path``, beside the model folder it names."""
-    (tmp_path / "model").mkdir(exist_ok=True)
-    return gin_file(tmp_path, RUN_GIN + more)
 
 
 def gin_file(tmp_path: pathlib.Path, text: str, name: str = "exp.gin") -> str:
@@ -202,7 +148,15 @@ def test_run_all_starts_every_child_on_the_specification_it_built(
     monkeypatch.setattr(roles, "local_cluster", local_cluster)
     out = tmp_path / "out"
     bindings = ["--gin.SEED=7", "--gin.rlax.local_cluster.num_workers=3"]
-    args = ["--gin", run_gin(tmp_path), *bindings, "-p", "no:fake_extra", "--run-dir", str(out)]
+    args = [
+        "--gin",
+        site.run_gin(tmp_path),
+        *bindings,
+        "-p",
+        "no:fake_extra",
+        "--run-dir",
+        str(out),
+    ]
     assert cli.main(["run", *args]) == 0
 
     spec, spec_file = seen["spec"], out / "spec.gin"
@@ -231,7 +185,7 @@ def test_run_all_starts_every_child_on_the_specification_it_built(
 
 def test_run_calls_train_with_the_specification_and_the_hook(site, fake_experiment, tmp_path):
     recorder = site.module("fake_recorder", RECORDER)
-    path = run_gin(tmp_path, "rlax.train.steps = 2\nrlax.train.run_name = 'from file'\n")
+    path = site.run_gin(tmp_path, "rlax.train.steps = 2\nrlax.train.run_name = 'from file'\n")
 
     args = ["--role", "trainer", "--gin", path, "--gin.rlax.train.run_name='cli'", "-p", recorder]
     status = cli.main(["run", *args, "--run-dir", "out"])
@@ -245,12 +199,12 @@ def test_run_calls_train_with_the_specification_and_the_hook(site, fake_experime
 
 
 def test_run_inline_trains_in_this_process(site, fake_experiment, tmp_path):
-    assert cli.main(["run", "--role", "inline", "--gin", run_gin(tmp_path)]) == cli.EXIT_OK
+    assert cli.main(["run", "--role", "inline", "--gin", site.run_gin(tmp_path)]) == cli.EXIT_OK
     assert fake_experiment["train"]["inline"] is True
 
 
 def test_run_returns_train_s_status(site, fake_experiment, tmp_path):
-    path = run_gin(tmp_path, "SEED = 3\n")  # the fake trainer returns the run's seed
+    path = site.run_gin(tmp_path, "SEED = 3\n")  # the fake trainer returns the run's seed
 
     assert cli.main(["run", "--role", "trainer", "--gin", path]) == 3
     assert fake_experiment["train"]["run_dir"] is None
@@ -261,7 +215,7 @@ def test_eval_calls_evaluate_with_the_checkpoint_as_the_starting_policy(
 ):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "ckpt" / "7").mkdir(parents=True)
-    path = run_gin(tmp_path, "rlax.evaluate.progress = False\n")
+    path = site.run_gin(tmp_path, "rlax.evaluate.progress = False\n")
 
     argv = ["eval", "--gin", path, "--checkpoint", "ckpt/7", "--out", "e.json"]
     assert cli.main(argv) == cli.EXIT_OK
@@ -275,7 +229,7 @@ def test_eval_calls_evaluate_with_the_checkpoint_as_the_starting_policy(
 def test_a_run_that_breaks_a_rule_of_the_whole_specification_starts_no_role(
     site, fake_experiment, tmp_path, capsys
 ):
-    path = run_gin(tmp_path, "rlax.run.deterministic = True\nMAX_STALENESS = 1\n")
+    path = site.run_gin(tmp_path, "rlax.run.deterministic = True\nMAX_STALENESS = 1\n")
 
     assert cli.main(["run", "--role", "trainer", "--gin", path, "--run-dir", "out"]) == 2
 
@@ -292,7 +246,7 @@ def test_preempted_exits_75(site, fake_experiment, monkeypatch, tmp_path, capsys
 
     monkeypatch.setattr(experiment, "train", train)
 
-    assert cli.main(["run", "--role", "trainer", "--gin", run_gin(tmp_path)]) == 75
+    assert cli.main(["run", "--role", "trainer", "--gin", site.run_gin(tmp_path)]) == 75
     assert "SIGTERM at step 4" in capsys.readouterr().err
 
 
@@ -302,7 +256,7 @@ def test_failure_exits_1_with_a_traceback(site, fake_experiment, monkeypatch, tm
 
     monkeypatch.setattr(experiment, "train", train)
 
-    assert cli.main(["run", "--role", "trainer", "--gin", run_gin(tmp_path)]) == 1
+    assert cli.main(["run", "--role", "trainer", "--gin", site.run_gin(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "RuntimeError: boom" in err
 
@@ -327,7 +281,7 @@ def test_gin_syntax_error_exits_2(site, fake_experiment, tmp_path, capsys):
 
 
 def test_unknown_binding_exits_2(site, fake_experiment, tmp_path, capsys):
-    err = usage_error(["run", "--gin", run_gin(tmp_path), "--gin.rlax.train.stepz=3"], capsys)
+    err = usage_error(["run", "--gin", site.run_gin(tmp_path), "--gin.rlax.train.stepz=3"], capsys)
 
     assert err == (
         "rlax: error: --gin.rlax.train.stepz=3: rlax.train has no parameter 'stepz'; "

@@ -111,7 +111,8 @@ def _jit_something() -> None:
 @pytest.fixture
 def roles(site, monkeypatch, tmp_path):
     """Replaces the trainer, the worker and the local cluster: each records the JAX cache
-    folder it ran with (None: none), compiles a program and returns ``status``."""
+    folder it ran with (None: none), compiles a program and returns 0, or refuses its
+    settings (a ConfigError) when the run's seed is 2."""
     import jax
 
     from rlax.core.launch import local_cluster
@@ -121,14 +122,12 @@ def roles(site, monkeypatch, tmp_path):
     seen: dict[str, str | None] = {}
 
     def fake(name: str):
-        def role(
-            *, hook=None, run_dir=None, inline=False, argv=(), steps: int = 1, status: int = 0
-        ):
+        def role(spec, **_):
             seen[name] = jax.config.jax_compilation_cache_dir
             _jit_something()
-            if status == 2:
+            if spec.seed == 2:  # the test's way of asking the role to refuse
                 raise ConfigError(f"{name} refused")
-            return status
+            return 0
 
         return role
 
@@ -136,7 +135,8 @@ def roles(site, monkeypatch, tmp_path):
     monkeypatch.setattr(worker_role, "worker", fake("worker"))
     monkeypatch.setattr(local_cluster, "local_cluster", fake("local_cluster"))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "exp.gin").write_text("")
+    site.install_run_components()
+    site.run_gin(tmp_path)  # exp.gin: a run of components that load nothing
     return seen
 
 
@@ -165,13 +165,13 @@ def test_a_role_refused_after_it_compiled_leaves_no_cache_folder(roles, tmp_path
     from rlax.core import cli
 
     args = ["run", "--gin", "exp.gin", "--role", "inline", "--run-dir", "run"]
-    assert cli.main([*args, "--gin.rlax.train.status=2"]) == 2
+    assert cli.main([*args, "--gin.SEED=2"]) == 2
     assert roles["train"] == str(tmp_path / "run" / "compile_cache")
     assert not (tmp_path / "run" / "compile_cache").exists()
     # A cache that was there before stays (another role's, or an earlier incarnation's).
     assert cli.main(args) == 0
     before = sorted((tmp_path / "run" / "compile_cache").iterdir())
-    assert cli.main([*args, "--gin.rlax.train.status=2"]) == 2
+    assert cli.main([*args, "--gin.SEED=2"]) == 2
     assert sorted((tmp_path / "run" / "compile_cache").iterdir()) == before
 
 
