@@ -8,7 +8,7 @@ follow the legend in :mod:`rlax.core.types`.
 
 Data members are read-only properties, so an attribute or a property
 satisfies them. Optional capabilities (the curation filters', Dataset, an
-algorithm's BatchTerms and Distils, a sampler's Resumable) are runtime-checkable:
+algorithm's BatchTerms, Distils and UsesEntropy, a sampler's Resumable) are runtime-checkable:
 the core asks with ``isinstance``, never ``hasattr`` or ``getattr``. The
 environment contract lives in :mod:`rlax.core.episodes`, the curation filters'
 in :mod:`rlax.core.filters`, the weight lane's in :mod:`rlax.core.weight_lane`
@@ -60,6 +60,7 @@ __all__ = [
     "Task",
     "Tokenizer",
     "ToolParser",
+    "UsesEntropy",
     "WeightLane",
 ]
 
@@ -167,6 +168,17 @@ class Distils(Protocol):
         both, ``ref_logprobs`` still of the frozen starting policy."""
 
 
+@runtime_checkable
+class UsesEntropy(Protocol):
+    """An algorithm whose loss may use the policy's entropy (an entropy bonus)."""
+
+    @property
+    def needs_entropy(self) -> bool:
+        """True: the loss's ``batch`` holds ``entropy`` [B, L], the entropy of the
+        policy's full tempered distribution at each position, *with* gradient (a
+        second output of the same forward pass; :mod:`rlax.core.trainer.step`)."""
+
+
 # -------------------------------------------------------------------------
 # Samplers (rlax_register_samplers)
 # -------------------------------------------------------------------------
@@ -191,7 +203,9 @@ class Sampler(Protocol):
 
         Each :class:`~rlax.core.types.Completion` holds the generated ids (stop
         token included) [C'], their logprobs under softmax(logits /
-        ``temperature``) [C'], the text without the stop token, its
+        ``temperature``) [C'] (or under the truncated distribution a token was
+        drawn from, with each position's ``kept_floor``: top-k / top-p,
+        :mod:`rlax.plugins.samplers.sampling`), the text without the stop token, its
         ``finish_reason`` and the ``policy_version`` of the last
         ``load_weights``. ``seed`` changes from call to call; the same prompts,
         weights and seed give the same completions (deterministic mode).

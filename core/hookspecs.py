@@ -42,7 +42,9 @@ def rlax_register_algorithms() -> dict[str, Callable[..., object]]:
     jitted step; ``batch`` is a dict of arrays). An algorithm may also be a
     ``rlax.core.contracts.BatchTerms`` (``batch_terms``: per-token terms of
     the whole rollout batch, for several updates per batch) and a
-    ``rlax.core.contracts.Distils`` (``needs_teacher``: it learns from a teacher).
+    ``rlax.core.contracts.Distils`` (``needs_teacher``: it learns from a teacher)
+    and a ``rlax.core.contracts.UsesEntropy`` (``needs_entropy``: its loss gets
+    the policy's entropy with gradient).
 
     Called once per plugin when the plugin manager loads; not firstresult, not
     historic.

@@ -73,7 +73,7 @@ KINDS: dict[str, str] = {
 # every component of the kind is, the others optional capabilities. A setting typed with
 # one takes a component of that kind (messages list the valid names).
 CONTRACTS: dict[str, tuple[str, ...]] = {
-    "algorithms": ("Algorithm", "BatchTerms", "Distils"),
+    "algorithms": ("Algorithm", "BatchTerms", "Distils", "UsesEntropy"),
     "rewards": ("Reward",),
     "samplers": ("Sampler", "Resumable"),
     "curation": ("OnlineFilter", "OfflineFilter", "Curriculum", "Refilling", "Stateful"),

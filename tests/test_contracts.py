@@ -29,7 +29,7 @@ DOC = ROOT / "docs" / "plugin_hooks.md"
 # the kind must be; the others are optional capabilities (curation filters
 # have at least one of OnlineFilter, OfflineFilter, Curriculum).
 KIND_PROTOCOLS: dict[str, tuple[str, ...]] = {
-    "algorithms": ("Algorithm", "BatchTerms", "Distils"),
+    "algorithms": ("Algorithm", "BatchTerms", "Distils", "UsesEntropy"),
     "rewards": ("Reward",),
     "samplers": ("Sampler", "Resumable"),
     "tasks": ("Task", "Dataset"),

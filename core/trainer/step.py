@@ -47,7 +47,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from rlax.core.contracts import Algorithm, Critic
+from rlax.core.contracts import Algorithm, Critic, UsesEntropy
 from rlax.core.masked import masked_mean
 from rlax.core.models import lora as loralib
 from rlax.core.models.critic import forward_with_values
@@ -287,10 +287,12 @@ class Trainer:
         (a packed batch's gathered into the padded layout)."""
         return self.passes.forward_all(lambda mb: self._forward(params, critic, mb), batch)
 
-    def _loss(self, logp, values, batch):
+    def _loss(self, logp, values, batch, entropy=None):
         # A batch that brings train_logprobs / old_values had them fixed for several
         # updates (rlax.core.trainer.epochs); otherwise they are this step's own.
         inputs = dict(batch)
+        if entropy is not None:  # with gradient: an entropy bonus (UsesEntropy)
+            inputs["entropy"] = entropy
         inputs.setdefault("train_logprobs", jax.lax.stop_gradient(logp))
         if values is not None:
             inputs["values"] = values
@@ -300,15 +302,28 @@ class Trainer:
     def _loss_and_grads(self, params, critic, batch):
         """(loss, metrics, logp, entropy, grads) of the batch (:class:`passes.Passes`)."""
 
+        # The entropy rides with the values when the loss differentiates it, so every
+        # pass (microbatches, packing) carries its gradient as it does the values'.
+        uses_entropy = isinstance(self.algorithm, UsesEntropy) and self.algorithm.needs_entropy
+
         def outputs(trainable, inputs):
             p, c = (trainable, None) if critic is None else trainable
             p = loralib.joined(params, p)  # LoRA: the frozen base with these adapters
             logp, entropy, values = self._forward(p, c, inputs)
-            return passes.as_float32(logp, values), entropy
+            logp, values = passes.as_float32(logp, values)
+            if uses_entropy:
+                return (logp, (values, entropy.astype(jnp.float32))), entropy
+            return (logp, values), entropy
+
+        def loss(logp, values):
+            if uses_entropy:
+                values, entropy = values
+                return self._loss(logp, values, batch, entropy)
+            return self._loss(logp, values, batch)
 
         return self.passes.loss_and_grads(
             outputs,
-            lambda logp, values: self._loss(logp, values, batch),
+            loss,
             self._trainable(params, critic),
             batch,
         )

@@ -20,6 +20,7 @@ The pieces, one module each (the unified objective is written out in
 - train/inference alignment, the importance weight: :mod:`.alignment`;
 - per-token objectives (policy losses, dual clip) and the KL estimators: :mod:`.objectives`;
 - on-policy distillation's per-token teacher term: :mod:`.distillation`;
+- off-policy sequence masking: :mod:`.sequence_mask`; the entropy bonus: :mod:`.entropy`;
 - token-level returns computed in the step (GAE, whitening): :mod:`.returns`;
 - the critic's value loss: :mod:`.value`;
 - their composition, :class:`PolicyGradient`, and the helpers the factories
@@ -62,6 +63,7 @@ from rlax.plugins.algorithms.dapo import dapo
 from rlax.plugins.algorithms.distill import distill
 from rlax.plugins.algorithms.distillation import Distillation
 from rlax.plugins.algorithms.drgrpo import drgrpo
+from rlax.plugins.algorithms.entropy import EntropyBonus, EntropyCoef
 from rlax.plugins.algorithms.grpo import grpo
 from rlax.plugins.algorithms.gspo import gspo
 from rlax.plugins.algorithms.objectives import (
@@ -91,6 +93,7 @@ from rlax.plugins.algorithms.ppo import ppo
 from rlax.plugins.algorithms.reinforcepp import reinforcepp, reinforcepp_baseline
 from rlax.plugins.algorithms.returns import Returns, gae, terminal_rewards, whiten
 from rlax.plugins.algorithms.rloo import rloo
+from rlax.plugins.algorithms.sequence_mask import OffPolicyDelta, OffPolicySequenceMask
 from rlax.plugins.algorithms.value import ValueLoss
 
 __all__ = [
@@ -107,6 +110,8 @@ __all__ = [
     "ClippedSurrogate",
     "Distillation",
     "DualClip",
+    "EntropyBonus",
+    "EntropyCoef",
     "EpsHigh",
     "IsBounds",
     "IsCap",
@@ -114,6 +119,8 @@ __all__ = [
     "KlEstimator",
     "MaxLen",
     "Objective",
+    "OffPolicyDelta",
+    "OffPolicySequenceMask",
     "PolicyGradient",
     "Returns",
     "SequenceClippedSurrogate",

@@ -32,6 +32,7 @@ from rlax.core.constraints import checked_by
 from rlax.plugins.algorithms.advantages import group_normalized
 from rlax.plugins.algorithms.aggregation import Aggregation, AggregationMode, MaxLen
 from rlax.plugins.algorithms.alignment import AlignmentMode, IsBounds, IsCap
+from rlax.plugins.algorithms.entropy import EntropyBonus, EntropyCoef
 from rlax.plugins.algorithms.objectives import (
     ClipEps,
     ClippedSurrogate,
@@ -42,7 +43,13 @@ from rlax.plugins.algorithms.objectives import (
     StdEps,
     dual_clip_above_clip,
 )
-from rlax.plugins.algorithms.policy_gradient import PolicyGradient, alignment_of, settings_of
+from rlax.plugins.algorithms.policy_gradient import (
+    PolicyGradient,
+    alignment_of,
+    off_policy_mask,
+    settings_of,
+)
+from rlax.plugins.algorithms.sequence_mask import OffPolicyDelta
 
 
 @checked_by(dual_clip_above_clip)
@@ -59,6 +66,8 @@ def dapo(
     alignment: AlignmentMode = "none",
     is_cap: IsCap = 2.0,
     is_bounds: IsBounds = (0.5, 2.0),
+    off_policy_delta: OffPolicyDelta = None,
+    entropy_coef: EntropyCoef = 0.0,
 ) -> PolicyGradient:
     """Decoupled Clip and Dynamic sAmpling Policy Optimization (arXiv 2503.14476).
 
@@ -77,6 +86,10 @@ def dapo(
         (``none``, ``tis``, ``mask``, ``icepop``, ``seq-tis``, ``seq-mis``).
       is_cap: C of truncated importance sampling.
       is_bounds: [C_min, C_max] of masked importance sampling.
+      off_policy_delta: δ of off-policy sequence masking (DeepSeek-V3.2: a
+        negative-advantage sequence whose mean log(π_sampler / π_θ) exceeds δ
+        leaves the loss); None: off.
+      entropy_coef: c_H of an entropy bonus, -c_H Agg[H(π_θ)] (0: none).
     """
     with settings_of("dapo"):
         return PolicyGradient(
@@ -87,6 +100,8 @@ def dapo(
             alignment=alignment_of(alignment, is_cap, is_bounds),
             kl_beta=kl_beta,
             kl_estimator=kl_estimator,
+            sequence_mask=off_policy_mask(off_policy_delta),
+            entropy=EntropyBonus(entropy_coef) if entropy_coef else None,
         )
 
 

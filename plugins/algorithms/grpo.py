@@ -40,6 +40,7 @@ from rlax.plugins.algorithms.aggregation import (
     aggregate,
 )
 from rlax.plugins.algorithms.alignment import AlignmentMode, IsBounds, IsCap
+from rlax.plugins.algorithms.entropy import EntropyBonus, EntropyCoef
 from rlax.plugins.algorithms.objectives import (
     ClipEps,
     ClippedSurrogate,
@@ -51,7 +52,13 @@ from rlax.plugins.algorithms.objectives import (
     dual_clip_above_clip,
     k3_kl,
 )
-from rlax.plugins.algorithms.policy_gradient import PolicyGradient, alignment_of, settings_of
+from rlax.plugins.algorithms.policy_gradient import (
+    PolicyGradient,
+    alignment_of,
+    off_policy_mask,
+    settings_of,
+)
+from rlax.plugins.algorithms.sequence_mask import OffPolicyDelta
 
 # The walking skeleton's names, still importable from here.
 group_advantages = group_normalized
@@ -79,6 +86,8 @@ def grpo(
     alignment: AlignmentMode = "none",
     is_cap: IsCap = 2.0,
     is_bounds: IsBounds = (0.5, 2.0),
+    off_policy_delta: OffPolicyDelta = None,
+    entropy_coef: EntropyCoef = 0.0,
 ) -> PolicyGradient:
     """Group Relative Policy Optimization (arXiv 2402.03300).
 
@@ -97,6 +106,10 @@ def grpo(
         (``none``, ``tis``, ``mask``, ``icepop``, ``seq-tis``, ``seq-mis``).
       is_cap: C of truncated importance sampling.
       is_bounds: [C_min, C_max] of masked importance sampling.
+      off_policy_delta: δ of off-policy sequence masking (DeepSeek-V3.2: a
+        negative-advantage sequence whose mean log(π_sampler / π_θ) exceeds δ
+        leaves the loss); None: off.
+      entropy_coef: c_H of an entropy bonus, -c_H Agg[H(π_θ)] (0: none).
     """
     with settings_of("grpo"):
         return PolicyGradient(
@@ -107,6 +120,8 @@ def grpo(
             alignment=alignment_of(alignment, is_cap, is_bounds),
             kl_beta=kl_beta,
             kl_estimator=kl_estimator,
+            sequence_mask=off_policy_mask(off_policy_delta),
+            entropy=EntropyBonus(entropy_coef) if entropy_coef else None,
         )
 
 

@@ -54,7 +54,7 @@ def k3_kl(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
     return jnp.exp(d) - d - 1.0
 
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_ESTIMATORS = ("k1", "k2", "k3", "k3-is")
 
 # The objectives' settings as an algorithm declares them (rlax.core.constraints).
 ClipEps = Annotated[float, Range(gt=0, le=0.999)]  # epsilon of a clip's lower side, symmetric ones
@@ -78,18 +78,35 @@ def dual_clip_above_clip(
         )
 
 
-def kl_estimate(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> jax.Array:
+def kl_estimate(
+    logp: jax.Array,
+    ref_logp: jax.Array,
+    estimator: str = "k3",
+    behaviour_logp: jax.Array | None = None,
+) -> jax.Array:
     """Per-token estimate of KL(π ‖ ref) on tokens sampled from π, with d = log π − log ref.
 
     - ``k1``: :math:`d` (unbiased, high variance, negative on some tokens; in a
       loss its expected gradient is 0 on-policy, so it acts through the ratio);
     - ``k2``: :math:`\tfrac12 d^2` (biased, low variance, ≥ 0; its gradient is
       that of KL's score-function estimator, d ∇log π);
-    - ``k3``: :math:`e^{-d} - 1 + d` (unbiased, low variance, ≥ 0).
+    - ``k3``: :math:`e^{-d} - 1 + d` (unbiased, low variance, ≥ 0);
+    - ``k3-is``: k3 weighted by the importance ratio
+      :math:`\\pi_\theta / \\pi_{old}` of the policy that sampled the tokens
+      (``behaviour_logp``, the sampler's logprobs), with gradient through both:
+      the tokens come from :math:`\\pi_{old}`, not :math:`\\pi_\theta`, and
+      :math:`E_{\\pi_{old}}[\frac{\\pi_\theta}{\\pi_{old}} k_3] = KL(\\pi_\theta \\| \\pi_{ref})`
+      exactly, so the estimate and its gradient are unbiased off-policy
+      (DeepSeek-V3.2's unbiased KL estimate).
 
-    Reference: Schulman, 2020, "Approximating KL divergence",
-    http://joschu.net/blog/kl-approx.html
+    References:
+      Schulman, 2020, "Approximating KL divergence", http://joschu.net/blog/kl-approx.html
+      DeepSeek-AI, 2025, "DeepSeek-V3.2", https://arxiv.org/abs/2512.02556 (k3-is)
     """
+    if estimator == "k3-is":
+        if behaviour_logp is None:
+            raise ValueError("the k3-is KL estimator needs the sampler's logprobs")
+        return jnp.exp(logp - behaviour_logp) * k3_kl(logp, ref_logp)
     d = logp - ref_logp
     if estimator == "k1":
         return d

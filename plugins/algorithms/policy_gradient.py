@@ -14,8 +14,11 @@ package. Its loss is
 - :math:`\\ell(\\theta; A)`, advantage × gradient term: :mod:`.objectives`, with
   :math:`A` from a sequence-level estimator (:mod:`.advantages`, on the host)
   and optionally token-level returns (:mod:`.returns`, in the step);
-- the extra terms: a KL (k1, k2 or k3) to a frozen reference and a critic's
-  value loss (:mod:`.value`);
+- the extra terms: a KL (k1, k2, k3 or the off-policy k3-is) to a frozen
+  reference, a critic's value loss (:mod:`.value`) and an entropy bonus
+  (:mod:`.entropy`);
+- off-policy sequence masking (:mod:`.sequence_mask`): negative-advantage
+  sequences that drifted too far from the current policy leave the loss;
 - on-policy distillation (:mod:`.distillation`): a teacher's per-token logprobs
   (the batch's ``teacher_logprobs``) added to the advantages.
 
@@ -43,8 +46,10 @@ from rlax.core.contracts import Critic
 from rlax.plugins.algorithms.aggregation import Aggregation, masked_mean
 from rlax.plugins.algorithms.alignment import Alignment
 from rlax.plugins.algorithms.distillation import Distillation
+from rlax.plugins.algorithms.entropy import EntropyBonus
 from rlax.plugins.algorithms.objectives import KL_ESTIMATORS, kl_estimate
 from rlax.plugins.algorithms.returns import Returns
+from rlax.plugins.algorithms.sequence_mask import OffPolicySequenceMask
 from rlax.plugins.algorithms.value import ValueLoss
 
 Batch = dict[str, jax.Array]
@@ -76,6 +81,9 @@ class PolicyGradient:
       critic: the value loss of a critic (PPO); needs ``returns``.
       distill: on-policy distillation: a teacher's per-token logprobs shape
         the advantages (:class:`~rlax.plugins.algorithms.distillation.Distillation`).
+      sequence_mask: off-policy sequence masking
+        (:class:`~rlax.plugins.algorithms.sequence_mask.OffPolicySequenceMask`).
+      entropy: an entropy bonus (:class:`~rlax.plugins.algorithms.entropy.EntropyBonus`).
     """
 
     name: str
@@ -88,6 +96,8 @@ class PolicyGradient:
     kl_estimator: str = "k3"
     critic: ValueLoss | None = None
     distill: Distillation | None = None
+    sequence_mask: OffPolicySequenceMask | None = None
+    entropy: EntropyBonus | None = None
 
     def __post_init__(self) -> None:
         if self.kl_beta < 0:
@@ -108,6 +118,11 @@ class PolicyGradient:
     def needs_teacher(self) -> bool:
         """True: the batch brings a teacher's ``teacher_logprobs`` (``rlax.train.teacher``)."""
         return self.distill is not None
+
+    @property
+    def needs_entropy(self) -> bool:
+        """True: the loss's batch brings the policy's ``entropy`` with gradient (a bonus)."""
+        return self.entropy is not None and self.entropy.coef > 0
 
     @property
     def needs_critic(self) -> bool:
@@ -154,10 +169,15 @@ class PolicyGradient:
         if self.distill is not None:
             advantages, extra = self.distill(advantages, batch, mask)
             metrics.update(extra)
+        if self.sequence_mask is not None:
+            mask, extra = self.sequence_mask(new_logprobs, batch["old_logprobs"], advantages, mask)
+            metrics.update(extra)
         per_token, extra = self.objective(new_logprobs, old_logp, advantages, mask)
         metrics.update(extra)
         if self.kl_beta > 0:
-            kl = kl_estimate(new_logprobs, batch["ref_logprobs"], self.kl_estimator)
+            kl = kl_estimate(
+                new_logprobs, batch["ref_logprobs"], self.kl_estimator, batch["old_logprobs"]
+            )
             per_token = per_token + self.kl_beta * kl
             metrics["kl_ref"] = masked_mean(kl, mask)
         loss = self.aggregation(weight * per_token, mask, batch["loss_mask"])
@@ -166,6 +186,11 @@ class PolicyGradient:
             value_loss, extra = self.critic(batch["values"], batch["old_values"], returns, mask)
             metrics.update(extra)
             loss = loss + value_loss
+        if self.needs_entropy:
+            assert self.entropy is not None  # needs_entropy says so
+            term, extra = self.entropy(batch["entropy"], self.aggregation, batch["loss_mask"])
+            metrics.update(extra)
+            loss = loss + term
         return loss, metrics
 
 
@@ -178,6 +203,11 @@ def settings_of(name: str) -> Iterator[None]:
         if str(err).startswith(f"{name}:"):
             raise
         raise ValueError(f"{name}: {err}") from err
+
+
+def off_policy_mask(delta: float | None) -> OffPolicySequenceMask | None:
+    """The off-policy sequence mask of an algorithm's ``off_policy_delta`` (None: off)."""
+    return None if delta is None else OffPolicySequenceMask(delta)
 
 
 def alignment_of(mode: str, cap: float, bounds: tuple[float, float]) -> Alignment:
