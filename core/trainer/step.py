@@ -258,6 +258,12 @@ class Trainer:
         chunk = self.settings.logprob_chunk_tokens  # the head never sees the whole batch
         floor = batch.get("kept_floor")  # the sampler's kept sets: truncate as it did
         routes = batch.get("routes") if self.settings.routing_replay == "rollout" else None
+        if routes is None and self.settings.routing_replay == "rollout" and model.cfg.moe:
+            raise ValueError(
+                "routing_replay = 'rollout' but the batch has no routes: its sampler did not "
+                "record them (samplers.jax does; the engine and the parameter server's wire "
+                "do not carry them yet)"
+            )
         if routes is not None:  # R3: the sampler's experts (rlax.core.models.routing_replay)
             if critic is not None:
                 raise ValueError("routing_replay = 'rollout' with a critic is not supported")

@@ -139,3 +139,19 @@ def test_the_step_routes_by_the_recorded_experts(layout):
         mismatch[mode] = trainer.step(batch)["mismatch_abs_logp"]
     assert mismatch["rollout"] < 1e-5  # the sampler's experts, exactly
     assert mismatch["off"] > 1e-2  # its own (flipped) routing: another network
+
+
+def test_replay_without_recorded_routes_is_refused_not_silently_off():
+    tokens, mask = rows()
+    loss_mask = (mask[:, 1:] & mask[:, :-1]).astype(np.float32)
+    batch = {
+        "tokens": tokens,
+        "attention_mask": mask,
+        "loss_mask": loss_mask,
+        "old_logprobs": np.zeros_like(loss_mask),
+        "advantages": np.zeros_like(loss_mask),
+    }
+    settings = TrainerSettings(routing_replay="rollout")
+    trainer = Trainer(flipped(), grpo(), optax.sgd(0.0), settings=settings)
+    with pytest.raises(ValueError, match="routing_replay = 'rollout' but the batch has no routes"):
+        trainer.step(batch)
