@@ -30,8 +30,6 @@ TINY = [
     "--gin.rlax.held_out.ks=(1,)",
     "--gin.rlax.train.progress=False",
     NO_CURVES,
-    "--gin.rlax.evaluate.eval_samples=2",
-    "--gin.rlax.evaluate.eval_ks=(1,)",
     "--gin.rlax.evaluate.progress=False",
 ]
 
@@ -304,9 +302,10 @@ def test_a_preempted_local_cluster_prints_the_command_that_resumes_it(
 ):
     from rlax.core.launch import local_cluster as roles
 
-    monkeypatch.setattr(roles, "local_cluster", lambda *, argv: 75)
+    monkeypatch.setattr(roles, "local_cluster", lambda spec, *, argv, env=None: 75)
+    monkeypatch.chdir(tmp_path)  # the run directory r/x y is made here
     path = tmp_path / "exp.gin"
-    path.write_text("")
+    path.write_text("include 'quickstart.gin'\n")
     status = cli.main(["run", "--gin", str(path), "--gin.SEED=3", "--run-dir", "r/x y"])
     assert status == cli.EXIT_PREEMPTED
     assert capsys.readouterr().err.splitlines()[-1] == (
@@ -318,10 +317,10 @@ def test_the_resume_command_keeps_plugins_and_quotes_what_the_shell_would_split(
     from rlax.core.runtime.run_dir import RunDir
 
     command = RunDir(pathlib.Path("r")).resume_command(
-        ["a b.gin"], ["rlax.train.seed=1"], ["my_plugin", "no:grpo"], "inline"
+        ["a b.gin"], ["rlax.run.seed=1"], ["my_plugin", "no:grpo"], "inline"
     )
     assert command == (
-        "rlax run --gin 'a b.gin' --gin.rlax.train.seed=1 -p my_plugin -p no:grpo "
+        "rlax run --gin 'a b.gin' --gin.rlax.run.seed=1 -p my_plugin -p no:grpo "
         "--role inline --resume r"
     )
 
@@ -364,34 +363,39 @@ def test_the_saved_config_alone_reproduces_the_run(finished, tmp_path, capsys):
     }
 
 
-def test_the_saved_config_configures_every_role(finished, monkeypatch):
+def test_the_saved_config_configures_every_role(finished, monkeypatch, tmp_path):
     from rlax.core.launch import local_cluster as roles
     from rlax.core.param_server import role as ps_role
     from rlax.core.worker import role as worker
 
     seen = {}
 
-    def local_cluster(*, argv, settings, num_workers):
-        seen["local_cluster"] = (settings.address, num_workers)
-        return 0
-
     def record(name):
-        def role(*, hook, **kwargs):
-            seen[name] = sorted(kwargs)
+        def role(spec, **kwargs):
+            seen[name] = spec
             return 0
 
         return role
 
-    monkeypatch.setattr(roles, "local_cluster", local_cluster)
+    monkeypatch.setattr(roles, "local_cluster", record("all"))
     monkeypatch.setattr(ps_role, "param_server", record("param_server"))
     monkeypatch.setattr(worker, "worker", record("worker"))
     config = str(finished[0] / "operative_config.gin")
     for role in ("all", "param_server", "worker"):
         gin.clear_config()
-        assert cli.main(["run", "--gin", config, "--role", role, "--run-dir", "x"]) == 0
-    assert seen["local_cluster"] == ("127.0.0.1:50051", 2)
-    assert {"settings", "task", "init_checkpoint", "prompts_per_step"} <= set(seen["param_server"])
-    assert {"settings", "sampler", "reward", "curation", "init_checkpoint"} <= set(seen["worker"])
+        run_dir = str(tmp_path / role)
+        assert cli.main(["run", "--gin", config, "--role", role, "--run-dir", run_dir]) == 0
+    run = seen["all"]
+    assert (run.server.address, run.local_cluster.num_workers) == ("127.0.0.1:50051", 2)
+    # Every role builds the same run from the saved config alone.
+    for name in ("param_server", "worker"):
+        spec = seen[name]
+        same = ("init_checkpoint", "seed", "prompts_per_step", "group_size", "server", "worker")
+        assert {k: getattr(spec, k) for k in same} == {k: getattr(run, k) for k in same}, name
+        parts = (spec.task, spec.reward, spec.sampler, *spec.curation)
+        assert list(map(type, parts)) == list(
+            map(type, (run.task, run.reward, run.sampler, *run.curation))
+        )
 
 
 def test_eval_out_in_a_missing_directory_is_an_error_before_any_work(finished, tmp_path, capsys):
