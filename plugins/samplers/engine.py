@@ -168,8 +168,7 @@ class SlotEngine(JaxSampler):
             donate_argnums=1,
         )
         self._fn = self._decode_fn  # JaxSampler's "set up" marker
-        if self.mesh is not None:  # each call's slots are put back on the mesh (_kept)
-            self._on_mesh = SamplerMesh(self.mesh, self.devices)
+        self._on_mesh = SamplerMesh.of(self.mesh, self.devices)  # slots: back on it (_kept)
         self._slots = self._kept(engine_steps.empty_slots(model, self.ring))
         self._windows = np.asarray(self.ring.windows())
         self._active = np.zeros(self.slots, bool)

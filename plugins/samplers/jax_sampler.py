@@ -244,7 +244,8 @@ class JaxSampler:
         sampler's temperature.
       mesh: sample over a mesh of this process's devices (:mod:`.sampler_mesh`: the
         trainer's sharding rules); None: one device. ``devices`` (an attribute, set
-        before :meth:`setup`) narrows the mesh to some devices.
+        before :meth:`setup`) puts the mesh on those devices (with mesh None: tensor
+        parallel over them, a sub-mesh one-process placement gives the sampler).
     """
 
     def __init__(
@@ -305,8 +306,7 @@ class JaxSampler:
             keep_unused=True,
         )
         self._cfg = model.cfg
-        if self.mesh is not None:
-            self._on_mesh = SamplerMesh(self.mesh, self.devices)
+        self._on_mesh = SamplerMesh.of(self.mesh, self.devices)
         self._cache: KVCache | None = None  # the last call's, handed to the next of its shape
         self.load_weights(state, 0)
 

@@ -50,6 +50,14 @@ class SamplerMesh:
         self._rows = int(np.prod([self.mesh.shape[a] for a in BATCH_AXES]))
         self._heads = self.mesh.shape["tensor"]
 
+    @classmethod
+    def of(cls, config: MeshConfig | None, devices: Sequence[Any] | None) -> SamplerMesh | None:
+        """A sampler's mesh: ``config`` over ``devices``; devices alone: tensor parallel over
+        them (a sub-mesh given by one-process placement); neither: None (one device)."""
+        if config is None and devices is None:
+            return None
+        return cls(config or MeshConfig(data=1, fsdp=1, tensor=-1), devices)
+
     def weights(self, state: Any) -> Any:
         """``state`` laid out by the trainer's rules on this mesh."""
         return jax.device_put(state, tree_shardings(state, self.mesh))

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.e2e
 
 CHECKS = pathlib.Path(__file__).with_name("sampler_mesh_checks.py")
 CASES = [f"{s}/{m}" for s in ("jax", "engine") for m in ("tensor4", "data2_tensor2")]
+CASES.append("jax/devices_only")  # devices given, no mesh setting: tensor parallel
 
 
 @pytest.fixture(scope="module")
@@ -53,5 +54,5 @@ def test_every_sampler_device_holds_part_of_the_weights_and_caches(results, case
     got = results[case]
     assert got["devices"] == [4, 5, 6, 7]
     assert got["split_leaves"] > 0
-    assert got["shards_of_a_split_leaf"] == (4 if case.endswith("tensor4") else 2)
+    assert got["shards_of_a_split_leaf"] == (2 if case.endswith("data2_tensor2") else 4)
     assert got["caches_split"]
