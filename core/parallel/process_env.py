@@ -17,7 +17,8 @@ JAX starts its backend.
   (gist.github.com/skye/f82ba45d2445bb19d53545538754f9a3, "non-communicating processes"):
   ``TPU_CHIPS_PER_PROCESS_BOUNDS`` (its block of chips, e.g. ``2,2,1``),
   ``TPU_PROCESS_BOUNDS=1,1,1`` (it is a slice of its own), ``TPU_VISIBLE_CHIPS`` (which
-  chips), and a ``TPU_MESH_CONTROLLER_ADDRESS`` / ``_PORT`` unique per process; with
+  chips; the recipe's older name is ``TPU_VISIBLE_DEVICES``, and ``TPU_VISIBLE_CHIPS`` is
+  the one Google's PyTorch/XLA sets, ``torch_xla/_internal/tpu.py``), and a ``TPU_MESH_CONTROLLER_ADDRESS`` / ``_PORT`` unique per process; with
   ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` so a second process may load libtpu beside the first
   (libtpu otherwise refuses through its lock file, jax-ml/jax#10192, #13043). Our roles
   talk over gRPC, never through one XLA program, so the variables of *communicating*
