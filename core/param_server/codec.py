@@ -55,6 +55,9 @@ def completion_to_msg(c: Completion) -> pb.CompletionMsg:
         msg.episode_json = json.dumps(c.episode)
     if c.kept_floor is not None:
         msg.kept_floor = np.asarray(c.kept_floor, "<f4").tobytes()
+    if c.routes is not None:  # routing replay's record (rlax.core.models.routing_replay)
+        msg.routes = np.asarray(c.routes, "<i2").tobytes()
+        msg.routes_shape.extend(int(d) for d in np.shape(c.routes)[1:])
     return msg
 
 
@@ -69,7 +72,14 @@ def msg_to_completion(c: pb.CompletionMsg) -> Completion:
         loss_mask=np.frombuffer(c.loss_mask, np.int8).copy() if c.loss_mask else None,
         episode=_episode(c.episode_json),
         kept_floor=np.frombuffer(c.kept_floor, "<f4").astype(np.float32) if c.kept_floor else None,
+        routes=_routes(c),
     )
+
+
+def _routes(c: pb.CompletionMsg) -> np.ndarray | None:
+    if not c.routes:
+        return None
+    return np.frombuffer(c.routes, "<i2").astype(np.int16).reshape(-1, *c.routes_shape)
 
 
 def _episode(text: str) -> dict | None:
@@ -149,6 +159,28 @@ def check_completion(
             raise WireError(
                 f"{where}: kept_floor of {len(c.kept_floor)} bytes, not a logprob <= 0 or -inf per token"
             )
+    if c.routes or c.routes_shape:
+        check_routes(c, where, n_tok // 4)
+
+
+#: At most this many expert ids per token (R sparse layers x k experts) on the wire.
+MAX_ROUTES_PER_TOKEN = 1 << 14
+
+
+def check_routes(c: pb.CompletionMsg, where: str, tokens: int, row: int | None = None) -> None:
+    """WireError unless ``c.routes`` is int16 [rows, R, k] of expert ids >= -1 with rows >=
+    ``tokens`` (the prompt's come first), or exactly ``row`` rows when given."""
+    shape = tuple(c.routes_shape)
+    width = int(np.prod(shape)) if len(shape) == 2 and min(shape) > 0 else 0
+    if not 0 < width <= MAX_ROUTES_PER_TOKEN or len(c.routes) % (2 * width):
+        raise WireError(f"{where}: routes of {len(c.routes)} bytes with shape {list(shape)}")
+    rows = len(c.routes) // (2 * width)
+    if rows < tokens or (row is not None and rows != row):
+        raise WireError(
+            f"{where}: routes for {rows} tokens, the row has {tokens if row is None else row}"
+        )
+    if np.any(np.frombuffer(c.routes, "<i2") < -1):
+        raise WireError(f"{where}: an expert id below -1 in routes")
 
 
 def check_group(
@@ -172,6 +204,9 @@ def check_group(
         check_completion(
             c, f"{where}: completion {i}", max_tokens=max_tokens, newest_version=newest_version
         )
+        if c.routes:  # the prompt's tokens then the completion's
+            row = len(m.prompt.tokens) // 4 + len(c.tokens) // 4
+            check_routes(c, f"{where}: completion {i}", len(c.tokens) // 4, row)
 
 
 def check_partial(

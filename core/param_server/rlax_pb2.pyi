@@ -568,6 +568,8 @@ class CompletionMsg(_message.Message):
     LOSS_MASK_FIELD_NUMBER: _builtins.int
     EPISODE_JSON_FIELD_NUMBER: _builtins.int
     KEPT_FLOOR_FIELD_NUMBER: _builtins.int
+    ROUTES_FIELD_NUMBER: _builtins.int
+    ROUTES_SHAPE_FIELD_NUMBER: _builtins.int
     tokens: _builtins.bytes
     """int32 little-endian"""
     logprobs: _builtins.bytes
@@ -584,6 +586,17 @@ class CompletionMsg(_message.Message):
     """a multi-turn episode's report (reward, turns, ...); empty: none"""
     kept_floor: _builtins.bytes
     """float32 little-endian, one per token: the sampler's kept sets"""
+    routes: _builtins.bytes
+    """(logprobs under its truncated distribution); empty: full
+    int16 little-endian [P' + C', R, k]: a mixture-of-experts
+    """
+    @_builtins.property
+    def routes_shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """sampler's experts for each token of the prompt and the
+        completion (-1: none), for routing replay; empty: none
+        [R, k] of routes: sparse layers, experts per token
+        """
+
     def __init__(
         self,
         *,
@@ -596,10 +609,12 @@ class CompletionMsg(_message.Message):
         loss_mask: _builtins.bytes = ...,
         episode_json: _builtins.str = ...,
         kept_floor: _builtins.bytes = ...,
+        routes: _builtins.bytes = ...,
+        routes_shape: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["episode_json", b"episode_json", "finish_reason", b"finish_reason", "kept_floor", b"kept_floor", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "policy_version", b"policy_version", "text", b"text", "tokens", b"tokens", "versions", b"versions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["episode_json", b"episode_json", "finish_reason", b"finish_reason", "kept_floor", b"kept_floor", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "policy_version", b"policy_version", "routes", b"routes", "routes_shape", b"routes_shape", "text", b"text", "tokens", b"tokens", "versions", b"versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

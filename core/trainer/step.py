@@ -261,8 +261,7 @@ class Trainer:
         if routes is None and self.settings.routing_replay == "rollout" and model.cfg.moe:
             raise ValueError(
                 "routing_replay = 'rollout' but the batch has no routes: its sampler did not "
-                "record them (samplers.jax does; the engine and the parameter server's wire "
-                "do not carry them yet)"
+                "record them (samplers.jax does; samplers.engine does not yet)"
             )
         if routes is not None:  # R3: the sampler's experts (rlax.core.models.routing_replay)
             if critic is not None:
