@@ -109,6 +109,6 @@ def test_missing_or_corrupt_checkpoint_is_a_configuration_error(tmp_path, capsys
     err = capsys.readouterr().err
     assert status == cli.EXIT_USAGE
     assert (
-        f"rlax.train.init_checkpoint: {tmp_path / 'bad' / 'model.json'}: corrupt model metadata"
+        f"rlax.run.init_checkpoint: {tmp_path / 'bad' / 'model.json'}: corrupt model metadata"
         in err
     )
