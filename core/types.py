@@ -34,7 +34,7 @@ PATH_MARK = "rlax:path"
 #: ``scheme:`` references are left as they are.
 ConfigPath = Annotated[str, PATH_MARK]
 
-# The settings the roles of a run share (rlax.core.config.SHARED_SETTINGS), declared once.
+# The batch and staleness settings of a run (rlax.core.spec.RunSpec), declared once.
 PromptsPerStep = Annotated[int, AtLeast(1)]
 GroupSize = Annotated[int, AtLeast(1)]
 #: How many weight versions behind a group may be (0: the newest only).
