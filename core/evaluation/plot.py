@@ -1,11 +1,24 @@
-"""Learning curves of a run as one PNG: the training metrics, held-out pass@k, where time went."""
+"""Learning curves of a run as one PNG: the training metrics, held-out pass@k, where time went.
+
+The fourth panel is the post-update KL(old ‖ new) when the run measured it
+(``trainer_settings.post_update_kl``), otherwise the train/rollout mismatch
+(:data:`MISMATCH_TITLE`: mean and p99 of |log π_train − log π_sampler| and, on
+the right axis, the fraction of tokens whose ratio is out of band), the signal
+that shows train/inference alignment working. The phase panel's scale follows
+the typical step: a step far above the rest (an evaluation, a checkpoint) is
+clipped at the top and marked with its total, so it does not flatten the others.
+"""
 
 from __future__ import annotations
 
 import pathlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PANELS = (
     ("reward", "reward (train)"),
@@ -15,6 +28,8 @@ PANELS = (
     ("entropy", "entropy"),
     ("tokens_per_s", "tokens / s"),
 )
+#: The fourth panel's title when no post-update KL was measured.
+MISMATCH_TITLE = "train/rollout mismatch: |Δlogp| mean, p99; ratio out of band"
 HELDOUT = "heldout/pass_at_"  # the periodic evaluation's metrics (rlax.core.trainer.observe)
 # The phases of a step (rlax.core.trainer.phases), stacked in the last panel.
 PHASE_NAMES = ("wait_rollouts", "train", "publish", "eval", "checkpoint", "observe")
@@ -58,6 +73,33 @@ def _heldout(ax, rows: Sequence[dict], before: dict | None, after: dict | None) 
     ax.set_title("held-out pass@k")
 
 
+def _mismatch(ax, rows: Sequence[dict], steps: np.ndarray) -> None:
+    """Mean and p99 |Δlogp| (left axis) and the out-of-band fraction (right axis)."""
+    for key, label, color in (
+        ("mismatch_abs_logp", "|Δlogp| mean", "C0"),
+        ("mismatch_abs_logp_p99", "|Δlogp| p99", "C1"),
+    ):
+        ax.plot(steps, [r.get(key, np.nan) for r in rows], color=color, label=label)
+    right = ax.twinx()
+    band = [r.get("ratio_out_of_band", np.nan) for r in rows]
+    right.plot(steps, band, color="C3", alpha=0.7, label="ratio out of band")
+    right.set_ylim(bottom=0)
+    ax.legend(fontsize=7, loc="upper left")
+    right.legend(fontsize=7, loc="upper right")
+    ax.set_title(MISMATCH_TITLE)
+
+
+def typical_top(totals: np.ndarray) -> float | None:
+    """The phase panel's top: None (autoscale) unless some step takes more than three
+    times the median, then 1.5 x the 90th percentile (those steps are clipped)."""
+    if len(totals) < 5 or not np.any(totals > 0):
+        return None
+    median = float(np.median(totals))
+    if totals.max() <= 3 * median:
+        return None
+    return 1.5 * float(np.percentile(totals, 90))
+
+
 def _phases(ax, rows: Sequence[dict], steps: np.ndarray) -> None:
     bottom = np.zeros(len(rows))
     for i, phase in enumerate(PHASE_NAMES):
@@ -69,6 +111,12 @@ def _phases(ax, rows: Sequence[dict], steps: np.ndarray) -> None:
             bottom = bottom + values
     if bottom.any():
         ax.legend(fontsize=7, loc="upper left")
+    top = typical_top(bottom)
+    if top is not None:  # clip the spikes, mark each with its total
+        ax.set_ylim(0, top)
+        for s, total in zip(steps[bottom > top], bottom[bottom > top]):
+            ax.plot([s], [top], marker="^", color="k", clip_on=False)
+            ax.annotate(f"{total:.0f}s", (s, top), fontsize=6, ha="center", va="top")
     ax.set_title("seconds per step, by phase")
 
 
@@ -86,6 +134,17 @@ def plot_curves(
     periodic evaluations in between. The file is replaced whole (written
     beside it, then renamed), so a reader never sees half a PNG.
     """
+    fig = draw_curves(rows, title, before, after)
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=80)
+    tmp.replace(path)
+    return path
+
+
+def draw_curves(
+    rows: Sequence[dict], title: str = "", before: dict | None = None, after: dict | None = None
+) -> Figure:
+    """The figure :func:`plot_curves` writes (a matplotlib ``Figure`` on an Agg canvas)."""
     # The object API on an Agg canvas: no pyplot (its import and global figure state)
     # and fixed margins rather than tight_layout, which draws every label to measure it
     # (together about half the time of a redraw, which the trainer's step waits for).
@@ -97,7 +156,11 @@ def plot_curves(
     axes = fig.subplots(2, 4, gridspec_kw=_MARGINS)
     steps = np.array([r["step"] for r in rows])
     window = max(1, len(rows) // 20)
+    kl = any("kl_old" in r for r in rows)
     for ax, (key, label) in zip(axes.flat, PANELS):
+        if key == "kl_old" and not kl:
+            _mismatch(ax, rows, steps)
+            continue
         values = np.array([r.get(key, np.nan) for r in rows], dtype=float)
         ax.plot(steps, values, alpha=0.3, color="C0")
         smooth = _smooth(values, window)
@@ -110,7 +173,4 @@ def plot_curves(
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=80)
-    tmp.replace(path)
-    return path
+    return fig

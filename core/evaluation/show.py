@@ -82,9 +82,21 @@ def metric_lines(rows: Sequence[dict]) -> Iterator[str]:
     last = rows[-1]
     shown = [k for k in MAIN if k in last]
     yield f"last metrics (step {last['step']}): " + "  ".join(f"{k} {last[k]:.4g}" for k in shown)
+    if "mismatch_abs_logp" in last:
+        yield alignment_line(last)
     phases = [f"{p} {last[f'{p}_s']:.2f}" for p in PHASE_NAMES if last.get(f"{p}_s")]
     if "step_s" in last:
         yield f"  step {last['step_s']:.2f} s: " + ", ".join(phases)
+
+
+def alignment_line(row: dict) -> str:
+    """The train/rollout mismatch of one step's metrics, as ``rlax show`` prints it."""
+    parts = [f"|dlogp| mean {row['mismatch_abs_logp']:.2e}"]
+    if "mismatch_abs_logp_p99" in row:
+        parts.append(f"p99 {row['mismatch_abs_logp_p99']:.2e}")
+    if "ratio_out_of_band" in row:
+        parts.append(f"ratio out of band {100 * row['ratio_out_of_band']:.1f}%")
+    return "  train/rollout mismatch: " + ", ".join(parts)
 
 
 def eval_lines(run_dir: RunDir, rows: Sequence[dict]) -> Iterator[str]:

@@ -288,6 +288,9 @@ class TrainingRun:
                 shown["queue"] = int(metrics["queue_depth"])
             if "kl_old" in metrics:  # measured only with trainer_settings.post_update_kl
                 shown["kl"] = f"{metrics['kl_old']:.1e}"
+            if "mismatch_abs_logp" in metrics:  # train/rollout alignment (issue 53)
+                shown["dlogp"] = f"{metrics['mismatch_abs_logp']:.1e}"
+                shown["oob"] = f"{metrics.get('ratio_out_of_band', 0.0):.1%}"
             bar.set_postfix(reward=f"{metrics['reward']:.2f}", **shown, refresh=False)
             hook.rlax_on_step_end(step=step, metrics=metrics)
             self.empty_steps.see(step, metrics)

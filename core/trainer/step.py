@@ -88,16 +88,37 @@ class TrainState:
     critic: nnx.State | None = None
 
 
+#: The band of π_train / π_sampler a token's ratio is "in" (``ratio_out_of_band``): peers
+#: report half the tokens outside it when the recorded distribution is not the sampled one.
+RATIO_BAND = (0.9, 1.1)
+
+
+def _masked_p99(x: jax.Array, mask: jax.Array) -> jax.Array:
+    """The nearest-rank 99th percentile of ``x`` over ``mask`` (0 on an empty mask)."""
+    flat = jnp.where(mask > 0, x, -jnp.inf).reshape(-1)
+    n = jnp.sum(mask > 0)
+    rank = flat.shape[0] - n + jnp.ceil(0.99 * n).astype(jnp.int32) - 1
+    value = jnp.sort(flat)[jnp.clip(rank, 0, flat.shape[0] - 1)]
+    return jnp.where(n > 0, value, 0.0)
+
+
 def _mismatch_metrics(train_logp: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
     """How far the sampler's logprobs are from the trainer's, on the sampled tokens.
 
-    ``mismatch_kl`` is the k3 estimate of KL(π_sampler ‖ π_train): with
-    d = log π_train − log π_sampler, E_sampler[e^d − 1 − d] (Schulman 2020).
+    With d = log π_train − log π_sampler per token: ``mismatch_abs_logp`` the mean
+    of |d|, ``mismatch_abs_logp_p99`` its 99th percentile, ``ratio_out_of_band``
+    the fraction of tokens whose ratio e^d lies outside :data:`RATIO_BAND`, and
+    ``mismatch_kl`` the k3 estimate of KL(π_sampler ‖ π_train),
+    E_sampler[e^d − 1 − d] (Schulman 2020).
     """
     mask = batch["loss_mask"]
     d = train_logp - batch["old_logprobs"]
+    low, high = RATIO_BAND
+    outside = (d < jnp.log(low)) | (d > jnp.log(high))
     return {
         "mismatch_abs_logp": masked_mean(jnp.abs(d), mask),
+        "mismatch_abs_logp_p99": _masked_p99(jnp.abs(d), mask),
+        "ratio_out_of_band": masked_mean(outside.astype(jnp.float32), mask),
         "mismatch_kl": masked_mean(jnp.exp(d) - 1.0 - d, mask),
     }
 
