@@ -27,7 +27,14 @@ from rlax.core.critic import Critic
 from rlax.core.episodes import Environment, Episode, ToolParser
 from rlax.core.filters import Curriculum, OfflineFilter, OnlineFilter, Refilling, Stateful
 from rlax.core.types import Completion, DroppedGroup, Group, PartialGroup, Prompt, RewardResult
-from rlax.core.weight_lane import LaneHost, LaneLink, LaneServer, StepAside, WeightLane
+from rlax.core.weight_lane import (
+    HasServerHalf,
+    LaneHost,
+    LaneLink,
+    LaneServer,
+    StepAside,
+    WeightLane,
+)
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -44,6 +51,7 @@ __all__ = [
     "Encoder",
     "Environment",
     "Episode",
+    "HasServerHalf",
     "LaneHost",
     "LaneLink",
     "LaneServer",

@@ -229,10 +229,10 @@ def rlax_register_weight_lanes() -> dict[str, Callable[..., object]]:
     None`` and ``close()`` on what it returned. A lane that cannot carry a
     transfer raises ``rlax.core.contracts.StepAside`` before reading it, and the
     next lane of ``rlax.ps_settings.weight_lanes`` carries it. A lane the
-    server takes part in also has ``serve(host) -> LaneServer | None``
-    (``rlax.core.weight_lane``): every parameter server that lists the lane
-    mounts what it returns (gRPC handlers, methods behind the token, start and
-    stop, ``Stat`` figures). The factory's keyword parameters are the lane's
+    server takes part in is also a ``rlax.core.contracts.HasServerHalf``:
+    ``serve(host) -> LaneServer | None``, and every parameter server that
+    lists the lane mounts what it returns (gRPC handlers, methods behind the
+    token, start and stop, ``Stat`` figures). The factory's keyword parameters are the lane's
     settings. The built-ins are ``split``, ``relay``, ``bulk`` and ``grpc``.
 
     Called once per plugin when the plugin manager loads; not firstresult, not

@@ -81,7 +81,7 @@ CONTRACTS: dict[str, tuple[str, ...]] = {
     "loggers": ("Logger",),
     "environments": ("Environment",),
     "tool_parsers": ("ToolParser",),
-    "weight_lanes": ("WeightLane",),
+    "weight_lanes": ("WeightLane", "HasServerHalf"),
     "critics": ("Critic",),
     "agents": (),  # a function or callable object: rlax.core.rollout.agents.episodes
 }

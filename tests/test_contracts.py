@@ -37,7 +37,7 @@ KIND_PROTOCOLS: dict[str, tuple[str, ...]] = {
     "loggers": ("Logger",),
     "environments": ("Environment",),
     "tool_parsers": ("ToolParser",),
-    "weight_lanes": ("WeightLane",),
+    "weight_lanes": ("WeightLane", "HasServerHalf"),
     "critics": ("Critic",),
     "agents": (),  # any callable taking (client, prompt): no Protocol
 }

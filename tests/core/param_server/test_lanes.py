@@ -26,7 +26,7 @@ from rlax.core.param_server.transport.grpc_lane import GrpcLane
 from rlax.core.param_server.transport.relay_lane import RelayLane
 from rlax.core.param_server.transport.split_lane import SplitLane
 from rlax.core.plugins import build_plugin_manager
-from rlax.core.weight_lane import StepAside
+from rlax.core.weight_lane import HasServerHalf, StepAside
 from rlax.core.wire import WirePlan
 
 from ..conftest import TOKEN
@@ -230,3 +230,14 @@ def test_a_lane_server_half_is_mounted_only_where_its_settings_turn_it_on(make_p
     assert on.server.half("bulk").route == on.server.half("relay").route  # relays route pulls
     grpc_only = ServerSettings(address="127.0.0.1:0", weight_lanes=("grpc",), **BASE)
     assert make_ps(settings=grpc_only).server.halves == {}
+
+
+def test_the_built_in_lanes_with_a_server_half_are_found_by_isinstance():
+    built = {name: factory() for name, factory in lanes.builtins()}
+    assert sorted(built) == ["bulk", "grpc", "relay", "split"]
+    assert {n for n, lane in built.items() if isinstance(lane, HasServerHalf)} == {
+        "bulk",
+        "relay",
+        "split",
+    }  # grpc's Push/Pull are the server's own service
+    assert not isinstance(FileLane(), HasServerHalf)  # a client-only lane

@@ -37,7 +37,7 @@ from rlax.core.param_server.transport import lanes
 from rlax.core.param_server.transport.transfer import checksum
 from rlax.core.param_server.weights.parts import PushRejected
 from rlax.core.plugins import build_plugin_manager
-from rlax.core.weight_lane import LaneServer, StepAside
+from rlax.core.weight_lane import HasServerHalf, LaneServer, StepAside
 
 from ..conftest import TOKEN
 from .test_lanes import PLAN, TREE
@@ -218,6 +218,7 @@ def _clients(running, *lanes: str, n: int = 2) -> list[ParamServerClient]:
 
 def test_a_toy_lane_carries_a_push_and_a_pull_through_its_server_half(make_ps, drop_box):
     running = make_ps(settings=_settings("drop"))
+    assert isinstance(DropLane(), HasServerHalf)  # by its shape: DropLane subclasses nothing
     half = running.server.half("drop")
     assert isinstance(half, DropServer) and type(half).__module__ == __name__
     trainer, worker = _clients(running, "drop")  # no other lane: nothing else can carry it
