@@ -41,8 +41,8 @@ def run(max_staleness: int, steps: int, tmp: pathlib.Path) -> dict:
         f"--gin.rlax.train.steps={steps}",
         f"--gin.MAX_STALENESS={max_staleness}",
         "--gin.RELOAD_STALENESS=0",
-        "--gin.rlax.local_cluster.trainer_cores=(0,)",
-        "--gin.rlax.local_cluster.worker_cores=(1,)",
+        "--gin.rlax.placement.trainer_cores=(0,)",
+        "--gin.rlax.placement.worker_cores=(1,)",
         "--gin.rlax.train.progress=False",
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLAX_PS_")}

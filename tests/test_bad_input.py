@@ -110,7 +110,7 @@ def case_malformed_row_is_an_error(tmp):
     gin_file = dataset_gin(
         tmp, train=GOOD_ROWS + "{not json\n", test=GOOD_ROWS, on_malformed="error"
     )
-    return ["run", "--gin", gin_file, *FAST], "rlax.param_server.task: train split: "
+    return ["run", "--gin", gin_file, *FAST], "rlax.run.task: train split: "
 
 
 def case_every_eval_row_malformed(tmp):
@@ -118,7 +118,7 @@ def case_every_eval_row_malformed(tmp):
         tmp, train=GOOD_ROWS, test='{"question": "1+2="}\n{broken\n', on_malformed="skip"
     )
     return ["run", "--gin", gin_file, *FAST], (
-        "rlax.train.task: eval split: no prompts (were all of its rows malformed?)"
+        "rlax.run.task: eval split: no prompts (were all of its rows malformed?)"
     )
 
 
@@ -139,7 +139,7 @@ def test_the_rows_a_task_skips_are_warned_one_line_each(tmp_path):
             f"rlax: warning: tasks.dataset: skipping malformed row: {test_file} row 0: "
             "missing field 'answer'"
         ),
-        "rlax: error: rlax.train.task: eval split: no prompts (were all of its rows malformed?)",
+        "rlax: error: rlax.run.task: eval split: no prompts (were all of its rows malformed?)",
     ]
 
 
@@ -236,7 +236,10 @@ CASES = {
     ),
     "one role's reward alone": (
         ["run", "--gin", "quickstart", "--gin.rlax.train.reward=@rewards.length()"],
-        "rlax.train.reward = @rewards.length() but rlax.worker.reward = %REWARD",
+        (
+            "--gin.rlax.train.reward=@rewards.length(): rlax.train.reward is the run's now, one "
+            "value for every role: bind rlax.run.reward instead (configs/base/roles.gin)"
+        ),
     ),
     "a required value left unset": (["run", "--gin", "roles"], "TASK is required ("),
     "a malformed row under on_malformed='error'": case_malformed_row_is_an_error,
@@ -473,8 +476,8 @@ SPEC_CLASSES: dict[str, dict[str, object]] = {
             "rlax.train.run_root: ",
         ),
         "a core that does not exist": (
-            ["run", "--gin", "quickstart", "--gin.rlax.local_cluster.worker_cores=[4096]"],
-            "rlax.local_cluster.worker_cores: core 4096 does not exist here",
+            ["run", "--gin", "quickstart", "--gin.rlax.placement.worker_cores=(4096,)"],
+            "rlax.placement.worker_cores: ",
         ),
         "a starting checkpoint that is not there": (
             ["run", "--gin", "quickstart", "--gin.INIT_CHECKPOINT='no/such/model'"],

@@ -62,7 +62,7 @@ def register_core_configurables() -> None:
     """
     from rlax.core.evaluation import evaluate as evaluation
     from rlax.core.models import lora
-    from rlax.core.parallel import mesh, multihost
+    from rlax.core.parallel import mesh, multihost, placement
     from rlax.core.param_server import settings
     from rlax.core.param_server.spec import ParamServerSpec
     from rlax.core.runtime import compile_cache, preemption
@@ -103,6 +103,7 @@ def register_core_configurables() -> None:
             "lora": lora.LoraConfig,
             "distributed": multihost.DistributedSettings,
             "compile_cache": compile_cache.CompileCacheSettings,
+            "placement": placement.Placement,
         },
     )
 
@@ -216,6 +217,8 @@ MOVED: dict[str, str] = {
     "rlax.train.held_out": "rlax.run.held_out",
     "rlax.evaluate.eval_samples": "rlax.held_out.samples",
     "rlax.evaluate.eval_ks": "rlax.held_out.ks",
+    "rlax.local_cluster.trainer_cores": "rlax.placement.trainer_cores",
+    "rlax.local_cluster.worker_cores": "rlax.placement.worker_cores",
 }
 
 
@@ -229,6 +232,7 @@ SETTINGS_TAKEN_BY: dict[str, str] = {
     "rlax.ps_settings": "rlax.run.server",
     "rlax.held_out": "rlax.run.held_out",
     "rlax.compile_cache": "rlax.run.compile_cache",
+    "rlax.placement": "rlax.run.placement",
     "rlax.checkpointing": "rlax.train.checkpointing",
     "rlax.watch": "rlax.train.watch",
     "rlax.trainer_settings": "rlax.train.trainer_settings",
@@ -394,6 +398,8 @@ def _describe(message: str, plugins: PluginManager | None, binding: str | None) 
         what = (
             f"{missing['selector']}.{missing['arg']} is the run's now, one value for every "
             f"role: bind {moved} instead (configs/base/roles.gin)"
+            if moved.startswith("rlax.run.")
+            else f"{missing['selector']}.{missing['arg']} moved: bind {moved} instead"
         )
     elif missing:
         names = bindings_mod.parameter_names(missing["selector"])

@@ -49,6 +49,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlax.core.errors import EXIT_PREEMPTED, EXIT_USAGE, USAGE_ERROR_FILE_ENV
+from rlax.core.parallel.process_env import PARAM_SERVER, TRAINER, plan_children, worker_name
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ADDRESS_ENV, TOKEN_ENV, ServerSettings
 from rlax.core.runtime import recovery
@@ -184,8 +185,12 @@ def local_cluster(
 
     Args:
       spec: the run; the supervisor's own settings are ``spec.local_cluster``
-        (:class:`rlax.core.spec.ClusterSpec`: how many workers, their cores, how often
-        a child is restarted, the supervisor's notice sources). The server listens at
+        (:class:`rlax.core.spec.ClusterSpec`: how many workers, how often a child is
+        restarted, the supervisor's notice sources). ``spec.placement`` gives each child
+        its devices and cores (:func:`rlax.core.parallel.process_env.plan_children`: the
+        visible-devices and memory variables on GPU, the per-process chip variables on
+        TPU, CPU cores); in the in-process placements the trainer's process samples too
+        and no worker process is started. The server listens at
         ``spec.server.address`` with its port replaced by a free one unless
         RLAX_PS_ADDRESS is set.
       argv: the ``rlax run`` arguments without ``--role``; each child gets them plus
@@ -199,10 +204,16 @@ def local_cluster(
     """
     own = spec.local_cluster
     env = {**_cluster_env(), **(env or {})}
+    placed, devices = plan_children(spec.placement, workers=own.num_workers)
     base = [sys.executable, "-m", "rlax.core.cli", "run", *argv]
     stop = Preemption(own.preemption_notices, role="local").start()
     reports = pathlib.Path(tempfile.mkdtemp(prefix="rlax-usage-errors-"))
-    server = _Child("param_server", [*base, "--role", "param_server"], env, None, reports)
+
+    def child(name: str, role: str, extra: dict[str, str] | None = None) -> _Child:
+        own_env = {**env, **(extra or {}), **devices[name].env}
+        return _Child(name, [*base, "--role", role], own_env, devices[name].cores, reports)
+
+    server = child(PARAM_SERVER, "param_server")
     children = [server]
     status = 1
     settings = dataclasses.replace(spec.server, address=env[ADDRESS_ENV], token=env[TOKEN_ENV])
@@ -211,12 +222,11 @@ def local_cluster(
         if exited is not None:
             status = _start_failure(server, exited)
             return status
-        trainer = _Child("trainer", [*base, "--role", "trainer"], env, own.trainer_cores, reports)
+        trainer = child(TRAINER, "trainer")
         children.append(trainer)
-        for i in range(own.num_workers):
-            worker_env = dict(env, **{WORKER_ID_ENV: f"worker-{i}"})
-            argv_i = [*base, "--role", "worker"]
-            children.append(_Child(f"worker-{i}", argv_i, worker_env, own.worker_cores, reports))
+        # In the in-process placements the trainer's process samples too: no worker processes.
+        for i in range(own.num_workers if placed.mode == "processes" else 0):
+            children.append(child(worker_name(i), "worker", {WORKER_ID_ENV: worker_name(i)}))
         timer = _ServerRecovery(settings, _run_dir_in(argv))
         status = _supervise(trainer, children, own.max_restarts, stop, timer)
         return status

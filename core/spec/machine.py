@@ -1,7 +1,7 @@
 """Facts of this machine a run specification must fit, checked before any work.
 
 Paths the run writes into must be folders (or not exist yet, under a folder that does),
-cores a role is pinned to must exist, the starting checkpoint must be there, and the
+the placement must fit the host's devices and cores, the starting checkpoint must be there, and the
 sampler's cache for its rows must fit in this machine's memory with room to spare.
 Each refusal is one :class:`ConfigError` line naming the setting.
 """
@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import os
 import pathlib
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from rlax.core.errors import ConfigError
+from rlax.core.errors import BadSetting, ConfigError
 from rlax.core.spec.lengths import sampler_cache_bytes
 
 if TYPE_CHECKING:
@@ -53,22 +52,18 @@ def check_folders(spec: RunSpec, role: str) -> None:
         check_folder(cache, "rlax.compile_cache.path")
 
 
-def _cores(cores: Sequence[int] | None, setting: str, present: set[int]) -> None:
-    missing = sorted(set(cores or ()) - present)
-    if missing:
-        have = ", ".join(map(str, sorted(present)))
-        raise ConfigError(
-            f"{setting}: core {missing[0]} does not exist here (this process may use cores {have})"
-        )
-
-
-def check_cores(spec: RunSpec, role: str) -> None:
-    """The cores the supervisor pins its children to exist on this machine."""
+def check_placement(spec: RunSpec, role: str) -> None:
+    """The placement fits this host: its devices and cores exist, no two processes share a
+    device, a process owns a device count it may own (docs/accelerators.md). Only the
+    supervisor places roles; a role started by a scheduler gets its devices from it."""
     if role != "all":
         return
-    present = set(os.sched_getaffinity(0))
-    _cores(spec.local_cluster.trainer_cores, "rlax.local_cluster.trainer_cores", present)
-    _cores(spec.local_cluster.worker_cores, "rlax.local_cluster.worker_cores", present)
+    from rlax.core.parallel.process_env import plan_children
+
+    try:
+        plan_children(spec.placement, workers=spec.local_cluster.num_workers)
+    except BadSetting as err:
+        raise ConfigError(f"rlax.placement.{err.parameter}: {err}") from err
 
 
 def check_checkpoints(spec: RunSpec, role: str) -> None:
@@ -113,4 +108,4 @@ def check_sampler_memory(spec: RunSpec, role: str) -> None:
         )
 
 
-MACHINE_RULES = (check_folders, check_cores, check_checkpoints, check_sampler_memory)
+MACHINE_RULES = (check_folders, check_placement, check_checkpoints, check_sampler_memory)

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 from rlax.core.constraints import AtLeast, check_fields
 from rlax.core.contracts import OnlineFilter, Reward, Sampler, Task
 from rlax.core.evaluation.evaluate import HeldOutSettings
+from rlax.core.parallel.placement import Placement
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.param_server.spec import ParamServerSpec
 from rlax.core.runtime.compile_cache import CompileCacheSettings
@@ -35,9 +36,8 @@ class ClusterSpec:
     """How ``rlax run`` (role ``all``) runs every role on this machine (``rlax.local_cluster``).
 
     Args:
-      num_workers: worker processes to start.
-      trainer_cores / worker_cores: pin the trainer / the workers to these CPU cores
-        (as if they were separate machines); None leaves them free.
+      num_workers: worker processes to start (in the ``processes`` placement; the
+        in-process placements sample in the trainer's process).
       max_restarts: how many times each child is restarted after it exits (preempted or
         crashed) before the run fails.
       preemption_notices: the supervisor's own notice sources (None: SIGTERM and
@@ -45,15 +45,10 @@ class ClusterSpec:
     """
 
     num_workers: Annotated[int, AtLeast(1)] = 2
-    trainer_cores: Sequence[Annotated[int, AtLeast(0)]] | None = None
-    worker_cores: Sequence[Annotated[int, AtLeast(0)]] | None = None
     max_restarts: Annotated[int, AtLeast(0)] = 3
     preemption_notices: Sequence[Any] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("trainer_cores", "worker_cores"):
-            if (cores := getattr(self, name)) is not None:
-                object.__setattr__(self, name, tuple(cores))
         check_fields(self)
 
 
@@ -92,6 +87,8 @@ class RunSpec:
       server: where the parameter server listens and how weights travel
         (``rlax.ps_settings``; every role that talks to it reads these).
       compile_cache: where compiled programs are kept (``rlax.compile_cache``).
+      placement: which devices (and CPU cores) each role gets (``rlax.placement``,
+        docs/accelerators.md; :mod:`rlax.core.parallel.placement`).
       train / worker / param_server / local_cluster / evaluate: each role's own part.
     """
 
@@ -109,6 +106,7 @@ class RunSpec:
     held_out: HeldOutSettings = dataclasses.field(default_factory=HeldOutSettings)
     server: ServerSettings = dataclasses.field(default_factory=ServerSettings)
     compile_cache: CompileCacheSettings = dataclasses.field(default_factory=CompileCacheSettings)
+    placement: Placement = dataclasses.field(default_factory=Placement)
     train: TrainerSpec = dataclasses.field(default_factory=TrainerSpec)
     worker: WorkerSpec = dataclasses.field(default_factory=WorkerSpec)
     param_server: ParamServerSpec = dataclasses.field(default_factory=ParamServerSpec)
