@@ -97,7 +97,7 @@ def config_from_hf(config: str | pathlib.Path | dict[str, Any]) -> TransformerCo
             f"{where}: model_type {family!r} is not supported: {UNSUPPORTED_MOE[family]}"
         )
     moe_family = family if family in MOE_FAMILIES else None
-    family = MOE_FAMILIES.get(family, family)  # the attention of a MoE family is its base's
+    family = MOE_FAMILIES.get(str(family), family)  # the attention of a MoE family is its base's
     if family not in FAMILIES:
         supported = ", ".join(FAMILIES + tuple(MOE_FAMILIES))
         raise HFConfigError(

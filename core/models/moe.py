@@ -125,8 +125,9 @@ def balance_bias(bias: jax.Array, load: jax.Array, rate: float) -> jax.Array:
     return bias + rate * jnp.sign(jnp.mean(load) - load)
 
 
-def _swiglu_rows(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:
-    return (jax.nn.silu(x @ gate) * (x @ up)) @ down
+def mlp_output(out: jax.Array | tuple[jax.Array, Routing]) -> jax.Array:
+    """A block's MLP output whichever MLP it has: a dense one's array, a :class:`MoE`'s first."""
+    return out[0] if isinstance(out, tuple) else out
 
 
 class Experts(nnx.Module):

@@ -24,6 +24,8 @@ References:
 
 from __future__ import annotations
 
+from typing import cast
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -35,7 +37,7 @@ from rlax.core.models.logprobs import (
     chunked_token_logprobs,
     logprobs_and_entropy,
 )
-from rlax.core.models.moe import MoeBlock, RoutesOut, load_balancing_loss
+from rlax.core.models.moe import MoeBlock, RoutesOut, Routing, load_balancing_loss
 from rlax.core.models.rope import rope_tables
 
 KVCache = list[dict[str, jax.Array]]  # per layer: {"k": [B,K,H,S], "v": [B,K,S,H]}
@@ -124,13 +126,14 @@ class Transformer(nnx.Module):
         cfg = self.cfg
         rope = rope_tables(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         new_cache: KVCache | None = [] if cache is not None else None
-        routings = []
+        routings: list[Routing] = []
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache[i]
             if isinstance(block, MoeBlock) or cfg.is_moe_layer(i):  # wrapped blocks too
                 r = len(routings)
                 layer_replay = None if replay is None else replay[:, :, r]
-                x, layer_cache, routing = block(
+                sparse = cast(MoeBlock, block)  # or a wrapper of one (remat, sharding)
+                x, layer_cache, routing = sparse(
                     x, rope, attn_mask, layer_cache, cache_index, layer_replay
                 )
                 routings.append(routing)

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlax.core.models.layers import decode_attention
+from rlax.core.models.moe import mlp_output
 from rlax.core.models.rope import rope_tables
 from rlax.core.models.tokenizer import PAD
 from rlax.core.models.transformer import (
@@ -242,7 +243,7 @@ def _forward(model: Transformer, sl: Slots, step: jax.Array, ring: Ring):
         out = jnp.concatenate(parts) if len(parts) > 1 else parts[0]  # [R, K, G, H]
         r = out.shape[0]
         x = x + block.attn.o(out.reshape(r, -1)).reshape(r, 1, -1)
-        x = x + block.mlp(block.mlp_norm(x))
+        x = x + mlp_output(block.mlp(block.mlp_norm(x)))  # a MoE layer: routes not recorded
     logits = model.logits(model.final_norm(x))[:, 0]
     return logits, tuple(tuple(c) for c in caches), tuple(key_valid)
 

@@ -87,3 +87,20 @@ def test_a_perturbed_router_still_routes_by_the_record(sampled):
     recorded = batch.routes[real]
     assert (np.sort(np.asarray(own.ids)[real], -1) != np.sort(recorded, -1)).any(-1).mean() > 0.9
     np.testing.assert_array_equal(np.asarray(replayed.ids)[real], recorded)
+
+
+def test_the_slot_engine_runs_a_moe_model_with_the_trainers_logprobs():
+    from rlax.core.models.transformer import sequence_logprobs
+    from rlax.plugins.samplers.engine import SlotEngine
+
+    model = Transformer(CFG, rngs=nnx.Rngs(1))
+    engine = SlotEngine(slots=4, chunk=4, max_new_tokens=6, stop_at_eos=False, max_prompt_tokens=8)
+    engine.setup(model, TOK)
+    out = engine.generate(PROMPTS, 3, seed=0)
+    groups = [Group(p, cs, np.zeros(3, np.float32)) for p, cs in zip(PROMPTS, out)]
+    assert all(c.routes is None for g in groups for c in g.completions)  # not recorded (yet)
+    batch = make_batch(groups, np.zeros((2, 3)), completion_len=6)
+    logp, _ = sequence_logprobs(model, batch.tokens, batch.attention_mask, 1.0)
+    mask = batch.loss_mask > 0
+    close = np.abs(np.asarray(logp)[mask] - batch.old_logprobs[mask]) < 1e-4
+    assert close.mean() > 0.95  # the same network (a near-tie may route a token apart)
