@@ -161,6 +161,11 @@ class Trainer:
     ):
         self.mesh = mesh or meshlib.single_device_mesh()
         self.settings = settings or TrainerSettings()
+        if model.cfg.moe is not None and model.cfg.moe.aux_loss_coef > 0:
+            raise ValueError(
+                f"MoeConfig.aux_loss_coef = {model.cfg.moe.aux_loss_coef}: the train step does "
+                "not add the load-balancing loss yet; set it to 0 (docs/models.md)"
+            )
         self.rules = rules
         self.graphdef, params = nnx.split(model)
         self.algorithm = algorithm

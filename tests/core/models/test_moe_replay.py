@@ -155,3 +155,9 @@ def test_replay_without_recorded_routes_is_refused_not_silently_off():
     trainer = Trainer(flipped(), grpo(), optax.sgd(0.0), settings=settings)
     with pytest.raises(ValueError, match="routing_replay = 'rollout' but the batch has no routes"):
         trainer.step(batch)
+
+
+def test_a_load_balancing_loss_the_step_would_ignore_is_refused():
+    cfg = TransformerConfig(**{**CFG.__dict__, "moe": MoeConfig(4, 2, 12, aux_loss_coef=0.01)})
+    with pytest.raises(ValueError, match="aux_loss_coef = 0.01: the train step does not add"):
+        Trainer(Transformer(cfg, rngs=nnx.Rngs(0)), grpo(), optax.sgd(0.0))
