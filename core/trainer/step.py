@@ -56,7 +56,7 @@ from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.parallel import mesh as meshlib
 from rlax.core.parallel import multihost
 from rlax.core.runtime import executables
-from rlax.core.trainer import passes
+from rlax.core.trainer import memory, packing, passes
 from rlax.core.trainer.microbatch import ModuleT, cast_floats, wrap_blocks
 from rlax.core.trainer.settings import COMPUTE_DTYPES, PLACEMENTS, TrainerSettings
 from rlax.core.types import TrainBatch
@@ -176,6 +176,7 @@ class Trainer:
         dropout = lora is not None and lora.dropout > 0
         self.passes = passes.Passes(self.settings, self.mesh, token_ids=dropout)
         self._embed_dim = model.cfg.embed_dim  # for packing's cost estimate
+        self._model_cfg = model.cfg  # for the activation memory estimate
         params = cast_floats(params, jnp.float32)
         if lora is not None:  # from here on ``params`` is a LoraParams (base, adapters, key)
             params = loralib.attach(params, lora)  # type: ignore[assignment]
@@ -242,7 +243,24 @@ class Trainer:
                 donate_argnums=(0, 2) if self.donate_params else (2,),
             )
             self._compiled[key] = executables.stored("train_step", jitted, self.closure())
+            print(self.activation_estimate(arrays).describe(), flush=True)  # at start
         return self._compiled[key]
+
+    def activation_estimate(self, arrays: dict[str, Any]) -> memory.ActivationEstimate:
+        """The activation memory per device of a step on ``arrays`` (laid out), as
+        :func:`rlax.core.trainer.memory.activation_bytes` estimates it."""
+        packed = packing.PACKED_TOKENS in arrays
+        rows, width = np.shape(arrays[packing.PACKED_TOKENS if packed else "tokens"])
+        slices = self.passes._slots(arrays) if packed else self.settings.microbatches
+        per_device = -(-rows // (slices * meshlib.batch_size_multiple(self.mesh)))
+        return memory.activation_bytes(
+            self._model_cfg,
+            per_device,
+            width,
+            meshlib.context_size(self.mesh),
+            self.settings.remat,
+            self.settings.compute_dtype,
+        )
 
     def closure(self) -> str:
         """What the compiled programs close over beyond their arguments, described for the

@@ -9,6 +9,8 @@ For context degree 2 and 4, alone and with fsdp 2: one packed SGD(lr = 1) step o
 ragged batch whose packed rows have segment boundaries on and across the split points
 gives the one-device packed step's loss, gradient (the parameters' change) and updated
 parameters (fp32, 1e-5); a second ragged batch of the same layout compiles nothing.
+The trainer's activation memory estimate is within 15% of each device's compiled peak
+at degree 1, 2 and 4, and degree 4 holds at most 0.35 of degree 1's.
 """
 
 from __future__ import annotations
@@ -21,15 +23,20 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     ).strip()
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from layout_cases import arrays_of, ragged_groups
 
 from rlax.core.models.config import TransformerConfig
-from rlax.core.models.transformer import Transformer
-from rlax.core.parallel.mesh import MeshConfig, make_mesh
+from rlax.core.models.transformer import Transformer, sequence_logprobs
+from rlax.core.parallel.mesh import MeshConfig, make_mesh, tree_shardings
+from rlax.core.trainer.memory import activation_bytes
+from rlax.core.trainer.microbatch import wrap_blocks
 from rlax.core.trainer.settings import TrainerSettings
 from rlax.core.trainer.step import Trainer
 from rlax.plugins.algorithms.grpo import grpo
@@ -142,3 +149,40 @@ def test_a_context_split_step_is_the_one_device_packed_step(name, microbatch_tok
     t.step(batch(1))
     t.step(batch(2))
     assert COMPILES[0] == start
+
+
+MEMORY_CFG = TransformerConfig(
+    vocab_size=256,
+    num_layers=4,
+    embed_dim=128,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=32,
+    mlp_dim=512,
+)
+
+
+def measured_per_device(context: int, width: int) -> int:
+    """XLA's temporary bytes per device of one row's forward and backward pass, the row's
+    sequence split over ``context`` devices."""
+    mesh = make_mesh(MeshConfig(1, 1, 1, context=context), jax.devices()[:context])
+    graphdef, params = nnx.split(Transformer(MEMORY_CFG, rngs=nnx.Rngs(0)))
+    params = jax.device_put(params, tree_shardings(params, mesh))
+
+    def loss(p, tokens, segments):
+        model = wrap_blocks(nnx.merge(graphdef, p), "none", mesh)
+        return sequence_logprobs(model, tokens, segments)[0].sum()
+
+    spec = P(None, "context") if context > 1 else P()
+    tokens = jax.device_put(jnp.ones((1, width), jnp.int32), NamedSharding(mesh, spec))
+    compiled = jax.jit(jax.grad(loss)).lower(params, tokens, tokens).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_the_memory_estimate_per_device_under_context_parallelism():
+    width = 2048
+    got = {c: measured_per_device(c, width) for c in (1, 2, 4)}
+    for c, peak in got.items():
+        estimate = activation_bytes(MEMORY_CFG, 1, width, c).total
+        assert abs(estimate / peak - 1) <= 0.15, (c, estimate, peak)
+    assert got[4] / got[1] <= 0.35  # degree 4 holds about a quarter of the activations
