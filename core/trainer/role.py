@@ -104,6 +104,7 @@ from rlax.core.trainer.checkpoint import Checkpointer, CheckpointSettings, Resto
 from rlax.core.trainer.client import TrainerClient
 from rlax.core.trainer.epochs import check_processes
 from rlax.core.trainer.finish import HeldOut, finish
+from rlax.core.trainer.in_process import InProcessPlacement, SamplerHost, in_process_placement
 from rlax.core.trainer.loop import TrainingRun, apply_restored, state_tree
 from rlax.core.trainer.observe import Observer, WatchSettings
 from rlax.core.trainer.sources import InlineRollouts, RemoteRollouts
@@ -198,9 +199,11 @@ def _rollout_source(
     )
 
 
-def _make_trainer(bundle: ModelBundle, spec: RunSpec, inline: bool) -> Trainer:
+def _make_trainer(
+    bundle: ModelBundle, spec: RunSpec, inline: bool, where: InProcessPlacement | None = None
+) -> Trainer:
     """Sets the sampler up on the policy and builds the trainer (on ``spec.train.mesh``'s
-    devices).
+    devices; hosting the sampler, the mesh is over the trainer's devices of ``where``).
 
     Pushing to the parameter server, nothing holds the weights across a step
     (the push and the held-out evaluation read them between steps), so the
@@ -220,7 +223,7 @@ def _make_trainer(bundle: ModelBundle, spec: RunSpec, inline: bool) -> Trainer:
         t.algorithm,
         t.optimizer,
         temperature=spec.sampler.temperature,
-        mesh=make_mesh(t.mesh) if t.mesh else None,
+        mesh=make_mesh(t.mesh, where.trainer) if where else make_mesh(t.mesh) if t.mesh else None,
         settings=t.trainer_settings,
         lora=t.lora,
         donate_params=not inline,
@@ -300,11 +303,16 @@ def train(
         spec.task, spec.sampler, spec.reward, bundle.tokenizer, spec.seed, spec.held_out, t.progress
     )
     run_dir, hook = _open_run_dir(run_dir, t.run_root, t.run_name), hook or _NoHooks()
-    trainer = _make_trainer(bundle, spec, inline)
+    where = in_process_placement(spec.placement, inline=inline)  # None: workers elsewhere
+    host = SamplerHost(spec, where) if where else None  # its sampler copies: before setup
+    trainer = _make_trainer(bundle, spec, inline, where)
     scorer = _teacher(t.teacher, bundle, spec.sampler.temperature)
     ckpt, restored = _restore(trainer, run_dir, hook, t.checkpointing)
     preemption = Preemption(t.preemption_notices, role="trainer", hook=hook)
     source = _rollout_source(spec, bundle.tokenizer, inline, preemption, trainer)
+    if host is not None:  # one process, two meshes (rlax.core.trainer.in_process)
+        source = host.source(source, trainer)
+        host.start(bundle.config, bundle.tokenizer, preemption)
     run = TrainingRun(
         run_dir, trainer, source, ckpt, preemption, restored, spec.deterministic, spec.seed
     )
@@ -314,6 +322,8 @@ def train(
         finish(run, hook, bundle, evaluation, before)
     finally:
         run.observer.close()
+        if host is not None:
+            host.close()
     return 0
 
 

@@ -73,6 +73,7 @@ class Worker:
         refresh_interval_s=0.5,
         interrupt=None,
         adapters=None,
+        handoff=None,
     ):
         if reload_in_flight and client.reuse_pull_buffer:
             raise ValueError(
@@ -92,6 +93,9 @@ class Worker:
         self.interrupt: Callable[[], bool] = interrupt or (lambda: False)
         # The base that adapter-only (LoRA) versions are merged into (None: whole weights only).
         self.adapters: AdapterApplier | None = adapters
+        # In the trainer's process (one-process placement): versions handed over device to
+        # device (rlax.core.trainer.handoff.DeviceHandoff); None: every version is pulled.
+        self.handoff = handoff
         self.version = -1
         self.idle_s = self.busy_s = 0.0
         self.batches = 0
@@ -108,7 +112,8 @@ class Worker:
         The params share the pull buffer's memory (:meth:`WirePlan.alias`). A
         client that reuses its buffer overwrites the weights in use, so until
         the pull is complete the worker holds no version (-1): if it fails,
-        the next round pulls again before it generates.
+        the next round pulls again before it generates. With a ``handoff`` the version is
+        taken from it instead, when it holds exactly the server's newest.
         """
         latest = (
             self.client.wait_for_version(self.version, wait_s)
@@ -117,6 +122,8 @@ class Worker:
         )
         behind = latest - self.version
         if latest >= 0 and (self.version < 0 or behind > self.reload_staleness):
+            if self.handoff is not None and (handed := self.handoff.take(latest)) is not None:
+                return handed, latest
             have = self.version
             if self.client.reuse_pull_buffer:
                 self.version = -1
