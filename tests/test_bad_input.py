@@ -285,16 +285,11 @@ CASES = {
         "--gin.rlax.checkpointing.keep=0: rlax.checkpointing.keep: must be >= 1, got 0",
     ),
     "a settings object bound but not taken": (
-        [
-            "run",
-            "--gin",
-            "quickstart",
-            "--gin.rlax.train.watch=None",
-            "--gin.rlax.watch.eval_every=5",
-        ],
+        ["run", "--gin", "quickstart", "--gin.rlax.trainer_settings.microbatches=2"],
         (
-            "--gin.rlax.watch.eval_every=5: rlax.watch.eval_every is bound, but rlax.train.watch "
-            "is not @rlax.watch(), so it would be ignored"
+            "--gin.rlax.trainer_settings.microbatches=2: rlax.trainer_settings.microbatches is "
+            "bound, but rlax.train.trainer_settings is not @rlax.trainer_settings(), so it would "
+            "be ignored"
         ),
     ),
     "a misspelt logger": (
@@ -373,10 +368,9 @@ CASES = {
     ),
     "in-flight reloads of a sampler that cannot do them": (
         ["run", "--gin", "quickstart", "--gin.rlax.worker.reload_in_flight=True"],
-        (
-            "--gin.rlax.worker.reload_in_flight=True: rlax.worker.reload_in_flight: JaxSampler "
-            "is not Resumable (no generate_groups), so it loads weights between batches only; "
-            "set it to False"
+        (  # a rule between the run's sampler and the worker's part: checked on the spec
+            "rlax.worker.reload_in_flight: JaxSampler is not Resumable (no generate_groups), so "
+            "it loads weights between batches only; set it to False"
         ),
     ),
     "resuming a run whose checkpoint and config are garbage": case_resuming_garbage,
