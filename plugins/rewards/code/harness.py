@@ -13,6 +13,15 @@ its functions; that gains the program nothing but the power to send other
 outputs, which it had anyway. ``exit`` and ``quit`` are defined as ``site``
 would (the harness runs without it).
 
+Tests share no process: after each call (and after loading, before the first)
+and after each stdin/stdout case, every other process of the run is killed
+and reaped (the harness adopts orphans as a child subreaper; in the run's pid
+namespace ``kill(-1)`` reaches them all) before the case's outputs are read
+and its line is sent, so nothing a case started writes to the outputs channel
+or meets a later case. In stdin/stdout mode the harness runs no untrusted code
+and is not dumpable: no case opens its descriptors (the channel, a later
+case's input) through ``/proc``.
+
 Jobs (see ``code/plan.py`` for where they come from):
 
 - ``{"mode": "call", "calls": [[function, args, kwargs], ...], "setup": code}``:
@@ -31,12 +40,14 @@ Jobs (see ``code/plan.py`` for where they come from):
 import builtins
 import json
 import os
+import signal
 import sys
 
 CHANNEL = 3
 STDOUT_LIMIT = 4 * 1024 * 1024  # more of one case's stdout than the channel carries is moot
 INT_BITS = 256  # a larger int travels as hex: no decimal conversion, no digit limit
 _SEQUENCES = {"tuple": tuple, "set": set, "frozenset": frozenset}
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
 
 
 class _Exit:
@@ -119,12 +130,70 @@ def _run_calls(source: str, job: dict) -> None:
     if job.get("setup"):
         exec(compile(job["setup"], "setup", "exec"), namespace)  # noqa: S102
     calls = [(name, _decode(args), _decode(kwargs)) for name, args, kwargs in job["calls"]]
+    _end_case(None)  # every call starts with no process of the program but this one
     for i, (name, args, kwargs) in enumerate(calls):
         try:
             value = namespace[name](*args, **kwargs)
-            _send({"i": i, "value": _encode(value)})
+            message = {"i": i, "value": _encode(value)}
         except BaseException as exc:  # noqa: BLE001 -- SystemExit included: a failed test
-            _send({"i": i, "error": _first_line(exc)})
+            message = {"i": i, "error": _first_line(exc)}
+        _end_case(None)  # no process the call started lives on into the next one
+        _send(message)
+
+
+def _prctl(option: int, value: int) -> None:
+    import ctypes  # here: only the stdio and call modes' process control needs it
+
+    if ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}, {value})")
+
+
+def _children() -> list[int]:
+    """This process's children (the weak mode: the host's /proc, no pid namespace)."""
+    me, found = str(os.getpid()), []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode("ascii", "replace")
+        except (OSError, ValueError):
+            continue
+        if stat[stat.rfind(")") + 2 :].split()[1:2] == [me]:
+            found.append(int(entry))
+    return found
+
+
+def _end_case(group: int | None) -> None:
+    """Kills and reaps every process a case left (its tree: this process adopts orphans).
+
+    In the run's pid namespace (our parent is its init, pid 1) ``kill(-1)`` reaches
+    every process there but init and this one; in the weak mode, the case's process
+    group and every child of ours, until none is left.
+    """
+    if os.getppid() == 1:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            while True:
+                os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+    if group is not None:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except OSError:
+            pass
+    while children := _children():
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
 
 
 def _scratch(data: bytes) -> tuple[int, int | None]:
@@ -150,6 +219,7 @@ def _case(code, fds: tuple[int, int], report: int) -> None:
     """In a forked child: the program as ``__main__`` with real fds 0 and 1 (never returns)."""
     status = 0
     try:
+        os.setpgid(0, 0)
         for target, fd in zip((0, 1), fds):
             os.dup2(fd, target)
             os.close(fd)
@@ -210,7 +280,8 @@ def _stdio_case(code, given: str) -> dict:
     if feed is not None:
         _feed(feed, data)
     _, status = os.waitpid(child, 0)
-    os.set_blocking(report_read, False)  # a daemon of the case may hold the write end
+    _end_case(child)  # before its outputs are read: nothing of the case writes after this
+    os.set_blocking(report_read, False)
     try:
         error = os.read(report_read, 4096).decode("utf-8", "replace")
     except BlockingIOError:
@@ -228,6 +299,9 @@ def _run_stdio(source: str, job: dict) -> None:
     ``os.read(0, ...)`` and ``os.write(1, ...)`` reach the case's own input and output,
     and no case sees what an earlier one changed."""
     code = compile(source, "solution.py", "exec")
+    # Nothing of a case reads or writes this process's descriptors through /proc (the
+    # outputs channel, the next case's input): it is not dumpable, and so are the cases.
+    _prctl(PR_SET_DUMPABLE, 0)
     for i, given in enumerate(job["inputs"]):
         try:
             outcome = _stdio_case(code, given)
@@ -264,6 +338,8 @@ def main() -> None:
     with open("solution.py", encoding="utf-8") as f:
         source = f.read()
     run = {"call": _run_calls, "stdio": _run_stdio, "asserts": _run_asserts}[job["mode"]]
+    if run is not _run_asserts:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)  # a case's orphans are ours to kill and reap
     try:
         run(source, job)
     except BaseException as exc:  # noqa: BLE001 -- the solution failed to load: no outputs
