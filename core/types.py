@@ -96,6 +96,11 @@ class Completion:
         be drawn (-inf: nothing cut). The trainer truncates its own
         distribution the same way (:mod:`rlax.plugins.samplers.sampling`).
         None: ``logprobs`` are under the full distribution.
+      sampled_logprobs: when ``logprobs`` are not under the distribution each
+        token was drawn from (a sampler set to record the full distribution
+        while top-k / top-p cut), the logprobs under the one it was, float32
+        [C']: the behaviour policy the trainer's mismatch metrics compare
+        with. None: ``logprobs`` are.
     """
 
     tokens: np.ndarray
@@ -108,6 +113,7 @@ class Completion:
     episode: dict[str, Any] | None = None
     kept_floor: np.ndarray | None = None
     routes: np.ndarray | None = None
+    sampled_logprobs: np.ndarray | None = None
 
     @property
     def model_mask(self) -> np.ndarray:
@@ -216,6 +222,10 @@ class TrainBatch:
         target position (:attr:`Completion.kept_floor`; -inf: the full
         distribution): the trainer's logprobs are then under the same
         truncation as ``old_logprobs``.
+      sampled_logprobs: optional float32 [B, L], the logprobs under the
+        distribution each token was drawn from where ``old_logprobs`` are not
+        (:attr:`Completion.sampled_logprobs`; elsewhere ``old_logprobs``):
+        what the trainer's mismatch metrics compare with.
     """
 
     tokens: np.ndarray
@@ -227,6 +237,7 @@ class TrainBatch:
     ref_logprobs: np.ndarray | None = None
     kept_floor: np.ndarray | None = None
     routes: np.ndarray | None = None
+    sampled_logprobs: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -55,6 +55,8 @@ def completion_to_msg(c: Completion) -> pb.CompletionMsg:
         msg.episode_json = json.dumps(c.episode)
     if c.kept_floor is not None:
         msg.kept_floor = np.asarray(c.kept_floor, "<f4").tobytes()
+    if c.sampled_logprobs is not None:
+        msg.sampled_logprobs = np.asarray(c.sampled_logprobs, "<f4").tobytes()
     if c.routes is not None:  # routing replay's record (rlax.core.models.routing_replay)
         msg.routes = np.asarray(c.routes, "<i2").tobytes()
         msg.routes_shape.extend(int(d) for d in np.shape(c.routes)[1:])
@@ -73,6 +75,11 @@ def msg_to_completion(c: pb.CompletionMsg) -> Completion:
         episode=_episode(c.episode_json),
         kept_floor=np.frombuffer(c.kept_floor, "<f4").astype(np.float32) if c.kept_floor else None,
         routes=_routes(c),
+        sampled_logprobs=(
+            np.frombuffer(c.sampled_logprobs, "<f4").astype(np.float32)
+            if c.sampled_logprobs
+            else None
+        ),
     )
 
 
@@ -161,6 +168,14 @@ def check_completion(
             )
     if c.routes or c.routes_shape:
         check_routes(c, where, n_tok // 4)
+    if c.sampled_logprobs and (
+        len(c.sampled_logprobs) != n_tok
+        or not np.all(np.isfinite(np.frombuffer(c.sampled_logprobs, "<f4")))
+    ):
+        raise WireError(
+            f"{where}: sampled_logprobs of {len(c.sampled_logprobs)} bytes, "
+            "not one finite float32 per token"
+        )
 
 
 #: At most this many expert ids per token (R sparse layers x k experts) on the wire.

@@ -570,6 +570,7 @@ class CompletionMsg(_message.Message):
     KEPT_FLOOR_FIELD_NUMBER: _builtins.int
     ROUTES_FIELD_NUMBER: _builtins.int
     ROUTES_SHAPE_FIELD_NUMBER: _builtins.int
+    SAMPLED_LOGPROBS_FIELD_NUMBER: _builtins.int
     tokens: _builtins.bytes
     """int32 little-endian"""
     logprobs: _builtins.bytes
@@ -590,6 +591,8 @@ class CompletionMsg(_message.Message):
     """(logprobs under its truncated distribution); empty: full
     int16 little-endian [P' + C', R, k]: a mixture-of-experts
     """
+    sampled_logprobs: _builtins.bytes
+    """float32 little-endian, one per token: under the distribution"""
     @_builtins.property
     def routes_shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """sampler's experts for each token of the prompt and the
@@ -611,10 +614,11 @@ class CompletionMsg(_message.Message):
         kept_floor: _builtins.bytes = ...,
         routes: _builtins.bytes = ...,
         routes_shape: _abc.Iterable[_builtins.int] | None = ...,
+        sampled_logprobs: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["episode_json", b"episode_json", "finish_reason", b"finish_reason", "kept_floor", b"kept_floor", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "policy_version", b"policy_version", "routes", b"routes", "routes_shape", b"routes_shape", "text", b"text", "tokens", b"tokens", "versions", b"versions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["episode_json", b"episode_json", "finish_reason", b"finish_reason", "kept_floor", b"kept_floor", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "policy_version", b"policy_version", "routes", b"routes", "routes_shape", b"routes_shape", "sampled_logprobs", b"sampled_logprobs", "text", b"text", "tokens", b"tokens", "versions", b"versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

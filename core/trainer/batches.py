@@ -68,6 +68,9 @@ def make_batch(
     # The sampler's kept sets travel only when some completion was drawn truncated.
     truncated = any(c.kept_floor is not None for _, _, c in completions)
     floor = np.full((n, t - 1), -np.inf, np.float32) if truncated else None
+    # ... and the drawn distribution's logprobs where the recorded ones are not its.
+    other = any(c.sampled_logprobs is not None for _, _, c in completions)
+    sampled = np.zeros((n, t - 1), np.float32) if other else None
     flat_adv = np.asarray(advantages, np.float32).reshape(-1)
     for r, (gi, prompt, comp) in enumerate(completions):
         lp, lc = len(prompt.tokens), len(comp.tokens)
@@ -83,7 +86,18 @@ def make_batch(
         group_ids[r] = gi
         if floor is not None and comp.kept_floor is not None:
             floor[r, p - 1 : p - 1 + lc] = comp.kept_floor
+        if sampled is not None:
+            drawn = comp.logprobs if comp.sampled_logprobs is None else comp.sampled_logprobs
+            sampled[r, p - 1 : p - 1 + lc] = drawn * model
     routes = batch_routes([(len(pr.tokens), c.routes) for _, pr, c in completions], (n, t), p)
     return TrainBatch(
-        tokens, attention, loss_mask, old_logprobs, adv, group_ids, kept_floor=floor, routes=routes
+        tokens,
+        attention,
+        loss_mask,
+        old_logprobs,
+        adv,
+        group_ids,
+        kept_floor=floor,
+        routes=routes,
+        sampled_logprobs=sampled,
     )

@@ -105,14 +105,18 @@ def _masked_p99(x: jax.Array, mask: jax.Array) -> jax.Array:
 def _mismatch_metrics(train_logp: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
     """How far the sampler's logprobs are from the trainer's, on the sampled tokens.
 
-    With d = log π_train − log π_sampler per token: ``mismatch_abs_logp`` the mean
+    π_sampler is the distribution each token was drawn from: the batch's
+    ``sampled_logprobs`` where the recorded ``old_logprobs`` are not its (a
+    sampler that records the full distribution while top-k / top-p cut), so a
+    recorded distribution that is not the sampled one shows here. With
+    d = log π_train − log π_sampler per token: ``mismatch_abs_logp`` the mean
     of |d|, ``mismatch_abs_logp_p99`` its 99th percentile, ``ratio_out_of_band``
     the fraction of tokens whose ratio e^d lies outside :data:`RATIO_BAND`, and
     ``mismatch_kl`` the k3 estimate of KL(π_sampler ‖ π_train),
     E_sampler[e^d − 1 − d] (Schulman 2020).
     """
     mask = batch["loss_mask"]
-    d = train_logp - batch["old_logprobs"]
+    d = train_logp - batch.get("sampled_logprobs", batch["old_logprobs"])
     low, high = RATIO_BAND
     outside = (d < jnp.log(low)) | (d > jnp.log(high))
     return {

@@ -252,12 +252,7 @@ class SlotEngine(JaxSampler):
                         if old.versions is not None
                         else [old.policy_version] * len(old.tokens)
                     )
-                    # No kept sets: its logprobs are the full distribution's (-inf floors).
-                    row.floors = (
-                        old.kept_floor.tolist()
-                        if old.kept_floor is not None
-                        else [-np.inf] * len(old.tokens)
-                    )
+                    row.floors = self._resumed_kept(old)
                 pending.append(row)
         return done, pending
 
@@ -378,18 +373,38 @@ class SlotEngine(JaxSampler):
                 done[row.request][row.sample] = self._finished(row, "stop" if stopped else "length")
                 table.rows[slot] = None
 
+    def _resumed_kept(self, old: Completion) -> list[float]:
+        """What ``row.floors`` holds for a resumed row's tokens: the kept sets' floors
+        (-inf: none, its logprobs are the full distribution's) or, recording the full
+        distribution while cutting, their log masses (0: none known)."""
+        if self.cuts and not self.truncates:
+            if old.sampled_logprobs is None:
+                return [0.0] * len(old.tokens)
+            return (old.logprobs - old.sampled_logprobs).tolist()
+        if old.kept_floor is None:
+            return [-np.inf] * len(old.tokens)
+        return old.kept_floor.tolist()
+
     def _finished(self, row: Row, reason: str) -> Completion:
         versions = np.asarray(row.versions, np.int32)
-        floors = np.asarray(row.floors, np.float32)
+        kept = np.asarray(row.floors, np.float32)  # floors, or under "full" the log masses
+        masses = kept if self.cuts and not self.truncates else None
+        floors = None if masses is not None else kept
+        logprobs = np.asarray(row.logprobs, np.float32)
         same = len(versions) == 0 or bool(np.all(versions == versions[0]))
         return Completion(
             tokens=np.asarray(row.tokens, np.int32),
-            logprobs=np.asarray(row.logprobs, np.float32),
+            logprobs=logprobs,
             text=self.tokenizer.decode(np.asarray(row.tokens, np.int32)),
             finish_reason=reason,
             policy_version=int(versions.min()) if len(versions) else self.version,
             versions=None if same else versions,
-            kept_floor=floors if self.truncates or np.isfinite(floors).any() else None,
+            kept_floor=(
+                floors
+                if floors is not None and (self.truncates or np.isfinite(floors).any())
+                else None
+            ),
+            sampled_logprobs=None if masses is None else logprobs - masses,
         )
 
     def _cut(self, prompts, n, done, table, pending) -> list[tuple[Completion, ...] | PartialGroup]:

@@ -393,13 +393,16 @@ class JaxSampler:
         )
         self._cache = self._kept(cache)
         out_tok, out_logp = np.asarray(out_tok), np.asarray(out_logp)
-        floors = np.asarray(out_floor) if self.truncates else None
+        kept = np.asarray(out_floor)  # floors, or under "full" the kept log masses
+        floors = kept if self.truncates else None
+        masses = kept if self.cuts and not self.truncates else None
         completions = [
             tuple(
                 self._completion(
                     out_tok[i * n + j],
                     out_logp[i * n + j],
                     None if floors is None else floors[i * n + j],
+                    None if masses is None else masses[i * n + j],
                 )
                 for j in range(n)
             )
@@ -410,10 +413,14 @@ class JaxSampler:
         return _with_routes(completions, prompts, n, *(np.asarray(r) for r in routes))
 
     @property
+    def cuts(self) -> bool:
+        """Whether tokens are drawn from a truncated distribution (top-k / top-p)."""
+        return (bool(self.top_k) or self.top_p < 1.0) and self.method != "greedy"
+
+    @property
     def truncates(self) -> bool:
         """Whether the recorded logprobs are under a truncated distribution (kept sets travel)."""
-        cuts = bool(self.top_k) or self.top_p < 1.0
-        return cuts and self.recorded_logprobs == "truncated" and self.method != "greedy"
+        return self.cuts and self.recorded_logprobs == "truncated"
 
     def _cache_for(self, rows: int, prompt_len: int) -> KVCache:
         """The kept cache if it has this shape, else a new one (the old one is let go first)."""
@@ -425,7 +432,11 @@ class JaxSampler:
         return self._kept(init_cache(self._cfg, rows, slots))
 
     def _completion(
-        self, toks: np.ndarray, logps: np.ndarray, floors: np.ndarray | None = None
+        self,
+        toks: np.ndarray,
+        logps: np.ndarray,
+        floors: np.ndarray | None = None,
+        masses: np.ndarray | None = None,
     ) -> Completion:
         stops = np.flatnonzero(np.isin(toks, self._stops))
         length = int(stops[0]) + 1 if len(stops) else len(toks)
@@ -436,6 +447,8 @@ class JaxSampler:
             finish_reason="stop" if len(stops) else "length",
             policy_version=self.version,
             kept_floor=None if floors is None else floors[:length].copy(),
+            # Recorded full while cutting: the drawn distribution's are logprob - log mass.
+            sampled_logprobs=None if masses is None else logps[:length] - masses[:length],
         )
 
 

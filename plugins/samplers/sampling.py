@@ -124,11 +124,14 @@ def sample_token(
     method: str = "gumbel",
     recorded: str = "truncated",
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Draws one token per row: (tokens [B], logprobs [B], floors [B]).
+    """Draws one token per row: (tokens [B], logprobs [B], kept [B]).
 
-    The logprobs are under the distribution ``recorded`` names (:data:`RECORDED`);
-    the floors are those of the kept sets under ``"truncated"`` (:func:`kept_floor`),
-    -inf where nothing was cut and always under ``"full"``. ``method="greedy"`` takes
+    The logprobs are under the distribution ``recorded`` names (:data:`RECORDED`).
+    ``kept`` describes the kept sets: under ``"truncated"`` their floors
+    (:func:`kept_floor`, -inf where nothing was cut); under ``"full"`` the log of
+    their mass under the full distribution (0 where nothing was cut), so that
+    logprob - kept is the logprob under the distribution the token was drawn
+    from (what the trainer's mismatch metrics compare with). ``method="greedy"`` takes
     the most likely token of each row instead of drawing one (logprob under
     softmax(logits / T), floor -inf).
     """
@@ -163,8 +166,10 @@ def sample_token(
         tok = inverse_cdf_sample(key, allowed)
     logp = jax.nn.log_softmax(scaled, axis=-1)
     picked = jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
-    if recorded == "full" or not restricted:
-        return tok, picked, none
+    if not restricted:
+        return tok, picked, none if recorded == "truncated" else jnp.zeros_like(picked)
     # The kept set's mass from the full logprobs, as the trainer computes it (kept_logprobs).
     kept_mass = jax.nn.logsumexp(jnp.where(allowed > -jnp.inf, logp, -jnp.inf), axis=-1)
+    if recorded == "full":
+        return tok, picked, kept_mass
     return tok, picked - kept_mass, kept_floor(allowed, logp)

@@ -181,17 +181,50 @@ def test_the_train_step_measures_no_mismatch_under_the_same_truncation(model, pa
     assert trainer.step(full)["mismatch_abs_logp"] > 0.05
 
 
-def test_full_recording_is_the_full_distribution_and_carries_no_kept_sets(model):
-    sampler = JaxSampler(
-        max_new_tokens=10, top_k=6, top_p=0.8, temperature=0.7, recorded_logprobs="full"
-    )
-    groups = rollouts(sampler, model)
-    assert all(c.kept_floor is None for g in groups for c in g.completions)
+@pytest.mark.parametrize("kind", ["static", "engine"])
+def test_full_recording_is_the_full_distribution_and_says_what_was_sampled(model, kind):
+    kw = {"top_k": 6, "top_p": 0.8, "temperature": 0.7, "stop_at_eos": False}
+
+    def make(recorded):
+        if kind == "engine":
+            return SlotEngine(
+                slots=8,
+                chunk=4,
+                max_prompt_tokens=8,
+                max_new_tokens=10,
+                recorded_logprobs=recorded,
+                **kw,
+            )
+        return JaxSampler(max_new_tokens=10, recorded_logprobs=recorded, **kw)
+
+    groups = rollouts(make("full"), model)
+    truncated = rollouts(make("truncated"), model)  # the same seed: the same draws
+    for g, t in zip(groups, truncated):
+        for c, ct in zip(g.completions, t.completions):
+            assert c.kept_floor is None and c.sampled_logprobs is not None
+            np.testing.assert_array_equal(c.tokens, ct.tokens)
+            np.testing.assert_allclose(c.sampled_logprobs, ct.logprobs, atol=1e-5)
     batch = make_batch(groups, np.zeros((3, 4)), completion_len=10)
-    assert batch.kept_floor is None
+    assert batch.kept_floor is None and batch.sampled_logprobs is not None
     logp, _ = sequence_logprobs(model, batch.tokens, batch.attention_mask, 0.7)
     mask = batch.loss_mask > 0
     np.testing.assert_allclose(np.asarray(logp)[mask], batch.old_logprobs[mask], atol=1e-5)
+
+
+def test_the_step_s_mismatch_is_against_the_distribution_sampled_from(model):
+    """Recorded full while cutting: the ratio the algorithm uses is 1, but the tokens came
+    from the truncated distribution; the mismatch metrics say so, and say nothing when the
+    recorded distribution is the sampled one."""
+    trainer = Trainer(model, grpo(), optax.sgd(0.0), temperature=0.7)
+    kw = {"max_new_tokens": 10, "top_k": 6, "top_p": 0.8, "temperature": 0.7}
+    metrics = {}
+    for recorded in ("full", "truncated"):
+        groups = rollouts(JaxSampler(recorded_logprobs=recorded, **kw), model)
+        metrics[recorded] = trainer.step(make_batch(groups, np.ones((3, 4)), completion_len=10))
+    assert metrics["full"]["ratio_out_of_band"] > 0.3
+    assert metrics["full"]["mismatch_abs_logp"] > 0.05
+    assert metrics["truncated"]["ratio_out_of_band"] == 0.0
+    assert metrics["truncated"]["mismatch_abs_logp"] < 1e-5
 
 
 def test_kept_logprobs_by_hand_and_the_target_is_always_kept():
@@ -218,6 +251,12 @@ def test_the_kept_sets_travel_over_the_wire_and_bad_ones_are_refused(model):
     for a, b in zip(group.completions, back.completions):
         assert a.kept_floor is not None and b.kept_floor is not None
         assert a.kept_floor.tobytes() == b.kept_floor.tobytes()
+    full = rollouts(JaxSampler(max_new_tokens=10, top_k=6, recorded_logprobs="full"), model)[1]
+    for a, b in zip(
+        full.completions, codec.msg_to_group(codec.group_to_msg(full, "L")).completions
+    ):
+        assert a.sampled_logprobs is not None and b.sampled_logprobs is not None
+        assert a.sampled_logprobs.tobytes() == b.sampled_logprobs.tobytes()
     for bad in (b"\0\0\0", np.float32([0.5] * 10).tobytes(), np.float32([np.nan] * 10).tobytes()):
         msg.completions[0].kept_floor = bad
         with pytest.raises(WireError, match="kept_floor"):
