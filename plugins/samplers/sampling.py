@@ -143,6 +143,8 @@ def sample_token(
         )
     scaled = logits / temperature
     none = jnp.full(logits.shape[:1], -jnp.inf, jnp.float32)
+    if top_k >= logits.shape[-1]:  # keeps the whole vocabulary: no cut
+        top_k = 0
     if method == "greedy":
         tok = jnp.argmax(logits, axis=-1)
         logp = jax.nn.log_softmax(scaled, axis=-1)

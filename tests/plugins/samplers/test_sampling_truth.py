@@ -281,3 +281,11 @@ def test_an_agent_transcript_keeps_each_reply_s_kept_sets(model):
     assert c.kept_floor[n] == -np.inf  # the observation: not sampled, nothing cut
     np.testing.assert_array_equal(c.kept_floor[n + 1 :], reply.kept_floor)
     assert all(turn.kept_floor is not None for _, turn in t.turns())
+
+
+def test_a_top_k_above_the_vocabulary_cuts_nothing():
+    logits = jnp.asarray([[2.0, 1.0, 0.0]] * 4)
+    tok, logp, floor = sample_token(logits, jax.random.key(0), jnp.float32(1.0), top_k=20)
+    want = jax.nn.log_softmax(logits)[jnp.arange(4), tok]
+    np.testing.assert_allclose(logp, want, rtol=1e-6)
+    assert np.all(np.asarray(floor) == -np.inf)
