@@ -20,6 +20,14 @@ anonymous and shared memory that address-space limits do not see
 family but ``AF_UNIX`` (``asyncio``'s self-pipe and ``socketpair`` keep
 working).
 
+Allowed only with some commands (``sandbox/commands.py``, argument filtering
+in the same filter): ``fcntl``, ``ioctl``, ``prctl``, ``madvise``,
+``fadvise64``, ``set/getpriority``, ``preadv2``/``pwritev2`` and ``futex``:
+no command that reaches a kernel object keyed by a file other runs can open
+(locks of every kind, leases, directory notifications, a file's owner for
+signals) or the shared page cache. Refused whole: ``flock``, ``mincore``,
+``futex_waitv``; inotify and fanotify were never on the list.
+
 We call libseccomp's stable C API through ``ctypes`` (seven functions) rather
 than a PyPI binding: the only ctypes binding there (``pyseccomp``) is a shim of
 the same calls without a release since 2021, and the supervisor side must run
@@ -46,27 +54,26 @@ CLONE_NEW_ANY |= 0x20000000 | 0x40000000
 # What a program may call, by kind (every other call: EPERM).
 ALLOWED_BY_KIND = {
     "files and descriptors": (
-        "read write readv writev pread64 pwrite64 preadv pwritev preadv2 pwritev2 open openat "
+        "read write readv writev pread64 pwrite64 preadv pwritev open openat "
         "openat2 creat close close_range lseek stat fstat lstat newfstatat statx fstatfs statfs "
-        "access faccessat faccessat2 fcntl flock fsync fdatasync ftruncate truncate getdents "
+        "access faccessat faccessat2 fsync fdatasync ftruncate truncate getdents "
         "getdents64 getcwd chdir fchdir rename renameat renameat2 mkdir mkdirat rmdir link linkat "
         "unlink unlinkat symlink symlinkat readlink readlinkat chmod fchmod fchmodat umask utime "
-        "utimes utimensat futimesat sendfile copy_file_range splice tee fadvise64 fallocate "
-        "readahead dup dup2 dup3 pipe pipe2 ioctl select pselect6 poll ppoll epoll_create "
+        "utimes utimensat futimesat sendfile copy_file_range splice tee fallocate "
+        "readahead dup dup2 dup3 pipe pipe2 select pselect6 poll ppoll epoll_create "
         "epoll_create1 epoll_ctl epoll_wait epoll_pwait epoll_pwait2 eventfd eventfd2 "
         "timerfd_create timerfd_settime timerfd_gettime signalfd signalfd4 "
     ),
     "memory (mapped memory only: RLIMIT_AS and the run's cgroup see it)": (
-        "brk mmap munmap mremap mprotect madvise msync mincore "
+        "brk mmap munmap mremap mprotect msync "
     ),
     "processes and threads (clone: below, without namespace flags)": (
         "fork vfork execve execveat exit exit_group wait4 waitid kill tkill tgkill getpid getppid "
         "gettid getuid geteuid getgid getegid getgroups getresuid getresgid getpgrp getpgid setpgid "
-        "getsid setsid set_tid_address set_robust_list get_robust_list rseq arch_prctl prctl "
-        "prlimit64 getrlimit setrlimit getrusage getpriority setpriority sched_yield "
+        "getsid setsid set_tid_address set_robust_list get_robust_list rseq arch_prctl "
+        "prlimit64 getrlimit setrlimit getrusage sched_yield "
         "sched_getaffinity sched_setaffinity sched_getparam sched_getscheduler "
-        "sched_get_priority_max sched_get_priority_min pidfd_open pidfd_send_signal futex "
-        "futex_waitv getcpu "
+        "sched_get_priority_max sched_get_priority_min pidfd_open pidfd_send_signal getcpu "
     ),
     "signals and time": (
         "rt_sigaction rt_sigprocmask rt_sigreturn rt_sigsuspend rt_sigpending rt_sigtimedwait "
@@ -79,6 +86,8 @@ ALLOWED_BY_KIND = {
     ),
 }
 ALLOWED = tuple(name for names in ALLOWED_BY_KIND.values() for name in names.split())
+# Allowed with some commands only (``sandbox/commands.py``): fcntl ioctl prctl madvise
+# fadvise64 setpriority getpriority preadv2 pwritev2 futex; and clone, socket, socketpair.
 
 
 class SeccompUnavailable(OSError):
@@ -154,6 +163,7 @@ def filter_program() -> bytes:
         add(errno_action(38), "clone3")  # ENOSYS: glibc falls back to clone
         add(SCMP_ACT_ALLOW, "socket", (0, SCMP_CMP_EQ, AF_UNIX, 0))
         add(SCMP_ACT_ALLOW, "socketpair", (0, SCMP_CMP_EQ, AF_UNIX, 0))
+        _add_command_rules(add)
         with tempfile.TemporaryFile() as out:
             rc = lib.seccomp_export_bpf(ctx, out.fileno())
             if rc < 0:
@@ -165,6 +175,25 @@ def filter_program() -> bytes:
     if not program or len(program) % 8:
         raise SeccompUnavailable("libseccomp exported no filter")
     return program
+
+
+def _add_command_rules(add) -> None:
+    """The argument-level rules of ``sandbox/commands.py`` through ``add(action, name, *cmps)``."""
+    if __package__:
+        from rlax.plugins.rewards.sandbox import commands
+    else:  # pragma: no cover -- the supervisor never builds a filter
+        import commands  # type: ignore[import-not-found, no-redef]
+
+    for name, (arg, mask, values) in commands.RULES.items():
+        for value in values:
+            add(SCMP_ACT_ALLOW, name, (arg, SCMP_CMP_MASKED_EQ, mask, value))
+    for name, conditions in commands.CONDITIONAL:
+        add(SCMP_ACT_ALLOW, name, *[(a, SCMP_CMP_MASKED_EQ, m, v) for a, m, v in conditions])
+    for name, (errno, (arg, mask, value)) in commands.OTHERWISE.items():
+        add(errno_action(errno), name, (arg, SCMP_CMP_MASKED_EQ, mask, value))
+    for name, errno in commands.REFUSED.items():
+        if errno != 1:  # EPERM is the default
+            add(errno_action(errno), name)
 
 
 def install(program: bytes) -> None:
