@@ -125,7 +125,7 @@ def chunked_token_logprobs(
     # [B, n*c, ...] -> [n, B, c, ...]: the scan walks chunks, rows stay where they are.
     h = jnp.moveaxis(h.reshape(rows, n, c, h.shape[-1]), 1, 0)
     targets = jnp.moveaxis(targets.reshape(rows, n, c), 1, 0)
-    xs = (h, targets)
+    xs: tuple[jax.Array, ...] = (h, targets)
     if floor is not None:
         xs += (jnp.moveaxis(floor.astype(jnp.float32).reshape(rows, n, c), 1, 0),)
 
