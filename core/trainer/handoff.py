@@ -76,7 +76,7 @@ class DeviceHandoff:
     def __init__(self, place: Callable[[Any], Any], wire_dtype: str = "float32"):
         self._place = place
         self._wire = WIRE_DTYPES[wire_dtype]
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._offered: tuple[int, Any] | None = None
         self.offers = 0  # versions offered
         self.taken = 0  # versions handed to a worker
@@ -85,8 +85,8 @@ class DeviceHandoff:
     @property
     def version(self) -> int:
         """The newest offered version (-1: none yet)."""
-        with self._lock:
-            return -1 if self._offered is None else self._offered[0]
+        offered = self._offered
+        return -1 if offered is None else offered[0]
 
     def offer(self, params: Any, version: int) -> float:
         """Copies ``params`` (the trainer's, as published as ``version``) onto the sampler's
@@ -99,12 +99,18 @@ class DeviceHandoff:
         with self._lock:
             self._offered = (version, placed)
             self.offers += 1
+            self._lock.notify_all()
         return time.perf_counter() - start
 
-    def take(self, version: int) -> Any | None:
+    def take(self, version: int, wait_s: float = 2.0) -> Any | None:
         """The offered weights if ``version`` (the server's newest) is the newest offered,
-        else None (the caller pulls)."""
+        else None (the caller pulls).
+
+        A version the server already serves but the trainer has not offered yet (a resume
+        offers after its push) is waited for up to ``wait_s``.
+        """
         with self._lock:
+            self._lock.wait_for(lambda: self.version >= version, timeout=wait_s)
             if self._offered is not None and self._offered[0] == version:
                 self.taken += 1
                 return self._offered[1]

@@ -231,6 +231,12 @@ class SamplerHost:
             self._threads.append(thread)
         for thread in self._threads:
             thread.start()
+        ids = lambda devices: [d.id for d in devices]
+        print(
+            f"{self.where.mode}: the trainer on devices {ids(self.where.trainer)}, "
+            f"{len(self.workers)} in-process worker(s) sampling on {ids(self.where.sampler)}",
+            flush=True,
+        )
 
     def _worker(self, i: int, sampler: Any, stop: _Stop) -> worker_role.Worker:
         spec, own = self.spec, self.spec.worker
@@ -287,5 +293,11 @@ class SamplerHost:
             self.turns.release_trainer()  # a worker waiting for its turn must see the stop
         for thread in self._threads:
             thread.join(timeout_s)
+        h = self.handoff
+        print(
+            f"in-process workers: {h.taken} versions handed over device to device, "
+            f"{h.refused} pulled from the parameter server",
+            flush=True,
+        )
         if self._errors:
             raise RuntimeError(f"in-process worker failed: {self._errors[0]}") from self._errors[0]
