@@ -67,6 +67,7 @@ import time
 import warnings
 from typing import Any
 
+from rlax.plugins.rewards.sandbox import exemptions
 from rlax.plugins.rewards.sandbox.interpreter import interpreter_world, python_for_sandbox
 from rlax.plugins.rewards.sandbox.records import Limits, SandboxResult
 from rlax.plugins.rewards.sandbox.seccomp import SeccompUnavailable, filter_program
@@ -157,7 +158,12 @@ def _supervisor_job(
 
 
 def _system_call_filter(*, weak_allowed: bool) -> bytes | str:
-    """The compiled allow-list; without libseccomp, ``b""`` (weak allowed) or why not."""
+    """The compiled allow-list; without libseccomp, ``b""`` (weak allowed) or why not.
+    A kernel whose seccomp exemptions are known exploitable is refused, weak or not."""
+    try:
+        exemptions.this_kernel()
+    except exemptions.KernelRefused as exc:
+        return str(exc)
     try:
         return filter_program()
     except SeccompUnavailable as exc:
@@ -239,6 +245,7 @@ def _result(out: bytes, err: bytes, uid: int) -> SandboxResult:
     if "supervisor_error" in report:
         return SandboxResult("error", detail=report["supervisor_error"], uid=uid)
     isolation = report["isolation"]
+    isolation["filter_exemptions"] = exemptions.this_kernel()
     if isolation.get("filesystem") == "host temporary directory":
         _warn_weak(isolation.get("network_reason") or isolation.get("filesystem_reason", "?"))
     fields = {
