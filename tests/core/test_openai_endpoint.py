@@ -165,7 +165,7 @@ def test_completions_continue_their_ids_without_encoding_the_reply_again(engine_
     ep, spy = engine_endpoint, engine_endpoint.backend.sampler
     key = ep.open_episode("text")
     api = client(ep, key)
-    r1 = api.completions.create(model=MODEL, prompt="3+4=", max_tokens=5, logprobs=1)
+    r1 = api.completions.create(model=MODEL, prompt="3+4=", max_tokens=5, logprobs=0)
     sampled = spy.calls[-1][1]  # the sampler's 8 ids, cut to the request's 5
     got = r1.choices[0].logprobs.token_logprobs
     np.testing.assert_allclose(got, sampled.logprobs[:5], rtol=1e-6)

@@ -9,6 +9,7 @@ import pytest
 from rlax.core.rollout.agents.requests import (
     ApiError,
     EndpointLimits,
+    Policy,
     chat_request,
     parse_body,
     text_request,
@@ -20,7 +21,7 @@ USER = [{"role": "user", "content": "hi"}]
 
 def chat(**body):
     return chat_request(
-        {"model": "m", "messages": USER, **body}, model="m", max_new_tokens=16, limits=LIMITS
+        {"model": "m", "messages": USER, **body}, policy=Policy("m", 16), limits=LIMITS
     )
 
 
@@ -97,20 +98,22 @@ def test_the_body_is_one_json_object_under_the_size_limit():
 
 def test_a_completions_prompt_is_one_string():
     def text(**body):
-        return text_request({"model": "m", **body}, model="m", max_new_tokens=4, limits=LIMITS)
+        return text_request({"model": "m", **body}, policy=Policy("m", 4), limits=LIMITS)
 
-    assert text(prompt=["x"], logprobs=1).prompt == "x" and text(prompt="x", logprobs=1).logprobs
+    assert text(prompt=["x"], logprobs=0).prompt == "x" and text(prompt="x", logprobs=0).logprobs
     assert refused(text, prompt=["x", "y"]).param == "prompt"
-    assert refused(text, prompt="x", logprobs=5).param == "logprobs"
+    assert refused(text, prompt="x", logprobs=1).param == "logprobs"  # top alternatives
     assert refused(text, prompt="x", echo=True).param == "echo"
 
 
 def test_max_tokens_above_the_budget_is_clamped_and_a_bad_one_refused():
     def text(**body):
-        return text_request({"model": "m", **body}, model="m", max_new_tokens=4, limits=LIMITS)
+        return text_request({"model": "m", **body}, policy=Policy("m", 4), limits=LIMITS)
 
     assert text(prompt="x", max_tokens=1000).max_tokens == 4
-    assert text(prompt="x", max_completion_tokens=3).max_tokens == 3
+    assert text(prompt="x", max_tokens=3).max_tokens == 3
     assert refused(text, prompt="x", max_tokens=0).param == "max_tokens"
     assert refused(text, prompt="x", max_tokens="5").param == "max_tokens"
-    assert refused(text, prompt="x", max_completion_tokens=True).param == "max_completion_tokens"
+    assert refused(text, prompt="x", max_tokens=True).param == "max_tokens"
+    # The chat API's name is not a completions field: refused as the API refuses it.
+    assert refused(text, prompt="x", max_completion_tokens=3).param == "max_completion_tokens"

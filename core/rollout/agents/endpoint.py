@@ -50,12 +50,13 @@ import zlib
 from typing import Any, Self
 
 import anyio
+import anyio.from_thread
 import anyio.to_thread
 
 try:
     import uvicorn
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
     from starlette.exceptions import HTTPException
 except ImportError as err:  # pragma: no cover -- the agents extra is not installed
     raise ImportError(
@@ -67,6 +68,7 @@ from rlax.core.rollout.agents.batch import Batcher
 from rlax.core.rollout.agents.requests import (
     ApiError,
     EndpointLimits,
+    Policy,
     chat_request,
     parse_body,
     text_request,
@@ -74,7 +76,14 @@ from rlax.core.rollout.agents.requests import (
 )
 from rlax.core.rollout.agents.responses import chat_body, chat_chunks, text_body, text_chunks
 from rlax.core.rollout.agents.transcript import Transcript
-from rlax.core.rollout.agents.turns import AgentSession, Backend, Turn, chat_turn, text_turn
+from rlax.core.rollout.agents.turns import (
+    AgentSession,
+    Backend,
+    ClientGone,
+    Turn,
+    chat_turn,
+    text_turn,
+)
 
 __all__ = ["AgentEndpoint"]
 
@@ -117,6 +126,7 @@ class AgentEndpoint:
         self.limits = limits or EndpointLimits()
         self.limiter = anyio.CapacityLimiter(40)  # turns sampled at once; grown to the episodes
         self.app = _build_app(self)
+        self.gone = 0  # replies sampled for a client that had gone: not recorded
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -147,6 +157,17 @@ class AgentEndpoint:
             session.closed = True
             return session.transcript
 
+    def policy(self) -> Policy:
+        """What requests are checked against: the served name and the sampler's settings."""
+        sampler = self.backend.sampler
+        return Policy(
+            model=self.model,
+            max_new_tokens=sampler.max_new_tokens,
+            temperature=float(sampler.temperature),
+            top_p=float(getattr(sampler, "top_p", 1.0) or 1.0),
+            top_k=int(getattr(sampler, "top_k", 0) or 0),
+        )
+
     def session(self, request: Request) -> AgentSession:
         """The episode of a request's bearer key (401 for any other)."""
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
@@ -169,6 +190,9 @@ class AgentEndpoint:
             self.app,
             host=self.host,
             port=self.port,
+            # None: uvicorn's default dictConfig would disable every logger already made
+            # and replace the host's handlers; only uvicorn's own loggers' levels are set.
+            log_config=None,
             log_level="warning",
             lifespan="off",
             access_log=False,
@@ -214,19 +238,31 @@ async def _body(request: Request, limits: EndpointLimits) -> dict[str, Any]:
     return parse_body(b"".join(chunks), limits)
 
 
-async def _turn(endpoint: AgentEndpoint, session: AgentSession, run, request) -> Turn:
+async def _turn(endpoint: AgentEndpoint, session: AgentSession, run, request, http) -> Turn:
+    """The turn ``run`` makes of ``request``, sampled in a thread of its own.
+
+    ``http`` is the HTTP request: once the reply is sampled, the turn asks whether its
+    client is still connected, under the episode's lock, before recording the reply; a
+    client that gave up (a timeout, a disconnect) gets nothing recorded, so its retry,
+    which waits for that lock, continues from what it did receive.
+    """
     seed = request.seed
     if seed is None:
         seed = zlib.crc32(f"{session.name}/{session.transcript.requests}".encode())
+    seed %= 2**32  # the API's seeds are 64-bit; a sampler's PRNG takes 32
+
+    def gone() -> bool:
+        return bool(anyio.from_thread.run(http.is_disconnected))
+
     try:
         # A turn waits in the batcher for the others: every open episode gets a thread
         # (anyio's default 40 would cap a batch at 40 requests).
         limiter = endpoint.limiter
         limiter.total_tokens = max(40, len(endpoint.sessions))
         return await anyio.to_thread.run_sync(
-            run, endpoint.backend, session, request, seed, limiter=limiter
+            run, endpoint.backend, session, request, seed, gone, limiter=limiter
         )
-    except ApiError:
+    except (ApiError, ClientGone):
         raise
     except Exception as err:  # the sampler's failure is this request's, not the server's
         raise ApiError(
@@ -247,6 +283,11 @@ def _build_app(endpoint: AgentEndpoint) -> FastAPI:
     async def refused(request: Request, err: ApiError) -> JSONResponse:
         return JSONResponse(err.body(), status_code=err.status)
 
+    @app.exception_handler(ClientGone)
+    async def gone(request: Request, err: ClientGone) -> Response:
+        endpoint.gone += 1
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException) -> JSONResponse:
         message = f"{request.method} {request.url.path}: {err.detail}"
@@ -262,14 +303,13 @@ def _build_app(endpoint: AgentEndpoint) -> FastAPI:
     async def chat(request: Request) -> Any:
         session = endpoint.session(request)
         body = await _body(request, endpoint.limits)
-        max_new = endpoint.backend.sampler.max_new_tokens
-        req = chat_request(
-            body, model=endpoint.model, max_new_tokens=max_new, limits=endpoint.limits
-        )
-        turn = await _turn(endpoint, session, chat_turn, req)
+        req = chat_request(body, policy=endpoint.policy(), limits=endpoint.limits)
+        turn = await _turn(endpoint, session, chat_turn, req, request)
         ident = f"chatcmpl-{uuid.uuid4().hex}"
         if req.stream:
-            chunks = chat_chunks(ident, endpoint.model, turn)
+            chunks = chat_chunks(
+                ident, endpoint.model, turn, logprobs=req.logprobs, usage=req.include_usage
+            )
             return StreamingResponse(_events(chunks), media_type="text/event-stream")
         return chat_body(ident, endpoint.model, turn, logprobs=req.logprobs)
 
@@ -277,14 +317,13 @@ def _build_app(endpoint: AgentEndpoint) -> FastAPI:
     async def completions(request: Request) -> Any:
         session = endpoint.session(request)
         body = await _body(request, endpoint.limits)
-        max_new = endpoint.backend.sampler.max_new_tokens
-        req = text_request(
-            body, model=endpoint.model, max_new_tokens=max_new, limits=endpoint.limits
-        )
-        turn = await _turn(endpoint, session, text_turn, req)
+        req = text_request(body, policy=endpoint.policy(), limits=endpoint.limits)
+        turn = await _turn(endpoint, session, text_turn, req, request)
         ident = f"cmpl-{uuid.uuid4().hex}"
         if req.stream:
-            chunks = text_chunks(ident, endpoint.model, turn)
+            chunks = text_chunks(
+                ident, endpoint.model, turn, logprobs=req.logprobs, usage=req.include_usage
+            )
             return StreamingResponse(_events(chunks), media_type="text/event-stream")
         return text_body(ident, endpoint.model, turn, logprobs=req.logprobs)
 

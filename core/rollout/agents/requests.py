@@ -9,9 +9,15 @@ answered as ``{"error": {"message", "type", "param", "code"}}`` with its
 HTTP status, as the OpenAI API answers, so an ``openai`` client raises its
 own exception for it (``BadRequestError``, ``AuthenticationError``, ...).
 
-Fields the endpoint does not act on are accepted and ignored (clients send
-many). ``temperature`` and ``top_p`` are among them: the policy samples at
-its own temperature, the one the trainer recomputes logprobs at.
+Every other field is checked by :mod:`.fields`: honoured (its effect given)
+or refused (400 naming it); a field in no API table is refused as the
+OpenAI API refuses an unrecognized argument. ``temperature`` and ``top_p``
+are honoured when they are the policy's own (the trainer recomputes
+logprobs under them) and refused otherwise. ``stop`` (up to 4 strings) cuts
+the reply where a stop string first ends (:mod:`.stops`). Tool schemas are
+checked whole as JSON Schema (``jsonschema``, draft 2020-12). No value
+raises anything but :class:`ApiError`: a client never gets a 5xx for what
+it sent.
 """
 
 from __future__ import annotations
@@ -22,43 +28,22 @@ import re
 from typing import Annotated, Any
 
 from rlax.core.constraints import AtLeast
+from rlax.core.rollout.agents.errors import ApiError
+from rlax.core.rollout.agents.fields import CHAT, TEXT, Policy, check_fields
 
-__all__ = ["ApiError", "ChatRequest", "EndpointLimits", "TextRequest", "chat_request"]
+__all__ = [
+    "ApiError",
+    "ChatRequest",
+    "EndpointLimits",
+    "Policy",
+    "TextRequest",
+    "chat_request",
+    "text_request",
+]
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-class ApiError(Exception):
-    """A refused request: its HTTP status and the OpenAI error object's fields."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-    ):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = (
-            status,
-            message,
-            param,
-            code,
-            kind,
-        )
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +76,8 @@ class ChatRequest:
     logprobs: bool
     seed: int | None
     tool_choice: str
+    stop: tuple[str, ...] = ()
+    include_usage: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +91,8 @@ class TextRequest:
     stream: bool
     logprobs: bool
     seed: int | None
+    stop: tuple[str, ...] = ()
+    include_usage: bool = False
 
 
 def parse_body(raw: bytes, limits: EndpointLimits) -> dict[str, Any]:
@@ -112,10 +101,16 @@ def parse_body(raw: bytes, limits: EndpointLimits) -> dict[str, Any]:
         raise too_large(limits)
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ApiError(400, f"the request body is not JSON: {err}") from None
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError among them
+        message = str(err) if isinstance(err, ValueError) else "nested too deeply"
+        raise ApiError(400, f"the request body is not JSON we read: {message[:200]}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    if _SURROGATE.search(raw):  # an escaped lone surrogate is JSON but no text
+        try:
+            json.dumps(body, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise ApiError(400, "the request body holds a lone UTF-16 surrogate") from None
     return body
 
 
@@ -127,13 +122,13 @@ def too_large(limits: EndpointLimits) -> ApiError:
     )
 
 
-def _integer(body: dict, name: str, default: int, low: int, high: int) -> int:
+def _integer(body: dict, name: str, default: Any, low: int, high: int) -> Any:
     value = body.get(name)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ApiError(
-            400, f"{name} must be an integer in [{low}, {high}], got {value!r}", param=name
+            400, f"{name} must be an integer in [{low}, {high}], got {str(value)[:40]}", param=name
         )
     return value
 
@@ -143,7 +138,9 @@ def _budget(value: Any, param: str, max_new_tokens: int) -> int:
     if value is None:
         return max_new_tokens
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ApiError(400, f"{param} must be a positive integer, got {value!r}", param=param)
+        raise ApiError(
+            400, f"{param} must be a positive integer, got {str(value)[:40]}", param=param
+        )
     return min(value, max_new_tokens)
 
 
@@ -152,32 +149,72 @@ def _flag(body: dict, name: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise ApiError(400, f"{name} must be true or false, got {value!r}", param=name)
+        raise ApiError(400, f"{name} must be true or false, got {str(value)[:40]}", param=name)
     return value
 
 
-def _common(body: dict, model: str, max_new_tokens: int, limits: EndpointLimits) -> dict:
+MAX_STOPS, MAX_STOP_CHARS = 4, 256
+SEED_RANGE = (-(2**63), 2**63 - 1)
+
+
+def _stops(value: Any, name: str = "stop") -> tuple[str, ...]:
+    """Up to 4 non-empty stop strings (a string is one)."""
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    ok = isinstance(stops, list) and len(stops) <= MAX_STOPS
+    ok = ok and all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stops)
+    if not ok:
+        raise ApiError(
+            400,
+            f"{name} must be a string or a list of at most {MAX_STOPS} non-empty strings "
+            f"of at most {MAX_STOP_CHARS} characters",
+            param=name,
+        )
+    return tuple(stops)
+
+
+def _stream_options(body: dict, stream: bool) -> bool:
+    """``stream_options.include_usage`` (only with ``stream``, as the API says)."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise ApiError(400, "stream_options: only with stream true", param="stream_options")
+    known = {"include_usage", "include_obfuscation"}
+    if not isinstance(options, dict) or set(options) - known:
+        raise ApiError(400, f"stream_options: an object of {sorted(known)}", param="stream_options")
+    for name, value in options.items():
+        if not isinstance(value, bool):
+            raise ApiError(
+                400, f"stream_options.{name} must be true or false", param="stream_options"
+            )
+    return bool(options.get("include_usage", False))
+
+
+def _common(body: dict, policy: Policy, limits: EndpointLimits, table: dict) -> dict:
+    check_fields(body, table, policy)
     name = body.get("model")
     if not isinstance(name, str) or not name:
         raise ApiError(400, "model is required: a string", param="model")
-    if name != model:
+    if name != policy.model:
         raise ApiError(
             404,
-            f"the model {name!r} does not exist; this endpoint serves {model!r}",
+            f"the model {name[:80]!r} does not exist; this endpoint serves {policy.model!r}",
             param="model",
             code="model_not_found",
         )
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     param = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ApiError(400, f"seed must be an integer, got {seed!r}", param="seed")
+    stream = _flag(body, "stream")
     return {
         "model": name,
-        "max_tokens": _budget(limit, param, max_new_tokens),
+        "max_tokens": _budget(limit, param, policy.max_new_tokens),
         "n": _integer(body, "n", 1, 1, limits.max_n),
-        "stream": _flag(body, "stream"),
-        "seed": seed,
+        "stream": stream,
+        "seed": _integer(body, "seed", None, *SEED_RANGE),
+        "stop": _stops(body.get("stop")),
+        "include_usage": _stream_options(body, stream),
     }
 
 
@@ -197,6 +234,9 @@ def text_content(content: Any, where: str) -> str | None:
     raise ApiError(400, f"{where}: content must be a string or a list of parts", param=where)
 
 
+MESSAGE_FIELDS = {"role", "content", "tool_calls", "tool_call_id", "refusal"}
+
+
 def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(calls, list) or not calls:
         raise ApiError(400, f"{where}.tool_calls must be a non-empty list", param=where)
@@ -204,6 +244,8 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise ApiError(400, f"{where}.tool_calls[{k}] needs a function name", param=where)
+        if not isinstance(call.get("id", ""), str):
+            raise ApiError(400, f"{where}.tool_calls[{k}].id must be a string", param=where)
         arguments = function.get("arguments")
         if not isinstance(arguments, str):
             raise ApiError(400, f"{where}.tool_calls[{k}]: arguments must be a JSON string")
@@ -214,21 +256,54 @@ def _message(message: Any, k: int) -> dict[str, Any]:
     where = f"messages[{k}]"
     if not isinstance(message, dict):
         raise ApiError(400, f"{where} must be an object", param=where)
+    for field in message:
+        if field not in MESSAGE_FIELDS:  # ``name`` among them: the template shows no names
+            raise ApiError(
+                400, f"{where}.{str(field)[:40]}: not served", param=f"{where}.{str(field)[:40]}"
+            )
     role = message.get("role")
     if role not in ROLES:
         raise ApiError(
-            400, f"{where}: role {role!r} is not one of {list(ROLES)}", param=f"{where}.role"
+            400,
+            f"{where}: role {str(role)[:40]!r} is not one of {list(ROLES)}",
+            param=f"{where}.role",
         )
+    if message.get("refusal") is not None:
+        raise ApiError(400, f"{where}.refusal: not served", param=f"{where}.refusal")
     out: dict[str, Any] = {"role": role, "content": text_content(message.get("content"), where)}
     if role == "assistant" and message.get("tool_calls") is not None:
         out["tool_calls"] = _tool_calls(message["tool_calls"], where)
+    elif message.get("tool_calls") is not None:
+        raise ApiError(400, f"{where}: only an assistant message has tool_calls", param=where)
     elif out["content"] is None:
         raise ApiError(400, f"{where}: a {role} message needs content", param=where)
     if role == "tool":
         if not isinstance(message.get("tool_call_id"), str):
             raise ApiError(400, f"{where}: a tool message needs its tool_call_id", param=where)
         out["tool_call_id"] = message["tool_call_id"]
+    elif message.get("tool_call_id") is not None:
+        raise ApiError(400, f"{where}: only a tool message has a tool_call_id", param=where)
     return out
+
+
+def check_schema(parameters: Any, where: str) -> None:
+    """``parameters`` is a JSON Schema (draft 2020-12, checked whole) of an object."""
+    import jsonschema  # the 'agents' extra
+
+    if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+        raise ApiError(400, f"{where}: parameters must be a JSON Schema of an object", param=where)
+    try:
+        jsonschema.Draft202012Validator.check_schema(parameters)
+    except jsonschema.SchemaError as err:
+        at = "/".join(str(p) for p in err.absolute_path) or "(top)"
+        raise ApiError(
+            400, f"{where}: not a valid JSON Schema at {at[:80]}: {err.message[:160]}", param=where
+        ) from None
+    except RecursionError:
+        raise ApiError(400, f"{where}: the schema is nested too deeply", param=where) from None
+
+
+TOOL_FIELDS = {"name", "description", "parameters", "strict"}
 
 
 def _tools(tools: Any, limits: EndpointLimits) -> list[dict[str, Any]]:
@@ -238,36 +313,44 @@ def _tools(tools: Any, limits: EndpointLimits) -> list[dict[str, Any]]:
         raise ApiError(400, f"tools must be a list of at most {limits.max_tools}", param="tools")
     for k, tool in enumerate(tools):
         where = f"tools[{k}]"
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise ApiError(400, f'{where}: type must be "function"', param=where)
-        function = tool.get("function")
-        if not isinstance(function, dict) or not _TOOL_NAME.match(str(function.get("name", ""))):
-            raise ApiError(
-                400, f"{where}: function.name must match {_TOOL_NAME.pattern}", param=where
-            )
-        parameters = function.get("parameters", {"type": "object"})
-        if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
-            raise ApiError(
-                400, f"{where}: function.parameters must be a JSON schema of an object", param=where
-            )
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type") != "function"
+            or set(tool) - {"type", "function"}
+        ):
+            raise ApiError(400, f'{where}: {{"type": "function", "function": ...}}', param=where)
+        check_function(tool.get("function"), where)
     return tools
 
 
-def chat_request(
-    body: dict[str, Any], *, model: str, max_new_tokens: int, limits: EndpointLimits
-) -> ChatRequest:
+def check_function(function: Any, where: str) -> None:
+    """A tool's function: its name, description, JSON Schema parameters (``strict`` read
+    as the schema itself: arguments are the model's text, parsed, never constrained)."""
+    if not isinstance(function, dict) or not _TOOL_NAME.match(str(function.get("name", ""))):
+        raise ApiError(400, f"{where}: function.name must match {_TOOL_NAME.pattern}", param=where)
+    extra = set(function) - TOOL_FIELDS
+    if extra:
+        raise ApiError(400, f"{where}: {min(extra)[:40]} is not a function field", param=where)
+    if not isinstance(function.get("description", ""), str):
+        raise ApiError(400, f"{where}: description must be a string", param=where)
+    if function.get("strict"):
+        raise ApiError(400, f"{where}: strict: constrained decoding is not served", param=where)
+    check_schema(function.get("parameters", {"type": "object"}), where)
+
+
+def chat_request(body: dict[str, Any], *, policy: Policy, limits: EndpointLimits) -> ChatRequest:
     """A checked chat request (ApiError: what is wrong, and where)."""
-    common = _common(body, model, max_new_tokens, limits)
+    common = _common(body, policy, limits, CHAT)
     messages = body.get("messages")
     if not isinstance(messages, list) or not 1 <= len(messages) <= limits.max_messages:
         raise ApiError(
             400, f"messages must be a list of 1 to {limits.max_messages}", param="messages"
         )
     choice = body.get("tool_choice", "auto")
+    if choice is None:
+        choice = "auto"
     if choice not in ("auto", "none"):
         raise ApiError(400, 'tool_choice: only "auto" and "none" are served', param="tool_choice")
-    if body.get("top_logprobs"):
-        raise ApiError(400, "top_logprobs are not served", param="top_logprobs")
     return ChatRequest(
         messages=[_message(m, k) for k, m in enumerate(messages)],
         tools=_tools(body.get("tools"), limits),
@@ -277,19 +360,19 @@ def chat_request(
     )
 
 
-def text_request(
-    body: dict[str, Any], *, model: str, max_new_tokens: int, limits: EndpointLimits
-) -> TextRequest:
+def text_request(body: dict[str, Any], *, policy: Policy, limits: EndpointLimits) -> TextRequest:
     """A checked completions request: one prompt string (ApiError: what is wrong)."""
-    common = _common(body, model, max_new_tokens, limits)
+    common = _common(body, policy, limits, TEXT)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise ApiError(400, "prompt must be one non-empty string", param="prompt")
     logprobs = body.get("logprobs")
-    if logprobs not in (None, 0, 1) or isinstance(logprobs, bool):
-        raise ApiError(400, "logprobs: 0 or 1 (top alternatives are not served)", param="logprobs")
-    if body.get("echo"):
-        raise ApiError(400, "echo is not served", param="echo")
+    if logprobs not in (None, 0) or isinstance(logprobs, bool):
+        raise ApiError(
+            400,
+            "logprobs: 0 (the sampled tokens' own; top alternatives are not served)",
+            param="logprobs",
+        )
     return TextRequest(prompt=prompt, logprobs=logprobs is not None, **common)

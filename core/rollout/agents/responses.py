@@ -2,10 +2,13 @@
 
 The shapes are the API's (``chat.completion``, ``chat.completion.chunk``,
 ``text_completion``), so an ``openai`` client reads them as it reads the
-hosted API's. ``logprobs`` are the sampler's own, per sampled id. A stream
-is the whole reply cut into chunks after it is sampled (the
+hosted API's. ``logprobs`` are the sampler's own, per sampled id, each
+token its text and bytes (:func:`~rlax.core.rollout.agents.reply_text.token_pieces`).
+A stream is the whole reply cut into chunks after it is sampled (the
 :class:`~rlax.core.contracts.Sampler` contract returns finished replies):
-the role, the content in pieces, the tool calls, then the finish reason.
+the role, the content in pieces (in one piece carrying every logprob when
+they are asked for), the tool calls, the finish reason, then the usage when
+``stream_options.include_usage`` asks for it.
 """
 
 from __future__ import annotations
@@ -34,19 +37,25 @@ def _pieces(text: str) -> list[str]:
     return [text[i : i + PIECE] for i in range(0, len(text), PIECE)]
 
 
+def _chat_logprobs(turn: Turn) -> dict[str, Any]:
+    return {
+        "content": [
+            {"token": t, "logprob": float(lp), "bytes": b, "top_logprobs": []}
+            for (t, b), lp in zip(turn.tokens, turn.logprobs)
+        ],
+        "refusal": None,
+    }
+
+
 def chat_body(ident: str, model: str, turn: Turn, *, logprobs: bool) -> dict[str, Any]:
     """A ``chat.completion`` with one choice."""
     message: dict[str, Any] = {"role": "assistant", "content": turn.content}
     if turn.tool_calls:
         message["tool_calls"] = turn.tool_calls
-    content: list[dict[str, Any]] = [
-        {"token": t, "logprob": float(lp), "bytes": None, "top_logprobs": []}
-        for t, lp in zip(turn.tokens, turn.logprobs)
-    ]
     choice = {
         "index": 0,
         "message": message,
-        "logprobs": {"content": content} if logprobs else None,
+        "logprobs": _chat_logprobs(turn) if logprobs else None,
         "finish_reason": turn.finish_reason,
     }
     return {
@@ -59,33 +68,42 @@ def chat_body(ident: str, model: str, turn: Turn, *, logprobs: bool) -> dict[str
     }
 
 
-def chat_chunks(ident: str, model: str, turn: Turn) -> list[dict[str, Any]]:
+def chat_chunks(
+    ident: str, model: str, turn: Turn, *, logprobs: bool = False, usage: bool = False
+) -> list[dict[str, Any]]:
     """The ``chat.completion.chunk`` s of a streamed reply, in order."""
     deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
-    deltas += [{"content": piece} for piece in _pieces(turn.content or "")]
+    pieces = [turn.content or ""] if logprobs else _pieces(turn.content or "")
+    deltas += [{"content": piece} for piece in pieces]
     if turn.tool_calls:
         deltas.append({"tool_calls": [{"index": k, **c} for k, c in enumerate(turn.tool_calls)]})
     created = int(time.time())
 
-    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    def chunk(delta: dict[str, Any], finish: str | None, lp: Any = None) -> dict[str, Any]:
         return {
             "id": ident,
             "object": "chat.completion.chunk",
             "created": created,
             "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}],
         }
 
-    return [chunk(d, None) for d in deltas] + [chunk({}, turn.finish_reason)]
+    out = [chunk(d, None) for d in deltas]
+    if logprobs and len(out) > 1:
+        out[1] = chunk(deltas[1], None, _chat_logprobs(turn))
+    out.append(chunk({}, turn.finish_reason))
+    if usage:  # the API's last chunk: no choices, the request's usage
+        out.append({**chunk({}, None), "choices": [], "usage": _usage(turn)})
+    return out
 
 
 def _text_logprobs(turn: Turn) -> dict[str, Any]:
-    offsets, at = [], 0
-    for token in turn.tokens:
-        offsets.append(at)
-        at += len(token)
+    offsets, seen = [], b""
+    for _, raw in turn.tokens:  # each token's offset: characters of the text before it
+        offsets.append(len(seen.decode("utf-8", errors="ignore")))
+        seen += bytes(raw)
     return {
-        "tokens": turn.tokens,
+        "tokens": [t for t, _ in turn.tokens],
         "token_logprobs": [float(lp) for lp in turn.logprobs],
         "top_logprobs": None,
         "text_offset": offsets,
@@ -110,11 +128,13 @@ def text_body(ident: str, model: str, turn: Turn, *, logprobs: bool) -> dict[str
     }
 
 
-def text_chunks(ident: str, model: str, turn: Turn) -> list[dict[str, Any]]:
+def text_chunks(
+    ident: str, model: str, turn: Turn, *, logprobs: bool = False, usage: bool = False
+) -> list[dict[str, Any]]:
     """The streamed ``text_completion`` chunks of a reply, in order."""
     created = int(time.time())
-    pieces = _pieces(turn.text) or [""]
-    return [
+    pieces = ([turn.text] if logprobs else _pieces(turn.text)) or [""]
+    out: list[dict[str, Any]] = [
         {
             "id": ident,
             "object": "text_completion",
@@ -124,10 +144,13 @@ def text_chunks(ident: str, model: str, turn: Turn) -> list[dict[str, Any]]:
                 {
                     "index": 0,
                     "text": piece,
-                    "logprobs": None,
+                    "logprobs": _text_logprobs(turn) if logprobs else None,
                     "finish_reason": turn.finish_reason if k == len(pieces) - 1 else None,
                 }
             ],
         }
         for k, piece in enumerate(pieces)
     ]
+    if usage:
+        out.append({**out[-1], "choices": [], "usage": _usage(turn)})
+    return out

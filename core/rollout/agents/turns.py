@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,11 +28,12 @@ import numpy as np
 from rlax.core.contracts import Sampler, ToolParser
 from rlax.core.rollout.agents.batch import Batcher
 from rlax.core.rollout.agents.chat_ids import Reply, ReplyBook, conversation_ids, reply_key
+from rlax.core.rollout.agents.reply_text import cut_at_stop, token_pieces
 from rlax.core.rollout.agents.requests import ApiError, ChatRequest, TextRequest
 from rlax.core.rollout.agents.transcript import Transcript
 from rlax.core.types import Completion, Prompt
 
-__all__ = ["AgentSession", "Turn", "chat_turn", "text_turn", "tools_text"]
+__all__ = ["AgentSession", "ClientGone", "Turn", "chat_turn", "text_turn", "tools_text"]
 
 
 @dataclasses.dataclass
@@ -62,13 +64,14 @@ class Turn:
     """A reply as the endpoint answers it.
 
     Attributes:
-      text: the model's text (stop token excluded).
+      text: the model's text the client gets (stop token and stop string excluded).
       content: the message's content (None when it calls tools).
       tool_calls: the API's ``tool_calls`` (empty: none).
       finish_reason: "stop", "length" or "tool_calls".
       ids / logprobs: the sampled ids and the sampler's logprobs, as recorded.
-      tokens: each id's text, for the API's logprobs.
+      tokens: each id's (text, bytes), for the API's logprobs.
       prompt_tokens: the request's prompt length in ids.
+      stop: the stop string that ended the reply (None: none did).
     """
 
     text: str
@@ -77,8 +80,13 @@ class Turn:
     finish_reason: str
     ids: np.ndarray
     logprobs: np.ndarray
-    tokens: list[str]
+    tokens: list[tuple[str, list[int]]]
     prompt_tokens: int
+    stop: str | None = None
+
+
+class ClientGone(Exception):
+    """The client went away before its reply was sent: the reply is not recorded."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,13 +191,6 @@ def _sample(backend: Backend, session: AgentSession, ids, max_tokens, seed) -> C
     )
 
 
-def _token_texts(tokenizer: Any, ids: np.ndarray) -> list[str]:
-    token = getattr(tokenizer, "token", None)
-    if token is not None:
-        return [token(int(i)) or "" for i in ids]
-    return [tokenizer.decode([int(i)]) for i in ids]
-
-
 def _calls(backend: Backend, request: ChatRequest, text: str, turn: int) -> list[dict[str, Any]]:
     if backend.tool_parser is None or not request.tools or request.tool_choice == "none":
         return []
@@ -207,8 +208,19 @@ def _calls(backend: Backend, request: ChatRequest, text: str, turn: int) -> list
     ]
 
 
-def chat_turn(backend: Backend, session: AgentSession, request: ChatRequest, seed: int) -> Turn:
-    """One chat request: ids rendered (sampled ids put back), one reply sampled, both recorded."""
+def _never_gone() -> bool:
+    return False
+
+
+def chat_turn(
+    backend: Backend,
+    session: AgentSession,
+    request: ChatRequest,
+    seed: int,
+    gone: Callable[[], bool] = _never_gone,
+) -> Turn:
+    """One chat request: ids rendered (sampled ids put back), one reply sampled, both
+    recorded -- the reply only when the client is still there to get it (``gone``)."""
     if not getattr(backend.tokenizer, "chat_template", None):
         raise ApiError(400, "this model has no chat template: use /v1/completions")
     with session.lock:
@@ -219,27 +231,41 @@ def chat_turn(backend: Backend, session: AgentSession, request: ChatRequest, see
             raise ApiError(400, f"the chat template cannot render the messages: {err}") from None
         ids = session.transcript.request(_fits(backend, ids, "messages"))
         c = _sample(backend, session, ids, request.max_tokens, seed)
-        calls = _calls(backend, request, c.text, session.transcript.requests)
-        content = None if calls else c.text
+        c, text, stop = cut_at_stop(backend.tokenizer, c, request.stop)
+        if gone():  # nobody gets this reply: the agent's retry continues without it
+            raise ClientGone(session.name)
+        calls = _calls(backend, request, text, session.transcript.requests)
+        content = None if calls else text
         session.transcript.reply(c)
         parsed = [(t["function"]["name"], json.loads(t["function"]["arguments"])) for t in calls]
-        stopped = c.finish_reason == "stop"
+        stopped = c.finish_reason == "stop" and stop is None  # the ids end with the stop id
         session.book.add(reply_key(content, parsed), Reply(c.text, c.tokens, stopped))
-    finish = "tool_calls" if calls and stopped else c.finish_reason
+    finish = "tool_calls" if calls and c.finish_reason == "stop" else c.finish_reason
     return Turn(
-        text=c.text,
+        text=text,
         content=content,
         tool_calls=calls,
         finish_reason=finish,
         ids=c.tokens,
         logprobs=c.logprobs,
-        tokens=_token_texts(backend.tokenizer, c.tokens),
+        tokens=token_pieces(backend.tokenizer, c.tokens),
         prompt_tokens=len(ids),
+        stop=stop,
     )
 
 
-def text_turn(backend: Backend, session: AgentSession, request: TextRequest, seed: int) -> Turn:
-    """One completions request: a prompt that starts with the text so far reuses its ids."""
+def text_turn(
+    backend: Backend,
+    session: AgentSession,
+    request: TextRequest,
+    seed: int,
+    gone: Callable[[], bool] = _never_gone,
+) -> Turn:
+    """One completions request: a prompt that starts with the text so far reuses its ids.
+
+    With a stop string, the recorded ids stand for the reply through the stop string:
+    a next prompt that continues the text the client got (without it) is a rewrite.
+    """
     tok = backend.tokenizer
     with session.lock:
         _check_open(session)
@@ -250,16 +276,20 @@ def text_turn(backend: Backend, session: AgentSession, request: TextRequest, see
             ids = np.asarray(tok.encode(request.prompt), np.int32)
         ids = session.transcript.request(_fits(backend, ids.astype(np.int32), "prompt"))
         c = _sample(backend, session, ids, request.max_tokens, seed)
+        c, text, stop = cut_at_stop(tok, c, request.stop)
+        if gone():
+            raise ClientGone(session.name)
         session.transcript.reply(c)
         # The stop id stays where it was sampled: the next prompt's ids follow it.
         session.text, session.text_ids = request.prompt + c.text, np.r_[ids, c.tokens]
     return Turn(
-        text=c.text,
-        content=c.text,
+        text=text,
+        content=text,
         tool_calls=[],
         finish_reason=c.finish_reason,
         ids=c.tokens,
         logprobs=c.logprobs,
-        tokens=_token_texts(tok, c.tokens),
+        tokens=token_pieces(tok, c.tokens),
         prompt_tokens=len(ids),
+        stop=stop,
     )

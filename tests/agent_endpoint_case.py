@@ -1,0 +1,43 @@
+"""A scripted sampler for endpoint tests (imported as ``agent_endpoint_case``): each call's
+reply is the next text of a script (then ``default``), stop id after it, logprob -0.25 a
+token; it records each call's prompt ids and seed, and may sleep before answering."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+from chatml_case import chatml_tokenizer
+
+from rlax.core.types import Completion
+
+TOK = chatml_tokenizer()
+MODEL = "tiny"
+
+
+class ScriptSampler:
+    """See the module docstring. ``delays``: seconds to sleep per call, in order."""
+
+    temperature, top_p, max_new_tokens = 1.0, 1.0, 128
+
+    def __init__(self, script=(), *, default: str = "ok", version: int = 2):
+        self.script, self.default, self.version = list(script), default, version
+        self.delays: list[float] = []
+        self.calls: list[tuple[np.ndarray, Completion, int]] = []
+        self.lock = threading.Lock()
+
+    def generate(self, prompts, n, *, seed):
+        with self.lock:
+            delay = self.delays.pop(0) if self.delays else 0.0
+            text = self.script.pop(0) if self.script else self.default
+        time.sleep(delay)
+        ids = np.append(TOK.encode(text), TOK.eos_id).astype(np.int32)
+        lp = np.full(len(ids), -0.25, np.float32)
+        out = []
+        for p in prompts:
+            c = Completion(ids, lp, text, "stop", self.version)
+            with self.lock:
+                self.calls.append((np.asarray(p.tokens).copy(), c, seed))
+            out.append((c,) * n)
+        return out
