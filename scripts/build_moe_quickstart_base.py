@@ -1,0 +1,70 @@
+"""Builds the MoE quickstart's base policy: the quickstart's model with mixture-of-experts MLPs.
+
+The same recipe as ``scripts/build_quickstart_base.py`` (a short supervised run
+on the arithmetic task's training split), on ``TransformerConfig.tiny`` whose
+MLPs are 4 experts of width 96, 2 per token (the dense MLP's parameters, half
+its work per token). Run from the repository root; deterministic on a given
+machine::
+
+    python scripts/build_moe_quickstart_base.py        # writes assets/moe-quickstart-base
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+import shutil
+
+import numpy as np
+
+from rlax.core.models.bundle import ModelBundle, new_model, save_model
+from rlax.core.models.config import MoeConfig, TransformerConfig
+from rlax.core.models.tokenizer import CharTokenizer
+from rlax.core.trainer.sft import supervised_finetune
+from rlax.plugins.tasks.arithmetic import ArithmeticTask
+
+MOE = MoeConfig(num_experts=4, experts_per_token=2, expert_mlp_dim=96, normalize_topk=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="assets/moe-quickstart-base")
+    parser.add_argument("--digits", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--learning-rate", type=float, default=3e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    task = ArithmeticTask(digits=args.digits)
+    tokenizer = CharTokenizer(task.alphabet)
+    cfg = dataclasses.replace(TransformerConfig.tiny(tokenizer.vocab_size), moe=MOE)
+    model = new_model(cfg, args.seed)
+
+    def examples():
+        for prompt in task.prompts("train", tokenizer=tokenizer, seed=args.seed + 1):
+            target = np.append(tokenizer.encode(prompt.answer), tokenizer.eos_id)
+            yield prompt, target.astype(np.int32)
+
+    losses = supervised_finetune(
+        model,
+        examples(),
+        steps=args.steps,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+    )
+    out = pathlib.Path(args.out)
+    if out.exists():
+        shutil.rmtree(out)
+    info = {
+        "built_by": "scripts/build_moe_quickstart_base.py",
+        **vars(args),
+        "final_loss": losses[-1],
+    }
+    save_model(out, ModelBundle(model, tokenizer, info))
+    print(f"wrote {out} (final sft loss {losses[-1]:.3f})")
+
+
+if __name__ == "__main__":
+    main()
