@@ -79,14 +79,14 @@ def activation_bytes(
     scores = rows * heads * local * width * copies
     keys = rows * width * 2 * kv * h * b if context > 1 else 0
     linear = tokens * (1.25 * (d + heads * h) + 5.5 * f) * b
-    full = scores + keys + linear
+    full = float(scores + keys + linear)
     head = 8 * rows * width * d * b
     if remat == "none":
-        per_layer, recompute = full, 0
+        per_layer, recompute = full, 0.0
     elif remat == "block":
-        per_layer, recompute = tokens * d * b, full
+        per_layer, recompute = float(tokens * d * b), full
     else:  # block_dots
-        per_layer, recompute = tokens * (heads * h + 2 * kv * h + 2 * d + 2 * f) * b, full
+        per_layer, recompute = float(tokens * (heads * h + 2 * kv * h + 2 * d + 2 * f) * b), full
     mask = rows * local * width if remat != "none" else 0
     total = cfg.num_layers * per_layer + head + recompute + mask
     return ActivationEstimate(int(total), int(per_layer), int(head), int(recompute), tokens)

@@ -102,9 +102,9 @@ def plan(tokens: np.ndarray, mask: np.ndarray, loss_mask: np.ndarray, width: int
     base = packing.plan(mask, width)  # checks contiguity and lengths
     column = prompt_column(loss_mask)
     groups: dict[bytes, list[int]] = {}
-    for r in np.flatnonzero(base.lengths > 0):
-        key = tokens[r, base.starts[r] : max(base.starts[r], column)]
-        groups.setdefault(key.tobytes() if len(key) else f"row{r}".encode(), []).append(int(r))
+    for row in np.flatnonzero(base.lengths > 0).tolist():
+        key = tokens[row, base.starts[row] : max(base.starts[row], column)]
+        groups.setdefault(key.tobytes() if len(key) else f"row{row}".encode(), []).append(row)
     items: list[Item] = []
     for rows in groups.values():
         seqs = [tokens[r, base.starts[r] : base.starts[r] + base.lengths[r]] for r in rows]
