@@ -14,7 +14,8 @@ layout and are not permuted.
 
 The tokenizer is rebuilt from the metadata: a byte-level BPE (``gpt2`` model)
 with the file's vocabulary and merges, the pre-tokenizer named by
-``tokenizer.ggml.pre``, and every control token registered as special.
+``tokenizer.ggml.pre``, every control token registered as special and every
+user-defined token as an added token that is not special.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = ["GGUFError", "GGUFFile", "load_gguf_model", "unpermute_qk"]
 
 _ARCHS = ("llama", "qwen2", "qwen3")
 _CONTROL = 3  # llama.cpp's token type of control (special) tokens
+_USER_DEFINED = 4  # llama.cpp's token type of added tokens that are not special
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -222,6 +224,15 @@ class GGUFFile:
             if t == _CONTROL
         ]
         tok.add_special_tokens(specials)
+        # user-defined tokens (<think>, <tool_call> in Qwen's files): added, not special;
+        # HFTokenizer matches them in a chat template's framing only, never in text
+        tok.add_tokens(
+            [
+                AddedToken(tokens[i], special=False, normalized=False)
+                for i, t in enumerate(types)
+                if t == _USER_DEFINED
+            ]
+        )
         eos = self.get("tokenizer.ggml.eos_token_id")
         return HFTokenizer(
             tok,

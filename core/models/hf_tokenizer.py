@@ -8,9 +8,9 @@ generation prompt, so the model sees the conversation format it was tuned on.
 A base model gets its bos token instead (when its config asks for one).
 
 Text is text. Every text this class encodes (``encode``'s text, every
-message's content) is untrusted: the spelling of a special token in it
-(``<|im_end|>``, ``<|im_start|>``) becomes the ordinary tokens of those
-characters, never the control id. Control ids come only from the chat
+message's content) is untrusted: the spelling of an added token in it, special
+(``<|im_end|>``, ``<|im_start|>``) or not (``<think>``, ``<tool_response>``),
+becomes the ordinary tokens of those characters, never the added id. Control ids come only from the chat
 template's own framing, rendered around placeholders that stand for the
 messages' contents (:meth:`HFTokenizer.chat_parts`), and from explicit ids
 (``bos_id``). Plain text next to the framing is encoded with it, so for text
@@ -214,7 +214,7 @@ class HFTokenizer:
 
     @property
     def control_ids(self) -> frozenset[int]:
-        """Ids text must never produce: every added token registered as special, bos, eos, pad."""
+        """Ids text must never produce: every added token (special-flagged or not), bos, eos, pad."""
         ids = {self.eos_id, self.pad_id, *self._specials[1].values()}
         if self.bos_id is not None:
             ids.add(self.bos_id)
@@ -225,23 +225,34 @@ class HFTokenizer:
 
     @functools.cached_property
     def _plain(self) -> Any:
-        """A copy of the ``tokenizers`` object that reads special tokens' spellings as text."""
+        """A copy of the ``tokenizers`` object that reads every added token's spelling as text.
+
+        Added tokens not flagged special (``<think>``, ``<tool_response>`` in Qwen-style
+        vocabularies) are matched in text as the special ones are; the copy flags them
+        all special and encodes special spellings as text, so none is matched.
+        """
         from tokenizers import Tokenizer
 
-        plain = Tokenizer.from_str(self.tokenizer.to_str())
+        config = json.loads(self.tokenizer.to_str())
+        for token in config.get("added_tokens") or []:
+            token["special"] = True
+        plain = Tokenizer.from_str(json.dumps(config))
         plain.encode_special_tokens = True
         return plain
 
     @functools.cached_property
     def _specials(self) -> tuple[re.Pattern[str] | None, dict[int, int]]:
-        """A pattern of the special tokens' spellings (longest first) and group -> id.
+        """A pattern of the added tokens' spellings (longest first) and group -> id.
+
+        Every added token, special-flagged or not: the framing's spellings are ids,
+        and text never produces any of them.
 
         Matched as ``tokenizers`` matches them: ``lstrip`` / ``rstrip`` take the
         whitespace beside the spelling with it.
         """
         added = self.tokenizer.get_added_tokens_decoder()
         special = sorted(
-            ((i, t) for i, t in added.items() if t.special and t.content),
+            ((i, t) for i, t in added.items() if t.content),
             key=lambda it: -len(it[1].content),
         )
         if not special:
