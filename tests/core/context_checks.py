@@ -5,7 +5,7 @@ pytest process has started JAX with one device. Run it directly with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m pytest
 tests/core/context_checks.py``.
 
-For context degree 2 and 4, alone and with fsdp 2: one packed SGD(lr = 1) step on a
+For context degree 2 and 4, alone and with fsdp 2 (and degree 2 with tensor 2): one packed SGD(lr = 1) step on a
 ragged batch whose packed rows have segment boundaries on and across the split points
 gives the one-device packed step's loss, gradient (the parameters' change) and updated
 parameters (fp32, 1e-5); a second ragged batch of the same layout compiles nothing.
@@ -56,6 +56,7 @@ MESHES = {  # (data, fsdp, tensor), context
     "context4": MeshConfig(1, 1, 1, context=4),
     "fsdp2_context2": MeshConfig(1, 2, 1, context=2),
     "fsdp2_context4": MeshConfig(1, 2, 1, context=4),
+    "tensor2_context2": MeshConfig(1, 1, 2, context=2),
 }
 WIDTH = 16  # packed rows of 16 tokens: split points at 8 (degree 2) and 4, 8, 12 (degree 4)
 # Prompts of 3 and 5 and completions of 1, 5, 9 and 12 tokens (9: a two-turn episode):
