@@ -393,6 +393,7 @@ def _eval(args: argparse.Namespace, bindings: list[str]) -> int:
     # INIT_CHECKPOINT is the checkpoint: configs that require it need no placeholder here.
     checkpoint = [f"INIT_CHECKPOINT = {str(args.checkpoint)!r}"]
     pm, spec = _configure_run(args, [*bindings, *checkpoint])
+    check_run(spec, "eval")  # before the checkpoint loads (which names --checkpoint)
     compile_cache.start(spec.compile_cache, RunDir.owning(args.checkpoint))
     from rlax.core.evaluation.evaluate import evaluate
 

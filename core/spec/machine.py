@@ -67,8 +67,9 @@ def check_placement(spec: RunSpec, role: str) -> None:
 
 
 def check_checkpoints(spec: RunSpec, role: str) -> None:
-    """The starting policy (and a teacher) exist, where they are local paths."""
-    named = [("rlax.run.init_checkpoint", spec.init_checkpoint)]
+    """The starting policy (and a teacher) exist, where they are local paths (``rlax eval``'s
+    is its ``--checkpoint``, which it names itself)."""
+    named = [] if role == "eval" else [("rlax.run.init_checkpoint", spec.init_checkpoint)]
     if role in ("all", "trainer", "inline"):
         named.append(("rlax.train.teacher", spec.train.teacher))
     for setting, path in named:
@@ -92,7 +93,7 @@ def available_memory_bytes() -> int | None:
 def check_sampler_memory(spec: RunSpec, role: str) -> None:
     """The samplers' caches for their rows fit in half this machine's available memory
     (every worker of a local run holds one, and the trainer's evaluation another)."""
-    if role not in ("all", "worker", "inline"):
+    if role not in ("all", "worker", "inline", "eval"):
         return
     need = sampler_cache_bytes(spec)
     have = available_memory_bytes()
