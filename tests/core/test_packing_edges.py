@@ -33,7 +33,7 @@ from layout_cases import CFG, ragged_arrays
 
 sys.path.remove(str(HERE))
 
-LAYOUTS = ("padded", "packed", "auto")
+LAYOUTS = ("padded", "packed", "prefix", "auto")
 
 
 def trainer(mode: str, lora_config: lora.LoraConfig | None = None, lr: float = 1.0) -> Trainer:
