@@ -4,6 +4,7 @@ token; it records each call's prompt ids and seed, and may sleep before answerin
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 
@@ -41,3 +42,29 @@ class ScriptSampler:
                 self.calls.append((np.asarray(p.tokens).copy(), c, seed))
             out.append((c,) * n)
         return out
+
+
+def junk(rng: random.Random, depth: int = 0):
+    """A random JSON value: every type, huge ints and strings, nested junk."""
+    kind = rng.randrange(11 if depth < 3 else 8)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.choice([True, False])
+    if kind == 2:
+        return rng.choice([0, -1, 1, 2**31, 2**63, -(2**64), 10**30, rng.randrange(-9, 99)])
+    if kind == 3:
+        return rng.choice([0.0, -0.5, 1e308, 1.5, 1e-300])
+    if kind == 4:
+        return rng.choice(["", "x", "auto", "none", "text", MODEL, "\u0000\ud7ff"])
+    if kind == 5:
+        return "y" * rng.choice([1000, 100_000])
+    if kind == 6:
+        return {"type": rng.choice(["text", "function", "json_schema"])}
+    if kind == 7:
+        return [{"role": rng.choice(["user", "assistant", "tool", "x"]), "content": "c"}]
+    if kind == 8:
+        return [junk(rng, depth + 1) for _ in range(rng.randrange(4))]
+    if kind == 9:
+        return {str(junk(rng, depth + 1))[:20]: junk(rng, depth + 1) for _ in range(3)}
+    return {"type": "function", "function": {"name": "f", "parameters": junk(rng, depth + 1)}}

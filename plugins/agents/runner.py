@@ -63,6 +63,7 @@ from rlax.core.rollout.agents.chat_tokenizer import with_chat_template
 from rlax.core.rollout.agents.episodes import (
     AgentOutcome,
     Job,
+    client_api,
     client_factory,
     outcome_of,
     run_agents,
@@ -200,8 +201,10 @@ class AgentSampler:
             row = work.rows[j] if work is not None else None
             session.replay = _turns((row.episode or {}).get("replay", [])) if row else []
         made: dict[str, Any] = {}  # a sync client's HTTP client, by key: closed when it returns
+        api = client_api(self.agent)
         jobs = [
-            Job(p, client_factory(endpoint.url, key, made)) for (_, _, p), key in zip(asked, keys)
+            Job(p, client_factory(endpoint.url, key, made, api))
+            for (_, _, p), key in zip(asked, keys)
         ]
         cut = _Watch(interrupt, lambda: _close_all(endpoint, keys))
         with cut:

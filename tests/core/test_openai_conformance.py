@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from agent_endpoint_case import MODEL, TOK, ScriptSampler
+from agent_endpoint_case import MODEL, TOK, ScriptSampler, junk
 
 from rlax.core.rollout.agents.endpoint import AgentEndpoint
 from rlax.core.rollout.agents.fields import CHAT, TEXT
@@ -283,31 +283,6 @@ def test_tool_schemas_are_checked_whole_as_json_schema(endpoint):
 # -- the fuzz -----------------------------------------------------------------------------
 
 
-def _junk(rng: random.Random, depth: int = 0):
-    kind = rng.randrange(11 if depth < 3 else 8)
-    if kind == 0:
-        return None
-    if kind == 1:
-        return rng.choice([True, False])
-    if kind == 2:
-        return rng.choice([0, -1, 1, 2**31, 2**63, -(2**64), 10**30, rng.randrange(-9, 99)])
-    if kind == 3:
-        return rng.choice([0.0, -0.5, 1e308, 1.5, 1e-300])
-    if kind == 4:
-        return rng.choice(["", "x", "auto", "none", "text", MODEL, "\u0000\ud7ff"])
-    if kind == 5:
-        return "y" * rng.choice([1000, 100_000])
-    if kind == 6:
-        return {"type": rng.choice(["text", "function", "json_schema"])}
-    if kind == 7:
-        return [{"role": rng.choice(["user", "assistant", "tool", "x"]), "content": "c"}]
-    if kind == 8:
-        return [_junk(rng, depth + 1) for _ in range(rng.randrange(4))]
-    if kind == 9:
-        return {str(_junk(rng, depth + 1))[:20]: _junk(rng, depth + 1) for _ in range(3)}
-    return {"type": "function", "function": {"name": "f", "parameters": _junk(rng, depth + 1)}}
-
-
 RAW_JUNK = [
     b'{"model": "tiny", "messages": [{"role": "user", "content": "a"}], "seed": '
     + b"9" * 5000
@@ -331,7 +306,7 @@ def test_no_value_a_client_sends_gets_a_5xx_and_the_server_keeps_serving(endpoin
         body = {"model": MODEL, "messages": USER, "prompt": "p"} if rng.random() < 0.7 else {}
         body.pop("messages" if path == "/completions" else "prompt", None)
         for field in rng.sample(fields, rng.randrange(1, 4)):
-            body[field] = _junk(rng)
+            body[field] = junk(rng)
         try:
             raw = json.dumps(body)
         except (ValueError, RecursionError):

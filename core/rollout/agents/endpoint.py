@@ -2,8 +2,10 @@
 
 ``POST /v1/chat/completions`` (messages, ``tools`` and ``tool_calls`` read by
 a :class:`~rlax.core.contracts.ToolParser`, ``stream=true`` as server-sent
-events, ``logprobs``), ``POST /v1/completions`` and ``GET /v1/models``,
-served by FastAPI on uvicorn. It binds to 127.0.0.1 (port 0: any free one)
+events, ``logprobs``), ``POST /v1/completions``, ``POST /v1/responses``
+(the Responses API) and ``POST /v1/messages`` (the Anthropic Messages API,
+key in ``x-api-key``; both :mod:`.formats`: the same chat turn on the same
+recording) and ``GET /v1/models``, served by FastAPI on uvicorn. It binds to 127.0.0.1 (port 0: any free one)
 unless told otherwise. Every episode gets its own API key
 (:meth:`AgentEndpoint.open_episode`); the key is how a request finds its
 episode's :class:`~rlax.core.rollout.agents.turns.AgentSession`, so an agent
@@ -65,6 +67,14 @@ except ImportError as err:  # pragma: no cover -- the agents extra is not instal
 
 from rlax.core.contracts import Sampler, ToolParser
 from rlax.core.rollout.agents.batch import Batcher
+from rlax.core.rollout.agents.format_replies import (
+    anthropic_error,
+    message_body,
+    message_events,
+    response_body,
+    response_events,
+)
+from rlax.core.rollout.agents.formats import messages_request, responses_request
 from rlax.core.rollout.agents.requests import (
     ApiError,
     EndpointLimits,
@@ -171,7 +181,9 @@ class AgentEndpoint:
     def session(self, request: Request) -> AgentSession:
         """The episode of a request's bearer key (401 for any other)."""
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        found = self.sessions.get(key.strip()) if scheme.lower() == "bearer" else None
+        if scheme.lower() != "bearer":  # the Messages API's clients send x-api-key
+            key = request.headers.get("x-api-key", "")
+        found = self.sessions.get(key.strip())
         if found is None:
             raise ApiError(
                 401, "incorrect API key: each episode has its own", code="invalid_api_key"
@@ -281,6 +293,8 @@ def _build_app(endpoint: AgentEndpoint) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def refused(request: Request, err: ApiError) -> JSONResponse:
+        if request.url.path == "/v1/messages":
+            return JSONResponse(anthropic_error(err), status_code=err.status)
         return JSONResponse(err.body(), status_code=err.status)
 
     @app.exception_handler(ClientGone)
@@ -326,5 +340,29 @@ def _build_app(endpoint: AgentEndpoint) -> FastAPI:
             )
             return StreamingResponse(_events(chunks), media_type="text/event-stream")
         return text_body(ident, endpoint.model, turn, logprobs=req.logprobs)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Any:
+        session = endpoint.session(request)
+        body = await _body(request, endpoint.limits)
+        req = responses_request(body, policy=endpoint.policy(), limits=endpoint.limits)
+        turn = await _turn(endpoint, session, chat_turn, req, request)
+        ident = f"resp_{uuid.uuid4().hex}"
+        if req.stream:
+            events = response_events(ident, endpoint.model, turn, body)
+            return StreamingResponse(events, media_type="text/event-stream")
+        return response_body(ident, endpoint.model, turn, body)
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Any:
+        session = endpoint.session(request)
+        body = await _body(request, endpoint.limits)
+        req = messages_request(body, policy=endpoint.policy(), limits=endpoint.limits)
+        turn = await _turn(endpoint, session, chat_turn, req, request)
+        ident = f"msg_{uuid.uuid4().hex}"
+        if req.stream:
+            events = message_events(ident, endpoint.model, turn)
+            return StreamingResponse(events, media_type="text/event-stream")
+        return message_body(ident, endpoint.model, turn)
 
     return app

@@ -36,10 +36,12 @@ __all__ = [
     "AgentOutcome",
     "AgentResult",
     "Job",
+    "client_api",
     "client_factory",
     "is_async",
     "outcome_of",
     "run_agents",
+    "speaks",
 ]
 
 
@@ -187,19 +189,61 @@ def _run_async(agent, jobs, wall_s, outcomes, on_deadline, on_done) -> None:
     thread.join()
 
 
-def client_factory(url: str, key: str, made: dict[str, Any]):
+API_ATTR = "rlax_client_api"
+APIS = ("openai", "anthropic")
+
+
+def speaks(api: str) -> Callable[[Any], Any]:
+    """Marks an agent as written against ``api``'s client: "openai" (the default:
+    ``openai.OpenAI``, chat, completions and responses) or "anthropic" (``anthropic.Anthropic``,
+    the Messages API)."""
+    if api not in APIS:
+        raise ValueError(f"speaks: api must be one of {list(APIS)}, got {api!r}")
+
+    def mark(agent: Any) -> Any:
+        setattr(agent, API_ATTR, api)
+        return agent
+
+    return mark
+
+
+def client_api(agent: Any) -> str:
+    """The API an agent's client speaks (:func:`speaks`; "openai" when unmarked)."""
+    call = type(agent).__dict__.get("__call__")
+    for fn in (agent, inspect.unwrap(agent), call):
+        api = getattr(fn, API_ATTR, None)
+        if api is not None:
+            return api
+    return "openai"
+
+
+def client_factory(url: str, key: str, made: dict[str, Any], api: str = "openai"):
     """A :class:`Job`'s client factory for the episode of ``key`` at ``url``.
 
     Each client has its own HTTP client (one connection: a pool shared by hundreds
     of threads serialises them on its lock), built without reading the
     environment's proxy settings and with one TLS context for all (one of its own
     costs an episode ~30 ms). A sync client's HTTP client is kept in ``made`` by
-    key, for the caller to close once its agent returns.
+    key, for the caller to close once its agent returns. ``api`` "anthropic": an
+    ``anthropic`` client of the endpoint's Messages API (its base URL without ``/v1``).
     """
 
     def client(use_async: bool):
         import openai  # the 'agents' extra
 
+        if api == "anthropic":
+            import anthropic
+
+            base = url.removesuffix("/v1")
+            if use_async:  # the client's own HTTP package (anthropic 2 ships its own)
+                http = anthropic.DefaultAsyncHttpxClient(verify=_tls(), trust_env=False)
+                return anthropic.AsyncAnthropic(
+                    base_url=base, api_key=key, max_retries=0, http_client=http
+                )
+            made[key] = anthropic.DefaultHttpxClient(verify=_tls(), trust_env=False)
+            return anthropic.Anthropic(
+                base_url=base, api_key=key, max_retries=0, http_client=made[key]
+            )
         if use_async:  # the episode closes it, and its HTTP client with it
             http = openai.DefaultAsyncHttpxClient(verify=_tls(), trust_env=False)
             return openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0, http_client=http)

@@ -157,17 +157,17 @@ MAX_STOPS, MAX_STOP_CHARS = 4, 256
 SEED_RANGE = (-(2**63), 2**63 - 1)
 
 
-def _stops(value: Any, name: str = "stop") -> tuple[str, ...]:
-    """Up to 4 non-empty stop strings (a string is one)."""
+def _stops(value: Any, name: str = "stop", most: int = MAX_STOPS) -> tuple[str, ...]:
+    """Up to ``most`` non-empty stop strings (a string is one)."""
     if value is None:
         return ()
     stops = [value] if isinstance(value, str) else value
-    ok = isinstance(stops, list) and len(stops) <= MAX_STOPS
+    ok = isinstance(stops, list) and len(stops) <= most
     ok = ok and all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stops)
     if not ok:
         raise ApiError(
             400,
-            f"{name} must be a string or a list of at most {MAX_STOPS} non-empty strings "
+            f"{name} must be a string or a list of at most {most} non-empty strings "
             f"of at most {MAX_STOP_CHARS} characters",
             param=name,
         )

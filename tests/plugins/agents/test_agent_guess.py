@@ -15,7 +15,7 @@ from rlax.core.models.tokenizer import BOS, EOS, CharTokenizer
 from rlax.core.plugins import build_plugin_manager
 from rlax.core.rollout.agents.chat_tokenizer import with_chat_template
 from rlax.core.types import Completion
-from rlax.plugins.agents.guess import guess
+from rlax.plugins.agents.guess import guess, guess_messages, guess_responses
 from rlax.plugins.agents.runner import AgentSampler
 from rlax.plugins.environments.guess import ALPHABET, GuessEnvironment, GuessTask
 from rlax.plugins.environments.runner import EpisodeSampler
@@ -69,9 +69,13 @@ def configured():
     gin.clear_config()
 
 
-def test_the_agent_records_the_environments_ids_for_the_same_games(configured):
+@pytest.mark.parametrize("harness", [guess, guess_responses, guess_messages])
+def test_the_agent_records_the_environments_ids_for_the_same_games(configured, harness):
+    """Chat, Responses (openai client) and Messages (anthropic client) harnesses alike."""
     agents: AgentSampler = configured
     assert getattr(agents.agent, "__wrapped__", agents.agent) is guess
+    if harness is not guess:
+        agents.agent = harness
     agents.sampler = Bisect()
     env = EpisodeSampler(sampler=Bisect(), environment=GuessEnvironment())
     prompts = list(GuessTask().prompts("eval", tokenizer=TOK, seed=0))
