@@ -6,7 +6,8 @@ and started again on the run directory: the run ends, with the accounting of
 ``--role all`` (test_chaos_recovery): every prompt drawn from the task in exactly one
 place, none consumed twice, each step trained once, the dead worker's leases served
 again; and every version the in-process worker used after the restart was handed over
-device to device."""
+device to device. Colocated on 4 devices (the trainer and the sampler taking turns on
+all of them), a run ends with every version handed over."""
 
 from __future__ import annotations
 
@@ -31,9 +32,11 @@ PER_STEP = 16
 ONE_PROCESS = "--gin.rlax.placement.mode='one_process'"
 
 
-def role(run_dir, role_name: str, env: dict, name: str) -> subprocess.Popen:
+def role(
+    run_dir, role_name: str, env: dict, name: str, mode: str = ONE_PROCESS, steps: int = N
+) -> subprocess.Popen:
     """``rlax run --role ROLE`` on the run directory, its output in files beside it."""
-    cmd = [sys.executable, "-m", "rlax.core.cli", "run", *small(N, ONE_PROCESS)]
+    cmd = [sys.executable, "-m", "rlax.core.cli", "run", *small(steps, mode)]
     cmd += ["--run-dir", str(run_dir), "--role", role_name]
     out = open(run_dir.parent / f"{name}.out", "w")  # noqa: SIM115 -- the child's
     err = open(run_dir.parent / f"{name}.err", "w")  # noqa: SIM115
@@ -129,3 +132,36 @@ def test_the_resumed_worker_took_its_versions_device_to_device(killed_and_resume
     # Its first version may be the dead trainer's, served by the server before the new
     # trainer offers any (one pull); every later one came device to device.
     assert int(taken) >= 2 and int(pulled) <= 1
+
+
+@pytest.fixture(scope="module")
+def colocated(tmp_path_factory):
+    """The quickstart, colocated on 4 host devices, run to its end (no kill)."""
+    run_dir = tmp_path_factory.mktemp("colocated") / "run"
+    run_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLAX_PS_")}
+    env.update(
+        RLAX_PS_ADDRESS=f"127.0.0.1:{_free_port()}", RLAX_PS_TOKEN="colocated", JAX_PLATFORMS="cpu"
+    )
+    mode = "--gin.rlax.placement.mode='colocated'"
+    server = role(run_dir, "param_server", env, "ps", mode, steps=4)
+    try:
+        trainer = role(run_dir, "trainer", dict(env, XLA_FLAGS=fake_devices(4)), "t", mode, steps=4)
+        trainer.wait(500)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+    out, err = ((run_dir.parent / f"t.{s}").read_text() for s in ("out", "err"))
+    return run_dir, trainer.returncode, out, err
+
+
+def test_colocated_takes_turns_on_every_device_and_ends(colocated):
+    run_dir, code, out, err = colocated
+    assert code == 0, err[-4000:]
+    assert "colocated: the trainer on devices [0, 1, 2, 3], 1 in-process worker(s) " in out
+    assert "sampling on [0, 1, 2, 3]" in out
+    assert [r["step"] for r in metrics(run_dir)] == [1, 2, 3, 4]
+    (taken, pulled) = re.findall(r"(\d+) versions handed over device to device, (\d+) pulled", out)[
+        0
+    ]
+    assert int(taken) >= 4 and int(pulled) == 0  # a fresh run: every version handed over
