@@ -44,6 +44,7 @@ from rlax.core.models.layers import Attention
 __all__ = ["Experts", "MoE", "MoeBlock", "RoutesOut", "Routing", "balance_bias", "route"]
 
 
+@jax.tree_util.register_dataclass  # a block's output: through remat and scans
 @dataclasses.dataclass(frozen=True)
 class Routing:
     """One sparse layer's routing of N tokens.
@@ -60,6 +61,7 @@ class Routing:
     probs: jax.Array
 
 
+@jax.tree_util.register_dataclass  # a block's output: through remat and scans
 @dataclasses.dataclass(frozen=True)
 class RoutesOut:
     """A whole model's routing of a call (its R sparse layers in order).

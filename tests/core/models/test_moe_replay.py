@@ -161,3 +161,35 @@ def test_a_load_balancing_loss_the_step_would_ignore_is_refused():
     cfg = TransformerConfig(**{**CFG.__dict__, "moe": MoeConfig(4, 2, 12, aux_loss_coef=0.01)})
     with pytest.raises(ValueError, match="aux_loss_coef = 0.01: the train step does not add"):
         Trainer(Transformer(cfg, rngs=nnx.Rngs(0)), grpo(), optax.sgd(0.0))
+
+
+def test_remat_and_microbatches_train_a_moe_model_as_one_plain_pass():
+    import jax
+
+    tokens, mask = rows()
+    loss_mask = (mask[:, 1:] & mask[:, :-1]).astype(np.float32)
+    batch = {
+        "tokens": tokens,
+        "attention_mask": mask,
+        "loss_mask": loss_mask,
+        "old_logprobs": np.zeros_like(loss_mask),
+        "advantages": np.ones_like(loss_mask),
+    }
+
+    def trained(**settings):
+        trainer = Trainer(
+            Transformer(CFG, rngs=nnx.Rngs(0)),
+            grpo(),
+            optax.sgd(0.1),
+            settings=TrainerSettings(packing="padded", **settings),
+        )
+        losses = [trainer.step(batch)["loss"] for _ in range(2)]
+        return losses, jax.tree.leaves(trainer.state.params)
+
+    want_losses, want = trained()
+    for settings in ({"remat": "block"}, {"remat": "block_dots"}, {"microbatches": 2}):
+        losses, got = trained(**settings)
+        assert losses == pytest.approx(want_losses, abs=1e-6), settings
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-6, rtol=0)
+    assert want_losses[0] != want_losses[1]
