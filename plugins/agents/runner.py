@@ -33,6 +33,11 @@ so the trainer scores exactly the context the sampler saw.
 The reward: the agent's number, or its answer scored by ``reward`` (the
 reward plugin, e.g. ``@rewards.arithmetic()``).
 
+In-flight weights: with ``rlax.worker.reload_in_flight`` the worker's
+``refresh`` is asked before each batch of turns (:class:`~rlax.core.rollout.agents.batch.Batcher`),
+so an episode that spans a weight load has turns of both versions, each id
+tagged with its own.
+
 Preemption: replay, not hand-back of agent state (agent code holds state no
 worker can hand on). :meth:`AgentSampler.generate_groups` is
 :class:`~rlax.core.contracts.Resumable`: on a notice (``interrupt()``) every
@@ -48,6 +53,7 @@ replay). ``replayed_turns`` in the report counts them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -191,7 +197,9 @@ class AgentSampler:
         episodes' recorded turns (``episode["replay"]``); given back as ``partials``,
         each episode is played again with the endpoint answering the recorded requests
         with the recorded replies (nothing sampled again) and sampling only past them.
-        ``refresh`` is not polled: new weights are loaded between calls."""
+        ``refresh`` (``rlax.worker.reload_in_flight``) is asked before each batch of
+        turns: a turn after a load samples with the new weights, its ids carry their
+        version (the episode's Completion ``versions``)."""
         endpoint = self._endpoint()
         asked = [(i, j, p) for i, p in enumerate(prompts) for j in range(n)]
         keys = [self._open(endpoint, p, seed, k) for k, (_, _, p) in enumerate(asked)]
@@ -207,7 +215,8 @@ class AgentSampler:
             for (_, _, p), key in zip(asked, keys)
         ]
         cut = _Watch(interrupt, lambda: _close_all(endpoint, keys))
-        with cut:
+        endpoint.backend.batcher.refresh = refresh  # in-flight weights between batches
+        with cut, _unset(endpoint.backend.batcher):
             outcomes = run_agents(
                 self.agent,
                 jobs,
@@ -276,6 +285,15 @@ class AgentSampler:
                 failure = f"{type(err).__name__}: {err}"
         log.warning("agent episode of prompt %r ends with reward 0: %s", prompt.id, failure)
         return 0.0, failure, 1.0, info
+
+
+@contextlib.contextmanager
+def _unset(batcher: Any):
+    """The batcher's ``refresh`` is this call's only: unset when it ends."""
+    try:
+        yield
+    finally:
+        batcher.refresh = None
 
 
 class _Watch:

@@ -19,6 +19,12 @@ seed: a batch of one request is sampled with that request's seed (as the
 endpoint derives it: the API's ``seed``, else the episode's name and turn);
 a batch of several with a seed derived from all of theirs, in order. A
 sampler that raises fails every request of its batch with that error.
+
+In-flight weights (``rlax.worker.reload_in_flight``): while ``refresh`` is
+set (the worker's, for one ``generate_groups`` call), each batch first asks
+it for newer weights and loads what it returns into the sampler, so a turn
+sampled after a load uses the new weights and its ids carry their version;
+no batch is sampled while weights load (one batch at a time).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 from rlax.core.contracts import Sampler
 from rlax.core.types import Completion, Prompt
@@ -62,6 +69,8 @@ class Batcher:
         self.sampler = sampler
         self.window_s = window_s
         self.live = live or (lambda: 0)
+        self.refresh: Callable[[], tuple[Any, int] | None] | None = None
+        self.loads = 0  # weights loaded from refresh
         self.calls = 0  # generate calls made
         self.requests = 0  # requests sampled
         # One lock, two conditions: an arrival wakes the gathering leader only, and the end
@@ -111,6 +120,10 @@ class Batcher:
             seed = batch[0].seed
             if len(batch) > 1:
                 seed = zlib.crc32(",".join(str(r.seed) for r in batch).encode())
+            newer = self.refresh() if self.refresh is not None else None
+            if newer is not None:
+                self.sampler.load_weights(*newer)
+                self.loads += 1
             outs = self.sampler.generate([r.prompt for r in batch], 1, seed=seed)
             for r, (c,) in zip(batch, outs, strict=True):
                 r.result = c
