@@ -7,9 +7,10 @@ trainer process does about it:
 
 - :func:`in_process_placement` says which of the process's devices are the trainer's
   and which the sampler's: the supervisor's word (:mod:`rlax.core.parallel.in_process_env`)
-  when it started us, else ``place_roles`` over the host (``--role trainer`` started
-  alone). On a CPU-only host an explicit in-process mode divides XLA's host devices
-  (``--xla_force_host_platform_device_count``) as it would accelerators.
+  when it gave one, else -- only for an explicit ``mode`` of ``"one_process"`` or
+  ``"colocated"`` -- ``place_roles`` over the devices this process sees (``--role
+  trainer`` started alone). On a CPU-only host an explicit in-process mode divides XLA's
+  host devices (``--xla_force_host_platform_device_count``) as it would accelerators.
 - :class:`SamplerHost` runs in-process workers: threads running the worker role's own
   loop (:class:`~rlax.core.worker.role.Worker`), each with its own copy of the run's
   sampler on the sampler's devices. They lease, generate, submit and reload through the
@@ -98,12 +99,13 @@ def _roles(placement: Placement, env: Mapping[str, str], devices: list[jax.Devic
     told = read_role_devices(env)
     if told is not None and told.trainer:
         return told
-    inventory = _host_inventory(devices)
-    if inventory.kind == "cpu" and placement.mode not in IN_PROCESS_MODES:
-        return None  # a CPU host's default is worker processes, pinned to cores
-    roles = place_roles(inventory, placement, workers=0)
-    if roles.mode not in IN_PROCESS_MODES:
+    if placement.mode not in IN_PROCESS_MODES:
+        # "auto" hosts the sampler only on the supervisor's word: a child whose environment
+        # narrows its devices (a "processes" trainer sees only its own) would otherwise
+        # read its one GPU as a one-device host, "colocated", beside the worker processes.
         return None
+    inventory = _host_inventory(devices)
+    roles = place_roles(inventory, placement, workers=0)
     if inventory.kind != "cpu" and len(devices) < inventory.count:
         raise ConfigError(
             f"rlax.placement.mode: '{roles.mode}' needs the host's {inventory.count} devices in "

@@ -138,3 +138,11 @@ def test_parked_state_is_in_host_memory_while_the_trainer_waits_and_back_after()
         [[1.0, 1.0], [1.0, 1.0]],
     ]
     assert idle.moves == 1
+
+
+def test_auto_hosts_the_sampler_only_on_the_supervisors_word():
+    # A "processes" trainer's environment narrows what it sees; read alone, its one device
+    # would look like a one-device host ("colocated") beside the worker processes.
+    assert placed(Placement()) is None
+    env = {**CPU, ROLE_DEVICES_ENV: "colocated:0,1,2,3,4,5,6,7:0,1,2,3,4,5,6,7"}
+    assert placed(Placement(), env=env) == ("colocated", tuple(DEVICES), tuple(DEVICES))
