@@ -1,7 +1,13 @@
 """Deciding whether two math answers are the same.
 
-Three stages, cheapest first, after a multiple-choice letter (``B``,
-``(B)``, ``[B]``: compared as a letter, whatever the case of the other side):
+Both answers are first normalized and their spellings made one
+(:mod:`rlax.plugins.rewards.math.forms`: infinity, redundant braces, mixed
+numbers, bounded power towers, degree marks). After a multiple-choice letter
+(``B``, ``(B)``, ``[B]``: compared as a letter, whatever the case of the
+other side), matrices and vectors are compared entry by entry
+(:mod:`~rlax.plugins.rewards.math.forms`) and quantities by exact
+conversion, unknown units as text
+(:mod:`rlax.plugins.rewards.math.units`); then three stages, cheapest first:
 
 1. **Numbers** (:mod:`rlax.plugins.rewards.math.numbers`), compared exactly
    as rationals (``fractions.Fraction``): integers, decimals, thousands
@@ -48,6 +54,7 @@ from rlax.plugins.rewards.math.deadline import (
     within,
 )
 from rlax.plugins.rewards.math.extraction import unify_characters
+from rlax.plugins.rewards.math.forms import as_vector, canonical, mark_degrees, matrix
 from rlax.plugins.rewards.math.numbers import (
     Refused,
     compare_numbers,
@@ -55,6 +62,7 @@ from rlax.plugins.rewards.math.numbers import (
     parse_number,
     subscripted_number,
 )
+from rlax.plugins.rewards.math.units import compare_quantities
 
 __all__ = [
     "Verdict",
@@ -100,6 +108,7 @@ def normalize(answer: str) -> str:
         s = _TEXT.sub(r" \1 ", s)
     s = re.sub(r"\\[dt]frac", r"\\frac", s)
     s = s.replace("{,}", ",").replace("\\%", "%")
+    s = mark_degrees(s.strip())
     s = _REMOVE.sub("", s)
     s = re.sub(r"\s+", " ", s).strip().rstrip(".").strip()
     s = _CONJUNCTION.sub(", ", s)
@@ -275,8 +284,28 @@ def equivalent(pred: str, gold: str, *, timeout_s: float = 5.0, symbolic: bool =
     return verdict if done else Verdict(False, f"timeout: comparison {verdict}")
 
 
+def _matrix_stage(p: str, g: str, timeout_s: float, symbolic: bool) -> Verdict | None:
+    """Matrices and vectors entry by entry (``forms.py``); None unless one side is one."""
+    mine, theirs = matrix(p), matrix(g)
+    if mine is None and theirs is None:
+        return None
+    mine, theirs = mine or matrix(p, vectors=True), theirs or matrix(g, vectors=True)
+    if mine is None or theirs is None:
+        return Verdict(False, "matrix: the other side is none")
+    if (len(mine), len(mine[0])) != (len(theirs), len(theirs[0])):
+        one, two = as_vector(mine), as_vector(theirs)
+        if one is None or two is None or len(one) != len(two):
+            return Verdict(False, "matrix: the shapes differ")
+        mine, theirs = [one], [two]
+    for row, other in zip(mine, theirs, strict=True):
+        for x, y in zip(row, other, strict=True):
+            if not _decide(x, y, timeout_s, symbolic).equal:
+                return Verdict(False, "matrix: an entry differs")
+    return Verdict(True, "matrix")
+
+
 def _decide(pred: str, gold: str, timeout_s: float, symbolic: bool) -> Verdict:
-    p, g = normalize(pred), normalize(gold)
+    p, g = canonical(normalize(pred)), canonical(normalize(gold))
     if not p:
         return Verdict(False, "empty prediction")
     if p == g:
@@ -284,6 +313,12 @@ def _decide(pred: str, gold: str, timeout_s: float, symbolic: bool) -> Verdict:
     choice = _choice_stage(p, g)
     if choice is not None:
         return choice
+    grid = _matrix_stage(p, g, timeout_s, symbolic)
+    if grid is not None:
+        return grid
+    same = compare_quantities(p, g)
+    if same is not None:
+        return Verdict(same, "quantities")
     try:
         p_num = parse_number(p, digits_base=numeral_base(g) or 10)
         g_num = parse_number(g)

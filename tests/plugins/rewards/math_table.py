@@ -13,11 +13,24 @@ Policy (what "correct" means here, decided before the verifier was run):
   rationals: ``0.5`` is ``\\frac{1}{2}``, ``0.333`` is not ``\\frac{1}{3}``.
   Powers and scientific notation are numbers (``1e308`` is ``10^{308}``).
   A percentage equals its number and its fraction (``25\\%`` is 25 and 0.25).
-- **Units are ignored only when they are units.** A trailing word that names
-  what is measured or counted is dropped (``18 dollars``, ``5 cm^2``,
-  ``15 apples``, ``12\\text{ m}``); a word that changes the value or joins
-  another answer is not (``5 thousand``, ``3 million``, ``5 pi``, ``2 or 3``),
-  and a bare letter is a variable (``5 x``).
+- **Units are part of the answer** (issue 54, ``math/units.py``). Two
+  quantities are equal only if one converts to the other exactly (length,
+  time, mass, angle: ``5 km`` is ``5000 m``, never ``5 m``; different
+  dimensions never); unknown units are compared as text (``15 apples`` is not
+  ``15 oranges``). A bare number against a quantity is compared with the
+  quantity's number (``18 dollars`` answers 18, ``45`` answers
+  ``45^\\circ``): the question named the unit. A word that changes the value
+  or joins another answer is no unit (``5 thousand``, ``3 million``, ``5
+  pi``, ``2 or 3``), and a bare letter is a variable (``5 x``; a one-letter
+  unit needs ``\\text{}``: ``12\\text{ m}``).
+- **Degrees and radians** are one dimension: ``30^\\circ`` is ``\\frac{\\pi}{6}``.
+- **Spellings that mean one thing** (``math/forms.py``): infinity however
+  spelled (``∞``, ``infinity``, ``oo``), its sign kept; redundant group
+  braces (``{{12}}``), never escaped set braces; mixed numbers (``2 1/4``);
+  integer power towers evaluated exactly up to 4096 bits (``2^{2^{3}}`` is
+  256, read from the top), refused above; matrices and vectors as LaTeX
+  environments or nested lists, equal entry by entry (a one-column matrix is
+  the tuple of its entries).
 - **Words are text**, compared case-insensitively, whatever their length:
   ``no`` is not ``on`` and ``grown`` is not ``wrong``.
 - **Repeating decimals are exact.** ``0.\\overline{3}``, ``0.\\bar{3}``,
@@ -467,4 +480,60 @@ TABLE: list[tuple[str, str, bool]] = [
     (r"\boxed{12_8+1}", "11", False),
     (r"\boxed{12_8 \text{ apples}}", "10", False),
     ("So the number is 12_8", "12", False),
+    # --- units are part of the answer (issue 54; plugins/rewards/math/units.py)
+    (r"\boxed{5 \text{ km}}", r"5000\text{ m}", True),  # known units convert exactly
+    (r"\boxed{5 \text{ km}}", r"5\text{ m}", False),  # the same number, another unit
+    (r"\boxed{120 \text{ minutes}}", "2 hours", True),  # time: 60 s a minute, 3600 an hour
+    (r"\boxed{2 \text{ hours}}", "2 minutes", False),  # the same number, another unit
+    (r"\boxed{3000 \text{ grams}}", "3 kg", True),  # mass: exact factors
+    (r"\boxed{3 \text{ kg}}", "3 grams", False),  # the same number, another unit
+    (r"\boxed{12 \text{ inches}}", "1 foot", True),  # an inch is 2.54 cm exactly
+    (r"\boxed{5280 \text{ ft}}", "1 mile", True),  # a mile is 5280 feet exactly
+    (r"\boxed{16 \text{ ounces}}", "1 lb", True),  # a pound is 16 ounces exactly
+    (r"\boxed{2 \text{ hours}}", "2 kg", False),  # different dimensions never equal
+    (r"\boxed{60 \text{ km/h}}", "1 km/min", True),  # a unit with a denominator converts
+    (r"\boxed{60 \text{ km/h}}", "60 km/min", False),  # ... and its denominator counts
+    (r"\boxed{15 \text{ oranges}}", "15 apples", False),  # unknown units: compared as text
+    (r"\boxed{15 \text{ apple}}", "15 apples", True),  # ... a plural s dropped
+    (r"\boxed{45}", r"45^\circ", True),  # a bare number answers a quantity with its number
+    (r"\boxed{5 \text{ km}}", "5", True),  # a quantity answers a bare reference by its number
+    (r"\boxed{5000 \text{ m}}", "5", False),  # ... its number, not a conversion
+    (r"\boxed{50\%}", "0.5", True),  # a percentage is its number and its fraction
+    # --- degrees and radians (units.py): d degrees is d/180 of pi
+    (r"\boxed{30^\circ}", r"\frac{\pi}{6}", True),  # degrees against radians
+    (r"\boxed{\frac{\pi}{2}}", r"90^{\circ}", True),  # radians against degrees
+    (r"\boxed{45 \text{ degrees}}", r"\frac{\pi}{4}", True),  # degrees spelled out
+    (r"\boxed{60^\circ}", r"\frac{\pi}{6}", False),  # a different angle
+    (r"\boxed{\frac{2\pi}{3} \text{ rad}}", r"120^\circ", True),  # radians with their unit
+    # --- infinity in every common spelling (forms.py)
+    (r"\boxed{\infty}", "infinity", True),  # a word spelling
+    (r"\boxed{∞}", r"\infty", True),  # the symbol
+    (r"\boxed{Infinity}", r"\infty", True),  # case does not matter
+    (r"\boxed{oo}", r"\infty", True),  # sympy's spelling
+    (r"\boxed{-\infty}", r"\infty", False),  # the sign counts
+    (r"\boxed{(-\infty, 3)}", r"(-infinity, 3)", True),  # inside an interval
+    # --- matrices and vectors (forms.py): shape and every entry
+    (r"\boxed{[[1,2],[3,4]]}", r"\begin{pmatrix}1&2\\3&4\end{pmatrix}", True),  # nested list
+    (r"\boxed{[[1,2],[3,5]]}", r"\begin{pmatrix}1&2\\3&4\end{pmatrix}", False),  # an entry
+    (r"\boxed{[[1,3],[2,4]]}", r"\begin{pmatrix}1&2\\3&4\end{pmatrix}", False),  # transposed
+    (r"\boxed{\begin{bmatrix}1&0\\0&1\end{bmatrix}}", r"[[1,0],[0,1]]", True),  # bmatrix
+    (r"\boxed{\begin{pmatrix}1\\2\end{pmatrix}}", "(1, 2)", True),  # a column is a vector
+    (r"\boxed{[1,2,3]}", r"\begin{pmatrix}1\\2\\3\end{pmatrix}", True),  # a list is one too
+    (r"\boxed{(1, 2)}", r"\begin{pmatrix}1\\2\\3\end{pmatrix}", False),  # lengths differ
+    (r"\boxed{\begin{pmatrix}\frac{1}{2}&0\end{pmatrix}}", "[[0.5, 0]]", True),  # entries
+    # --- mixed numbers (forms.py)
+    (r"\boxed{2 1/4}", r"\frac{9}{4}", True),  # whole and fraction, plain
+    (r"\boxed{2\frac{1}{4}}", "2.25", True),  # whole and fraction, LaTeX
+    (r"\boxed{-2 1/4}", r"-\frac{9}{4}", True),  # the sign covers both parts
+    (r"\boxed{2 1/4}", r"\frac{1}{2}", False),  # never the product 2 * 1/4
+    # --- bounded power towers (forms.py): exact below 4096 bits, refused above
+    (r"\boxed{2^{2^{3}}}", "256", True),  # a tower reads from the top
+    (r"\boxed{{2^{3}}^{2}}", "64", True),  # braces group the base
+    (r"\boxed{2^{2^{3}}}", "64", False),  # not (2^2)^3
+    (r"\boxed{3^{3^{2}}}", "19683", True),  # 3^9
+    (r"\boxed{9^{9^{9}}}", "1", False),  # past the bound: refused
+    # --- redundant braces (forms.py)
+    (r"\boxed{{\{1,2\}}}", r"\{1,2\}", True),  # group braces around a set
+    (r"\boxed{\{\{1,2\}\}}", r"\{1,2\}", False),  # a set holding a set is not the set
+    (r"\boxed{{{\frac{1}{2}}}}", "0.5", True),  # braces around a number
 ]
