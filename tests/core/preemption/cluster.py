@@ -48,8 +48,7 @@ def small(steps: int, *extra: str) -> list[str]:
 
 DETERMINISTIC = (
     "--gin.MAX_STALENESS=0",
-    "--gin.rlax.train.deterministic=True",
-    "--gin.rlax.worker.deterministic=True",
+    "--gin.rlax.run.deterministic=True",
 )
 
 
