@@ -32,14 +32,24 @@ revision: root's namespaces only), interleaved, medians of
 
     python benchmarks/rewards.py [--math N] [--code N] [--hostile N] [--workers W] [--timeout S]
                                  [--no-red-team] [--math-timeout S] [--isolation-runs N]
-                                 [--isolation-baseline REV]
+                                 [--isolation-baseline REV] [--isolation-before REV]
 
 Prints the tables, then one JSON line: ``{"serial_scores_s", "pool_scores_s",
 "speedup", "timeouts_contained", "isolation_s_per_program",
 "baseline_s_per_program", "isolation_cost_ratio", "isolation_baseline",
 "red_team", "contained", "forged", "escaped", "host_touched",
 "math_adversarial", "math_adversarial_within_timeout", "slowest_math_input",
-"slowest_math_s", "slowest_math_of_timeout"}``.
+"slowest_math_s", "slowest_math_of_timeout", "before_call_s_per_program",
+"after_call_s_per_program", "issue54_call_cost_ratio", "before_stdio_s_per_program",
+"after_stdio_s_per_program", "issue54_stdio_cost_ratio", "isolation_before",
+"agreement"}``.
+
+Issue 54's cost: a call-style and a stdin/stdout program through today's
+sandbox and through ``--isolation-before``'s (default ``7cd40cf``, before the
+argument-level filter and the per-case sweep), interleaved. ``agreement``:
+the verifiers' agreement with every labelled table of the tests, by table
+(``math_table``, its ``math_units_and_forms`` rows, ``math_verify_failures``,
+``code_honest``, ``code_right``).
 
 Last, the adversarial math inputs of ``tests/plugins/rewards/math_adversarial.py``
 (power towers, huge factorials, 100 k characters of boxes...) scored in this
@@ -219,7 +229,7 @@ def _sandbox_at(rev: str, into: pathlib.Path):
     ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
-    package = f"rlax_rewards_{rev}"
+    package = f"rlax_rewards_{rev}_{into.name}".replace("-", "_")  # one per extraction
     folder = (into / "plugins" / "rewards").rename(into / package)
     for path in folder.rglob("*.py"):
         path.write_text(path.read_text().replace("rlax.plugins.rewards.", f"{package}."))
@@ -235,7 +245,19 @@ def _sandbox_at(rev: str, into: pathlib.Path):
     return sandbox.run_tests, plan.plan_tests
 
 
-def isolation_cost(n: int, baseline: str) -> dict[str, object]:
+PROGRAMS = {  # a right program per harness mode: its tests, its source
+    "call": (
+        {"asserts": ["assert f(3) == 9", "assert f(-2) == 4"]},
+        "def f(x):\n    return x * x\n",
+    ),
+    "stdio": (
+        {"stdio": [["1 2 3\n", "6\n"], ["10 -3\n", "7\n"], ["5\n", "5\n"]]},
+        "import sys\nprint(sum(map(int, sys.stdin.read().split())))\n",
+    ),
+}
+
+
+def isolation_cost(n: int, baseline: str, mode: str = "call") -> dict[str, object]:
     """Seconds per program through today's sandbox and through ``baseline``'s, interleaved.
 
     Today's adds to every run a user namespace, the system-call filter and the
@@ -245,8 +267,7 @@ def isolation_cost(n: int, baseline: str) -> dict[str, object]:
     from rlax.plugins.rewards.code.plan import plan_tests
     from rlax.plugins.rewards.code.sandboxed import run_tests
 
-    asserts = {"asserts": ["assert f(3) == 9", "assert f(-2) == 4"]}
-    program = "def f(x):\n    return x * x\n"
+    asserts, program = PROGRAMS[mode]
     with tempfile.TemporaryDirectory(prefix="rlax-baseline-") as where:
         try:
             old_run, old_plan = _sandbox_at(baseline, pathlib.Path(where))
@@ -268,9 +289,8 @@ def isolation_cost(n: int, baseline: str) -> dict[str, object]:
                 peak = result.isolation.get("memory_peak_mb")
     today, before = float(np.median(times["today"])), float(np.median(times["baseline"]))
     print(
-        f"\nisolation cost per program (median of {n}): today {today * 1e3:.0f} ms, "
-        f"{baseline} {before * 1e3:.0f} ms, ratio {today / before:.2f}x "
-        f"(today: user namespace, system-call filter, run cgroup; last peak {peak} MB)"
+        f"\nisolation cost per {mode} program (median of {n}): today {today * 1e3:.0f} ms, "
+        f"{baseline} {before * 1e3:.0f} ms, ratio {today / before:.2f}x (last peak {peak} MB)"
     )
     return {
         "isolation_s_per_program": round(today, 4),
@@ -278,6 +298,54 @@ def isolation_cost(n: int, baseline: str) -> dict[str, object]:
         "isolation_cost_ratio": round(today / before, 3),
         "isolation_baseline": baseline,
     }
+
+
+def labelled_agreement() -> dict[str, float]:
+    """The verifiers' agreement with every labelled table of the tests, table by table.
+
+    Math: ``math_table.py``'s ``TABLE`` (with, counted apart, issue 54's
+    ``UNITS_AND_FORMS``) and ``test_math_reward.py``'s math-verify failures,
+    scored in this process; code: the hostile table's honest programs (right
+    scores 1, wrong 0) and right programs (1), through the sandbox.
+    """
+    tests = CASES.parents[1]
+    sys.path.insert(0, str(tests))
+    try:
+        table = runpy.run_path(str(tests / "math_table.py"))
+        failures = runpy.run_path(str(tests / "test_math_reward.py"))["MATH_VERIFY_FAILURES"]
+    finally:
+        sys.path.remove(str(tests))
+    math_reward = MathReward(timeout_s=10.0)
+
+    def math_agree(rows) -> float:
+        hits = [
+            (math_reward.score(prompt(gold, 0), text).score == 1.0) == ok for text, gold, ok in rows
+        ]
+        return sum(hits) / len(hits)
+
+    cases = runpy.run_path(str(CASES))
+    code_reward = CodeReward(**cases["LIMITS"])
+
+    def code_score(tests_: object, text: str) -> float:
+        return code_reward.score(prompt(tests_, 0), text).score
+
+    honest = [
+        code_score(cases["TESTS"][problem], right) == 1.0
+        and code_score(cases["TESTS"][problem], wrong) == 0.0
+        for problem, (right, wrong) in cases["HONEST"].items()
+    ]
+    right = [code_score(t, p) == 1.0 for t, p in cases["RIGHT"].values()]
+    agreement = {
+        "math_table": math_agree(table["TABLE"]),
+        "math_units_and_forms": math_agree(table["UNITS_AND_FORMS"]),
+        "math_verify_failures": math_agree(failures),
+        "code_honest": sum(honest) / len(honest),
+        "code_right": sum(right) / len(right),
+    }
+    print("\nagreement with the labelled tables\n")
+    for name, value in agreement.items():
+        print(f"{name:<24}{value:>8.1%}")
+    return {name: round(value, 4) for name, value in agreement.items()}
 
 
 def adversarial_math(timeout_s: float) -> dict[str, object]:
@@ -332,6 +400,11 @@ def main() -> int:
         help="git revision whose sandbox the isolation cost is measured against "
         "(default: the last one with root's namespaces only, before issue 35)",
     )
+    parser.add_argument(
+        "--isolation-before",
+        default="7cd40cf",
+        help="git revision of the sandbox before issue 54 (argument filter, per-case sweep)",
+    )
     args = parser.parse_args()
 
     rng = random.Random(0)
@@ -373,6 +446,15 @@ def main() -> int:
     }
     if args.isolation_runs > 0:
         figures |= isolation_cost(args.isolation_runs, args.isolation_baseline)
+        for mode in PROGRAMS:  # issue 54's cost: the argument filter, the per-case sweep
+            cost = isolation_cost(args.isolation_runs, args.isolation_before, mode)
+            figures |= {
+                f"before_{mode}_s_per_program": cost.get("baseline_s_per_program"),
+                f"after_{mode}_s_per_program": cost.get("isolation_s_per_program"),
+                f"issue54_{mode}_cost_ratio": cost.get("isolation_cost_ratio"),
+            }
+        figures["isolation_before"] = args.isolation_before
+    figures |= {"agreement": labelled_agreement()}
     if not args.no_red_team:
         red_rows, counts = red_team()
         print_red_team(red_rows, counts)

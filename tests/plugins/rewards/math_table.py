@@ -61,7 +61,7 @@ Policy (what "correct" means here, decided before the verifier was run):
 
 from __future__ import annotations
 
-__all__ = ["TABLE"]
+__all__ = ["TABLE", "UNITS_AND_FORMS"]
 
 TABLE: list[tuple[str, str, bool]] = [
     # --- extraction: the last \boxed counts, nested braces, \fbox, markers
@@ -480,6 +480,11 @@ TABLE: list[tuple[str, str, bool]] = [
     (r"\boxed{12_8+1}", "11", False),
     (r"\boxed{12_8 \text{ apples}}", "10", False),
     ("So the number is 12_8", "12", False),
+]
+
+# Issue 54's classes (units, angles, infinity, matrices, mixed numbers, towers, braces),
+# one policy line a row; part of TABLE.
+UNITS_AND_FORMS: list[tuple[str, str, bool]] = [
     # --- units are part of the answer (issue 54; plugins/rewards/math/units.py)
     (r"\boxed{5 \text{ km}}", r"5000\text{ m}", True),  # known units convert exactly
     (r"\boxed{5 \text{ km}}", r"5\text{ m}", False),  # the same number, another unit
@@ -537,3 +542,4 @@ TABLE: list[tuple[str, str, bool]] = [
     (r"\boxed{\{\{1,2\}\}}", r"\{1,2\}", False),  # a set holding a set is not the set
     (r"\boxed{{{\frac{1}{2}}}}", "0.5", True),  # braces around a number
 ]
+TABLE += UNITS_AND_FORMS
