@@ -136,3 +136,19 @@ def test_braces_change_nothing_but_an_escaped_brace_is_a_set():
         for k in range(1, 5):
             assert same("{" * k + answer + "}" * k, answer), (k, answer)
     assert not same(r"\{\{1,2\}\}", r"\{1,2\}")
+
+
+def test_issue_54_s_labelled_rows_cover_every_class_with_near_misses():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        from math_table import TABLE, UNITS_AND_FORMS
+    finally:
+        sys.path.pop(0)
+    assert len(UNITS_AND_FORMS) >= 40 and set(UNITS_AND_FORMS) <= set(TABLE)
+    assert sum(not ok for _, _, ok in UNITS_AND_FORMS) >= 15
+    text = " ".join(c + g for c, g, _ in UNITS_AND_FORMS)
+    for mark in ("km", "hours", "kg", r"\circ", r"\pi", "infty", "matrix", "[[", "1/4", "^{2^"):
+        assert mark in text, mark
