@@ -99,6 +99,9 @@ class AgentSampler:
       model: the model name the endpoint serves (the one the agent's code asks for).
       chat_template: jinja source the endpoint renders chats with, in place of the
         model's own (None: the model's; :mod:`rlax.core.rollout.agents.chat_tokenizer`).
+      in_process: the agents' ``openai`` clients call the endpoint's app in this
+        process, no socket (:mod:`rlax.core.rollout.agents.in_process`); False: over
+        loopback HTTP, as an agent in another process would.
     """
 
     def __init__(
@@ -114,12 +117,14 @@ class AgentSampler:
         batch_window_s: Annotated[float, AtLeast(0)] = 0.01,
         model: str = "rlax-policy",
         chat_template: str | None = None,
+        in_process: bool = True,
     ):
         self.sampler, self.agent, self.reward = sampler, agent, reward
         self.tool_parser = tool_parser
         self.max_turns, self.max_episode_tokens = max_turns, max_episode_tokens
         self.wall_s, self.batch_window_s = wall_s, batch_window_s
         self.model, self.chat_template = model, chat_template
+        self.in_process = in_process
         self.tokenizer: Any = None
         self.endpoint: Any = None
 
@@ -210,8 +215,9 @@ class AgentSampler:
             session.replay = _turns((row.episode or {}).get("replay", [])) if row else []
         made: dict[str, Any] = {}  # a sync client's HTTP client, by key: closed when it returns
         api = client_api(self.agent)
+        local = endpoint if self.in_process else None
         jobs = [
-            Job(p, client_factory(endpoint.url, key, made, api))
+            Job(p, client_factory(endpoint.url, key, made, api, local))
             for (_, _, p), key in zip(asked, keys)
         ]
         cut = _Watch(interrupt, lambda: _close_all(endpoint, keys))

@@ -42,12 +42,14 @@ not a positive integer is refused (400).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
 import threading
 import time
 import uuid
+import weakref
 import zlib
 from typing import Any, Self
 
@@ -75,6 +77,7 @@ from rlax.core.rollout.agents.format_replies import (
     response_events,
 )
 from rlax.core.rollout.agents.formats import messages_request, responses_request
+from rlax.core.rollout.agents.in_process import INLINE, transports
 from rlax.core.rollout.agents.requests import (
     ApiError,
     EndpointLimits,
@@ -134,7 +137,11 @@ class AgentEndpoint:
         self.backend = Backend(sampler, tokenizer, tool_parser, batcher)
         self.model, self.host, self.port = model, host, port
         self.limits = limits or EndpointLimits()
-        self.limiter = anyio.CapacityLimiter(40)  # turns sampled at once; grown to the episodes
+        # Turns sampled at once, per event loop (uvicorn's; an async agents' own), grown to
+        # the episodes.
+        self._limiters: weakref.WeakKeyDictionary[Any, anyio.CapacityLimiter] = (
+            weakref.WeakKeyDictionary()
+        )
         self.app = _build_app(self)
         self.gone = 0  # replies sampled for a client that had gone: not recorded
         self._server: uvicorn.Server | None = None
@@ -166,6 +173,18 @@ class AgentEndpoint:
         with session.lock:
             session.closed = True
             return session.transcript
+
+    def limiter(self) -> anyio.CapacityLimiter:
+        """The running event loop's limit on turns in worker threads."""
+        loop = asyncio.get_running_loop()
+        if loop not in self._limiters:
+            self._limiters[loop] = anyio.CapacityLimiter(40)
+        return self._limiters[loop]
+
+    def transports(self, http: Any) -> tuple[Any, Any]:
+        """(sync, async) transports of the ``httpx``-like package ``http`` that call this
+        endpoint in-process (:mod:`.in_process`): a client built on them skips the socket."""
+        return transports(self.app, http)
 
     def policy(self) -> Policy:
         """What requests are checked against: the served name and the sampler's settings."""
@@ -267,9 +286,11 @@ async def _turn(endpoint: AgentEndpoint, session: AgentSession, run, request, ht
         return bool(anyio.from_thread.run(http.is_disconnected))
 
     try:
+        if INLINE.get():  # in-process, on the agent's own thread: no hop, no socket to lose
+            return run(endpoint.backend, session, request, seed)
         # A turn waits in the batcher for the others: every open episode gets a thread
         # (anyio's default 40 would cap a batch at 40 requests).
-        limiter = endpoint.limiter
+        limiter = endpoint.limiter()
         limiter.total_tokens = max(40, len(endpoint.sessions))
         return await anyio.to_thread.run_sync(
             run, endpoint.backend, session, request, seed, gone, limiter=limiter

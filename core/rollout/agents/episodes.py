@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rlax.core.rollout.agents.in_process import http_package
 from rlax.core.types import Prompt
 
 __all__ = [
@@ -217,7 +218,9 @@ def client_api(agent: Any) -> str:
     return "openai"
 
 
-def client_factory(url: str, key: str, made: dict[str, Any], api: str = "openai"):
+def client_factory(
+    url: str, key: str, made: dict[str, Any], api: str = "openai", endpoint: Any = None
+):
     """A :class:`Job`'s client factory for the episode of ``key`` at ``url``.
 
     Each client has its own HTTP client (one connection: a pool shared by hundreds
@@ -226,29 +229,29 @@ def client_factory(url: str, key: str, made: dict[str, Any], api: str = "openai"
     costs an episode ~30 ms). A sync client's HTTP client is kept in ``made`` by
     key, for the caller to close once its agent returns. ``api`` "anthropic": an
     ``anthropic`` client of the endpoint's Messages API (its base URL without ``/v1``).
+    ``endpoint`` (the :class:`~rlax.core.rollout.agents.endpoint.AgentEndpoint` in this
+    process): the client's requests call it in-process, no socket (:mod:`.in_process`).
     """
 
     def client(use_async: bool):
-        import openai  # the 'agents' extra
-
         if api == "anthropic":
-            import anthropic
+            import anthropic as sdk
 
-            base = url.removesuffix("/v1")
-            if use_async:  # the client's own HTTP package (anthropic 2 ships its own)
-                http = anthropic.DefaultAsyncHttpxClient(verify=_tls(), trust_env=False)
-                return anthropic.AsyncAnthropic(
-                    base_url=base, api_key=key, max_retries=0, http_client=http
-                )
-            made[key] = anthropic.DefaultHttpxClient(verify=_tls(), trust_env=False)
-            return anthropic.Anthropic(
-                base_url=base, api_key=key, max_retries=0, http_client=made[key]
-            )
-        if use_async:  # the episode closes it, and its HTTP client with it
-            http = openai.DefaultAsyncHttpxClient(verify=_tls(), trust_env=False)
-            return openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0, http_client=http)
-        made[key] = openai.DefaultHttpxClient(verify=_tls(), trust_env=False)
-        return openai.OpenAI(base_url=url, api_key=key, max_retries=0, http_client=made[key])
+            base, kinds = url.removesuffix("/v1"), (sdk.Anthropic, sdk.AsyncAnthropic)
+        else:
+            import openai as sdk  # the 'agents' extra
+
+            base, kinds = url, (sdk.OpenAI, sdk.AsyncOpenAI)
+        # Each client on its SDK's own HTTP package (httpx, or httpx2 in newer releases).
+        http_client = sdk.DefaultAsyncHttpxClient if use_async else sdk.DefaultHttpxClient
+        local = None
+        if endpoint is not None:
+            local = endpoint.transports(http_package(http_client))[1 if use_async else 0]
+        http = http_client(verify=_tls(), trust_env=False, transport=local)
+        if not use_async:
+            made[key] = http
+        # An async client: the episode closes it, and its HTTP client with it.
+        return kinds[use_async](base_url=base, api_key=key, max_retries=0, http_client=http)
 
     return client
 
