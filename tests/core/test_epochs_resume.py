@@ -30,7 +30,7 @@ ARGS = [
     "--gin.rlax.train.progress=False",
     NO_CURVES,
     "--gin.rlax.checkpointing.every=1",
-    "--gin.rlax.train.deterministic=True",
+    "--gin.rlax.run.deterministic=True",
     "--gin.MAX_STALENESS=0",
     "--gin.rlax.train.trainer_settings=@rlax.trainer_settings()",
     "--gin.rlax.trainer_settings.epochs=2",

@@ -99,8 +99,8 @@ def test_rlax_eval_runs_the_fixture_through_the_gin_config(model_dir, monkeypatc
             str(CONFIG),
             "--checkpoint",
             str(model_dir),
-            "--gin.rlax.evaluate.eval_samples=2",
-            "--gin.rlax.evaluate.eval_ks=(1, 2)",
+            "--gin.EVAL_SAMPLES=2",
+            "--gin.EVAL_KS=(1, 2)",
             "--gin.samplers.jax.max_new_tokens=8",
             "--gin.rlax.evaluate.progress=False",
         ]
