@@ -12,11 +12,33 @@ from collections.abc import Sequence
 import numpy as np
 
 from rlax.core.models.routing_replay import batch_routes
-from rlax.core.types import Group, TrainBatch
+from rlax.core.types import Completion, Group, TrainBatch
 
 
 def _bucket(n: int, multiple: int) -> int:
     return max(multiple, -(-n // multiple) * multiple)
+
+
+def _sampled_distribution(
+    completions: Sequence[Completion], shape: tuple[int, int], p: int
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """What the sampler says of the distribution it drew from, [B, L] each: the kept sets'
+    floors (-inf: none cut) when some completion was drawn truncated, and the drawn
+    distribution's logprobs when some recorded ones are not its (elsewhere the recorded);
+    None when no completion has them (:class:`~rlax.core.types.TrainBatch`)."""
+    floor = sampled = None
+    if any(c.kept_floor is not None for c in completions):
+        floor = np.full(shape, -np.inf, np.float32)
+    if any(c.sampled_logprobs is not None for c in completions):
+        sampled = np.zeros(shape, np.float32)
+    for r, c in enumerate(completions):
+        where = slice(p - 1, p - 1 + len(c.tokens))
+        if floor is not None and c.kept_floor is not None:
+            floor[r, where] = c.kept_floor
+        if sampled is not None:
+            drawn = c.logprobs if c.sampled_logprobs is None else c.sampled_logprobs
+            sampled[r, where] = drawn * c.model_mask
+    return floor, sampled
 
 
 def make_batch(
@@ -65,12 +87,6 @@ def make_batch(
     old_logprobs = np.zeros((n, t - 1), np.float32)
     adv = np.zeros((n, t - 1), np.float32)
     group_ids = np.full((n,), -1, np.int32)
-    # The sampler's kept sets travel only when some completion was drawn truncated.
-    truncated = any(c.kept_floor is not None for _, _, c in completions)
-    floor = np.full((n, t - 1), -np.inf, np.float32) if truncated else None
-    # ... and the drawn distribution's logprobs where the recorded ones are not its.
-    other = any(c.sampled_logprobs is not None for _, _, c in completions)
-    sampled = np.zeros((n, t - 1), np.float32) if other else None
     flat_adv = np.asarray(advantages, np.float32).reshape(-1)
     for r, (gi, prompt, comp) in enumerate(completions):
         lp, lc = len(prompt.tokens), len(comp.tokens)
@@ -84,11 +100,7 @@ def make_batch(
         old_logprobs[r, p - 1 : p - 1 + lc] = comp.logprobs * model
         adv[r, p - 1 : p - 1 + lc] = flat_adv[r] * model
         group_ids[r] = gi
-        if floor is not None and comp.kept_floor is not None:
-            floor[r, p - 1 : p - 1 + lc] = comp.kept_floor
-        if sampled is not None:
-            drawn = comp.logprobs if comp.sampled_logprobs is None else comp.sampled_logprobs
-            sampled[r, p - 1 : p - 1 + lc] = drawn * model
+    floor, sampled = _sampled_distribution([c for _, _, c in completions], (n, t - 1), p)
     routes = batch_routes([(len(pr.tokens), c.routes) for _, pr, c in completions], (n, t), p)
     return TrainBatch(
         tokens,
