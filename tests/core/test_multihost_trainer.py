@@ -54,8 +54,7 @@ ARGS = [
     f"--gin.GROUP_SIZE={GROUP}",
     "--gin.CURATION=[]",
     "--gin.MAX_STALENESS=0",
-    "--gin.rlax.train.deterministic=True",
-    "--gin.rlax.worker.deterministic=True",
+    "--gin.rlax.run.deterministic=True",
     f"--gin.rlax.worker.prompts_per_lease={PROMPTS}",
     "--gin.rlax.worker.reward_workers=0",
     # SGD: the update is linear in the gradient, so the sharded step's rounding stays at
