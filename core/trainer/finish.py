@@ -45,9 +45,7 @@ class HeldOut:
         progress: bool,
     ):
         held_out = held_out or HeldOutSettings()
-        split = task_prompts(
-            task, "eval", tokenizer=tokenizer, seed=seed, setting="rlax.run.task"
-        )
+        split = task_prompts(task, "eval", tokenizer=tokenizer, seed=seed, setting="rlax.run.task")
         prompts = list(split)
         self.sampler = sampler
         self.what = f"{len(prompts)} problems x {held_out.samples} samples"
