@@ -10,12 +10,33 @@ directory (:func:`multiturn.run_quickstart`): parameter server, trainer, two
 workers. Success is held-out pass@1 over every secret, from the run's own
 "before" and "after" evaluation rows.
 
-    python benchmarks/agents.py [--seeds 0,1,2] [--steps N] [--gin.NAME=VALUE ...]
+Then the same game through the other two APIs harnesses speak, for each of
+``--harness-seeds``: ``agents.guess_responses`` (the Responses API) and
+``agents.guess_messages`` (the Messages API, an ``anthropic`` client).
 
-Prints a table, then one JSON line::
+Then the model-sized workload (``--model-steps``, 0: skipped): SmolLM2 as the
+policy, the environment twin ``smollm2_tools`` (tool calls, turns of tens of
+tokens) and the agent ``agents_calculator`` (the calculator agent, plain
+``openai`` code with a tool), same steps: ``endpoint_vs_env_model`` is the
+agent's wall over the environment's.
+
+``server_cpu_ms_per_request``: the endpoint's own CPU per request, measured
+in this process before the runs: guess conversations of 5 turns on the
+quickstart's tokenizer and chat template, a sampler that costs nothing, each
+request through the in-process transport (:mod:`rlax.core.rollout.agents.in_process`)
+with its thread's CPU time around the call (the app, the turn, the recording;
+not the ``openai`` client's own work).
+
+    python benchmarks/agents.py [--seeds 0,1,2] [--harness-seeds 0,1] [--steps N]
+        [--model-steps N] [--tiny] [--gin.NAME=VALUE ...]
+
+``--tiny``: one seed of everything, 2 steps (the SmolLM2 pair 1 step): proves
+the pieces run, measures nothing. Prints a table, then one JSON line::
 
     {"success_gain_min": <worst agent gain, points>, "max_wall_s": <worst agent wall>,
-     "endpoint_vs_env": <sum of agent walls / sum of env walls>, ...}
+     "endpoint_vs_env": <sum of agent walls / sum of env walls>,
+     "harness_gain_min": {"responses": ..., "messages": ...},
+     "endpoint_vs_env_model": ..., "server_cpu_ms_per_request": ..., ...}
 """
 
 from __future__ import annotations
@@ -28,8 +49,10 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import multiturn  # sibling script
 
-GAIN_POINTS, WALL_LIMIT_S, RATIO_LIMIT = 20, 600, 1.25
+GAIN_POINTS, WALL_LIMIT_S, RATIO_LIMIT, MODEL_RATIO_LIMIT, CPU_LIMIT_MS = 20, 600, 1.25, 1.15, 0.5
 ENV, AGENT = "multiturn_quickstart", "agents_quickstart"
+HARNESSES = {"responses": "@agents.guess_responses", "messages": "@agents.guess_messages"}
+MODEL_ENV, MODEL_AGENT = "smollm2_tools", "agents_calculator"
 
 
 def one(gin: str, seed: int, steps: int | None, extra: list[str]) -> dict:
@@ -44,6 +67,86 @@ def one(gin: str, seed: int, steps: int | None, extra: list[str]) -> dict:
         "gain": round(100 * (after - before), 1),
         "wall_s": round(wall, 1),
         "steps": len(rows),
+    }
+
+
+def server_cpu_ms_per_request(episodes: int = 200) -> float:
+    """The endpoint's CPU per request (see the module docstring), in milliseconds."""
+    import time
+
+    import numpy as np
+
+    from rlax.core.models.tokenizer import CharTokenizer
+    from rlax.core.rollout.agents.chat_tokenizer import with_chat_template
+    from rlax.core.rollout.agents.endpoint import AgentEndpoint
+    from rlax.core.rollout.agents.in_process import http_package, transports
+    from rlax.core.types import Completion
+    from rlax.plugins.environments.guess import ALPHABET
+
+    template = (
+        "{{ bos_token }}{% for m in messages %}{{ m['content'] }}"
+        "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}"
+    )
+    tok = with_chat_template(CharTokenizer(ALPHABET), template)
+    reply = np.r_[tok.encode("16"), tok.eos_id].astype(np.int32)
+
+    class Free:  # a sampler that costs nothing: the reply "16"
+        temperature, max_new_tokens = 1.0, 3
+
+        def generate(self, prompts, n, *, seed):
+            c = Completion(reply, np.zeros(len(reply), np.float32), "16", "stop", 0)
+            return [(c,) * n for _ in prompts]
+
+    import openai
+
+    http = http_package(openai.DefaultHttpxClient)
+    endpoint = AgentEndpoint(sampler=Free(), tokenizer=tok, model="rlax-policy")
+    inline, _ = transports(endpoint.app, http)
+    messages: list[dict] = [{"role": "user", "content": "?"}]
+    bodies = []
+    for _ in range(5):
+        bodies.append(json.dumps({"model": "rlax-policy", "messages": list(messages)}).encode())
+        messages += [{"role": "assistant", "content": "16"}, {"role": "user", "content": "<"}]
+    cpu, count = 0.0, 0
+    for e in range(episodes + 20):  # the first 20: warm-up, not counted
+        key = endpoint.open_episode(f"cpu/{e}")
+        head = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+        url = "http://in-process/v1/chat/completions"
+        requests = [http.Request("POST", url, headers=head, content=b) for b in bodies]
+        start = time.thread_time()
+        for r in requests:
+            if inline.handle_request(r).status_code != 200:
+                raise RuntimeError("server_cpu_ms_per_request: a request was refused")
+        if e >= 20:
+            cpu, count = cpu + time.thread_time() - start, count + len(requests)
+        endpoint.close_episode(key)
+    return round(1000 * cpu / count, 3)
+
+
+def harness_runs(seeds: list[int], steps: int | None, extra: list[str]) -> dict:
+    """Each new harness's agent quickstart, per seed: {harness: [run, ...]}."""
+    out: dict[str, list[dict]] = {}
+    for name, agent in HARNESSES.items():
+        for seed in seeds:
+            run = one(AGENT, seed, steps, [f"--gin.samplers.agents.agent={agent}", *extra])
+            out.setdefault(name, []).append({"seed": seed, **run})
+            print(f"harness {name} seed {seed}: {run}", flush=True)
+    return out
+
+
+def model_runs(steps: int, extra: list[str]) -> dict:
+    """The SmolLM2 pair, same steps: walls and their ratio."""
+    settings = [f"--gin.rlax.train.steps={steps}", *extra]
+    _, env_rows, env_wall = multiturn.run_quickstart(MODEL_ENV, settings)
+    _, agent_rows, agent_wall = multiturn.run_quickstart(MODEL_AGENT, settings)
+    print(f"model-sized: env {env_wall:.1f} s, agent {agent_wall:.1f} s", flush=True)
+    return {
+        "steps": steps,
+        "env_wall_s": round(env_wall, 1),
+        "agent_wall_s": round(agent_wall, 1),
+        "endpoint_vs_env_model": round(agent_wall / env_wall, 3),
+        "env_steps": len(env_rows),
+        "agent_steps": len(agent_rows),
     }
 
 
@@ -79,29 +182,64 @@ def table(r: dict) -> None:
     print(
         f"worst gain {r['success_gain_min']:+.1f} points (target >= +{GAIN_POINTS}); "
         f"worst wall {r['max_wall_s']} s (limit {WALL_LIMIT_S}); endpoint / env "
-        f"{r['endpoint_vs_env']} (limit {RATIO_LIMIT})"
+        f"{r['endpoint_vs_env']} (information)"
+    )
+    for name, gain in r.get("harness_gain_min", {}).items():
+        print(f"harness {name}: worst gain {gain:+.1f} points (target >= +{GAIN_POINTS})")
+    if "model" in r:
+        m = r["model"]
+        print(
+            f"model-sized ({MODEL_AGENT} vs {MODEL_ENV}, {m['steps']} steps): "
+            f"endpoint_vs_env_model {m['endpoint_vs_env_model']} (limit {MODEL_RATIO_LIMIT})"
+        )
+    print(
+        f"server CPU per request {r['server_cpu_ms_per_request']} ms (limit {CPU_LIMIT_MS}; "
+        "taken on this machine as it is: quote it only from a quiet one)"
     )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    parser.add_argument("--harness-seeds", default="0,1", help="seeds of each new harness")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (config's: 100)")
+    parser.add_argument(
+        "--model-steps", type=int, default=0, help="steps of the SmolLM2 pair (0: skipped)"
+    )
+    parser.add_argument("--tiny", action="store_true", help="one seed, 2 steps: runs, not results")
     args, extra = parser.parse_known_args()
     bad = [a for a in extra if not a.startswith("--gin.")]
     if bad:
         parser.error(f"unrecognized arguments: {' '.join(bad)} (only --gin.NAME=VALUE passes on)")
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        harness_seeds = [int(s) for s in args.harness_seeds.split(",") if s.strip()]
     except ValueError:
-        parser.error(f"--seeds: comma-separated integers, got {args.seeds!r}")
+        parser.error("--seeds / --harness-seeds: comma-separated integers")
     if not seeds:
         parser.error("--seeds: at least one seed")
+    steps, model_steps = args.steps, args.model_steps
+    if args.tiny:
+        seeds, harness_seeds, steps, model_steps = (
+            seeds[:1],
+            harness_seeds[:1],
+            2,
+            model_steps and 1,
+        )
+    cpu = server_cpu_ms_per_request(50 if args.tiny else 200)
     try:
-        r = measure(seeds, args.steps, extra)
+        r = measure(seeds, steps, extra)
+        harness = harness_runs(harness_seeds, steps, extra)
+        r["harness_runs"] = harness
+        r["harness_gain_min"] = {k: min(x["gain"] for x in v) for k, v in harness.items()}
+        if model_steps:
+            r["model"] = model_runs(model_steps, extra)
+            r["endpoint_vs_env_model"] = r["model"]["endpoint_vs_env_model"]
     except RuntimeError as err:
         print(err, file=sys.stderr)
         return 1
+    r["server_cpu_ms_per_request"] = cpu
+    r["tiny"] = args.tiny
     table(r)
     print(json.dumps(r))
     return 0

@@ -32,7 +32,8 @@ class ScriptSampler:
         with self.lock:
             delay = self.delays.pop(0) if self.delays else 0.0
             text = self.script.pop(0) if self.script else self.default
-        time.sleep(delay)
+        if delay:
+            time.sleep(delay)
         ids = np.append(TOK.encode(text), TOK.eos_id).astype(np.int32)
         lp = np.full(len(ids), -0.25, np.float32)
         out = []

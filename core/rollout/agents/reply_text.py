@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import weakref
 from typing import Any
 
 import numpy as np
@@ -88,7 +89,24 @@ def _byte_of_symbol() -> dict[str, int]:
     return {chr(s): b for b, s in zip(printable, symbols)}
 
 
+_KINDS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
 def _decoder_kind(tokenizer: Any) -> str:
+    """How the tokenizer's ids become bytes (cached: reading it serialises the tokenizer)."""
+    try:
+        return _KINDS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    kind = _read_decoder_kind(tokenizer)
+    try:
+        _KINDS[tokenizer] = kind
+    except TypeError:
+        pass  # not weakly referable: read each time
+    return kind
+
+
+def _read_decoder_kind(tokenizer: Any) -> str:
     raw = getattr(tokenizer, "tokenizer", None)
     try:
         decoder = json.loads(raw.to_str()).get("decoder") or {}

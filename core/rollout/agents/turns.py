@@ -69,7 +69,7 @@ class Turn:
       tool_calls: the API's ``tool_calls`` (empty: none).
       finish_reason: "stop", "length" or "tool_calls".
       ids / logprobs: the sampled ids and the sampler's logprobs, as recorded.
-      tokens: each id's (text, bytes), for the API's logprobs.
+      tokens: each id's (text, bytes), for the API's logprobs (empty: not asked for).
       prompt_tokens: the request's prompt length in ids.
       stop: the stop string that ended the reply (None: none did).
     """
@@ -248,7 +248,7 @@ def chat_turn(
         finish_reason=finish,
         ids=c.tokens,
         logprobs=c.logprobs,
-        tokens=token_pieces(backend.tokenizer, c.tokens),
+        tokens=token_pieces(backend.tokenizer, c.tokens) if request.logprobs else [],
         prompt_tokens=len(ids),
         stop=stop,
     )
@@ -289,7 +289,7 @@ def text_turn(
         finish_reason=c.finish_reason,
         ids=c.tokens,
         logprobs=c.logprobs,
-        tokens=token_pieces(tok, c.tokens),
+        tokens=token_pieces(tok, c.tokens) if request.logprobs else [],
         prompt_tokens=len(ids),
         stop=stop,
     )
