@@ -46,7 +46,7 @@ Mode = Literal["processes", "one_process", "colocated"]
 MODES: tuple[str, ...] = ("auto", "processes", "one_process", "colocated")
 
 #: A role's devices: a count (that many, in order), explicit positions, or None (the rule's).
-Devices = int | tuple[int, ...] | None
+Devices = Annotated[int, AtLeast(1)] | tuple[Annotated[int, AtLeast(0)], ...] | None
 
 
 @dataclasses.dataclass(frozen=True)
