@@ -69,7 +69,9 @@ def check_placement(spec: RunSpec, role: str) -> None:
 def check_checkpoints(spec: RunSpec, role: str) -> None:
     """The starting policy (and a teacher) exist, where they are local paths (``rlax eval``'s
     is its ``--checkpoint``, which it names itself)."""
-    named = [] if role == "eval" else [("rlax.run.init_checkpoint", spec.init_checkpoint)]
+    named: list[tuple[str, str | os.PathLike[str] | None]] = []
+    if role != "eval":
+        named.append(("rlax.run.init_checkpoint", spec.init_checkpoint))
     if role in ("all", "trainer", "inline"):
         named.append(("rlax.train.teacher", spec.train.teacher))
     for setting, path in named:

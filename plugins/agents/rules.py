@@ -43,10 +43,13 @@ def models_asked_for(agent: Any) -> list[tuple[str, int]]:
     tree = ast.parse(textwrap.dedent("".join(lines)))
     found = []
     for node in ast.walk(tree):
-        for keyword in getattr(node, "keywords", ()) if isinstance(node, ast.Call) else ():
+        if not isinstance(node, ast.Call):
+            continue
+        for keyword in node.keywords:
             value = keyword.value
-            named = keyword.arg == "model" and isinstance(value, ast.Constant)
-            if named and isinstance(value.value, str):
+            if keyword.arg != "model" or not isinstance(value, ast.Constant):
+                continue
+            if isinstance(value.value, str):
                 found.append((value.value, first + node.lineno - 1))
     return found
 
