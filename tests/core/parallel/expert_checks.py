@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec as P
 from rlax.core.models.config import MoeConfig, TransformerConfig
 from rlax.core.models.transformer import Transformer, causal_mask, positions_from_mask
 from rlax.core.parallel.mesh import MeshConfig, batch_spec, make_mesh, param_name, tree_shardings
-from rlax.core.trainer.step import Trainer
+from rlax.core.trainer.step import Trainer, TrainerSettings
 from rlax.plugins.algorithms.grpo import grpo
 
 MOE = MoeConfig(
@@ -168,3 +168,37 @@ def test_each_device_holds_its_share_of_whole_experts(mesh):
     assert params["blocks/0/mlp/experts/down"].sharding.spec[0] == "expert"
     tokens = trainer.device_batch(random_batch())["tokens"]
     assert tokens.sharding.spec == P(("data", "fsdp", "expert"), None)
+
+
+@functools.cache
+def replayed(mesh_name: str | None, steps: int = 2):
+    """Train steps with routing replay: each batch brings routes [B, T, 1, 2] split by rows."""
+    trainer = Trainer(
+        Transformer(config("sorted"), rngs=nnx.Rngs(0)),
+        grpo(),
+        optax.sgd(0.5, momentum=0.9),
+        mesh=None if mesh_name is None else make_mesh(MESHES[mesh_name]),
+        settings=TrainerSettings(routing_replay="rollout"),
+    )
+    metrics = []
+    for seed in range(steps):
+        batch = random_batch(seed=seed)
+        rng = np.random.default_rng(seed)
+        # Two distinct experts per token, drawn at random: not what the router would pick.
+        routes = np.argsort(rng.random((16, 12, 1, 8)), -1)[..., :2].astype(np.int16)
+        metrics.append(trainer.step({**batch, "routes": routes}))
+    return jax.tree.map(np.asarray, trainer.state.params), metrics
+
+
+@pytest.mark.parametrize("mesh", sorted(MESHES))
+def test_replayed_sharded_train_steps_equal_one_device(mesh):
+    state, metrics = replayed(mesh)
+    state0, metrics0 = replayed(None)
+    for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(state0), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    for m, m0 in zip(metrics, metrics0, strict=True):
+        assert m["loss"] == pytest.approx(m0["loss"], abs=1e-5)
+        assert m["mismatch_abs_logp"] == pytest.approx(m0["mismatch_abs_logp"], abs=1e-5)
+    # Replay changed the forward: the first step's logprobs are not the own-routing ones.
+    own = trained(mesh, "sorted")[1][0]["mismatch_abs_logp"]
+    assert abs(metrics[0]["mismatch_abs_logp"] - own) > 1e-4
