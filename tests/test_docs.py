@@ -222,6 +222,33 @@ def test_choosing_the_reward_for_one_role_alone_is_refused(doc_plugins):
     )
 
 
+# Where a reader or a run meets a setting's name (the README names one old binding on
+# purpose, as the example of what is refused; the tests bind old names to see them refused).
+NAMED_IN = ("docs", "configs", "examples", "benchmarks", "scripts")
+TEXT_SUFFIXES = {".md", ".gin", ".py", ".yaml", ".toml", ".sh"}
+
+
+def test_no_doc_config_example_or_script_names_a_setting_by_its_old_name():
+    """A setting that moved (to the run specification, or elsewhere: ``config.MOVED``) is
+    written under its new name wherever it is shown or bound; an old name would be refused."""
+    old_names = re.compile(r"\b(?:" + "|".join(map(re.escape, config.MOVED)) + r")\b")
+    paths = [
+        path
+        for folder in NAMED_IN
+        for path in sorted((ROOT / folder).rglob("*"))
+        if path.suffix in TEXT_SUFFIXES and "__pycache__" not in path.parts
+    ]
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {match[0]}"
+        for path in paths
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if (match := old_names.search(line))
+    ]
+    assert found == []
+    assert len(paths) > 100  # the walk found the tree
+    assert old_names.search("rlax.train.task = %TASK") and not old_names.search("rlax.run.task")
+
+
 def test_a_misspelt_parameter_in_a_gin_block_would_fail(doc_plugins):
     with pytest.raises(ConfigError, match="max_chars_x"):
         parse("rewards.brevity.max_chars_x = 40\n", doc_plugins)
