@@ -411,6 +411,9 @@ class Trainer:
 
     def layout(self, arrays: dict[str, Any]) -> dict[str, Any]:
         """``arrays`` packed or padded as the step will run them (:func:`passes.arrange`)."""
+        if self.settings.routing_replay == "off" and "routes" in arrays:
+            # Recorded routes unused: not carried (they would also rule out prefix sharing).
+            arrays = {k: v for k, v in arrays.items() if k != "routes"}
         return passes.arrange(
             arrays, self.settings, self.mesh, self._embed_dim, self.passes.token_ids
         )

@@ -193,3 +193,22 @@ def test_remat_and_microbatches_train_a_moe_model_as_one_plain_pass():
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, atol=1e-6, rtol=0)
     assert want_losses[0] != want_losses[1]
+
+
+def test_routes_are_dropped_when_replay_is_off():
+    tokens, mask = rows()
+    loss_mask = (mask[:, 1:] & mask[:, :-1]).astype(np.float32)
+    arrays = {
+        "tokens": tokens,
+        "attention_mask": mask,
+        "loss_mask": loss_mask,
+        "old_logprobs": np.zeros_like(loss_mask),
+        "advantages": np.zeros_like(loss_mask),
+        "routes": np.zeros((*tokens.shape, R, K), np.int16),
+    }
+    for mode, carried in (("off", False), ("rollout", True)):
+        settings = TrainerSettings(routing_replay=mode, packing="packed", row_tokens=12)
+        trainer = Trainer(flipped(), grpo(), optax.sgd(0.0), settings=settings)
+        laid_out = trainer.layout(dict(arrays))
+        assert (packing.PACKED_ROUTES in laid_out) == carried, mode
+        assert "routes" not in laid_out
