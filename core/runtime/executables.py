@@ -170,8 +170,14 @@ class Store:
 
         start = time.perf_counter()
         try:
-            payload, in_tree, out_tree = pickle.loads(path.read_bytes())
-            compiled = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+            payload, in_tree, out_tree, *ids = pickle.loads(path.read_bytes())
+            # A program of a sub-mesh (one-process placement) runs on its own devices, not
+            # on all of them: deserialised for every device, XLA aborts the process.
+            by_id = {d.id: d for d in jax.devices()}
+            on = [by_id[i] for i in ids[0]] if ids else None
+            compiled = serialize_executable.deserialize_and_load(
+                payload, in_tree, out_tree, execution_devices=on
+            )
         except Exception as e:  # noqa: BLE001 -- any unreadable entry: dropped, compiled again
             log.warning("compiled program %s could not be read back (%s); compiling it", path, e)
             path.unlink(missing_ok=True)
@@ -186,7 +192,7 @@ class Store:
 
         try:
             payload, in_tree, out_tree = serialize_executable.serialize(compiled)
-            data = pickle.dumps((payload, in_tree, out_tree))
+            data = pickle.dumps((payload, in_tree, out_tree, *_sub_mesh(compiled)))
         except Exception as e:  # noqa: BLE001 -- a backend that cannot serialize: it still runs
             log.warning("compiled program %s not stored: %s", path.name, e)
             return
@@ -285,6 +291,17 @@ def stored(name: str, jitted: Any, closure: str) -> Any:
 
 
 # -- the key's parts ----------------------------------------------------------------------
+
+
+def _sub_mesh(compiled: Any) -> list[list[int]]:
+    """``[ids]`` of the devices a one-process program runs on when they are not all of
+    them (a sub-mesh of one-process placement); else ``[]`` (deserialised for all)."""
+    import jax
+
+    devices = compiled.runtime_executable().local_devices()
+    if jax.process_count() > 1 or len(devices) == len(jax.local_devices()):
+        return []
+    return [[d.id for d in devices]]
 
 
 def _flatten(args: tuple) -> tuple[list, Any]:

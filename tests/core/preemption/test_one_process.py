@@ -1,13 +1,13 @@
-"""One process, two meshes, whole runs (8 fake CPU devices): the quickstart with
-``rlax.placement.mode = 'one_process'`` (the rule's split: trainer 0-3, sampler 4-7) as
-``rlax run`` runs it in that placement -- the parameter server and one trainer process,
-no worker processes. The trainer is SIGKILLed (or SIGTERMed) while its in-process worker
-holds leases and started again on the run directory: the run ends, with the accounting of
-``--role all`` (test_chaos_recovery): every prompt drawn from the task in exactly one
-place, none consumed twice, each step trained once, the dead worker's leases served
-again; and every version the in-process worker used after the restart was handed over
-device to device. Colocated on 4 devices (the trainer and the sampler taking turns on
-all of them), a run ends with every version handed over."""
+"""One process, two meshes, whole runs through ``rlax run`` (8 fake CPU devices): the
+quickstart with ``rlax.placement.mode = 'one_process'`` (the rule's split: trainer 0-3,
+sampler 4-7): the supervisor starts the parameter server and one trainer process that
+hosts the sampler, no worker processes. The trainer is SIGKILLed (or SIGTERMed) while
+its in-process worker holds leases; the supervisor starts it again and the run ends with
+the accounting of ``--role all`` (test_chaos_recovery): every prompt drawn from the task
+in exactly one place, none consumed twice, each step trained once, the stopped worker's
+leased prompts served again; every version the restarted worker used came device to
+device but perhaps its first. Colocated on 4 devices (the trainer and the sampler taking
+turns on all of them), a run ends with every version handed over."""
 
 from __future__ import annotations
 
@@ -16,31 +16,32 @@ import os
 import re
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 
 import pytest
 from cli_runs import fake_devices
-from cluster import ROOT, metrics, small, wait_until
+from cluster import children, finish, metrics, small, start, wait_until
 from test_chaos_recovery import drawn, places
 
 pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # kills a process on a clock
 
 N = 8  # steps
 PER_STEP = 16
-ONE_PROCESS = "--gin.rlax.placement.mode='one_process'"
+HOSTS = r"(\w+): the trainer on devices \[([\d, ]+)\], 1 in-process worker\(s\) sampling on \[([\d, ]+)\]"
+HANDED = r"in-process workers: (\d+) versions handed over device to device, (\d+) pulled"
 
 
-def role(
-    run_dir, role_name: str, env: dict, name: str, mode: str = ONE_PROCESS, steps: int = N
-) -> subprocess.Popen:
-    """``rlax run --role ROLE`` on the run directory, its output in files beside it."""
-    cmd = [sys.executable, "-m", "rlax.core.cli", "run", *small(steps, mode)]
-    cmd += ["--run-dir", str(run_dir), "--role", role_name]
-    out = open(run_dir.parent / f"{name}.out", "w")  # noqa: SIM115 -- the child's
-    err = open(run_dir.parent / f"{name}.err", "w")  # noqa: SIM115
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, text=True)
+def mode(name: str) -> str:
+    return f"--gin.rlax.placement.mode='{name}'"
+
+
+def started(run_dir, steps: int, placement: str, devices: int):
+    """``rlax run`` (every role) of the small quickstart in ``placement`` on ``devices``
+    fake devices."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XLA_FLAGS", fake_devices(devices))
+        mp.setenv("JAX_PLATFORMS", "cpu")
+        return start(run_dir, small(steps, mode(placement)))
 
 
 def in_process_leases(db) -> list[tuple[str, str]]:
@@ -55,66 +56,46 @@ def in_process_leases(db) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module", params=["SIGKILL", "SIGTERM"])
-def killed_and_resumed(request, tmp_path_factory):
-    """The run, its trainer stopped by the signal mid-run and started again."""
+def stopped_and_resumed(request, tmp_path_factory):
+    """The run, its trainer process stopped by the signal mid-run and restarted."""
     sig = signal.Signals[request.param]
     run_dir = tmp_path_factory.mktemp(f"one_process_{sig.name}") / "run"
-    run_dir.mkdir()
     db = run_dir / "param_server" / "queue.sqlite"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLAX_PS_")}
-    address = f"127.0.0.1:{_free_port()}"
-    env.update(RLAX_PS_ADDRESS=address, RLAX_PS_TOKEN="one-process", JAX_PLATFORMS="cpu")
-    server = role(run_dir, "param_server", env, "ps")
-    trainer_env = dict(env, XLA_FLAGS=fake_devices(8))
-    events: dict = {}
-    try:
-        first = role(run_dir, "trainer", trainer_env, "trainer1")
-        wait_until(lambda: len(metrics(run_dir)) >= 3, what="step 3", proc=first, timeout=400)
-        wait_until(lambda: in_process_leases(db), what="in-process leases", proc=first)
-        if sig == signal.SIGKILL:
-            os.kill(first.pid, signal.SIGSTOP)  # what it holds cannot change before the kill
-            time.sleep(0.5)
-        events["signal"], events["held"] = sig, in_process_leases(db)
-        os.kill(first.pid, sig)
-        events["first_code"] = first.wait(120)
-        events["rows"] = len(metrics(run_dir))  # the steps it logged before it stopped
-        second = role(run_dir, "trainer", trainer_env, "trainer2")
-        second.wait(500)
-        events["code"] = second.returncode
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
-    events["out"] = (run_dir.parent / "trainer2.out").read_text()
-    events["err"] = (run_dir.parent / "trainer2.err").read_text()
-    events["out1"] = (run_dir.parent / "trainer1.out").read_text()
-    return run_dir, db, events
+    proc = started(run_dir, N, "one_process", 8)
+    wait_until(lambda: len(metrics(run_dir)) >= 3, what="step 3", proc=proc, timeout=400)
+    wait_until(lambda: in_process_leases(db), what="in-process leases", proc=proc)
+    pid = children(proc.pid)["trainer"]
+    if sig == signal.SIGKILL:
+        os.kill(pid, signal.SIGSTOP)  # what it holds cannot change before the kill
+        time.sleep(0.5)
+    held = in_process_leases(db)
+    os.kill(pid, sig)
+    code, out, err = finish(proc, timeout=900)
+    return (
+        run_dir,
+        db,
+        {"signal": sig, "pid": pid, "held": held, "code": code, "out": out, "err": err},
+    )
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_the_trainer_hosts_the_sampler_on_its_own_devices(killed_and_resumed):
-    _run_dir, _db, events = killed_and_resumed
-    for out in (events["out1"], events["out"]):
-        assert "one_process: the trainer on devices [0, 1, 2, 3], 1 in-process worker(s) " in out
-        assert "sampling on [4, 5, 6, 7]" in out
+def test_the_trainer_hosts_the_sampler_on_its_own_devices(stopped_and_resumed):
+    *_, events = stopped_and_resumed
+    hosts = re.findall(HOSTS, events["out"])
+    assert hosts == [("one_process", "0, 1, 2, 3", "4, 5, 6, 7")] * 2  # before and after
+    assert "worker-0" not in events["err"]  # no worker process was started
 
 
-def test_the_killed_run_resumes_and_ends(killed_and_resumed):
-    run_dir, _db, events = killed_and_resumed
+def test_the_stopped_trainer_is_restarted_and_the_run_ends(stopped_and_resumed):
+    run_dir, _db, events = stopped_and_resumed
     assert events["code"] == 0, events["err"][-4000:]
-    (resumed,) = re.findall(r"resumed from \S+: step (\d+)", events["out"])
-    assert 0 <= events["rows"] - int(resumed) <= 2  # checkpointing.every = 2 in `small`
+    how = "killed by SIGKILL" if events["signal"] == signal.SIGKILL else "preempted (status 75)"
+    assert f"trainer (pid {events['pid']}) died with {how}; restarting it" in events["err"]
+    assert len(re.findall(r"resumed from \S+: step (\d+)", events["out"])) == 1
     assert [r["step"] for r in metrics(run_dir)] == list(range(1, N + 1))
 
 
-def test_every_prompt_is_accounted_for_exactly_once(killed_and_resumed):
-    _run_dir, db, events = killed_and_resumed
+def test_every_prompt_is_accounted_for_exactly_once(stopped_and_resumed):
+    _run_dir, db, events = stopped_and_resumed
     consumed, counts, others = places(db)
     assert len(consumed) == N * PER_STEP
     everywhere = collections.Counter(consumed + [i for ids in others.values() for i in ids])
@@ -123,52 +104,31 @@ def test_every_prompt_is_accounted_for_exactly_once(killed_and_resumed):
     assert held
     if events["signal"] == signal.SIGKILL:  # the dead worker's leases expired
         assert counts["expired_leases"] >= len(held)
-    else:  # the notice let it finish and submit its batch: nothing to expire
-        assert events["first_code"] == 75  # preempted, checkpointed
-    # Either way its prompts were generated again or submitted, and trained on or queued.
+    # Its leased prompts were generated again (or submitted), then trained on or queued.
     served_again = collections.Counter(consumed) + collections.Counter(others["queued"])
     assert not collections.Counter(held) - served_again
 
 
-def test_the_resumed_worker_took_its_versions_device_to_device(killed_and_resumed):
-    _run_dir, _db, events = killed_and_resumed
-    (taken, pulled) = re.findall(
-        r"in-process workers: (\d+) versions handed over device to device, (\d+) pulled",
-        events["out"],
-    )[0]
-    # Its first version may be the dead trainer's, served by the server before the new
-    # trainer offers any (one pull); every later one came device to device.
-    assert int(taken) >= 2 and int(pulled) <= 1
+def test_the_restarted_worker_took_its_versions_device_to_device(stopped_and_resumed):
+    *_, events = stopped_and_resumed
+    taken, pulled = map(int, re.findall(HANDED, events["out"])[-1])
+    # Its first version may be the stopped trainer's, which the server serves before the
+    # new trainer offers any (one pull); every later one came device to device.
+    assert taken >= 2 and pulled <= 1
 
 
 @pytest.fixture(scope="module")
 def colocated(tmp_path_factory):
-    """The quickstart, colocated on 4 host devices, run to its end (no kill)."""
+    """The quickstart, colocated on 4 fake devices, run to its end."""
     run_dir = tmp_path_factory.mktemp("colocated") / "run"
-    run_dir.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLAX_PS_")}
-    env.update(
-        RLAX_PS_ADDRESS=f"127.0.0.1:{_free_port()}", RLAX_PS_TOKEN="colocated", JAX_PLATFORMS="cpu"
-    )
-    mode = "--gin.rlax.placement.mode='colocated'"
-    server = role(run_dir, "param_server", env, "ps", mode, steps=4)
-    try:
-        trainer = role(run_dir, "trainer", dict(env, XLA_FLAGS=fake_devices(4)), "t", mode, steps=4)
-        trainer.wait(500)
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
-    out, err = ((run_dir.parent / f"t.{s}").read_text() for s in ("out", "err"))
-    return run_dir, trainer.returncode, out, err
+    code, out, err = finish(started(run_dir, 4, "colocated", 4), timeout=600)
+    return run_dir, code, out, err
 
 
 def test_colocated_takes_turns_on_every_device_and_ends(colocated):
     run_dir, code, out, err = colocated
     assert code == 0, err[-4000:]
-    assert "colocated: the trainer on devices [0, 1, 2, 3], 1 in-process worker(s) " in out
-    assert "sampling on [0, 1, 2, 3]" in out
+    assert re.findall(HOSTS, out) == [("colocated", "0, 1, 2, 3", "0, 1, 2, 3")]
     assert [r["step"] for r in metrics(run_dir)] == [1, 2, 3, 4]
-    (taken, pulled) = re.findall(r"(\d+) versions handed over device to device, (\d+) pulled", out)[
-        0
-    ]
-    assert int(taken) >= 4 and int(pulled) == 0  # a fresh run: every version handed over
+    taken, pulled = map(int, re.findall(HANDED, out)[-1])
+    assert taken >= 4 and pulled == 0  # a fresh run: every version handed over
