@@ -235,23 +235,25 @@ def client_factory(
 
     def client(use_async: bool):
         if api == "anthropic":
-            import anthropic as sdk
+            import anthropic
 
-            base, kinds = url.removesuffix("/v1"), (sdk.Anthropic, sdk.AsyncAnthropic)
-        else:
-            import openai as sdk  # the 'agents' extra
+            return _client(anthropic, anthropic.Anthropic, anthropic.AsyncAnthropic, use_async)
+        import openai  # the 'agents' extra
 
-            base, kinds = url, (sdk.OpenAI, sdk.AsyncOpenAI)
+        return _client(openai, openai.OpenAI, openai.AsyncOpenAI, use_async)
+
+    def _client(sdk: Any, sync_kind: Any, async_kind: Any, use_async: bool) -> Any:
         # Each client on its SDK's own HTTP package (httpx, or httpx2 in newer releases).
         http_client = sdk.DefaultAsyncHttpxClient if use_async else sdk.DefaultHttpxClient
         local = None
         if endpoint is not None:
             local = endpoint.transports(http_package(http_client))[1 if use_async else 0]
         http = http_client(verify=_tls(), trust_env=False, transport=local)
-        if not use_async:
-            made[key] = http
-        # An async client: the episode closes it, and its HTTP client with it.
-        return kinds[use_async](base_url=base, api_key=key, max_retries=0, http_client=http)
+        base = url.removesuffix("/v1") if api == "anthropic" else url
+        if use_async:  # the episode closes it, and its HTTP client with it
+            return async_kind(base_url=base, api_key=key, max_retries=0, http_client=http)
+        made[key] = http
+        return sync_kind(base_url=base, api_key=key, max_retries=0, http_client=http)
 
     return client
 

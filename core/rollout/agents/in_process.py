@@ -88,7 +88,7 @@ def http_package(client_class: type) -> Any:
 
 @functools.cache
 def _inline_class(http: Any) -> type:
-    class InlineTransport(http.BaseTransport):  # type: ignore[name-defined,misc]
+    class InlineTransport(http.BaseTransport):
         """A sync transport that answers each request by calling ``app`` in the caller's
         thread (see the module docstring)."""
 

@@ -108,6 +108,8 @@ def _decoder_kind(tokenizer: Any) -> str:
 
 def _read_decoder_kind(tokenizer: Any) -> str:
     raw = getattr(tokenizer, "tokenizer", None)
+    if raw is None:
+        return ""
     try:
         decoder = json.loads(raw.to_str()).get("decoder") or {}
     except (AttributeError, TypeError, ValueError):
