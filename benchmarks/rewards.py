@@ -42,11 +42,13 @@ Prints the tables, then one JSON line: ``{"serial_scores_s", "pool_scores_s",
 "slowest_math_s", "slowest_math_of_timeout", "before_call_s_per_program",
 "after_call_s_per_program", "issue54_call_cost_ratio", "before_stdio_s_per_program",
 "after_stdio_s_per_program", "issue54_stdio_cost_ratio", "isolation_before",
+"pool_code_scores_s_before", "pool_code_scores_s_after", "pool_throughput_ratio",
 "agreement"}``.
 
 Issue 54's cost: a call-style and a stdin/stdout program through today's
 sandbox and through ``--isolation-before``'s (default ``7cd40cf``, before the
-argument-level filter and the per-case sweep), interleaved. ``agreement``:
+argument-level filter and the per-case sweep), interleaved; and the code reward's pool throughput with each sandbox
+(``pool_throughput_ratio``, today's over the older's). ``agreement``:
 the verifiers' agreement with every labelled table of the tests, by table
 (``math_table``, its ``math_units_and_forms`` rows, ``math_verify_failures``,
 ``code_honest``, ``code_right``).
@@ -212,11 +214,9 @@ def print_red_team(rows: list[tuple], counts: dict[str, int]) -> None:
     )
 
 
-def _sandbox_at(rev: str, into: pathlib.Path):
-    """The code sandbox as it was at git ``rev``: that revision's ``plugins/rewards`` folder,
-    imported as a package of its own (its ``rlax.plugins.rewards`` imports pointed there), so
-    its own supervisor, world and harness run. Returns its ``run_tests`` and ``plan_tests``."""
-    import importlib
+def _package_at(rev: str, into: pathlib.Path) -> str:
+    """Extracts git ``rev``'s ``plugins/rewards`` under ``into`` as a package of its own (its
+    ``rlax.plugins.rewards`` imports pointed there); returns the package's name."""
     import io
     import subprocess
     import tarfile
@@ -233,6 +233,16 @@ def _sandbox_at(rev: str, into: pathlib.Path):
     folder = (into / "plugins" / "rewards").rename(into / package)
     for path in folder.rglob("*.py"):
         path.write_text(path.read_text().replace("rlax.plugins.rewards.", f"{package}."))
+    return package
+
+
+def _sandbox_at(rev: str, into: pathlib.Path):
+    """The code sandbox as it was at git ``rev``: that revision's ``plugins/rewards`` folder,
+    imported as a package of its own, so its own supervisor, world and harness run. Returns
+    its ``run_tests`` and ``plan_tests``."""
+    import importlib
+
+    package = _package_at(rev, into)
     sys.path.insert(0, str(into))
     try:  # the flat layout (before the verifiers' sub-packages) or today's
         sandbox = importlib.import_module(f"{package}.code_sandbox")
@@ -297,6 +307,43 @@ def isolation_cost(n: int, baseline: str, mode: str = "call") -> dict[str, objec
         "baseline_s_per_program": round(before, 4),
         "isolation_cost_ratio": round(today / before, 3),
         "isolation_baseline": baseline,
+    }
+
+
+def pool_before_after(n: int, rev: str, workers: int, rounds: int = 3) -> dict[str, object]:
+    """The code reward's pool throughput (scores/s) with today's sandbox and ``rev``'s,
+    interleaved, medians of ``rounds`` each: the same items, workers and timeout."""
+    import importlib
+
+    prompts, texts = code_items(n, 0)
+    with tempfile.TemporaryDirectory(prefix="rlax-pool-") as where:
+        try:
+            package = _package_at(rev, pathlib.Path(where))
+            sys.path.insert(0, where)  # the pool's workers unpickle the old reward from there
+            old = importlib.import_module(f"{package}.code.verifier").CodeReward
+        except Exception as exc:  # noqa: BLE001 -- no git, no such revision: say so, go on
+            print(f"\npool throughput: no revision {rev!r} ({exc})")
+            return {}
+        try:
+            rewards = {"after": CodeReward(cpu_s=2, wall_s=10), "before": old(cpu_s=2, wall_s=10)}
+            rates: dict[str, list[float]] = {"after": [], "before": []}
+            for i in range(2 * rounds):
+                which = ("after", "before")[i % 2]
+                _, seconds, result = pooled(rewards[which], prompts, texts, workers, 30.0)
+                if result.errors or result.timeouts:
+                    raise RuntimeError(f"pool throughput: {which}: {result.reasons[:3]}")
+                rates[which].append(n / seconds)
+        finally:
+            sys.path.remove(where)
+    after, before = float(np.median(rates["after"])), float(np.median(rates["before"]))
+    print(
+        f"\ncode pool throughput (median of {rounds}, {workers} workers): today {after:.1f}/s, "
+        f"{rev} {before:.1f}/s, ratio {after / before:.2f}x"
+    )
+    return {
+        "pool_code_scores_s_before": round(before, 2),
+        "pool_code_scores_s_after": round(after, 2),
+        "pool_throughput_ratio": round(after / before, 3),
     }
 
 
@@ -454,6 +501,7 @@ def main() -> int:
                 f"issue54_{mode}_cost_ratio": cost.get("isolation_cost_ratio"),
             }
         figures["isolation_before"] = args.isolation_before
+        figures |= pool_before_after(args.code, args.isolation_before, args.workers)
     figures |= {"agreement": labelled_agreement()}
     if not args.no_red_team:
         red_rows, counts = red_team()

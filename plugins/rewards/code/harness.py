@@ -15,7 +15,8 @@ would (the harness runs without it).
 
 Tests share no process: after each call (and after loading, before the first)
 and after each stdin/stdout case, every other process of the run is killed
-and reaped (the harness adopts orphans as a child subreaper; in the run's pid
+and reaped (the harness adopts orphans: the supervisor makes the program a
+child subreaper before ``execve``, which keeps that setting; in the run's pid
 namespace ``kill(-1)`` reaches them all) before the case's outputs are read
 and its line is sent, so nothing a case started writes to the outputs channel
 or meets a later case. In stdin/stdout mode the harness runs no untrusted code
@@ -47,7 +48,7 @@ CHANNEL = 3
 STDOUT_LIMIT = 4 * 1024 * 1024  # more of one case's stdout than the channel carries is moot
 INT_BITS = 256  # a larger int travels as hex: no decimal conversion, no digit limit
 _SEQUENCES = {"tuple": tuple, "set": set, "frozenset": frozenset}
-PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
+PR_SET_DUMPABLE = 4
 
 
 class _Exit:
@@ -142,7 +143,7 @@ def _run_calls(source: str, job: dict) -> None:
 
 
 def _prctl(option: int, value: int) -> None:
-    import ctypes  # here: only the stdio and call modes' process control needs it
+    import ctypes  # here: only the stdio mode needs it (a few ms to import)
 
     if ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), f"prctl({option}, {value})")
@@ -338,8 +339,6 @@ def main() -> None:
     with open("solution.py", encoding="utf-8") as f:
         source = f.read()
     run = {"call": _run_calls, "stdio": _run_stdio, "asserts": _run_asserts}[job["mode"]]
-    if run is not _run_asserts:
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)  # a case's orphans are ours to kill and reap
     try:
         run(source, job)
     except BaseException as exc:  # noqa: BLE001 -- the solution failed to load: no outputs

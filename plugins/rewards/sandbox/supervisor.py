@@ -159,6 +159,9 @@ def _program(job: dict, workdir: str, fds: dict) -> None:
             os.setgid(job["uid"])
             os.setuid(job["uid"])
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+        # Orphans of the program's children are the program's own to reap and kill (the
+        # harness ends each test case's tree); the setting survives execve.
+        _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(CHILD_SUBREAPER)")
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if job["seccomp"]:
             seccomp.install(bytes.fromhex(job["seccomp"]))
