@@ -20,9 +20,9 @@ Two parts, in one run:
    little about a GPU or TPU, and on a shared machine nothing measured is a result.
 
 2. **Learning** (``--learn``): the quickstart (``configs/experiments/quickstart.gin``)
-   with ``rlax.placement.mode = 'one_process'`` for each seed of ``--seeds``: the
-   parameter server and one trainer process hosting the sampler (what ``rlax run``
-   starts in that placement), its held-out pass@8 before and after;
+   with ``rlax.placement.mode = 'one_process'`` for each seed of ``--seeds``, through
+   ``rlax run`` (the parameter server and one trainer process hosting the sampler), its
+   held-out pass@8 before and after;
    ``inprocess_pass8_gain_min`` is the worst seed's gain in points. ``--tiny`` runs it
    at the suite's sizes (a check that it works, not a result).
 
@@ -40,7 +40,6 @@ import json
 import multiprocessing as mp
 import os
 import pathlib
-import socket
 import statistics
 import subprocess
 import sys
@@ -155,42 +154,31 @@ def handoff_part(a: argparse.Namespace) -> dict:
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def learn_one(a: argparse.Namespace, seed: int) -> float:
-    """The in-process quickstart for ``seed``: its held-out pass@8 gain, in points."""
+    """The in-process quickstart for ``seed`` through ``rlax run``: its held-out pass@8
+    gain, in points."""
     run_dir = pathlib.Path(tempfile.mkdtemp(prefix=f"rlax-placement-{seed}-")) / "run"
-    args = [
-        "--gin",
-        str(QUICKSTART),
+    cmd = [
+        *(sys.executable, "-m", "rlax.core.cli", "run", "--gin", str(QUICKSTART)),
         f"--gin.INIT_CHECKPOINT='{BASE}'",
         f"--gin.SEED={seed}",
         f"--gin.rlax.train.steps={a.steps}",
         "--gin.rlax.train.progress=False",
         "--gin.rlax.placement.mode='one_process'",
         *(TINY if a.tiny else ()),
-        "--run-dir",
-        str(run_dir),
+        *("--run-dir", str(run_dir)),
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLAX_PS_")}
-    env.update(RLAX_PS_ADDRESS=f"127.0.0.1:{_free_port()}", RLAX_PS_TOKEN="placement")
-    cli = [sys.executable, "-m", "rlax.core.cli", "run", *args, "--role"]
-    server = subprocess.Popen([*cli, "param_server"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-    try:
-        done = subprocess.run(
-            [*cli, "trainer"], cwd=ROOT, env=env, capture_output=True, text=True,
-            timeout=a.timeout_s, check=False,
-        )  # fmt: skip
-    finally:
-        server.terminate()
-        server.wait(60)
+    done = subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=a.timeout_s, check=False
+    )
     if done.returncode != 0:
         raise SystemExit(
-            f"seed {seed}: the trainer failed ({done.returncode}):\n{done.stderr[-3000:]}"
+            f"seed {seed}: rlax run failed ({done.returncode}):\n{done.stderr[-3000:]}"
+        )
+    if "one_process: the trainer on devices" not in done.stdout:
+        raise SystemExit(
+            f"seed {seed}: the trainer did not host the sampler:\n{done.stdout[-2000:]}"
         )
     evals = json.loads((run_dir / "eval.json").read_text())
     return round(100 * (evals["after"]["pass@8"] - evals["before"]["pass@8"]), 1)
