@@ -146,3 +146,45 @@ def test_auto_hosts_the_sampler_only_on_the_supervisors_word():
     assert placed(Placement()) is None
     env = {**CPU, ROLE_DEVICES_ENV: "colocated:0,1,2,3,4,5,6,7:0,1,2,3,4,5,6,7"}
     assert placed(Placement(), env=env) == ("colocated", tuple(DEVICES), tuple(DEVICES))
+
+
+@pytest.mark.parametrize(
+    "reload_staleness,expected", [(0, [0, 1, 2, 3]), (1, [0, 0, 2, 2]), (2, [0, 0, 0, 3])]
+)
+def test_a_handing_worker_reloads_by_the_same_rule_and_pulls_nothing(
+    ps, reload_staleness, expected
+):
+    # test_worker's reload rule, every version also offered: the same versions are loaded
+    # (the rule decides; the handoff only replaces the bytes) and none is pulled.
+    import pathlib
+
+    from flax import nnx
+
+    from rlax.core.models.bundle import load_model
+    from rlax.core.trainer.handoff import DeviceHandoff
+    from rlax.core.wire import WirePlan
+    from rlax.core.worker.role import Worker
+    from rlax.plugins.samplers.jax_sampler import JaxSampler
+
+    bundle = load_model(pathlib.Path(__file__).resolve().parents[2] / "assets" / "quickstart-base")
+    state = nnx.state(bundle.model)
+    plan = WirePlan.for_tree(state)
+    sampler = JaxSampler(max_new_tokens=4)
+    sampler.setup(bundle.model, bundle.tokenizer)
+    handoff = DeviceHandoff(lambda tree: jax.tree.map(jax.numpy.copy, tree))
+    pulls = []
+    client = ps.client
+    pull = client.pull
+    client.pull = lambda *a, **k: pulls.append(a) or pull(*a, **k)
+    worker = Worker(
+        client, sampler, None, [], group_size=4, prompts_per_lease=3,
+        reload_staleness=reload_staleness, worker_id="w0", seed=0, handoff=handoff,
+    )  # fmt: skip
+    seen = []
+    for version in range(4):
+        handoff.offer(state, version)
+        client.push(plan, state, version)
+        worker.maybe_reload(plan)
+        seen.append(worker.version)
+    assert seen == expected
+    assert pulls == [] and handoff.taken == len(set(expected))
