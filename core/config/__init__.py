@@ -186,7 +186,7 @@ def parse(
         binding_checks.check_values(
             origins, {**_validators(), **binding_checks.declared_validators()}
         )
-        binding_checks.check_settings_used(origins, SETTINGS_TAKEN_BY)
+        binding_checks.check_settings_used(origins, SETTINGS_TAKEN_BY, WIRED_BY_ROLES)
         gin.finalize()
 
 
@@ -204,6 +204,16 @@ SETTINGS_TAKEN_BY: dict[str, str] = {
     "rlax.checkpointing": "rlax.train.checkpointing",
     "rlax.watch": "rlax.train.watch",
     "rlax.trainer_settings": "rlax.train.trainer_settings",
+    "rlax.mesh": "rlax.train.mesh",
+    "rlax.lora": "rlax.train.lora",
+    "rlax.distributed": "rlax.train.distributed",
+}
+# Those configs/base/roles.gin binds to their parameter; the others are bound by choice.
+WIRED_BY_ROLES = frozenset(SETTINGS_TAKEN_BY) - {
+    "rlax.trainer_settings",
+    "rlax.mesh",
+    "rlax.lora",
+    "rlax.distributed",
 }
 
 

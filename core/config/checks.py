@@ -313,12 +313,15 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def check_settings_used(origins: Origins, taken_by: Mapping[str, str]) -> None:
+def check_settings_used(
+    origins: Origins, taken_by: Mapping[str, str], wired: Collection[str] = ()
+) -> None:
     """ConfigError for a binding of a settings object that nothing would build.
 
     ``taken_by`` maps a settings configurable to the parameter that takes it,
     e.g. ``{"rlax.watch": "rlax.train.watch"}``: ``rlax.watch.eval_every = 5``
-    counts only if ``rlax.train.watch = @rlax.watch()`` is bound too.
+    counts only if ``rlax.train.watch = @rlax.watch()`` is bound too. ``wired``: the
+    settings configs/base/roles.gin binds so (the message says to include it).
     """
     for settings, parameter in taken_by.items():
         first = next((b for b in bound_values(origins) if b.selector == settings), None)
@@ -329,7 +332,8 @@ def check_settings_used(origins: Origins, taken_by: Mapping[str, str]) -> None:
         if is_reference(value) and value.selector == settings:
             continue
         where = f"{first.origin}: " if first.origin else ""
+        how = " (configs/base/roles.gin does: include it)" if settings in wired else ""
         raise ConfigError(
             f"{where}{first.name} is bound, but {parameter} is not @{settings}(), so it would "
-            f"be ignored; bind {parameter} = @{settings}() (configs/base/roles.gin does)"
+            f"be ignored; bind {parameter} = @{settings}(){how}"
         )
