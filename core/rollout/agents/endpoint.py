@@ -362,6 +362,13 @@ def _build_app(endpoint: AgentEndpoint) -> FastAPI:
             return StreamingResponse(_events(chunks), media_type="text/event-stream")
         return text_body(ident, endpoint.model, turn, logprobs=req.logprobs)
 
+    _format_routes(app, endpoint)
+    return app
+
+
+def _format_routes(app: FastAPI, endpoint: AgentEndpoint) -> None:
+    """The Responses and Messages APIs: each request read as its chat request (:mod:`.formats`)."""
+
     @app.post("/v1/responses")
     async def responses(request: Request) -> Any:
         session = endpoint.session(request)
@@ -385,5 +392,3 @@ def _build_app(endpoint: AgentEndpoint) -> FastAPI:
             events = message_events(ident, endpoint.model, turn)
             return StreamingResponse(events, media_type="text/event-stream")
         return message_body(ident, endpoint.model, turn)
-
-    return app
