@@ -13,6 +13,7 @@ plugin manager, which registers each plugin kind through it); re-exported here.
 from __future__ import annotations
 
 import os
+import pathlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,16 +22,18 @@ import gin
 from rlax.core import gin_state
 from rlax.core.config import bindings as bindings_mod
 from rlax.core.config import checks as binding_checks
+from rlax.core.config import spec_building
 from rlax.core.config.building import refusing_components
 from rlax.core.config.finder import find_gin_file, packaged_configs
 from rlax.core.config.gin_errors import MOVED, as_config_error, quiet_gin_logging
 from rlax.core.config.reading import include_resolution
-from rlax.core.config.spec_building import build_spec, save_spec
+from rlax.core.config.spec_building import build_spec
 from rlax.core.configurables import register_configurables
 from rlax.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from rlax.core.plugins import PluginManager
+    from rlax.core.runtime.run_dir import RunDir
 
 __all__ = [
     "MOVED",
@@ -188,6 +191,21 @@ def parse(
         )
         binding_checks.check_settings_used(origins, SETTINGS_TAKEN_BY, WIRED_BY_ROLES)
         gin.finalize()
+    _PARSED[:] = [origins]
+
+
+_PARSED: list[bindings_mod.Origins] = []  # where the last parse's bindings came from
+
+
+def save_spec(run_dir: RunDir) -> tuple[pathlib.Path, dict[str, str]]:
+    """Writes the parsed config to ``RUN/spec.gin`` for the run's children
+    (:func:`rlax.core.config.spec_building.save_spec`), its relative paths made absolute
+    first: a path given on the command line is relative to this process's working
+    directory, and read back from the run's folder it would name another file."""
+    if _PARSED:
+        with gin.unlock_config():
+            bindings_mod.resolve_paths(_PARSED[0], command_line=True)
+    return spec_building.save_spec(run_dir)
 
 
 # Settings objects and the one parameter that takes each: their bindings count only through it.

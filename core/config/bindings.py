@@ -187,18 +187,22 @@ def _is_path(annotation: Any) -> bool:
     return any(_is_path(a) for a in typing.get_args(annotation))
 
 
-def _relative_to(path: Any, origin: Origin | None) -> Any:
+def _relative_to(path: Any, origin: Origin | None, command_line: bool = False) -> Any:
     if isinstance(path, (list, tuple)):
-        return type(path)(_relative_to(p, origin) for p in path)
-    if not isinstance(path, str) or not path or origin is None or origin.file is None:
+        return type(path)(_relative_to(p, origin, command_line) for p in path)
+    file = origin.file if origin is not None else None
+    if not isinstance(path, str) or not path or not (file is not None or command_line):
         return path
     if os.path.isabs(path) or _SCHEME.match(path):
         return path
-    return os.path.normpath(pathlib.Path(origin.file).resolve().parent / path)
+    folder = pathlib.Path(file).resolve().parent if file is not None else pathlib.Path.cwd()
+    return os.path.normpath(folder / path)
 
 
-def resolve_paths(origins: Origins) -> None:
-    """Rebinds each relative :data:`ConfigPath` written in a gin file against that file's folder.
+def resolve_paths(origins: Origins, *, command_line: bool = False) -> None:
+    """Rebinds each relative :data:`ConfigPath` written in a gin file against that file's folder
+    (``command_line``: and each given as a ``--gin.`` binding against the working directory,
+    so the config can be written out and read from anywhere).
 
     The literal is rebound where it was written: in its macro if it came
     through one, so every parameter that uses the macro gets the same path.
@@ -206,7 +210,7 @@ def resolve_paths(origins: Origins) -> None:
     for bound in list(bound_values(origins)):
         if not _is_path(hints(bound.selector).get(bound.arg)):
             continue
-        resolved = _relative_to(bound.value, bound.origin)
+        resolved = _relative_to(bound.value, bound.origin, command_line)
         if resolved == bound.value:
             continue
         if bound.macro is not None:

@@ -49,6 +49,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlax.core.errors import EXIT_PREEMPTED, EXIT_USAGE, USAGE_ERROR_FILE_ENV
+from rlax.core.parallel.in_process_env import role_devices_env
 from rlax.core.parallel.process_env import PARAM_SERVER, TRAINER, plan_children, worker_name
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ADDRESS_ENV, TOKEN_ENV, ServerSettings
@@ -211,6 +212,8 @@ def local_cluster(
 
     def child(name: str, role: str, extra: dict[str, str] | None = None) -> _Child:
         own_env = {**env, **(extra or {}), **devices[name].env}
+        if name == TRAINER:  # which of its devices are the trainer's, which the sampler's
+            own_env.update(role_devices_env(placed))
         return _Child(name, [*base, "--role", role], own_env, devices[name].cores, reports)
 
     server = child(PARAM_SERVER, "param_server")
