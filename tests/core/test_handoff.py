@@ -7,14 +7,10 @@ pull; a version the handoff does not hold is pulled as bytes, as any worker does
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
-from cli_runs import fake_devices
+from device_checks import script_on_devices
 
 pytestmark = pytest.mark.e2e
 
@@ -24,17 +20,7 @@ CASES = ("one_process", "one_process_bf16", "colocated")
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, XLA_FLAGS=fake_devices(8), JAX_PLATFORMS="cpu")
-    proc = subprocess.run(
-        [sys.executable, str(CHECKS)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return script_on_devices(CHECKS)
 
 
 @pytest.mark.parametrize("case", CASES)

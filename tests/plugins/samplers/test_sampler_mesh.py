@@ -4,14 +4,10 @@ compiled after the first call, and the weights and KV caches split across the 4 
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
-from cli_runs import fake_devices
+from device_checks import script_on_devices
 
 pytestmark = pytest.mark.e2e
 
@@ -22,17 +18,7 @@ CASES.append("jax/devices_only")  # devices given, no mesh setting: tensor paral
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, XLA_FLAGS=fake_devices(8), JAX_PLATFORMS="cpu")
-    proc = subprocess.run(
-        [sys.executable, str(CHECKS)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return script_on_devices(CHECKS)
 
 
 @pytest.mark.parametrize("case", CASES)
