@@ -22,7 +22,12 @@ simple reference) pays.
 
 Per-token logprobs and kept sets are recorded as the static sampler's
 (``recorded_logprobs``, :mod:`.sampling`); a resumed row keeps those of its
-earlier tokens.
+earlier tokens. A mixture-of-experts model's rows record each token's experts
+(``Completion.routes``, routing replay): the prefill's for the prefix (each
+sample of a shared prompt gets a copy), each decode step's for the token it
+fed; the last token, never fed, has -1. A resumed row keeps its record, and
+its new prefill routes its tokens by it (so its cache is what its earlier
+tokens were computed with); the feed token's experts come from decode.
 
 References:
   Yu et al., 2022, "Orca", OSDI (iteration-level scheduling)
@@ -45,6 +50,7 @@ from flax import nnx
 from rlax.core import hookimpl
 from rlax.core.constraints import AtLeast, check_arguments, checked_by
 from rlax.core.errors import BadSetting
+from rlax.core.models.routing_replay import ROUTES_DTYPE
 from rlax.core.models.tokenizer import PAD
 from rlax.core.models.transformer import Transformer
 from rlax.core.types import PARTIAL, Completion, PartialGroup, Prompt
@@ -173,6 +179,8 @@ class SlotEngine(JaxSampler):
         self._windows = np.asarray(self.ring.windows())
         self._active = np.zeros(self.slots, bool)
         self._used = np.zeros(self.slots, np.int32)
+        self._cfg = model.cfg
+        self._moe = model.cfg.moe is not None  # rows record their routes
         self.load_weights(state, 0)
 
     @property
@@ -253,6 +261,8 @@ class SlotEngine(JaxSampler):
                         else [old.policy_version] * len(old.tokens)
                     )
                     row.floors = self._resumed_kept(old)
+                    if old.routes is not None and len(old.routes) == len(row.prefix):
+                        row.routes = old.routes.copy()
                 pending.append(row)
         return done, pending
 
@@ -288,7 +298,8 @@ class SlotEngine(JaxSampler):
         self._used = np.asarray(self._slots.used)
 
     def _start(self, placed: list[tuple[int, Row, int]], pending, prefixes) -> None:
-        """Prefills the prefixes not yet prefilled (one call per bucket) and places the rows."""
+        """Prefills the prefixes not yet prefilled (one call per bucket) and places the rows
+        (a mixture-of-experts row takes its prefix's routes)."""
         share = self.share_prompts
         fresh: dict[int, dict[tuple, Row]] = collections.defaultdict(dict)
         for _, row, pb in placed:
@@ -297,12 +308,15 @@ class SlotEngine(JaxSampler):
                 fresh[pb].setdefault(k, row)
         for pb, rows in fresh.items():
             for batch in _batches(list(rows.items()), PREFILL_ROWS):
-                written = self._prefill([r.prefix[:-1] for _, r in batch], pb)
+                written, routes = self._prefill([r for _, r in batch], pb)
+                host = None if routes is None else np.asarray(routes)
                 for u, (k, _) in enumerate(batch):
-                    prefixes[k] = (written, pb, u)
+                    prefixes[k] = (written, pb, u, None if host is None else host[u])
         by_buffer: dict[int, tuple[object, int, list[tuple[int, Row, int]]]] = {}
         for slot, row, _ in placed:
-            written, pb, u = prefixes[row.share_key(share)]
+            written, pb, u, routes = prefixes[row.share_key(share)]
+            if routes is not None:
+                _prefix_routes(row, routes)
             by_buffer.setdefault(id(written), (written, pb, []))[2].append((slot, row, u))
         for written, pb, group in by_buffer.values():
             for batch in _batches(group, PLACE_ROWS):
@@ -312,15 +326,26 @@ class SlotEngine(JaxSampler):
         for k in [k for k in prefixes if k not in needed]:
             del prefixes[k]
 
-    def _prefill(self, prefixes: list[np.ndarray], pb: int):
-        u = 1 << (len(prefixes) - 1).bit_length()  # 1, 2, 4 or PREFILL_ROWS
+    def _prefill(self, rows: list[Row], pb: int):
+        """The rows' prefixes (without their feed tokens) prefilled: (written, routes or
+        None); a resumed mixture-of-experts row's tokens routed by its record."""
+        u = 1 << (len(rows) - 1).bit_length()  # 1, 2, 4 or PREFILL_ROWS
         tokens = np.full((u, pb), PAD, np.int32)
         mask = np.zeros((u, pb), bool)
-        for i, p in enumerate(prefixes):
+        replay = None
+        if self._moe:
+            cfg = self._cfg.moe
+            assert cfg is not None
+            replay = np.full((u, pb, len(self._cfg.moe_layers), cfg.experts_per_token), -1)
+            replay = replay.astype(ROUTES_DTYPE)
+        for i, row in enumerate(rows):
+            p = row.prefix[:-1]
             if len(p):
                 tokens[i, pb - len(p) :], mask[i, pb - len(p) :] = p, True
-        self.prefilled_tokens += sum(len(p) for p in prefixes)
-        return self._prefill_fn(self._state, tokens, mask)
+            if replay is not None and row.routes is not None and len(p):
+                replay[i, pb - len(p) :] = row.routes[:-1]
+            self.prefilled_tokens += len(p)
+        return self._prefill_fn(self._state, tokens, mask, replay)
 
     def _place(self, written, pb: int, group: list[tuple[int, Row, int]]) -> None:
         w = PLACE_ROWS
@@ -359,6 +384,7 @@ class SlotEngine(JaxSampler):
         self.step += n
         tokens, logprobs, emitted = (np.asarray(a)[:, :n] for a in out[:3])
         floors = np.asarray(out.floors)[:, :n]
+        routes = np.asarray(out.routes)[:, :n] if self._moe else None
         self.decoded_tokens += int(emitted.sum())
         self._active = np.asarray(self._slots.active)
         self._used = np.asarray(self._slots.used)
@@ -368,6 +394,8 @@ class SlotEngine(JaxSampler):
             row.logprobs += logprobs[slot, on].tolist()
             row.versions += [self.version] * int(on.sum())
             row.floors += floors[slot, on].tolist()
+            if routes is not None and row.routes is not None:
+                _decoded_routes(row, routes[slot, on])
             if not self._active[slot] and slot not in table.paused:
                 stopped = bool(row.tokens) and row.tokens[-1] in self._stops
                 done[row.request][row.sample] = self._finished(row, "stop" if stopped else "length")
@@ -405,6 +433,7 @@ class SlotEngine(JaxSampler):
                 else None
             ),
             sampled_logprobs=None if masses is None else logprobs - masses,
+            routes=None if row.routes is None else row.routes.copy(),
         )
 
     def _cut(self, prompts, n, done, table, pending) -> list[tuple[Completion, ...] | PartialGroup]:
@@ -419,6 +448,27 @@ class SlotEngine(JaxSampler):
             cut = any(r.finish_reason == PARTIAL for r in rows)
             out.append(PartialGroup(rows) if cut else rows)
         return out
+
+
+def _prefix_routes(row: Row, prefilled: np.ndarray) -> None:
+    """``row.routes`` once its prefix is prefilled: ``prefilled`` [Pb, L, k] is the bucket's
+    routing, the last len(prefix) - 1 of it the prefix's (its feed token is routed by the
+    first decode step: -1 until then)."""
+    m = len(row.prefix) - 1
+    fresh = np.concatenate(
+        [prefilled[len(prefilled) - m :], np.full((1, *prefilled.shape[1:]), -1, prefilled.dtype)]
+    )
+    row.routes = fresh  # a resumed row's recorded experts: the prefill replayed them
+
+
+def _decoded_routes(row: Row, fed: np.ndarray) -> None:
+    """``row.routes`` after a decode call fed the row ``len(fed)`` tokens (its last one and
+    those drawn before the last) and drew as many: ``fed`` [n, L, k] are their experts, the
+    newest drawn token's -1 (not fed yet)."""
+    if not len(fed):
+        return
+    pending = np.full((1, *fed.shape[1:]), -1, fed.dtype)
+    row.routes = np.concatenate([row.routes[:-1], fed, pending])
 
 
 @hookimpl

@@ -36,6 +36,9 @@ class Row:
     logprobs: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
     floors: list[float] = dataclasses.field(default_factory=list)  # kept sets (sampling.py)
+    # A mixture-of-experts row's record (routing replay): int16 [len(prefix), L, k], each
+    # token's experts, -1 for the token not fed yet (the last); None: a dense model.
+    routes: np.ndarray | None = None
 
     @property
     def prefix(self) -> np.ndarray:

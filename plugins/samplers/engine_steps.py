@@ -35,8 +35,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlax.core.models.layers import decode_attention
-from rlax.core.models.moe import mlp_output
+from rlax.core.models.moe import Routing, mlp_output
 from rlax.core.models.rope import rope_tables
+from rlax.core.models.routing_replay import ROUTES_DTYPE
 from rlax.core.models.tokenizer import PAD
 from rlax.core.models.transformer import (
     KVCache,
@@ -96,14 +97,20 @@ def prefill(
     state: nnx.State,
     tokens: jax.Array,  # [U, Pb] left-padded prefixes (without their feed token)
     mask: jax.Array,  # [U, Pb] bool
-) -> KVCache:
-    """The keys and values of each prefix, per layer [U, K, H, Pb] / [U, K, Pb, H]."""
+    replay: jax.Array | None = None,  # [U, Pb, L, k] int16: recorded experts, -1 none
+) -> tuple[KVCache, jax.Array | None]:
+    """The keys and values of each prefix, per layer [U, K, H, Pb] / [U, K, Pb, H], and
+    a mixture-of-experts model's routing of its tokens, int16 [U, Pb, L, k] (None: dense),
+    what routing replay records for them. A resumed row's tokens are routed by its
+    record (``replay``), so its cache holds what its earlier tokens were computed with."""
     model: Transformer = nnx.merge(graphdef, state)
     u, pb = tokens.shape
     cache = init_cache(model.cfg, u, pb)
-    _, written = model.hidden_states(tokens, positions_from_mask(mask), causal_mask(mask), cache, 0)
+    _, written, routed = model.routed_hidden_states(
+        tokens, positions_from_mask(mask), causal_mask(mask), cache, 0, replay
+    )
     assert written is not None  # a call given a cache returns the written one
-    return written
+    return written, None if routed is None else routed.ids.astype(ROUTES_DTYPE)
 
 
 def _local(target: jax.Array, a: int, b: int) -> jax.Array:
@@ -210,7 +217,8 @@ def move(
 
 def _forward(model: Transformer, sl: Slots, step: jax.Array, ring: Ring):
     """One decode step of every slot, each tier against its own ring: logits [R, V],
-    the caches and the key masks with this step's column written."""
+    the caches and the key masks with this step's column written, and the fed tokens'
+    experts [R, L, k] int16 (L sparse layers; [R, 0, 1] for a dense model)."""
     cfg = model.cfg
     x = model.embed(sl.tok[:, None])  # [R, 1, D]
     rope = rope_tables(sl.pos[:, None], cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
@@ -223,6 +231,7 @@ def _forward(model: Transformer, sl: Slots, step: jax.Array, ring: Ring):
         for (a, b, _), kv, c in zip(ring.tiers, sl.key_valid, cols)
     ]
     caches: list[list[dict[str, jax.Array]]] = [[] for _ in ring.tiers]
+    routings: list[Routing] = []
     for i, block in enumerate(model.blocks):
         q, k, v = block.attn.project(block.attn_norm(x), rope)  # [R, 1, K, (G,) H]
         k_t = k.transpose(0, 2, 3, 1)  # [R, K, H, 1]
@@ -243,9 +252,18 @@ def _forward(model: Transformer, sl: Slots, step: jax.Array, ring: Ring):
         out = jnp.concatenate(parts) if len(parts) > 1 else parts[0]  # [R, K, G, H]
         r = out.shape[0]
         x = x + block.attn.o(out.reshape(r, -1)).reshape(r, 1, -1)
-        x = x + mlp_output(block.mlp(block.mlp_norm(x)))  # a MoE layer: routes not recorded
+        mlp = block.mlp(block.mlp_norm(x))
+        if isinstance(mlp, tuple):  # a sparse layer: (output, its routing)
+            routings.append(mlp[1])
+        x = x + mlp_output(mlp)
     logits = model.logits(model.final_norm(x))[:, 0]
-    return logits, tuple(tuple(c) for c in caches), tuple(key_valid)
+    rows = sl.tok.shape[0]
+    routes = (
+        jnp.stack([r.ids.reshape(rows, -1) for r in routings], axis=1).astype(ROUTES_DTYPE)
+        if routings
+        else jnp.zeros((rows, 0, 1), ROUTES_DTYPE)
+    )
+    return logits, tuple(tuple(c) for c in caches), tuple(key_valid), routes
 
 
 class Chunk(NamedTuple):
@@ -256,30 +274,39 @@ class Chunk(NamedTuple):
     emitted: jax.Array  # [R, steps] bool
     n: jax.Array  # scalar int32
     floors: jax.Array  # [R, steps] float32: the kept sets (-inf: nothing cut; sampling.py)
+    routes: jax.Array  # [R, steps, L, k] int16: the fed token's experts (-1: not fed)
 
 
-def _empty_chunk(rows: int, steps: int) -> Chunk:
+def _empty_chunk(rows: int, steps: int, route_shape: tuple[int, ...]) -> Chunk:
     return Chunk(
         tokens=jnp.full((rows, steps), PAD, jnp.int32),
         logprobs=jnp.zeros((rows, steps), jnp.float32),
         emitted=jnp.zeros((rows, steps), bool),
         n=jnp.int32(0),
         floors=jnp.full((rows, steps), -jnp.inf, jnp.float32),
+        routes=jnp.full((rows, steps, *route_shape), -1, ROUTES_DTYPE),
     )
 
 
 def _record(
-    out: Chunk, i: jax.Array, on: jax.Array, nxt: jax.Array, logp: jax.Array, floor: jax.Array
+    out: Chunk,
+    i: jax.Array,
+    on: jax.Array,
+    nxt: jax.Array,
+    logp: jax.Array,
+    floor: jax.Array,
+    routes: jax.Array,
 ) -> Chunk:
     """``out`` with decode step ``i``'s column written: the token ``nxt``, its logprob
-    ``logp`` and kept set's ``floor`` of each row that was active (``on``), PAD, 0 and
-    -inf for the others."""
+    ``logp`` and kept set's ``floor`` of each row that was active (``on``), and the
+    experts ``routes`` of the token it fed; PAD, 0, -inf and -1 for the others."""
     return Chunk(
         tokens=out.tokens.at[:, i].set(jnp.where(on, nxt, PAD)),
         logprobs=out.logprobs.at[:, i].set(jnp.where(on, logp, 0.0)),
         emitted=out.emitted.at[:, i].set(on),
         n=i + 1,
         floors=out.floors.at[:, i].set(jnp.where(on, floor, -jnp.inf)),
+        routes=out.routes.at[:, i].set(jnp.where(on[:, None, None], routes, -1)),
     )
 
 
@@ -338,7 +365,7 @@ def decode(
     def body(carry):
         i, finished, sl, out, key = carry
         on = sl.active
-        logits, cache, key_valid = _forward(model, sl, start + i, ring)
+        logits, cache, key_valid, routes = _forward(model, sl, start + i, ring)
         key, sub = jax.random.split(key)
         nxt, logp, floor = sample_token(
             logits, sub, temperature, top_k=top_k, top_p=top_p, method=method, recorded=recorded
@@ -347,10 +374,12 @@ def decode(
         stopped = count >= sl.limit
         if stop_ids:
             stopped = stopped | jnp.any(nxt[:, None] == stops[None, :], axis=-1)
-        out = _record(out, i, on, nxt, logp, floor)
+        out = _record(out, i, on, nxt, logp, floor, routes)
         sl = _advance(sl, cache, key_valid, nxt, stopped)
         return i + 1, finished + jnp.sum(on & stopped), sl, out, key
 
-    carry = (jnp.int32(0), jnp.int32(0), slots, _empty_chunk(r, steps), key)
+    moe = model.cfg.moe
+    route_shape = (len(model.cfg.moe_layers), moe.experts_per_token) if moe else (0, 1)
+    carry = (jnp.int32(0), jnp.int32(0), slots, _empty_chunk(r, steps, route_shape), key)
     _, _, slots, out, _ = jax.lax.while_loop(cond, body, carry)
     return slots, out

@@ -98,7 +98,7 @@ def test_the_slot_engine_runs_a_moe_model_with_the_trainers_logprobs():
     engine.setup(model, TOK)
     out = engine.generate(PROMPTS, 3, seed=0)
     groups = [Group(p, cs, np.zeros(3, np.float32)) for p, cs in zip(PROMPTS, out)]
-    assert all(c.routes is None for g in groups for c in g.completions)  # not recorded (yet)
+    assert all(c.routes is not None for g in groups for c in g.completions)  # test_moe_engine
     batch = make_batch(groups, np.zeros((2, 3)), completion_len=6)
     logp, _ = sequence_logprobs(model, batch.tokens, batch.attention_mask, 1.0)
     mask = batch.loss_mask > 0
