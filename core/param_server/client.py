@@ -28,6 +28,7 @@ from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.retry import RetryPolicy
 from rlax.core.param_server.settings import MB, ServerSettings
 from rlax.core.param_server.transport import grpc_lane, lanes
+from rlax.core.rollout.probe import Probe
 from rlax.core.types import DroppedGroup, Group, PartialGroup, Prompt
 from rlax.core.wire import WirePlan, chunks, pull_buffer, stream
 
@@ -116,8 +117,9 @@ class ParamServerClient:
 
     # -- weights ------------------------------------------------------------
 
-    def header(self, plan: WirePlan, version: int) -> pb.PartHeader:
-        """The header of a whole-model push (part 0 of 1) of ``plan``'s tree."""
+    def header(self, plan: WirePlan, version: int, probe: Probe | None = None) -> pb.PartHeader:
+        """The header of a whole-model push (part 0 of 1) of ``plan``'s tree, carrying the
+        version's ``probe`` (:mod:`rlax.core.rollout.probe`; None: none)."""
         header = pb.PartHeader(
             version=version, part=0, num_parts=1, nbytes=plan.nbytes, push_id=uuid.uuid4().hex
         )
@@ -130,7 +132,7 @@ class ParamServerClient:
                 nbytes=t.nbytes,
                 index=i,
             )
-        return header
+        return codec.set_probe(header, probe)
 
     def _pieces(self, plan: WirePlan, tree_or_buffer) -> Iterator[tuple[int, memoryview]]:
         chunk = self.settings.chunk_mb * MB
@@ -142,9 +144,13 @@ class ParamServerClient:
         """The gRPC wire messages of one whole-model push (part 0 of 1)."""
         return grpc_lane.messages(self.header(plan, version), self._pieces(plan, tree_or_buffer))
 
-    def push(self, plan: WirePlan, tree_or_buffer, version: int) -> pb.PushReply:
-        """Publishes a parameter tree (or its packed uint8 buffer) as ``version``."""
-        return self.push_part(self.header(plan, version), self._pieces(plan, tree_or_buffer))
+    def push(
+        self, plan: WirePlan, tree_or_buffer, version: int, probe: Probe | None = None
+    ) -> pb.PushReply:
+        """Publishes a parameter tree (or its packed uint8 buffer) as ``version`` (with its
+        ``probe``: the weight-load check's, None: none)."""
+        header = self.header(plan, version, probe)
+        return self.push_part(header, self._pieces(plan, tree_or_buffer))
 
     def push_part(
         self, header: pb.PartHeader, pieces, sizes: list[int] | None = None

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rlax.core.param_server import rlax_pb2 as pb
+from rlax.core.rollout.probe import Probe
 from rlax.core.types import PARTIAL, Completion, Group, PartialGroup, Prompt
 
 
@@ -256,9 +257,16 @@ def msg_to_group(m: pb.GroupMsg) -> Group:
     return Group(msg_to_prompt(m.prompt), completions, np.asarray(m.rewards, np.float32))
 
 
-def tensor_list(header: pb.PartHeader) -> list[dict]:
-    """A pulled version's tensors as dicts: name, shape, offset, nbytes, dtype."""
-    return [
+class TensorList(list[dict]):
+    """A pulled version's tensors, and the probe published with it (None: none was)."""
+
+    probe: Probe | None = None
+
+
+def tensor_list(header: pb.PartHeader) -> TensorList:
+    """A pulled version's tensors as dicts: name, shape, offset, nbytes, dtype; the
+    version's probe (:mod:`rlax.core.rollout.probe`) as ``.probe``."""
+    out = TensorList(
         {
             "name": t.name,
             "shape": list(t.shape),
@@ -267,4 +275,26 @@ def tensor_list(header: pb.PartHeader) -> list[dict]:
             "dtype": t.dtype,
         }
         for t in header.tensors
-    ]
+    )
+    out.probe = probe_of(header)
+    return out
+
+
+def probe_of(header: pb.PartHeader) -> Probe | None:
+    """The probe a header carries (None: it carries none)."""
+    if not header.probe_tokens:
+        return None
+    return Probe(tuple(header.probe_tokens), tuple(header.probe_logprobs))
+
+
+def set_probe(header: pb.PartHeader, probe: Probe | None) -> pb.PartHeader:
+    """Writes ``probe`` into ``header`` (None: leaves it without one); returns ``header``."""
+    if probe is not None:
+        header.probe_tokens[:] = probe.tokens
+        header.probe_logprobs[:] = probe.logprobs
+    return header
+
+
+def copy_probe(source: pb.PartHeader, target: pb.PartHeader) -> None:
+    """``source``'s probe into ``target`` (a header built from it: split, assembled)."""
+    set_probe(target, probe_of(source))

@@ -97,6 +97,8 @@ class PartHeader(_message.Message):
     TENSORS_FIELD_NUMBER: _builtins.int
     NBYTES_FIELD_NUMBER: _builtins.int
     PUSH_ID_FIELD_NUMBER: _builtins.int
+    PROBE_TOKENS_FIELD_NUMBER: _builtins.int
+    PROBE_LOGPROBS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     part: _builtins.int
     """this part's index; one trainer host pushes one part"""
@@ -108,6 +110,14 @@ class PartHeader(_message.Message):
     """retrying the same push_id changes nothing"""
     @_builtins.property
     def tensors(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorMeta]: ...
+    @_builtins.property
+    def probe_tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The weight-load check (rlax.core.rollout.probe): fixed ids and the trainer's logprob
+        of each next id under this version as the wire delivers it; empty: not checked.
+        """
+
+    @_builtins.property
+    def probe_logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
     def __init__(
         self,
         *,
@@ -117,10 +127,12 @@ class PartHeader(_message.Message):
         tensors: _abc.Iterable[Global___TensorMeta] | None = ...,
         nbytes: _builtins.int = ...,
         push_id: _builtins.str = ...,
+        probe_tokens: _abc.Iterable[_builtins.int] | None = ...,
+        probe_logprobs: _abc.Iterable[_builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["nbytes", b"nbytes", "num_parts", b"num_parts", "part", b"part", "push_id", b"push_id", "tensors", b"tensors", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["nbytes", b"nbytes", "num_parts", b"num_parts", "part", b"part", "probe_logprobs", b"probe_logprobs", "probe_tokens", b"probe_tokens", "push_id", b"push_id", "tensors", b"tensors", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -77,9 +77,10 @@ class TrainerClient:
             self._held.remove(take_id)
         return consumed
 
-    def push(self, plan: WirePlan, tree: Any, version: int) -> Any:
+    def push(self, plan: WirePlan, tree: Any, version: int, probe: Any = None) -> Any:
         committed = pb.PushReply(version=version, committed=True)
-        return self._push(version, lambda: self._client.push(plan, tree, version), committed)
+        push = lambda: self._client.push(plan, tree, version, probe)
+        return self._push(version, push, committed)
 
     def push_part(self, header: Any, pieces: Iterable) -> Any:
         """One trainer process's part of a version, retried like :meth:`push`.

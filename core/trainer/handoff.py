@@ -78,6 +78,7 @@ class DeviceHandoff:
         self._wire = WIRE_DTYPES[wire_dtype]
         self._lock = threading.Condition()
         self._offered: tuple[int, Any] | None = None
+        self._probe: tuple[int, Any] | None = None  # the offered version's probe
         self.offers = 0  # versions offered
         self.taken = 0  # versions handed to a worker
         self.refused = 0  # asks for a version other than the newest offered (a pull instead)
@@ -88,16 +89,19 @@ class DeviceHandoff:
         offered = self._offered
         return -1 if offered is None else offered[0]
 
-    def offer(self, params: Any, version: int) -> float:
+    def offer(self, params: Any, version: int, probe: Any = None) -> float:
         """Copies ``params`` (the trainer's, as published as ``version``) onto the sampler's
         layout; replaces any older offer. Returns the seconds it took to dispatch (the
-        copy itself runs asynchronously, ahead of the trainer's next step)."""
+        copy itself runs asynchronously, ahead of the trainer's next step). ``probe``: the
+        version's probe (:mod:`rlax.core.rollout.probe`), checked by the taker as a pulled
+        version's is."""
         start = time.perf_counter()
         tree = merged_state(params)
         placed = self._place(self._to_wire(tree))
         placed = jax.tree.map(lambda x, like: x.astype(like.dtype), placed, tree)
         with self._lock:
             self._offered = (version, placed)
+            self._probe = (version, probe)
             self.offers += 1
             self._lock.notify_all()
         return time.perf_counter() - start
@@ -116,6 +120,11 @@ class DeviceHandoff:
                 return self._offered[1]
             self.refused += 1
             return None
+
+    def probe(self, version: int) -> Any:
+        """The probe offered with ``version`` (None: none, or another version is offered)."""
+        with self._lock:
+            return self._probe[1] if self._probe and self._probe[0] == version else None
 
     def _to_wire(self, tree: Any) -> Any:
         wire = self._wire
@@ -141,11 +150,17 @@ class OfferingSource:
         return getattr(self.source, name)
 
     def publish(self, params: Any, version: int) -> dict[str, float]:
-        handoff_s = self.handoff.offer(params, version)
+        probe_of = getattr(self.source, "probe_of", None)  # computed once, pushed and offered
+        probe = probe_of(params, version) if probe_of is not None else None
+        handoff_s = self.handoff.offer(params, version, probe)
         metrics = self.source.publish(params, version)
         return {**metrics, "handoff_s": handoff_s}
 
     def resume(self, params: Any, version: int) -> int:
         published = self.source.resume(params, version)
-        self.handoff.offer(params, published)  # the restored weights, as the server serves them
+        probe_of = getattr(self.source, "probe_of", None)
+        probe = probe_of(params, published) if probe_of is not None else None
+        self.handoff.offer(
+            params, published, probe
+        )  # the restored weights, as the server serves them
         return published

@@ -95,14 +95,22 @@ def part_header(
 
 
 def push_local_shards(
-    client: Any, tree: Any, version: int, *, wire_dtype: str = "float32", chunk_bytes: int = 4 << 20
+    client: Any,
+    tree: Any,
+    version: int,
+    *,
+    wire_dtype: str = "float32",
+    chunk_bytes: int = 4 << 20,
+    probe: Any = None,
 ) -> Any:
-    """Pushes this process's shards of ``tree`` as part ``process_index`` of ``version``.
+    """Pushes this process's shards of ``tree`` as part ``process_index`` of ``version``
+    (each part carries the version's ``probe``; None: none).
 
     Every process calls it (in parallel); the version is complete, and served
     as whole tensors, once all ``process_count`` parts have arrived. Needs the
     parameter-server client's ``push_part(header, pieces)``.
     """
+    from rlax.core.param_server.codec import set_probe
     from rlax.core.wire import chunks
 
     shards = local_shards(tree, wire_dtype)
@@ -113,6 +121,7 @@ def push_local_shards(
         num_parts=jax.process_count(),
         wire_dtype=wire_dtype,
     )
+    set_probe(header, probe)
     pieces = [s.data.reshape(-1).view(np.uint8) for s in shards]
     buffer = np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)  # a host with no blocks
     return client.push_part(header, chunks(buffer, chunk_bytes))

@@ -96,6 +96,7 @@ from rlax.core.parallel.mesh import make_mesh
 from rlax.core.parallel.multihost import DistributedSettings
 from rlax.core.parallel.multihost import initialize as initialize_distributed
 from rlax.core.param_server.client import ParamServerClient
+from rlax.core.rollout.probe import trainer_probe
 from rlax.core.runtime import compile_cache, recovery
 from rlax.core.runtime.preemption import Preemption
 from rlax.core.runtime.run_dir import RunDir
@@ -190,12 +191,14 @@ def _rollout_source(
         )
     client = TrainerClient(ParamServerClient(spec.server, retry_s=0.0), preemption)  # it retries
     plan = WirePlan.for_tree(wire_tree(trainer.state.params), spec.server.wire_dtype)
+    check = spec.worker.probe_check  # the workers' weight-load check needs each version's probe
     return RemoteRollouts(
         client,
         plan,
         prompts_per_step=spec.prompts_per_step,
         max_staleness=spec.max_staleness,
         curation=spec.curation,
+        probe=trainer_probe(trainer.graphdef, spec.server.wire_dtype) if check else None,
     )
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -41,6 +41,7 @@ from rlax.core.parallel import multihost
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.queue import recovery
 from rlax.core.rollout.groups import kept_by_filters, rollout
+from rlax.core.rollout.probe import Probe
 from rlax.core.trainer import publish_shards
 from rlax.core.trainer.client import TrainerClient
 from rlax.core.trainer.filling import Entry, extra_rounds, fill_batch
@@ -213,8 +214,13 @@ class RemoteRollouts(_Curated):
         prompts_per_step: int,
         max_staleness: int,
         curation: Sequence[Any] = (),
+        probe: Callable[[Any], Probe | None] | None = None,
     ):
         self.client, self.plan = client, plan
+        # The weight-load check's probe of each published version (rlax.core.rollout.probe):
+        # params -> Probe (None: versions are published without one).
+        self.probe = probe
+        self._probed: tuple[int, Probe | None] | None = None
         self.prompts_per_step, self.max_staleness = prompts_per_step, max_staleness
         self.curation = list(curation)
         self.extra_rounds = extra_rounds(self.curation)
@@ -233,18 +239,30 @@ class RemoteRollouts(_Curated):
         """
         start = time.perf_counter()
         self._published = (params, version)  # alive until the next step: only it donates them
+        probe = self.probe_of(params, version)
+        probed = time.perf_counter()
         params = wire_tree(params)  # LoRA: only the adapters (and the base they are for) travel
         if jax.process_count() == 1:
             # push streams host-resident leaves from their own memory; it packs only when needed.
-            reply = self.client.push(self.plan, params, version)
+            reply = self.client.push(self.plan, params, version, probe)
             if not reply.committed:
                 raise RuntimeError(f"parameter server did not commit version {version}")
         else:
-            self._push_part(params, version)
-        seconds = time.perf_counter() - start
-        return {"weight_sync_s": seconds, "weight_sync_mb_s": self.plan.nbytes / 2**20 / seconds}
+            self._push_part(params, version, probe)
+        seconds = time.perf_counter() - probed
+        metrics = {"weight_sync_s": seconds, "weight_sync_mb_s": self.plan.nbytes / 2**20 / seconds}
+        return {**metrics, "probe_s": probed - start} if probe is not None else metrics
 
-    def _push_part(self, params, version: int) -> None:
+    def probe_of(self, params, version: int) -> Probe | None:
+        """``version``'s probe (None: no probe is published), computed once per version
+        (the in-process handoff offers the one that is pushed)."""
+        if self.probe is None:
+            return None
+        if self._probed is None or self._probed[0] != version:
+            self._probed = (version, self.probe(params))
+        return self._probed[1]
+
+    def _push_part(self, params, version: int, probe: Probe | None = None) -> None:
         """This process's part of ``version``; raises on every process if any part failed."""
         error: Exception | None = None
         try:
@@ -254,6 +272,7 @@ class RemoteRollouts(_Curated):
                 version,
                 wire_dtype=self.plan.wire_dtype.name,
                 chunk_bytes=self.client.settings.chunk_mb << 20,
+                probe=probe,
             )
             # The last part to arrive commits; a part retried after it got through is a duplicate.
             mine: tuple = ("ok", bool(reply.committed or reply.duplicate))

@@ -39,6 +39,7 @@ from rlax.core.models.lora_wire import AdapterApplier, unpacked
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.retry import RETRYABLE, RetryPolicy
 from rlax.core.rollout.groups import kept_by_filters, rollout, rollout_resumable
+from rlax.core.rollout.probe import ProbeCheck
 from rlax.core.rollout.reward_pool import RewardPool
 from rlax.core.runtime import recovery
 from rlax.core.runtime.preemption import Preemption
@@ -74,6 +75,7 @@ class Worker:
         interrupt=None,
         adapters=None,
         handoff=None,
+        probe=None,
     ):
         if reload_in_flight and client.reuse_pull_buffer:
             raise ValueError(
@@ -96,6 +98,10 @@ class Worker:
         # In the trainer's process (one-process placement): versions handed over device to
         # device (rlax.core.trainer.handoff.DeviceHandoff); None: every version is pulled.
         self.handoff = handoff
+        # The weight-load check (rlax.core.rollout.probe.ProbeCheck; None: off): a version
+        # whose probe this worker's forward does not reproduce is refused, never sampled.
+        self.probe = probe
+        self.refused_version = -1  # the newest version refused by the check
         self.version = -1
         self.idle_s = self.busy_s = 0.0
         self.batches = 0
@@ -114,16 +120,22 @@ class Worker:
         the pull is complete the worker holds no version (-1): if it fails,
         the next round pulls again before it generates. With a ``handoff`` the version is
         taken from it instead, when it holds exactly the server's newest.
+
+        With a ``probe`` check, a version whose probe fails is refused (None, an error
+        line, ``counts["probe_refused"]``) and not asked for again: the worker keeps its
+        weights (a pull into the buffer in use leaves it none: it waits for the next
+        version).
         """
+        after = max(self.version, self.refused_version)
         latest = (
-            self.client.wait_for_version(self.version, wait_s)
-            if wait_s
-            else self.client.stat().version
+            self.client.wait_for_version(after, wait_s) if wait_s else self.client.stat().version
         )
         behind = latest - self.version
+        if latest <= self.refused_version:
+            return None
         if latest >= 0 and (self.version < 0 or behind > self.reload_staleness):
             if self.handoff is not None and (handed := self.handoff.take(latest)) is not None:
-                return handed, latest
+                return self._checked(handed, latest, self.handoff.probe(latest))
             have = self.version
             if self.client.reuse_pull_buffer:
                 self.version = -1
@@ -132,7 +144,31 @@ class Worker:
                 self.version = have  # nothing was received
                 return None
             version, tensors, buffer = pulled
-            return unpacked(plan, tensors, buffer, self.adapters), version
+            params = unpacked(plan, tensors, buffer, self.adapters)
+            return self._checked(params, version, getattr(tensors, "probe", None))
+        return None
+
+    def _checked(self, params: Any, version: int, probe: Any) -> tuple[Any, int] | None:
+        """``(params, version)``, or None where the probe check refuses them."""
+        if self.probe is None or probe is None:
+            return params, version
+        start = time.perf_counter()
+        result = self.probe(params, probe)
+        self.counts["probe_s"] += time.perf_counter() - start
+        self.counts["probe_checks"] += 1
+        self.counts["probe_max_diff"] = result.max_diff
+        if result.ok:
+            return params, version
+        self.counts["probe_refused"] += 1
+        self.refused_version = max(self.refused_version, version)
+        log.error(
+            "%s: weight-load check refused version %d: the probe's logprobs differ from the "
+            "trainer's by up to %.3g (tolerance %.3g); not sampling with it",
+            self.worker_id,
+            version,
+            result.max_diff,
+            self.probe.tolerance,
+        )
         return None
 
     def maybe_reload(self, plan: WirePlan, wait_s: float = 0.0) -> None:
@@ -193,6 +229,9 @@ class Worker:
         if self.recovering is not None:
             self.recovering.mark("refill")
         self.maybe_reload(plan)
+        if self.version < 0:  # a refused pull overwrote the weights in use: the leases expire
+            self.idle_s += time.perf_counter() - waited
+            return 0
         partials = getattr(leases, "partials", {})
         results = self._generate([p for _, p in leases], [partials.get(k) for k, _ in leases], plan)
         done = [(k, g) for (k, _), g in zip(leases, results) if isinstance(g, Group)]
@@ -290,7 +329,7 @@ def worker(spec: RunSpec, *, hook: Any = None) -> int:
     clock.init_backend()
     check_reload_in_flight(spec.sampler, own.reload_in_flight)  # built by other means too
     stop = Preemption(own.preemption_notices, role="worker", hook=hook).start()
-    plan, client = _set_up(spec, stop)
+    plan, client, probe = _set_up(spec, stop)
     pool = BackgroundPool(spec.reward, workers=own.reward_workers, timeout_s=own.reward_timeout_s)
     w = Worker(
         client,
@@ -307,6 +346,7 @@ def worker(spec: RunSpec, *, hook: Any = None) -> int:
         adapters=_adapters(spec.init_checkpoint),
         refresh_interval_s=own.refresh_interval_s,
         interrupt=lambda: stop.requested,
+        probe=probe,
     )
     w.recovering = clock if clock.is_restart else None
     _run(w, plan, stop, pool)
@@ -314,9 +354,11 @@ def worker(spec: RunSpec, *, hook: Any = None) -> int:
     return 0
 
 
-def _set_up(spec: RunSpec, stop: Preemption) -> tuple[WirePlan, ParamServerClient]:
+def _set_up(
+    spec: RunSpec, stop: Preemption
+) -> tuple[WirePlan, ParamServerClient, ProbeCheck | None]:
     """Sets the run's sampler up with the model and connects to the parameter server: the
-    plan the weights travel in, and the client."""
+    plan the weights travel in, the client and the weight-load check (None: off)."""
     from flax import nnx
 
     bundle = load_model(spec.init_checkpoint, weights=False)  # no weights: they come by pull
@@ -332,7 +374,11 @@ def _set_up(spec: RunSpec, stop: Preemption) -> tuple[WirePlan, ParamServerClien
         reuse_pull_buffer=not spec.worker.reload_in_flight,
     )
     recovery.mark("load")  # a restarted worker's way back: the model and sampler are set up
-    return plan, client
+    probe = None
+    if spec.worker.probe_check:
+        graphdef, abstract = nnx.split(bundle.model)
+        probe = ProbeCheck(graphdef, abstract, spec.worker.probe_tolerance)
+    return plan, client, probe
 
 
 def _run(w: Worker, plan: WirePlan, stop: Preemption, pool: RewardPool) -> None:

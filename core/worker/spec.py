@@ -34,6 +34,13 @@ class WorkerSpec:
         sampler only, e.g. ``@samplers.engine()``), asking the server at most every
         ``refresh_interval_s``.
       preemption_notices: the worker's notice sources (None: SIGTERM and SIGINT).
+      probe_check: the weight-load check (:mod:`rlax.core.rollout.probe`): the trainer
+        publishes a probe's logprobs with each version, and a worker refuses a version
+        whose probe its loaded weights do not reproduce (an error line, the
+        ``probe_refused`` count; it keeps its weights or waits for the next version).
+      probe_tolerance: the largest per-token |logprob difference| the check accepts, in
+        nats (reduction order across devices and programs, not the wire's rounding: the
+        trainer rounds before it scores).
     """
 
     prompts_per_lease: Annotated[int, AtLeast(1)] = 16
@@ -42,6 +49,8 @@ class WorkerSpec:
     reload_in_flight: bool = False
     refresh_interval_s: Annotated[float, Positive] = 0.5
     preemption_notices: Sequence[Any] | None = None
+    probe_check: bool = True
+    probe_tolerance: Annotated[float, Positive] = 0.05
 
     def __post_init__(self) -> None:
         check_fields(self)

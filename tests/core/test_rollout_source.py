@@ -236,7 +236,7 @@ class _RestartedServer:
     def __init__(self, need: int):
         self.version, self.need, self.pushed, self.acked = -1, need, [], []
 
-    def push(self, plan, tree, version):
+    def push(self, plan, tree, version, probe=None):
         self.pushed.append(version)
         self.version = version
         return type("Reply", (), {"committed": True})()

@@ -34,6 +34,7 @@ import grpc
 from rlax.core import hookimpl
 from rlax.core.constraints import Positive, check_fields
 from rlax.core.param_server import rlax_pb2 as pb
+from rlax.core.param_server.codec import TensorList
 from rlax.core.param_server.transport import transfer
 from rlax.core.param_server.weights.split import ranged, split_header, split_points, whole_sizes
 from rlax.core.weight_lane import LaneHost, LaneLink, LaneServer, Pulled
@@ -230,7 +231,9 @@ def _joined(pulled: list[Pulled], whole: memoryview) -> Pulled:
     for _, runs, view in pulled:
         tensors += [{**t, "offset": t["offset"] + base} for t in runs]
         base += len(view)
-    return pulled[0][0], tensors, whole
+    joined = TensorList(tensors)
+    joined.probe = next((p[1].probe for p in pulled if getattr(p[1], "probe", None)), None)
+    return pulled[0][0], joined, whole
 
 
 def _push_run(server: Lanes, sub: pb.PartHeader, run) -> pb.PushReply:

@@ -20,6 +20,7 @@ import grpc
 import numpy as np
 
 from rlax.core.param_server import rlax_pb2 as pb
+from rlax.core.param_server.codec import copy_probe
 from rlax.core.param_server.transport.transfer import checksum
 
 # Bytes per element of each dtype a part may carry.
@@ -215,6 +216,7 @@ def assemble(
                 )
             entry[3].append((parts[i], t))
     header = pb.PartHeader(version=number, part=0, num_parts=1)
+    copy_probe(parts[min(parts)].header, header)  # the first part's (every part sends it)
     offset = 0
     for name in sorted(tensors, key=lambda n: tensors[n][0]):
         index, dtype, shape, shards = tensors[name]

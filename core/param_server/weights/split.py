@@ -30,6 +30,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from rlax.core.param_server import rlax_pb2 as pb
+from rlax.core.param_server.codec import copy_probe
 
 
 def split_points(sizes: list[int], shards: int) -> list[int]:
@@ -76,6 +77,7 @@ def split_header(header: pb.PartHeader, points: list[int]) -> list[tuple[pb.Part
             num_parts=header.num_parts,
             push_id=f"{header.push_id}/{s}" if header.push_id else "",
         )
+        copy_probe(header, sub)  # every server serves the version's probe
         mine = [t for t in header.tensors if points[s] <= t.index < points[s + 1]]
         base = mine[0].offset if mine else 0
         for t in mine:

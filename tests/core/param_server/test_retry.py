@@ -176,7 +176,7 @@ class FakeServerClient:
         self._maybe_fail("Ack")
         return 1
 
-    def push(self, plan, tree, version):
+    def push(self, plan, tree, version, probe=None):
         self._maybe_fail("Push")
         self.version = version
         return pb.PushReply(version=version, committed=True)

@@ -1,0 +1,154 @@
+"""The weight-load check: the policy a worker samples with is the policy the trainer published.
+
+After each update the trainer scores a short fixed token sequence, the *probe*, with the
+weights as the wire delivers them (rounded through the wire dtype), and publishes the
+probe's ids and per-token logprobs with the version (``PartHeader.probe_tokens`` and
+``probe_logprobs``). After each load a worker scores the same ids with the weights it
+loaded and compares: the largest per-token difference beyond ``tolerance`` means the
+weights are not the published ones (bytes changed after the checksum, another version's
+tensors under this version's number, a wrong layout), and the worker refuses the version
+instead of sampling with it (:meth:`rlax.core.worker.role.Worker.newer_weights`).
+
+Both sides run the same function on the same values, so what they may differ by is the
+order of floating-point reductions (another device, another sharding, another XLA
+program), not the wire's rounding: the trainer rounds before it scores. The default
+tolerance (:data:`DEFAULT_TOLERANCE`) admits that and little more; a version one update
+apart differs by far more on any model that learns (the tests show the margins).
+
+Shapes: T probe tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rlax.core.wire import WIRE_DTYPES
+
+__all__ = [
+    "DEFAULT_LENGTH",
+    "DEFAULT_TOLERANCE",
+    "Probe",
+    "ProbeCheck",
+    "ProbeResult",
+    "compare",
+    "probe_logprobs",
+    "probe_tokens",
+    "published_probe",
+    "rounded_through",
+    "trainer_probe",
+]
+
+#: Probe tokens per version: one forward of 16 tokens, 15 scored positions.
+DEFAULT_LENGTH = 16
+#: Largest per-token |logprob difference| a load may show. float32 logprobs of a
+#: ~-10 nat token computed by two programs differ by reduction order, ~1e-5 relative
+#: (a few 1e-4 absolute at most); a bfloat16 forward's own rounding is 2^-8 relative
+#: on the logits, about 0.04 nat at logits ~10. 0.05 admits that, while a corrupted
+#: tensor or another version moves the probe by far more.
+DEFAULT_TOLERANCE = 0.05
+
+
+def probe_tokens(vocab_size: int, length: int = DEFAULT_LENGTH) -> np.ndarray:
+    """The fixed probe ids [T]: a stride-7919 walk over the vocabulary (distinct ids, no
+    tokenizer needed, the same for every run of a model)."""
+    return ((np.arange(length, dtype=np.int64) * 7919 + 1) % vocab_size).astype(np.int32)
+
+
+@jax.jit
+def _scores(model: Any, tokens: jax.Array) -> jax.Array:  # [T] -> [T - 1]
+    from rlax.core.models.transformer import causal_mask, positions_from_mask
+
+    ids = tokens[None, :]
+    mask = jnp.ones_like(ids, dtype=bool)
+    logits, _ = model(ids, positions_from_mask(mask), causal_mask(mask))
+    logp = jax.nn.log_softmax(logits.reshape(ids.shape[1], -1).astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(logp[:-1], tokens[1:, None], axis=-1)[:, 0]
+
+
+def probe_logprobs(graphdef: Any, params: Any, tokens: np.ndarray) -> np.ndarray:
+    """log p(tokens[t + 1] | tokens[: t + 1]) [T - 1] under ``graphdef`` with ``params``
+    (an ``nnx.State``), float32; one forward of T tokens."""
+    model = nnx.merge(graphdef, params)
+    return np.asarray(_scores(model, jnp.asarray(tokens, dtype=jnp.int32)), dtype=np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """A version's probe as published: the ids [T] and the trainer's logprobs [T - 1]."""
+
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeResult:
+    """One load's check: passed, and the largest per-token |difference| (nats)."""
+
+    ok: bool
+    max_diff: float
+
+
+def compare(expected: Sequence[float], got: Sequence[float], tolerance: float) -> ProbeResult:
+    """``expected`` (the trainer's) against ``got`` (the worker's): ok when every position
+    differs by at most ``tolerance``. A length mismatch or a non-finite value fails."""
+    want = np.asarray(expected, dtype=np.float64)
+    have = np.asarray(got, dtype=np.float64)
+    if want.shape != have.shape or not (np.isfinite(want).all() and np.isfinite(have).all()):
+        return ProbeResult(False, float("inf"))
+    diff = float(np.max(np.abs(want - have))) if want.size else 0.0
+    return ProbeResult(diff <= tolerance, diff)
+
+
+def rounded_through(params: Any, wire_dtype: Any) -> Any:
+    """``params`` rounded through ``wire_dtype`` and back to each leaf's own dtype: what a
+    pull (or the in-process handoff) gives a sampler."""
+    wire = WIRE_DTYPES[wire_dtype] if isinstance(wire_dtype, str) else np.dtype(wire_dtype)
+    return jax.tree.map(lambda x: jnp.asarray(x).astype(wire).astype(x.dtype), params)
+
+
+def published_probe(graphdef: Any, params: Any, wire_dtype: Any, tokens: np.ndarray) -> Probe:
+    """The probe a trainer publishes with a version: ``tokens`` scored under ``params`` as
+    the wire delivers them (every trainer process calls it: the forward is collective)."""
+    scores = probe_logprobs(graphdef, rounded_through(params, wire_dtype), tokens)
+    return Probe(tuple(int(t) for t in tokens), tuple(float(s) for s in scores))
+
+
+class ProbeCheck:
+    """A worker's side of the check: scores a version's probe with the weights it loaded.
+
+    Args:
+      graphdef: the policy's architecture (``nnx.split`` of the worker's abstract model).
+      dtypes: a tree like the weights whose leaves have each parameter's dtype (the
+        abstract state): the loaded weights are cast to it first, as the trainer's are.
+      tolerance: the largest per-token |logprob difference| accepted (nats).
+    """
+
+    def __init__(self, graphdef: Any, dtypes: Any, tolerance: float = DEFAULT_TOLERANCE):
+        self.graphdef, self.dtypes, self.tolerance = graphdef, dtypes, tolerance
+
+    def __call__(self, params: Any, probe: Probe) -> ProbeResult:
+        cast = jax.tree.map(lambda x, like: jnp.asarray(x, dtype=like.dtype), params, self.dtypes)
+        got = probe_logprobs(self.graphdef, cast, np.asarray(probe.tokens, np.int32))
+        return compare(probe.logprobs, got, self.tolerance)
+
+
+def trainer_probe(
+    graphdef: Any, wire_dtype: Any, length: int = DEFAULT_LENGTH
+) -> Callable[[Any], Probe | None]:
+    """What a trainer's publish calls on each version's params: their probe (None for
+    LoRA's adapter versions: the worker merges them into its own base, not checked)."""
+
+    def probe(params: Any) -> Probe | None:
+        if not isinstance(params, nnx.State):
+            return None
+        vocab_size = nnx.merge(graphdef, params).cfg.vocab_size
+        return published_probe(graphdef, params, wire_dtype, probe_tokens(vocab_size, length))
+
+    return probe
