@@ -207,13 +207,14 @@ class ParamServerClient:
         reward_timeouts: int = 0,
         generate_s: float = 0.0,
         score_s: float = 0.0,
+        probe_refused: int = 0,
     ) -> Leases:
         """Up to ``max_prompts`` (lease id, prompt) pairs; [] if no room came within ``wait_s``.
 
         The reply's ``partials`` maps a lease id to the partial work its prompt
         carries (a preempted worker's rows, to be continued). The worker's
-        cumulative idle/busy/generate/score seconds and verifier failures ride along
-        for Stat.
+        cumulative idle/busy/generate/score seconds, verifier failures and versions
+        refused by the weight-load check ride along for Stat.
         """
         req = pb.LeaseRequest(
             worker=worker,
@@ -225,6 +226,7 @@ class ParamServerClient:
             reward_timeouts=reward_timeouts,
             generate_s=generate_s,
             score_s=score_s,
+            probe_refused=probe_refused,
         )
         reply = self._call("Lease", req, timeout=wait_s + 30)
         leases = Leases((x.lease_id, codec.msg_to_prompt(x.prompt)) for x in reply.leases)

@@ -320,6 +320,7 @@ class QueueStats(_message.Message):
     PARTIAL_TOKENS_FIELD_NUMBER: _builtins.int
     WORKER_GENERATE_S_FIELD_NUMBER: _builtins.int
     WORKER_SCORE_S_FIELD_NUMBER: _builtins.int
+    PROBE_REFUSED_FIELD_NUMBER: _builtins.int
     pool: _builtins.int
     """prompts waiting to be leased (returned ones included)"""
     leased: _builtins.int
@@ -352,6 +353,8 @@ class QueueStats(_message.Message):
     """summed over workers, as last reported: sampling"""
     worker_score_s: _builtins.float
     """and scoring seconds"""
+    probe_refused: _builtins.int
+    """summed over workers, as last reported: versions the weight-load check refused"""
     def __init__(
         self,
         *,
@@ -375,10 +378,11 @@ class QueueStats(_message.Message):
         partial_tokens: _builtins.int = ...,
         worker_generate_s: _builtins.float = ...,
         worker_score_s: _builtins.float = ...,
+        probe_refused: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "consumed", b"consumed", "cursor", b"cursor", "dropped_stale", b"dropped_stale", "expired_leases", b"expired_leases", "filtered", b"filtered", "leased", b"leased", "partial_resumed", b"partial_resumed", "partial_submitted", b"partial_submitted", "partial_tokens", b"partial_tokens", "pool", b"pool", "queued", b"queued", "retired_skipped", b"retired_skipped", "reward_errors", b"reward_errors", "reward_timeouts", b"reward_timeouts", "taken", b"taken", "worker_busy_s", b"worker_busy_s", "worker_generate_s", b"worker_generate_s", "worker_idle_s", b"worker_idle_s", "worker_score_s", b"worker_score_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "consumed", b"consumed", "cursor", b"cursor", "dropped_stale", b"dropped_stale", "expired_leases", b"expired_leases", "filtered", b"filtered", "leased", b"leased", "partial_resumed", b"partial_resumed", "partial_submitted", b"partial_submitted", "partial_tokens", b"partial_tokens", "pool", b"pool", "probe_refused", b"probe_refused", "queued", b"queued", "retired_skipped", b"retired_skipped", "reward_errors", b"reward_errors", "reward_timeouts", b"reward_timeouts", "taken", b"taken", "worker_busy_s", b"worker_busy_s", "worker_generate_s", b"worker_generate_s", "worker_idle_s", b"worker_idle_s", "worker_score_s", b"worker_score_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -684,6 +688,7 @@ class LeaseRequest(_message.Message):
     REWARD_TIMEOUTS_FIELD_NUMBER: _builtins.int
     GENERATE_S_FIELD_NUMBER: _builtins.int
     SCORE_S_FIELD_NUMBER: _builtins.int
+    PROBE_REFUSED_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     max_prompts: _builtins.int
     wait_s: _builtins.float
@@ -697,6 +702,8 @@ class LeaseRequest(_message.Message):
     generate_s: _builtins.float
     """the worker's cumulative sampling and scoring seconds"""
     score_s: _builtins.float
+    probe_refused: _builtins.int
+    """the worker's versions refused by the weight-load check"""
     def __init__(
         self,
         *,
@@ -709,10 +716,11 @@ class LeaseRequest(_message.Message):
         reward_timeouts: _builtins.int = ...,
         generate_s: _builtins.float = ...,
         score_s: _builtins.float = ...,
+        probe_refused: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_s", b"busy_s", "generate_s", b"generate_s", "idle_s", b"idle_s", "max_prompts", b"max_prompts", "reward_errors", b"reward_errors", "reward_timeouts", b"reward_timeouts", "score_s", b"score_s", "wait_s", b"wait_s", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_s", b"busy_s", "generate_s", b"generate_s", "idle_s", b"idle_s", "max_prompts", b"max_prompts", "probe_refused", b"probe_refused", "reward_errors", b"reward_errors", "reward_timeouts", b"reward_timeouts", "score_s", b"score_s", "wait_s", b"wait_s", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -226,7 +226,7 @@ class SamplerHost:
         plan = WirePlan.for_tree(nnx.state(model), self.spec.server.wire_dtype)
         for i, sampler in enumerate(self.samplers):
             sampler.setup(model, tokenizer)
-            w = self._worker(i, sampler, stop)
+            w = self._worker(i, sampler, stop, worker_role.probe_check(self.spec, model))
             self.workers.append(w)
             args = (w, plan, stop, preemption, self._pools[-1])
             thread = threading.Thread(target=self._serve, args=args, name=w.worker_id, daemon=True)
@@ -240,7 +240,7 @@ class SamplerHost:
             flush=True,
         )
 
-    def _worker(self, i: int, sampler: Any, stop: _Stop) -> worker_role.Worker:
+    def _worker(self, i: int, sampler: Any, stop: _Stop, probe: Any) -> worker_role.Worker:
         spec, own = self.spec, self.spec.worker
         client = ParamServerClient(
             spec.server,
@@ -269,6 +269,7 @@ class SamplerHost:
             refresh_interval_s=own.refresh_interval_s,
             interrupt=lambda: stop.requested,
             handoff=self.handoff,
+            probe=probe,  # the handed-over weights are checked as pulled ones are
         )
         if isinstance(w, TurnTakingWorker) and self.turns is not None:
             w.turns = self.turns

@@ -43,6 +43,8 @@ class QueueMetrics:
             "worker_idle_fraction": q.worker_idle_s / total if total else 0.0,
             "reward_errors": float(q.reward_errors),
             "reward_timeouts": float(q.reward_timeouts),
+            # Versions the workers' weight-load check refused, summed (rlax.core.rollout.probe).
+            "probe_refused": float(q.probe_refused),
         }
         # The workers' sampling and scoring seconds since the last batch, summed over
         # workers (so more than the step's wall time with several); a restarted worker

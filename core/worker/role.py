@@ -221,6 +221,7 @@ class Worker:
             reward_timeouts=int(self.counts["reward_timeouts"]),
             generate_s=self.counts["generate_s"],
             score_s=self.counts["score_s"],
+            probe_refused=int(self.counts["probe_refused"]),
         )
         waited = time.perf_counter()
         self.idle_s += waited - start
@@ -374,11 +375,18 @@ def _set_up(
         reuse_pull_buffer=not spec.worker.reload_in_flight,
     )
     recovery.mark("load")  # a restarted worker's way back: the model and sampler are set up
-    probe = None
-    if spec.worker.probe_check:
-        graphdef, abstract = nnx.split(bundle.model)
-        probe = ProbeCheck(graphdef, abstract, spec.worker.probe_tolerance)
-    return plan, client, probe
+    return plan, client, probe_check(spec, bundle.model)
+
+
+def probe_check(spec: RunSpec, model: Any) -> ProbeCheck | None:
+    """The worker's weight-load check on ``model``'s architecture (None: the run's
+    ``rlax.worker.probe_check`` is off)."""
+    from flax import nnx
+
+    if not spec.worker.probe_check:
+        return None
+    graphdef, abstract = nnx.split(model)
+    return ProbeCheck(graphdef, abstract, spec.worker.probe_tolerance)
 
 
 def _run(w: Worker, plan: WirePlan, stop: Preemption, pool: RewardPool) -> None:

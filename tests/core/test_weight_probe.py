@@ -18,6 +18,7 @@ from rlax.core.models.transformer import causal_mask, positions_from_mask
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.codec import probe_of, set_probe, tensor_list
 from rlax.core.rollout import probe as probes
+from rlax.core.trainer.queue_metrics import QueueMetrics
 from rlax.core.types import Group
 from rlax.core.wire import WirePlan
 from rlax.core.worker import role
@@ -170,6 +171,8 @@ def test_bytes_flipped_after_the_checksum_are_refused(ps, bundle, monkeypatch, c
     publish(ps.client, plan, graphdef, state, 1)  # the next version arrives whole
     assert worker.run_once(plan) == 3 and worker.version == 1
     assert versions_taken(ps.client, 1) == [1]
+    # The count reached the server with the lease and is a trainer metric (metrics.jsonl).
+    assert QueueMetrics()(ps.client.stat().queue)["probe_refused"] == 1.0
 
 
 @pytest.mark.parametrize("reuse", [False, True])
@@ -215,3 +218,31 @@ def test_bfloat16_wire_rounding_passes_and_one_update_does_not(ps, bundle):
     assert check(pulled, unrounded).max_diff > 1e-4  # the rounding itself is visible
     step = probes.published_probe(graphdef, moved(state, 0.01), "bfloat16", tokens)
     assert not check(pulled, step).ok
+
+
+def test_the_handoff_path_checks_the_offered_probe(ps, bundle, caplog):
+    """In one process the weights come device to device; their probe is offered with them
+    and checked the same way: a bad one is refused and the version is not pulled instead."""
+    from rlax.core.trainer.handoff import DeviceHandoff
+
+    graphdef, state = nnx.split(bundle.model)
+    plan = WirePlan.for_tree(state)
+    handoff = DeviceHandoff(lambda tree: jax.tree.map(jnp.copy, tree))
+    worker = make_worker(ps.client, bundle)
+    worker.handoff = handoff
+    pulls = []
+    pull = ps.client.pull
+    ps.client.pull = lambda *a, **k: pulls.append(a) or pull(*a, **k)
+    make = probes.trainer_probe(graphdef, "float32")
+    handoff.offer(state, 0, make(state))
+    publish(ps.client, plan, graphdef, state, 0)
+    worker.maybe_reload(plan)
+    assert (worker.version, worker.counts["probe_checks"], handoff.taken) == (0, 1, 1)
+    handoff.offer(state, 1, make(moved(state)))  # the offered weights are not the probe's
+    publish(ps.client, plan, graphdef, state, 1, probe_params=moved(state))
+    with caplog.at_level(logging.ERROR, logger="rlax.worker"):
+        worker.maybe_reload(plan)
+    assert worker.version == 0 and worker.refused_version == 1
+    assert worker.counts["probe_refused"] == 1 and "refused version 1" in caplog.text
+    worker.maybe_reload(plan)
+    assert pulls == [] and handoff.taken == 2  # not asked for again, by either path

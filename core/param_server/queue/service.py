@@ -62,6 +62,7 @@ class RolloutQueue(QueueState):
                 req.reward_timeouts,
                 req.generate_s,
                 req.score_s,
+                req.probe_refused,
             )
             self._expire()
             self._wait(lambda: self._in_flight() < self.capacity, req.wait_s)
@@ -361,8 +362,8 @@ class RolloutQueue(QueueState):
     def stats(self) -> pb.QueueStats:
         with self._cv:
             self._expire()
-            reports = list(self._workers.values()) or [(0.0, 0.0, 0, 0, 0.0, 0.0)]
-            idle, busy, reward_errors, reward_timeouts, generate, score = (
+            reports = list(self._workers.values()) or [(0.0, 0.0, 0, 0, 0.0, 0.0, 0)]
+            idle, busy, reward_errors, reward_timeouts, generate, score, refused = (
                 sum(x) for x in zip(*reports)
             )
             return pb.QueueStats(
@@ -386,4 +387,5 @@ class RolloutQueue(QueueState):
                 reward_timeouts=int(reward_timeouts),
                 worker_generate_s=generate,
                 worker_score_s=score,
+                probe_refused=int(refused),
             )

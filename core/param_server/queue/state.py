@@ -111,7 +111,7 @@ class QueueState:
         self._submitted: set[str] = set()
         self._acked: collections.OrderedDict[str, None] = collections.OrderedDict()
         # Each worker's last report: idle, busy, reward errors, timeouts, generate, score.
-        self._workers: dict[str, tuple[float, float, int, int, float, float]] = {}
+        self._workers: dict[str, tuple[float, float, int, int, float, float, int]] = {}
         self._take_versions: dict[str, int] = {}
         # Partial work by prompt id, and the lease ids a SubmitPartial ended (recent ones,
         # bounded: a retried SubmitPartial is a no-op, a Submit on them is refused).
