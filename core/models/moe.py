@@ -41,7 +41,16 @@ from flax import nnx
 from rlax.core.models.config import MoeConfig, TransformerConfig
 from rlax.core.models.layers import Attention
 
-__all__ = ["Experts", "MoE", "MoeBlock", "RoutesOut", "Routing", "balance_bias", "route"]
+__all__ = [
+    "Experts",
+    "MoE",
+    "MoeBlock",
+    "RoutesOut",
+    "Routing",
+    "balance_bias",
+    "balancing_terms",
+    "route",
+]
 
 
 @jax.tree_util.register_dataclass  # a block's output: through remat and scans
@@ -70,11 +79,14 @@ class RoutesOut:
       ids: int32 [B, T, R, k], the experts each token went to in each sparse
         layer: what a sampler records for routing replay.
       aux_loss: float32 [], the load-balancing loss, mean over the sparse
-        layers (over every position of the call, padding included).
+        layers (over every position of the call, padding included; the train
+        step's is :func:`balancing_terms`, over its real tokens).
+      probs: float32 [B, T, R, E], the router's scores (None where not kept).
     """
 
     ids: jax.Array
     aux_loss: jax.Array
+    probs: jax.Array | None = None
 
 
 def route(
@@ -108,6 +120,25 @@ def load_balancing_loss(routing: Routing, num_experts: int) -> jax.Array:
     f = jnp.mean(chosen, axis=0) / routing.ids.shape[-1]
     p = routing.probs / jnp.sum(routing.probs, axis=-1, keepdims=True)
     return num_experts * jnp.sum(f * jnp.mean(p, axis=0))
+
+
+def balancing_terms(
+    routes: RoutesOut, num_experts: int, valid: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The train step's balancing terms over the ``valid`` [B, T] tokens of a call: the
+    load-balancing loss (:func:`load_balancing_loss` of each sparse layer over those tokens,
+    mean over the layers; its gradient reaches the router through P_e only) and each layer's
+    expert load [R, E] (how many of them chose each expert, for :func:`balance_bias`)."""
+    assert routes.probs is not None, "balancing_terms needs the router's scores"
+    w = valid.astype(jnp.float32)[..., None, None]  # [B, T, 1, 1]
+    chosen = jax.nn.one_hot(routes.ids, num_experts, dtype=jnp.float32).sum(-2) * w
+    load = chosen.sum((0, 1))  # [R, E]
+    n = jnp.maximum(jnp.sum(w), 1.0)
+    f = load / (n * routes.ids.shape[-1])
+    p = routes.probs / jnp.sum(routes.probs, axis=-1, keepdims=True)
+    mean_p = jnp.sum(p * w, axis=(0, 1)) / n  # [R, E]
+    aux = jnp.mean(num_experts * jnp.sum(f * mean_p, axis=-1))
+    return aux, jax.lax.stop_gradient(load)
 
 
 def expert_load(ids: jax.Array, num_experts: int, valid: jax.Array | None = None) -> jax.Array:

@@ -14,6 +14,12 @@ The record of a row is int16 ``routes`` [T, R, k] aligned with its tokens
 the sampler (padding, the last generated token): those tokens are routed by
 the trainer itself. On the wire that is 2 * R * k bytes per token.
 
+**R2-style replay** (``trainer``): with several updates per rollout batch
+(:mod:`rlax.core.trainer.epochs`), the first pass over the batch (the one that
+fixes the updates' anchors) records the trainer's own routing, and every
+update of the batch routes by it, so a later update's ratio compares the same
+network's experts even after the router moved.
+
 References:
   Ma et al., 2025, "Stabilizing MoE Reinforcement Learning by Aligning Training and
     Inference Routers" (rollout routing replay, R3)
@@ -34,8 +40,9 @@ __all__ = ["REPLAY_MODES", "ROUTES_DTYPE", "batch_routes", "replayed_logprobs"]
 
 ROUTES_DTYPE = np.int16  # expert ids < 32768; -1: not recorded
 #: ``off``: the trainer routes every token itself; ``rollout``: it routes rollout tokens
-#: by the sampler's recorded experts (R3).
-REPLAY_MODES = ("off", "rollout")
+#: by the sampler's recorded experts (R3); ``trainer``: with several updates per batch, every
+#: update routes the batch's tokens as the trainer's first pass over it did (R2-style).
+REPLAY_MODES = ("off", "rollout", "trainer")
 
 
 def replayed_logprobs(

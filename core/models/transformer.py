@@ -150,6 +150,7 @@ class Transformer(nnx.Module):
                 aux_loss=jnp.mean(
                     jnp.stack([load_balancing_loss(r, cfg.moe.num_experts) for r in routings])
                 ),
+                probs=jnp.stack([r.probs.reshape(b, t, -1) for r in routings], axis=2),
             )
         return self.final_norm(x), new_cache, routes
 

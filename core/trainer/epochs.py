@@ -21,6 +21,12 @@ instead take ``epochs x minibatches`` updates per batch
    padded with empty rows to one row count;
 3. each minibatch is one :meth:`~rlax.core.trainer.step.Trainer.step`.
 
+With ``routing_replay = "trainer"`` (R2-style, :mod:`rlax.core.models.routing_replay`)
+a mixture-of-experts policy's routing of the batch is taken first, with the
+parameters before any update (:func:`first_pass_routes`), and replaces the
+batch's rollout record: the anchors and every update route by it. With one
+update per batch the trainer routes itself (the first pass is the update).
+
 The weight version still counts rollout batches: after the updates the
 trainer's step is one more than before, so publishing, staleness and
 checkpoints see one step per batch, and the shuffle depends only on the run's
@@ -43,8 +49,12 @@ import numpy as np
 
 from rlax.core.contracts import BatchTerms
 from rlax.core.errors import ConfigError
+from rlax.core.models import lora as loralib
+from rlax.core.models.routing_replay import ROUTES_DTYPE
+from rlax.core.models.transformer import causal_mask, positions_from_mask
 from rlax.core.parallel import mesh as meshlib
 from rlax.core.runtime import executables
+from rlax.core.trainer.microbatch import cast_floats
 from rlax.core.trainer.settings import TrainerSettings
 from rlax.core.trainer.step import Trainer, batch_arrays
 from rlax.core.types import TrainBatch
@@ -113,6 +123,32 @@ def fixed_anchors(trainer: Trainer, arrays: Arrays) -> Arrays:
     return {**arrays, **{k: np.asarray(v) for k, v in jax.device_get(out).items()}}
 
 
+def first_pass_routes(trainer: Trainer, arrays: Arrays) -> np.ndarray | None:
+    """int16 [B, T, L, k]: the experts the trainer's current parameters route each token of
+    the padded batch to (-1 on padding); None for a dense model. One forward of the whole
+    batch without the head, in the step's compute dtype."""
+    if trainer._model_cfg.moe is None:
+        return None
+    tokens, mask = arrays["tokens"], np.asarray(arrays["attention_mask"])
+    key = ("first_pass_routes", tokens.shape)
+    if key not in trainer._compiled:
+
+        def routes(params, tokens, mask):
+            ids = None
+            if trainer.passes.token_ids:  # LoRA dropout: each token's identity
+                ids = jnp.arange(tokens.size, dtype=jnp.int32).reshape(tokens.shape)
+            params = cast_floats(params, trainer._compute_dtype)
+            model = loralib.model_of(trainer.graphdef, params, ids)
+            _, _, routed = model.routed_hidden_states(
+                tokens, positions_from_mask(mask), causal_mask(mask)
+            )
+            return routed.ids.astype(ROUTES_DTYPE)
+
+        trainer._compiled[key] = jax.jit(routes)
+    out = np.asarray(trainer._compiled[key](trainer.state.params, tokens, mask))
+    return np.where(mask[..., None, None], out, -1).astype(ROUTES_DTYPE)
+
+
 def _with_empty_row(arrays: Arrays) -> Arrays:
     """Each array with one more, all-zero row (no attention, no loss): the padding row."""
     return {k: np.concatenate([v, np.zeros((1, *v.shape[1:]), v.dtype)]) for k, v in arrays.items()}
@@ -127,7 +163,14 @@ def several_updates(
     The trainer's step advances by one, whatever the number of updates.
     """
     settings = trainer.settings
+    if settings.routing_replay == "trainer":  # R2: every update routes as the first pass
+        arrays = {k: v for k, v in arrays.items() if k != "routes"}
+        routes = first_pass_routes(trainer, arrays)
+        if routes is not None:
+            arrays["routes"] = routes
     arrays = _with_empty_row(fixed_anchors(trainer, arrays))
+    if "routes" in arrays:
+        arrays["routes"][-1] = -1  # the empty row: routed by the trainer (no loss)
     multiple = math.lcm(meshlib.batch_size_multiple(trainer.mesh), settings.microbatches)
     start, metrics = trainer.state.step, []
     for epoch in range(settings.epochs):
@@ -136,6 +179,12 @@ def several_updates(
             metrics.append(trainer.step({k: v[rows] for k, v in arrays.items()}))
     trainer.state = dataclasses.replace(trainer.state, step=start + 1)
     return metrics
+
+
+def _without_routes(batch: TrainBatch | Arrays) -> TrainBatch | Arrays:
+    if isinstance(batch, TrainBatch):
+        return dataclasses.replace(batch, routes=None)
+    return {k: v for k, v in batch.items() if k != "routes"}
 
 
 def mean_metrics(per_update: list[dict]) -> dict[str, float]:
@@ -169,6 +218,8 @@ def update_on_batch(
     several were possible. ``batch`` as arrays needs ``group_ids``.
     """
     if updates_per_batch(trainer) == 1:
+        if trainer.settings.routing_replay == "trainer":  # the update is the first pass
+            rows = _without_routes(rows)
         return trainer.step(rows)
     check_processes(trainer.settings, jax.process_count())
     if isinstance(batch, TrainBatch):

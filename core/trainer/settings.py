@@ -75,8 +75,18 @@ class TrainerSettings:
         (:mod:`rlax.core.models.logprobs`), so the batch's [B, T, V] logits
         never exist; smaller saves memory, larger saves loop steps.
       routing_replay: a mixture-of-experts policy's routing in the step:
-        ``off`` (its own) or ``rollout`` (R3: each rollout token goes to the
-        experts the sampler recorded; :mod:`rlax.core.models.routing_replay`).
+        ``off`` (its own), ``rollout`` (R3: each rollout token goes to the
+        experts the sampler recorded; :mod:`rlax.core.models.routing_replay`)
+        or ``trainer`` (R2-style: with several updates per batch, each routes
+        the batch as the trainer's first pass over it did; one update per
+        batch routes itself).
+      balance_bias_rate: a mixture-of-experts policy with a balancing bias
+        (``MoeConfig.router_bias``, DeepSeek-V3): after each update the bias
+        moves by this much per expert toward balance,
+        b_e += rate * sign(mean load - load_e), the load counted over the
+        update's tokens (:func:`rlax.core.models.moe.balance_bias`; the bias
+        is never a gradient parameter). 0: the bias stays as loaded.
+        DeepSeek-V3's gamma is 0.001.
     """
 
     microbatches: Annotated[int, AtLeast(1)] = 1
@@ -92,6 +102,7 @@ class TrainerSettings:
     microbatch_tokens: Annotated[int, AtLeast(1)] = 8192
     row_tokens: Annotated[int, AtLeast(2, means="None: the padded row's width")] | None = None
     routing_replay: Annotated[str, OneOf(*REPLAY_MODES)] = "off"
+    balance_bias_rate: Annotated[float, AtLeast(0, means="0: the bias stays")] = 0.001
 
     def __post_init__(self) -> None:
         positive = ("microbatches", "epochs", "minibatches", "logprob_chunk_tokens")
@@ -111,5 +122,9 @@ class TrainerSettings:
                 raise ValueError(
                     f"TrainerSettings.{field}={getattr(self, field)!r}; valid: {', '.join(valid)}"
                 )
+        if self.balance_bias_rate < 0:
+            raise ValueError(
+                f"TrainerSettings.balance_bias_rate must be >= 0, got {self.balance_bias_rate}"
+            )
         if self.row_tokens is not None and self.row_tokens < 2:
             raise ValueError(f"TrainerSettings.row_tokens must be >= 2, got {self.row_tokens}")

@@ -56,7 +56,7 @@ from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.parallel import mesh as meshlib
 from rlax.core.parallel import multihost
 from rlax.core.runtime import executables
-from rlax.core.trainer import memory, packing, passes
+from rlax.core.trainer import balancing, memory, packing, passes
 from rlax.core.trainer.microbatch import ModuleT, cast_floats, wrap_blocks
 from rlax.core.trainer.settings import COMPUTE_DTYPES, PLACEMENTS, TrainerSettings
 from rlax.core.types import TrainBatch
@@ -165,10 +165,12 @@ class Trainer:
     ):
         self.mesh = mesh or meshlib.single_device_mesh()
         self.settings = settings or TrainerSettings()
-        if model.cfg.moe is not None and model.cfg.moe.aux_loss_coef > 0:
+        moe = model.cfg.moe
+        self._balances_bias = bool(moe and moe.router_bias and self.settings.balance_bias_rate)
+        if self._balances_bias and lora is not None:
             raise ValueError(
-                f"MoeConfig.aux_loss_coef = {model.cfg.moe.aux_loss_coef}: the train step does "
-                "not add the load-balancing loss yet; set it to 0 (docs/models.md)"
+                "rlax.trainer_settings.balance_bias_rate > 0 with LoRA: the router bias is in "
+                "the frozen base; set it to 0"
             )
         self.rules = rules
         self.graphdef, params = nnx.split(model)
@@ -305,15 +307,17 @@ class Trainer:
         model = self._wrap_blocks(model)
         chunk = self.settings.logprob_chunk_tokens  # the head never sees the whole batch
         floor = batch.get("kept_floor")  # the sampler's kept sets: truncate as it did
-        routes = batch.get("routes") if self.settings.routing_replay == "rollout" else None
-        if routes is None and self.settings.routing_replay == "rollout" and model.cfg.moe:
+        mode = self.settings.routing_replay
+        routes = batch.get("routes") if mode != "off" else None
+        if routes is None and mode == "rollout" and model.cfg.moe:
             raise ValueError(
                 "routing_replay = 'rollout' but the batch has no routes: its sampler did not "
-                "record them (samplers.jax does; samplers.engine does not yet)"
+                "record them (samplers.jax and samplers.engine do)"
             )
-        if routes is not None:  # R3: the sampler's experts (rlax.core.models.routing_replay)
+        # R3: the sampler's experts; R2: the first pass's (rlax.core.models.routing_replay)
+        if routes is not None:
             if critic is not None:
-                raise ValueError("routing_replay = 'rollout' with a critic is not supported")
+                raise ValueError(f"routing_replay = {mode!r} with a critic is not supported")
             tokens, mask = batch["tokens"], batch["attention_mask"]
             logp, entropy = replayed_logprobs(
                 model, tokens, mask, routes, self.temperature, chunk, batch.get("kept_floor")
@@ -386,11 +390,22 @@ class Trainer:
             ref_logp, _, _ = self._scan_forward(ref_params, None, batch)
             batch = dict(batch, ref_logprobs=jax.lax.stop_gradient(ref_logp.astype(jnp.float32)))
         loss, metrics, logp, entropy, grads = self._loss_and_grads(params, critic, batch)
+        moe = self._model_cfg.moe
+        load = None
+        if moe is not None and (moe.aux_loss_coef > 0 or self._balances_bias):
+            aux, aux_grads, load = balancing.terms(self, params, critic, batch)
+            metrics = dict(metrics, moe_aux_loss=aux)
+            if aux_grads is not None:  # the loss is the algorithm's plus coef x the aux loss
+                loss = loss + moe.aux_loss_coef * aux
+                grads = jax.tree.map(lambda g, a: g + moe.aux_loss_coef * a, grads, aux_grads)
+        old_params = params
         trainable = self._trainable(params, critic)
         updates, opt_state = self.optimizer.update(grads, opt_state, trainable)
         trainable = optax.apply_updates(trainable, updates)
         trained, critic = (trainable, None) if critic is None else trainable
         params = loralib.updated(params, trained)  # LoRA: the same base, the new adapters
+        if load is not None and self._balances_bias:  # DeepSeek-V3: after the update
+            params = balancing.balanced_bias(self, old_params, params, load)
         mask = batch["loss_mask"]
         metrics = dict(
             metrics,

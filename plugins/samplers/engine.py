@@ -465,7 +465,7 @@ def _decoded_routes(row: Row, fed: np.ndarray) -> None:
     """``row.routes`` after a decode call fed the row ``len(fed)`` tokens (its last one and
     those drawn before the last) and drew as many: ``fed`` [n, L, k] are their experts, the
     newest drawn token's -1 (not fed yet)."""
-    if not len(fed):
+    if not len(fed) or row.routes is None:
         return
     pending = np.full((1, *fed.shape[1:]), -1, fed.dtype)
     row.routes = np.concatenate([row.routes[:-1], fed, pending])

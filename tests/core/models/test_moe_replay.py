@@ -157,12 +157,6 @@ def test_replay_without_recorded_routes_is_refused_not_silently_off():
         trainer.step(batch)
 
 
-def test_a_load_balancing_loss_the_step_would_ignore_is_refused():
-    cfg = TransformerConfig(**{**CFG.__dict__, "moe": MoeConfig(4, 2, 12, aux_loss_coef=0.01)})
-    with pytest.raises(ValueError, match="aux_loss_coef = 0.01: the train step does not add"):
-        Trainer(Transformer(cfg, rngs=nnx.Rngs(0)), grpo(), optax.sgd(0.0))
-
-
 def test_remat_and_microbatches_train_a_moe_model_as_one_plain_pass():
     import jax
 
