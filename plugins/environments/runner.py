@@ -17,6 +17,12 @@ decoded and encoded again, so what the trainer scores is exactly what the
 sampler produced (``retokenized_tokens`` is 0 by construction; the tests
 check it). Turns of all live episodes are sampled in one batched call.
 
+A mixture-of-experts sampler's routes (routing replay) are the last model
+turn's record: the prompt and every id before that turn as its prefill routed
+them, then the turn's own; observations after it have -1 (the trainer routes
+them itself). Earlier turns' tokens were routed the same way when they were
+sampled up to float rounding of prefill against decode (a near-tie).
+
 Tool text is text (:mod:`.chat`): an observation may hold the control ids of
 its chat framing and no other; one whose text brought control tokens (a
 tool's output encoded with its ``<|im_end|>`` as the real token) ends its
@@ -54,6 +60,9 @@ class _Live:
     mask: list[np.ndarray] = dataclasses.field(default_factory=list)
     versions: list[np.ndarray] = dataclasses.field(default_factory=list)
     floors: list[np.ndarray] = dataclasses.field(default_factory=list)  # the sampler's kept sets
+    # A mixture-of-experts sampler's record (routing replay): the latest model turn's, which
+    # covers the prompt, everything before the turn (as its prefill routed it) and the turn.
+    routes: np.ndarray | None = None
     parts: list[str] = dataclasses.field(default_factory=list)
     turns: int = 0
     observation_tokens: int = 0
@@ -154,6 +163,8 @@ class EpisodeSampler:
             c.versions if c.versions is not None else np.full(len(c.tokens), c.policy_version)
         )
         floors = None if c.kept_floor is None else c.kept_floor[:k]
+        if c.routes is not None:  # the turn's prompt (the episode so far) and its kept ids
+            live.routes = c.routes[: len(live.prompt.tokens) + live.length + k]
         live.append(c.tokens[:k], c.logprobs[:k], True, versions[:k], floors)
         cut = k < len(c.tokens)
         text = self.tokenizer.decode(c.tokens[:k]) if cut else c.text
@@ -206,6 +217,11 @@ class EpisodeSampler:
         versions = np.concatenate(live.versions)
         oldest = int(versions.min()) if len(versions) else -1
         floors = np.concatenate(live.floors) if live.floors else np.zeros(0, np.float32)
+        routes = None
+        if live.routes is not None:  # observations after the last model turn: -1 (none)
+            routes = np.full((len(live.prompt.tokens) + live.length, *live.routes.shape[1:]), -1)
+            routes = routes.astype(live.routes.dtype)
+            routes[: len(live.routes)] = live.routes
         return Completion(
             tokens=np.concatenate(live.tokens).astype(np.int32),
             logprobs=np.concatenate(live.logprobs).astype(np.float32),
@@ -223,6 +239,7 @@ class EpisodeSampler:
                 **info,
             },
             kept_floor=floors if np.isfinite(floors).any() else None,
+            routes=routes,
         )
 
     def _reward(self, live: _Live) -> tuple[float, str]:
