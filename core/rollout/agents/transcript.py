@@ -57,6 +57,9 @@ class Segment:
     mask: list[np.ndarray] = dataclasses.field(default_factory=list)
     versions: list[np.ndarray] = dataclasses.field(default_factory=list)
     floors: list[np.ndarray] = dataclasses.field(default_factory=list)  # kept sets; -inf: none
+    # A mixture-of-experts sampler's record (routing replay): the last reply's, which covers
+    # the segment's ids before it (as its prefill routed them) and the reply; None: none.
+    routes: np.ndarray | None = None
     texts: list[str] = dataclasses.field(default_factory=list)
     finishes: list[str] = dataclasses.field(default_factory=list)
     finish_reason: str = "length"
@@ -95,6 +98,12 @@ class Segment:
         versions = np.concatenate(self.versions)[:end]
         on_model = versions[mask[:end] == 1]
         floors = np.concatenate(self.floors)[:end]
+        routes = None
+        if self.routes is not None:  # prompt ids after the last reply: -1 (none recorded)
+            routes = np.full((len(self.prompt) + end, *self.routes.shape[1:]), -1)
+            routes = routes.astype(self.routes.dtype)
+            kept = self.routes[: len(routes)]
+            routes[: len(kept)] = kept
         return Completion(
             tokens=np.concatenate(self.tokens)[:end].astype(np.int32),
             logprobs=np.concatenate(self.logprobs)[:end].astype(np.float32),
@@ -105,6 +114,7 @@ class Segment:
             loss_mask=mask[:end],
             episode={"turns": self.turns, **info},
             kept_floor=floors if np.isfinite(floors).any() else None,
+            routes=routes,
         )
 
 
@@ -167,6 +177,8 @@ class Transcript:
             c.versions if c.versions is not None else np.full(len(c.tokens), c.policy_version)
         )
         segment = self.segments[-1]
+        if c.routes is not None and len(c.routes) == len(segment.ids) + len(c.tokens):
+            segment.routes = c.routes  # sampled after the segment's ids as they stand
         segment.append(c.tokens, c.logprobs, model=True, versions=versions, floors=c.kept_floor)
         segment.texts.append(c.text if text is None else text)
         segment.finishes.append(c.finish_reason)
