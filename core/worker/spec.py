@@ -50,7 +50,7 @@ class WorkerSpec:
     refresh_interval_s: Annotated[float, Positive] = 0.5
     preemption_notices: Sequence[Any] | None = None
     probe_check: bool = True
-    probe_tolerance: Annotated[float, Positive] = 0.05
+    probe_tolerance: Annotated[float, Positive] = 0.01
 
     def __post_init__(self) -> None:
         check_fields(self)
