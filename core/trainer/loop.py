@@ -29,8 +29,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tqdm import tqdm
-
 from rlax.core.contracts import RolloutSource
 from rlax.core.errors import ConfigError, LostStep, Preempted, SourceMismatch
 from rlax.core.evaluation.metrics import MetricsLog
@@ -43,6 +41,7 @@ from rlax.core.trainer.checkpoint import Checkpointer, Restored
 from rlax.core.trainer.iteration import train_step
 from rlax.core.trainer.observe import Observer
 from rlax.core.trainer.phases import PhaseClock
+from rlax.core.trainer.progress import progress_bar
 from rlax.core.trainer.step import Trainer, TrainState
 from rlax.core.types import Group
 
@@ -206,12 +205,11 @@ class TrainingRun:
         """Runs steps ``self.step + 1 .. steps``; ``step_args`` go to each :func:`train_step`."""
         # Steps are numbered from 1: step k is the k-th update, after which trainer.state.step
         # == k. The hooks, metrics.jsonl, checkpoints and the bar all use that number.
-        bar = tqdm(
+        bar = progress_bar(
             range(self.step + 1, steps + 1),
-            desc="rl",
-            disable=not (progress and self.lead),
-            initial=self.step,
             total=steps,
+            show=progress and self.lead,
+            every=self.observer.progress_every,  # where the output is not a terminal
         )
         self.observer.open(self.step)
         if self._agree(None, None)[1]:

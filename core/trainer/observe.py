@@ -49,6 +49,7 @@ class WatchSettings:
     rlax.watch.trace_groups = 2   # groups per traced step
     rlax.watch.plot_every = 50    # curves.png every 50 steps (0: at a preemption and the end)
     rlax.watch.curves = True      # False: no curves.png at all
+    rlax.watch.progress_every = 10  # progress to a file or pipe: a line every 10 steps
     """
 
     loggers: Sequence[Logger] = ()
@@ -57,6 +58,9 @@ class WatchSettings:
     trace_groups: Annotated[int, AtLeast(1)] = 2
     plot_every: Every = 50
     curves: bool = True
+    # Not a terminal (a log file, a pipe): one progress line every this many steps, and
+    # the last step's (0: the last step's only); a terminal shows the bar.
+    progress_every: Every = 10
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "loggers", tuple(self.loggers))
@@ -148,12 +152,14 @@ class Observer:
         trace_groups: int = 2,
         plot_every: int = 0,
         curves: bool = True,
+        progress_every: int = 10,
         lead: bool = True,
     ):
         self.run_dir, self.loggers, self.lead = RunDir.of(run_dir), Loggers(loggers), lead
         self._evaluate, self.reward = evaluate, reward
         self.eval_every, self.trace_every, self.trace_groups = eval_every, trace_every, trace_groups
         self.plot_every, self.curves = plot_every, curves
+        self.progress_every = progress_every  # read by the loop's progress line
 
     @property
     def traces_path(self) -> pathlib.Path:
