@@ -97,7 +97,9 @@ class ProbeResult:
     max_diff: float
 
 
-def compare(expected: Sequence[float], got: Sequence[float], tolerance: float) -> ProbeResult:
+def compare(
+    expected: Sequence[float] | np.ndarray, got: Sequence[float] | np.ndarray, tolerance: float
+) -> ProbeResult:
     """``expected`` (the trainer's) against ``got`` (the worker's): ok when every position
     differs by at most ``tolerance``. A length mismatch or a non-finite value fails."""
     want = np.asarray(expected, dtype=np.float64)

@@ -232,7 +232,8 @@ def _joined(pulled: list[Pulled], whole: memoryview) -> Pulled:
         tensors += [{**t, "offset": t["offset"] + base} for t in runs]
         base += len(view)
     joined = TensorList(tensors)
-    joined.probe = next((p[1].probe for p in pulled if getattr(p[1], "probe", None)), None)
+    probes = (getattr(runs, "probe", None) for _, runs, _ in pulled)  # every server has it
+    joined.probe = next((p for p in probes if p is not None), None)
     return pulled[0][0], joined, whole
 
 
