@@ -246,3 +246,22 @@ def test_the_handoff_path_checks_the_offered_probe(ps, bundle, caplog):
     assert worker.counts["probe_refused"] == 1 and "refused version 1" in caplog.text
     worker.maybe_reload(plan)
     assert pulls == [] and handoff.taken == 2  # not asked for again, by either path
+
+
+def test_the_probe_survives_a_split_store_and_a_multi_host_push(make_ps):
+    """Every lane serves the probe: a store split over servers (each run carries it) and a
+    version assembled from two hosts' parts (the served header copies it)."""
+    from .param_server.test_bulk import _host
+    from .param_server.test_sharded import PLAN, TREE, _sharded
+
+    probe = probes.Probe((4, 5, 6), (-0.25, -3.5))
+    servers = [make_ps() for _ in range(2)]
+    split = _sharded(make_ps, tuple(s.settings.address for s in servers))
+    assert split.client.push(PLAN, TREE, 0, probe).committed
+    version, tensors, buf = split.client.pull(-1)
+    assert (version, tensors.probe) == (0, probe) and bytes(buf) == PLAN.pack(TREE).tobytes()
+    one = make_ps()
+    for i in (1, 0):  # the last part to arrive commits
+        header, pieces = _host(i)
+        reply = one.client.push_part(set_probe(header, probe), iter(pieces))
+    assert reply.committed and one.client.pull(-1)[1].probe == probe
