@@ -324,7 +324,10 @@ def check_settings_used(
     settings configs/base/roles.gin binds so (the message says to include it).
     """
     for settings, parameter in taken_by.items():
-        first = next((b for b in bound_values(origins) if b.selector == settings), None)
+        # A scoped binding (sampler/rlax.mesh.data) is its own reference's, taken where that is.
+        first = next(
+            (b for b in bound_values(origins) if b.selector == settings and not b.scope), None
+        )
         if first is None:
             continue
         role, _, arg = parameter.rpartition(".")

@@ -345,3 +345,23 @@ def test_a_gin_file_that_is_not_utf8_names_the_file_line_and_byte(tmp_path):
         "save it as UTF-8"
     )
     assert str(included.value) == f"{alone.value} (included from {outer}:1)"
+
+
+def test_a_settings_object_bound_but_not_taken_is_refused_unless_scoped():
+    """``rlax.mesh.tensor = 2`` with ``rlax.train.mesh`` unset would be ignored: refused,
+    naming the parameter to bind (not roles.gin, which does not wire the mesh). A scoped
+    binding (``sampler/rlax.mesh``) belongs to the reference that names its scope."""
+    config.register_core_configurables()
+    config.register_configurables("cfgtest", {"holder": lambda mesh=None: mesh})
+    mesh_only = ["rlax.mesh.tensor = 2"]
+    scoped = ["cfgtest.holder.mesh = @sampler/rlax.mesh()", "sampler/rlax.mesh.tensor = 2"]
+
+    with pytest.raises(ConfigError) as ignored:
+        config.parse([], mesh_only)
+    config.parse([], scoped)  # no error: the scoped mesh is built where it is referenced
+    assert config.configured("cfgtest", "holder")().tensor == 2
+
+    assert str(ignored.value) == (
+        "--gin.rlax.mesh.tensor = 2: rlax.mesh.tensor is bound, but rlax.train.mesh is not "
+        "@rlax.mesh(), so it would be ignored; bind rlax.train.mesh = @rlax.mesh()"
+    )
