@@ -265,3 +265,23 @@ def test_the_probe_survives_a_split_store_and_a_multi_host_push(make_ps):
         header, pieces = _host(i)
         reply = one.client.push_part(set_probe(header, probe), iter(pieces))
     assert reply.committed and one.client.pull(-1)[1].probe == probe
+
+
+def test_a_saved_version_is_served_again_with_its_probe(tmp_path, make_ps):
+    """A parameter server that restarts from its saved weights serves their probe too, by
+    a push (no store) and in place (served from the file)."""
+    from rlax.core.param_server.weights.persist import WeightPersister
+
+    tree = {"a": np.arange(12, dtype=np.float32).reshape(3, 4)}
+    plan = WirePlan.for_tree(tree)
+    probe = probes.Probe((7, 8), (-1.5,))
+    first = make_ps()
+    persister = WeightPersister(tmp_path, first.settings, store=first.server.weights)
+    first.client.push(plan, tree, 4, probe)
+    assert persister.save_newest() == 4
+    persister.stop()
+    pushed, in_place = make_ps(), make_ps()
+    assert WeightPersister(tmp_path, pushed.settings).restore() == 4
+    assert pushed.client.pull(-1)[1].probe == probe
+    restored = WeightPersister(tmp_path, in_place.settings, store=in_place.server.weights)
+    assert restored.restore() == 4 and in_place.client.pull(-1)[1].probe == probe

@@ -42,11 +42,13 @@ import grpc
 import numpy as np
 import xxhash
 
+from rlax.core.param_server import codec
 from rlax.core.param_server import rlax_pb2 as pb
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.param_server.transport.transfer import checksum
 from rlax.core.param_server.weights.parts import PushRejected
+from rlax.core.rollout.probe import Probe
 from rlax.core.wire import WIRE_DTYPES, TensorSpec, WirePlan
 
 log = logging.getLogger("rlax.param_server")
@@ -105,6 +107,7 @@ class WeightPersister:
                     return self._restore_in_place(version)
                 buffer, tensors = _read(self.directory / str(version))
                 plan = _plan(tensors, buffer.nbytes)
+                probe = _probe_at(self.directory / str(version))
             except PushRejected as err:  # the trainer pushed something newer first: fine
                 log.info("saved weights v%d not re-served: %s", version, err)
                 return -1
@@ -116,7 +119,7 @@ class WeightPersister:
                 warnings.warn(message, stacklevel=2)
                 continue
             try:
-                self.client.push(plan, buffer, version)
+                self.client.push(plan, buffer, version, probe)
             except grpc.RpcError as err:  # the trainer pushed something newer first: fine
                 log.info("saved weights v%d not re-served: %s", version, err.details())
                 return -1
@@ -145,6 +148,7 @@ class WeightPersister:
                 nbytes=t["nbytes"],
                 index=i,
             )
+        codec.set_probe(header, _saved_probe(meta))
         self.store.restore_file(header, self._file(version), segments)
         self.saved = version
         log.info("weights v%d restored from %s (served from the file)", version, self.directory)
@@ -185,16 +189,7 @@ class WeightPersister:
         if served is None:
             return self.saved
         try:
-            tensors = [
-                {
-                    "name": t.name,
-                    "shape": list(t.shape),
-                    "offset": t.offset,
-                    "nbytes": t.nbytes,
-                    "dtype": t.dtype,
-                }
-                for t in served.header.tensors
-            ]
+            tensors = codec.tensor_list(served.header)  # and the version's probe
             if served.buffer is not None:
                 self._save(served.number, tensors, np.frombuffer(served.buffer, np.uint8))
             elif served.path is not None:  # received into the spool: the file is linked
@@ -244,6 +239,9 @@ class WeightPersister:
             "nbytes": nbytes,
             "xxh3_64": digest,
         }
+        probe = getattr(tensors, "probe", None)  # the weight-load check's, served again
+        if probe is not None:
+            meta["probe"] = {"tokens": list(probe.tokens), "logprobs": list(probe.logprobs)}
         (tmp / "meta" / "metadata").write_text(json.dumps(meta))
         final = self.directory / str(version)
         if final.exists():
@@ -270,6 +268,18 @@ def _segments(path: pathlib.Path, chunk_bytes: int) -> tuple[list, tuple[int, in
             segments.append((offset, n, checksum(view)))
             offset += n
     return segments, (offset, whole.intdigest())
+
+
+def _saved_probe(meta: dict) -> Probe | None:
+    """The probe a saved version's metadata holds (None: saved without one)."""
+    probe = meta.get("probe")
+    return Probe(tuple(probe["tokens"]), tuple(probe["logprobs"])) if probe else None
+
+
+def _probe_at(path: pathlib.Path) -> Probe | None:
+    """The probe saved with the version at ``path`` (None: none, or an orbax save)."""
+    metadata = path / "meta" / "metadata"
+    return _saved_probe(json.loads(metadata.read_text())) if metadata.is_file() else None
 
 
 def _read(path: pathlib.Path) -> tuple[np.ndarray, list[dict]]:
