@@ -23,6 +23,7 @@ Shapes: T probe tokens, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,7 +44,6 @@ __all__ = [
     "probe_logprobs",
     "probe_tokens",
     "published_probe",
-    "rounded_through",
     "trainer_probe",
 ]
 
@@ -63,10 +63,24 @@ def probe_tokens(vocab_size: int, length: int = DEFAULT_LENGTH) -> np.ndarray:
     return ((np.arange(length, dtype=np.int64) * 7919 + 1) % vocab_size).astype(np.int32)
 
 
-@jax.jit
-def _scores(model: Any, tokens: jax.Array) -> jax.Array:  # [T] -> [T - 1]
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _program(
+    graphdef: Any,
+    params: Any,
+    tokens: jax.Array,  # [T]
+    wire: np.dtype | None,
+    dtypes: tuple[np.dtype, ...] | None,
+) -> jax.Array:  # [T - 1]
+    """One program: the weights rounded through ``wire`` and cast to ``dtypes`` (each
+    None: as they are), then the forward and each next token's log-softmax."""
     from rlax.core.models.transformer import causal_mask, positions_from_mask
 
+    leaves, treedef = jax.tree.flatten(params)
+    if wire is not None:
+        leaves = [x.astype(wire).astype(x.dtype) for x in leaves]
+    if dtypes is not None:
+        leaves = [x.astype(d) for x, d in zip(leaves, dtypes)]
+    model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
     ids = tokens[None, :]
     mask = jnp.ones_like(ids, dtype=bool)
     logits, _ = model(ids, positions_from_mask(mask), causal_mask(mask))
@@ -74,11 +88,23 @@ def _scores(model: Any, tokens: jax.Array) -> jax.Array:  # [T] -> [T - 1]
     return jnp.take_along_axis(logp[:-1], tokens[1:, None], axis=-1)[:, 0]
 
 
-def probe_logprobs(graphdef: Any, params: Any, tokens: np.ndarray) -> np.ndarray:
+def probe_logprobs(
+    graphdef: Any,
+    params: Any,
+    tokens: np.ndarray,
+    *,
+    wire: Any = None,
+    dtypes: tuple[np.dtype, ...] | None = None,
+) -> np.ndarray:
     """log p(tokens[t + 1] | tokens[: t + 1]) [T - 1] under ``graphdef`` with ``params``
-    (an ``nnx.State``), float32; one forward of T tokens."""
-    model = nnx.merge(graphdef, params)
-    return np.asarray(_scores(model, jnp.asarray(tokens, dtype=jnp.int32)), dtype=np.float32)
+    (an ``nnx.State``), float32; one forward of T tokens. ``wire``: round the weights
+    through this dtype first (a name or a dtype); ``dtypes``: then cast each leaf (in
+    ``jax.tree.flatten`` order) to its dtype."""
+    if isinstance(wire, str):
+        wire = WIRE_DTYPES[wire]
+    wire = None if wire is None else np.dtype(wire)
+    got = _program(graphdef, params, jnp.asarray(tokens, dtype=jnp.int32), wire, dtypes)
+    return np.asarray(got, dtype=np.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,17 +136,10 @@ def compare(
     return ProbeResult(diff <= tolerance, diff)
 
 
-def rounded_through(params: Any, wire_dtype: Any) -> Any:
-    """``params`` rounded through ``wire_dtype`` and back to each leaf's own dtype: what a
-    pull (or the in-process handoff) gives a sampler."""
-    wire = WIRE_DTYPES[wire_dtype] if isinstance(wire_dtype, str) else np.dtype(wire_dtype)
-    return jax.tree.map(lambda x: jnp.asarray(x).astype(wire).astype(x.dtype), params)
-
-
 def published_probe(graphdef: Any, params: Any, wire_dtype: Any, tokens: np.ndarray) -> Probe:
     """The probe a trainer publishes with a version: ``tokens`` scored under ``params`` as
     the wire delivers them (every trainer process calls it: the forward is collective)."""
-    scores = probe_logprobs(graphdef, rounded_through(params, wire_dtype), tokens)
+    scores = probe_logprobs(graphdef, params, tokens, wire=wire_dtype)
     return Probe(tuple(int(t) for t in tokens), tuple(float(s) for s in scores))
 
 
@@ -135,11 +154,12 @@ class ProbeCheck:
     """
 
     def __init__(self, graphdef: Any, dtypes: Any, tolerance: float = DEFAULT_TOLERANCE):
-        self.graphdef, self.dtypes, self.tolerance = graphdef, dtypes, tolerance
+        self.graphdef, self.tolerance = graphdef, tolerance
+        self.dtypes = tuple(np.dtype(x.dtype) for x in jax.tree.leaves(dtypes))
 
     def __call__(self, params: Any, probe: Probe) -> ProbeResult:
-        cast = jax.tree.map(lambda x, like: jnp.asarray(x, dtype=like.dtype), params, self.dtypes)
-        got = probe_logprobs(self.graphdef, cast, np.asarray(probe.tokens, np.int32))
+        tokens = np.asarray(probe.tokens, np.int32)
+        got = probe_logprobs(self.graphdef, params, tokens, dtypes=self.dtypes)
         return compare(probe.logprobs, got, self.tolerance)
 
 
