@@ -35,7 +35,7 @@ class ScriptedGrader:
     """A sampler answering each prompt with the next scripted text; ``(seconds, text)``
     sleeps first. Keeps each prompt it was asked, decoded."""
 
-    temperature, max_new_tokens = 1.0, 128
+    temperature, max_new_tokens = 0.0, 128  # a grader is asked for its one judgement
 
     def __init__(self) -> None:
         self.script: list[str | tuple[float, str]] = []
