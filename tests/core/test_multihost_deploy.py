@@ -19,7 +19,7 @@ import yaml
 
 from rlax.core import config, plugins
 from rlax.core.cli import ROLES
-from rlax.core.parallel.mesh import MeshConfig
+from rlax.core.parallel.mesh import AXES, MeshConfig
 from rlax.core.parallel.multihost import DistributedSettings
 from rlax.core.trainer.step import TrainerSettings
 
@@ -153,13 +153,19 @@ def test_cluster_gin_parses_and_lays_out_the_trainer(config_map):
     config.register_core_configurables()
     config.parse([config_map / "cluster.gin"], plugins=pm)
     try:
-        mesh = gin.query_parameter("rlax.train.mesh").scoped_configurable_fn()
-        settings = gin.query_parameter("rlax.train.trainer_settings").scoped_configurable_fn()
-        dist = gin.query_parameter("rlax.train.distributed").scoped_configurable_fn()
+        spec = config.build_spec(pm)  # what every role of the deployment takes
         base = gin.query_parameter("INIT_CHECKPOINT/gin.macro.value")
     finally:
         gin.clear_config()
-    assert isinstance(mesh, MeshConfig) and mesh.shape(16) == (1, 16, 1)
+    mesh, settings, dist = spec.train.mesh, spec.train.trainer_settings, spec.train.distributed
+    assert isinstance(mesh, MeshConfig)
+    assert dict(zip(AXES, mesh.shape(16), strict=True)) == {
+        "data": 1,
+        "fsdp": 16,
+        "context": 1,
+        "tensor": 1,
+        "expert": 1,
+    }
     assert isinstance(settings, TrainerSettings) and settings.compute_dtype == "bfloat16"
     assert isinstance(dist, DistributedSettings)
     # The ConfigMap holds cluster.gin alone: quickstart.gin and its base policy are the package's.
