@@ -65,12 +65,16 @@ def test_sampled_tokens_stay_in_the_allowed_set_and_full_logprob_is_the_tempered
         tok, logp, floor = sample_token(
             logits, jax.random.key(1), jnp.float32(0.7), top_k=top_k, top_p=top_p, recorded="full"
         )
-        assert np.all(np.asarray(floor) == -np.inf)  # "full": no kept set travels
         allowed = logits / 0.7
         if top_k:
             allowed = restrict_top_k(allowed, top_k)
         if top_p < 1:
             allowed = restrict_top_p(allowed, top_p)
+        # "full": no floor travels, but the kept set's log mass under the full distribution
+        # does, so logprob - mass is the logprob under the distribution drawn from.
+        full = jax.nn.log_softmax(logits / 0.7)
+        mass = jax.nn.logsumexp(jnp.where(jnp.isfinite(allowed), full, -jnp.inf), axis=-1)
+        np.testing.assert_allclose(floor, mass, rtol=1e-6, atol=1e-6)
         assert np.all(
             np.isfinite(np.take_along_axis(np.asarray(allowed), np.asarray(tok)[:, None], 1))
         )
