@@ -17,8 +17,11 @@ def _prompt(tok, text):
 
 def test_greedy_chat_answer_and_logprobs_match_the_trainer(smollm2_bundle):
     tok, model = smollm2_bundle.tokenizer, smollm2_bundle.model
-    # top_k=1 is greedy; the logprobs are still those of softmax(logits / 0.8).
-    s = JaxSampler(max_new_tokens=12, temperature=0.8, top_k=1, prompt_bucket=16)
+    # top_k=1 is greedy; recorded "full", the logprobs are those of softmax(logits / 0.8)
+    # (recorded "truncated", each would be 0: the kept set is the one token).
+    s = JaxSampler(
+        max_new_tokens=12, temperature=0.8, top_k=1, prompt_bucket=16, recorded_logprobs="full"
+    )
     s.setup(model, tok)
     prompts = [_prompt(tok, "What is 2+3?"), _prompt(tok, "Name a color.")]
     out = s.generate(prompts, 1, seed=0)
