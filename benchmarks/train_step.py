@@ -112,7 +112,9 @@ def make_batch(a: argparse.Namespace, seed: int = 0) -> dict[str, np.ndarray]:
     pos = np.arange(t)
     attention = (pos >= pad[:, None]) & (pos < end[:, None])
     tokens = np.where(attention, rng.integers(1, a.vocab, size=(b, t)), 0).astype(np.int32)
-    loss_mask = (attention[:, 1:] & (pos[1:] >= p)).astype(np.float32)
+    # A target needs a real token before it (a row whose pads reach past p has no prompt).
+    real = attention[:, :-1] & attention[:, 1:]
+    loss_mask = (real & (pos[1:] >= p)).astype(np.float32)
     groups = rng.normal(size=(b // 8 if b >= 8 else 1, 8)).reshape(-1)[:b]
     adv = np.repeat(groups[:, None], t - 1, axis=1).astype(np.float32) * loss_mask
     old = (-rng.random((b, t - 1)) * 3 * loss_mask).astype(np.float32)
