@@ -138,6 +138,9 @@ class Cluster:
                 str(self.out),
                 *ARGS,
                 *MESH,
+                # Taken through rlax.train.distributed (bound alone it would be ignored:
+                # refused); the processes' ids and coordinator come from RLAX_* variables.
+                "--gin.rlax.train.distributed=@rlax.distributed()",
                 "--gin.rlax.distributed.initialization_timeout_s=120",
                 "--run-dir",
                 str(self.run_dir),
