@@ -290,7 +290,8 @@ def _run(args: argparse.Namespace, bindings: list[str]) -> int:
     pm, spec = _configure_run(args, bindings)
     role = args.role
     given = _given_run_dir(args, spec)
-    check_run(spec, role, given)  # the whole specification, before any work or run directory
+    if not config.supervised():  # a supervisor's child runs the spec it checked (its digest)
+        check_run(spec, role, given)  # the whole specification, before any work or run dir
     if role in ("trainer", "inline"):
         join_trainer_processes(spec)
     if role not in ("all", "param_server"):  # they compile nothing (the supervisor: no JAX)

@@ -27,7 +27,7 @@ from rlax.core.config.building import refusing_components
 from rlax.core.config.finder import find_gin_file, packaged_configs
 from rlax.core.config.gin_errors import MOVED, as_config_error, quiet_gin_logging
 from rlax.core.config.reading import include_resolution
-from rlax.core.config.spec_building import build_spec
+from rlax.core.config.spec_building import build_spec, supervised
 from rlax.core.configurables import register_configurables
 from rlax.core.errors import ConfigError
 
@@ -47,6 +47,7 @@ __all__ = [
     "register_configurables",
     "register_core_configurables",
     "save_spec",
+    "supervised",
 ]
 
 # -------------------------------------------------------------------------

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from rlax.core.runtime.run_dir import RunDir
     from rlax.core.spec import RunSpec
 
-__all__ = ["SPEC_DIGEST_ENV", "build_spec", "save_spec", "spec_digest"]
+__all__ = ["SPEC_DIGEST_ENV", "build_spec", "save_spec", "spec_digest", "supervised"]
 
 #: The digest of the specification's text the supervisor started a child with.
 SPEC_DIGEST_ENV = "RLAX_SPEC_DIGEST"
@@ -40,6 +40,13 @@ _HEADER = """\
 def spec_digest() -> str:
     """The digest of every binding of the parsed config (what the specification is built from)."""
     return hashlib.sha256(gin.config_str().encode()).hexdigest()[:16]
+
+
+def supervised() -> bool:
+    """Whether this process is a child of ``rlax run``'s supervisor, started on the spec it
+    built and checked as a whole (:func:`build_spec` refuses one whose build differs), so
+    the whole-run checks need not run again at each start and restart of a role."""
+    return bool(os.environ.get(SPEC_DIGEST_ENV))
 
 
 def build_spec(plugins: PluginManager | None = None) -> RunSpec:

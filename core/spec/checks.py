@@ -1,7 +1,11 @@
 """A run specification checked as a whole, before any work and before a run directory.
 
 ``rlax run`` (and ``rlax eval``) build the specification once and call :func:`check_run`
-with the role this process plays. It applies, in order: the rules between settings
+with the role this process plays: the supervisor of ``--role all`` for the whole run, a
+role started by hand (a cluster's) for itself. A supervisor's children skip it: they are
+started on the specification it checked, and refuse one whose build differs
+(:func:`rlax.core.config.supervised`), so no start or restart of a role pays for the checks
+again (reading a GGUF file's metadata and tokenizer takes seconds). It applies, in order: the rules between settings
 (:mod:`rlax.core.spec.rules`, including the rules each component declares about itself),
 the lengths (:mod:`rlax.core.spec.lengths`) and the facts of this machine
 (:mod:`rlax.core.spec.machine`). Single settings were checked while gin read them

@@ -11,9 +11,11 @@ training prompts, tokenised as the run will.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
+import os
 import pathlib
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +32,13 @@ BYTES_PER_VALUE = 4  # the samplers keep their keys and values in float32
 
 def model_facts(reference: Any) -> tuple[Any, int | None]:
     """``(TransformerConfig or None, context or None)`` of a model reference, read from its
-    metadata alone (no weights, no JAX arrays)."""
+    metadata alone (no weights, no JAX arrays); read once per process (a GGUF file's
+    metadata takes seconds to parse)."""
+    return _model_facts(os.fspath(reference))
+
+
+@functools.lru_cache(maxsize=8)
+def _model_facts(reference: str) -> tuple[Any, int | None]:
     from rlax.core.models.sources import ModelSourceError, resolve
 
     try:
