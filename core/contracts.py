@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Algorithm",
     "BatchTerms",
+    "ChecksRun",
     "Critic",
     "Curriculum",
     "Dataset",
@@ -75,6 +76,22 @@ __all__ = [
 # -------------------------------------------------------------------------
 # What the core hands to components
 # -------------------------------------------------------------------------
+
+
+@runtime_checkable
+class ChecksRun(Protocol):
+    """A component of any kind with a rule of its own about the run it is in.
+
+    ``rlax run`` asks every component the run specification holds (task, reward, sampler,
+    curation filters, algorithm, curricula, loggers) before any work
+    (:mod:`rlax.core.spec.rules`); a refusal is one line naming the component's setting.
+    """
+
+    def check_run(self, spec: Any) -> None:
+        """Raises ``BadSetting(parameter, why)`` (named as ``<its gin name>.parameter``) or
+        ConfigError if this component cannot work in the run ``spec`` (a
+        :class:`rlax.core.spec.RunSpec`): a setting of its own against the model, the
+        batch, another component. Reads, never changes, and does no expensive work."""
 
 
 class Encoder(Protocol):

@@ -42,7 +42,15 @@ KIND_PROTOCOLS: dict[str, tuple[str, ...]] = {
     "agents": (),  # any callable taking (client, prompt): no Protocol
 }
 # Protocols of what the core hands to components, or of its own parts: no plugin kind.
-NOT_PLUGIN_KINDS = {"Encoder", "Tokenizer", "RolloutSource", "Episode", "LaneLink", "LaneHost"}
+NOT_PLUGIN_KINDS = {
+    "Encoder",
+    "Tokenizer",
+    "RolloutSource",
+    "Episode",
+    "LaneLink",
+    "LaneHost",
+    "ChecksRun",
+}
 # The modules whose Protocols are the contracts (rlax.core.contracts re-exports the others').
 CONTRACT_MODULES = {
     contracts.__name__,

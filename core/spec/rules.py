@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from rlax.core.configurables import selector_of
+from rlax.core.contracts import ChecksRun
 from rlax.core.errors import BadSetting, ConfigError
 from rlax.core.rollout.groups import check_online_filters
 from rlax.core.trainer.epochs import check_processes
@@ -115,17 +116,17 @@ def check_built(spec: RunSpec, role: str) -> None:
 
 
 def check_components(spec: RunSpec, role: str) -> None:
-    """The rules each component declares about itself in this run: its ``check_run(spec)``.
+    """The rules each component declares about itself in this run: its ``check_run(spec)``
+    (:class:`rlax.core.contracts.ChecksRun`).
 
     A component's rule raises :class:`BadSetting` (naming one of its own parameters) or
     ConfigError; the first becomes ``SETTING.parameter: why`` for the setting that holds it.
     """
     for setting, component in components(spec):
-        check = getattr(component, "check_run", None)
-        if component is None or not callable(check):
+        if not isinstance(component, ChecksRun):
             continue
         try:
-            check(spec)
+            component.check_run(spec)
         except BadSetting as err:
             raise ConfigError(f"{_owner(setting, component)}.{err.parameter}: {err}") from err
 
