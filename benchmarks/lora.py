@@ -114,7 +114,7 @@ def child(args) -> dict:
     import optax
 
     from rlax.core.models.bundle import load_model
-    from rlax.core.models.lora import LoraConfig
+    from rlax.core.models.lora_config import LoraConfig
     from rlax.core.models.lora_wire import wire_tree
     from rlax.core.trainer.step import Trainer
     from rlax.core.wire import WirePlan

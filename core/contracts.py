@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import jax
 import numpy as np
 
 from rlax.core.critic import Critic
@@ -37,6 +36,7 @@ from rlax.core.weight_lane import (
 )
 
 if TYPE_CHECKING:
+    import jax
     from flax import nnx
 
     from rlax.core.models.transformer import Transformer

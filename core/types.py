@@ -23,6 +23,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Annotated, Any
 
+import ml_dtypes
 import numpy as np
 
 from rlax.core.constraints import AtLeast
@@ -39,6 +40,13 @@ PromptsPerStep = Annotated[int, AtLeast(1)]
 GroupSize = Annotated[int, AtLeast(1)]
 #: How many weight versions behind a group may be (0: the newest only).
 Staleness = Annotated[int, AtLeast(0, means="0: the newest weights only")]
+#: The floating dtypes a setting names (the trainer's compute dtype, a LoRA base's, the
+#: wire's), as numpy dtypes: JAX takes them as they are, and a process that only reads
+#: settings (the supervisor, the parameter server) needs no JAX for them.
+FLOAT_DTYPES: dict[str, np.dtype] = {
+    "float32": np.dtype(np.float32),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+}
 
 
 @dataclasses.dataclass(frozen=True)

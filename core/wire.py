@@ -8,20 +8,25 @@ slices, reshapes and casts back: no Python loop over tensors on the hot path.
 
 The buffer of one version is cut into large chunks for the gRPC stream; the
 receiver writes each chunk at its offset into a preallocated buffer.
+
+A plan is also a layout alone (the parameter server's, which holds bytes and never
+imports JAX): its programs are compiled on the first :meth:`WirePlan.pack` or
+:meth:`WirePlan.unpack`, and JAX is imported by the methods that touch arrays.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-WIRE_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+from rlax.core.types import FLOAT_DTYPES
+
+WIRE_DTYPES = FLOAT_DTYPES  # the dtypes weights travel in
 # XLA's CPU client takes a host array as it is (no copy) when its address is a
 # multiple of this; otherwise it copies (measured: 64-byte aligned views of a
 # page-aligned buffer are shared, 16- and 32-byte aligned ones are copied).
@@ -77,6 +82,8 @@ class WirePlan:
             raise ValueError(
                 f"wire dtype {wire_dtype!r} not supported; use one of {sorted(WIRE_DTYPES)}"
             )
+        import jax
+
         wire = WIRE_DTYPES[wire_dtype]
         leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
         tensors, offset = [], 0
@@ -91,12 +98,19 @@ class WirePlan:
             offset += nbytes
         return cls(treedef, tuple(tensors), wire, offset)
 
-    def __post_init__(self) -> None:
+    @functools.cached_property
+    def _pack(self) -> Callable[[list[Any]], Any]:
+        import jax
+        import jax.numpy as jnp
+
         wire = self.wire_dtype
-        self._pack = jax.jit(
-            lambda leaves: jnp.concatenate([jnp.ravel(x).astype(wire) for x in leaves])
-        )
-        sizes = [t.nbytes // wire.itemsize for t in self.tensors]
+        return jax.jit(lambda leaves: jnp.concatenate([jnp.ravel(x).astype(wire) for x in leaves]))
+
+    @functools.cached_property
+    def _unpack(self) -> Callable[[np.ndarray], list[Any]]:
+        import jax
+
+        sizes = [t.nbytes // self.wire_dtype.itemsize for t in self.tensors]
         bounds = np.cumsum([0, *sizes])
 
         def unpack(flat):
@@ -105,10 +119,12 @@ class WirePlan:
                 for i, t in enumerate(self.tensors)
             ]
 
-        self._unpack = jax.jit(unpack)
+        return jax.jit(unpack)
 
     def pack(self, tree: Any) -> np.ndarray:
         """The whole tree as one uint8 array of ``nbytes`` bytes (wire dtype, C order)."""
+        import jax
+
         leaves = jax.tree_util.tree_leaves(tree)
         if len(leaves) != len(self.tensors):
             raise ValueError(
@@ -119,6 +135,8 @@ class WirePlan:
 
     def unpack(self, buffer: bytes | bytearray | memoryview | np.ndarray) -> Any:
         """The tree back from a wire buffer of exactly ``nbytes`` bytes."""
+        import jax
+
         flat = np.frombuffer(buffer, dtype=self.wire_dtype)
         if flat.nbytes != self.nbytes:
             raise ValueError(
@@ -138,6 +156,9 @@ class WirePlan:
         pull) changes every array that shares it, so the caller must treat
         them as gone from then on.
         """
+        import jax
+        import jax.numpy as jnp
+
         flat = np.frombuffer(buffer, dtype=np.uint8)
         if flat.nbytes != self.nbytes:
             raise ValueError(
@@ -175,6 +196,8 @@ def stream(plan: WirePlan, tree: Any, chunk_bytes: int) -> Iterator[tuple[int, m
     memory (no copy); small leaves are gathered into one chunk. Anything else
     (accelerator arrays, a dtype cast) goes through the one-call :meth:`WirePlan.pack`.
     """
+    import jax
+
     leaves = jax.tree_util.tree_leaves(tree)
     if not all(_host_resident(x) and np.dtype(x.dtype) == plan.wire_dtype for x in leaves):
         yield from chunks(plan.pack(tree), chunk_bytes)

@@ -63,7 +63,7 @@ def register_core_configurables() -> None:
     Idempotent. Imports optax and the role modules only when called.
     """
     from rlax.core.evaluation import evaluate as evaluation
-    from rlax.core.models import lora
+    from rlax.core.models import lora_config
     from rlax.core.parallel import mesh, multihost, placement
     from rlax.core.param_server import settings
     from rlax.core.param_server.spec import ParamServerSpec
@@ -102,7 +102,7 @@ def register_core_configurables() -> None:
             "checkpointing": checkpoint.CheckpointSettings,
             "held_out": evaluation.HeldOutSettings,
             "watch": observe.WatchSettings,
-            "lora": lora.LoraConfig,
+            "lora": lora_config.LoraConfig,
             "distributed": multihost.DistributedSettings,
             "compile_cache": compile_cache.CompileCacheSettings,
             "placement": placement.Placement,

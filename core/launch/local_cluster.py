@@ -56,7 +56,7 @@ from rlax.core.param_server.settings import ADDRESS_ENV, TOKEN_ENV, ServerSettin
 from rlax.core.runtime import recovery
 from rlax.core.runtime.preemption import FINISH_SIGNAL, Preemption
 from rlax.core.runtime.run_dir import RunDir
-from rlax.core.worker.role import WORKER_ID_ENV
+from rlax.core.worker.spec import WORKER_ID_ENV
 
 if TYPE_CHECKING:
     from rlax.core.spec import RunSpec

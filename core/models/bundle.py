@@ -30,17 +30,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import xxhash
-from flax import nnx
 
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.tokenizer import CharTokenizer, model_part
-from rlax.core.models.transformer import Transformer, abstract_transformer
+
+if TYPE_CHECKING:  # a live model needs JAX; the files alone (checksums, info) do not
+    from flax import nnx
+
+    from rlax.core.models.transformer import Transformer
 
 FORMAT = "rlax-model/1"
 HF_INFO = "rlax_info.json"
@@ -63,16 +64,26 @@ class ModelBundle:
 
 
 def new_model(cfg: TransformerConfig, seed: int) -> Transformer:
+    from flax import nnx
+
+    from rlax.core.models.transformer import Transformer
+
     return Transformer(cfg, rngs=nnx.Rngs(seed))
 
 
 def abstract_model(cfg: TransformerConfig) -> Transformer:
     """A model of ``cfg`` whose parameters are shapes and dtypes only (no memory)."""
+    from rlax.core.models.transformer import abstract_transformer
+
     return abstract_transformer(cfg)
 
 
 def save_params(path: pathlib.Path, state: nnx.State) -> None:
     """Writes a parameter state as an orbax checkpoint at ``path`` (must not exist)."""
+    import jax
+    import orbax.checkpoint as ocp
+    from flax import nnx
+
     tree = jax.tree.map(np.asarray, nnx.to_pure_dict(state))
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(path.absolute(), tree)
@@ -81,6 +92,10 @@ def save_params(path: pathlib.Path, state: nnx.State) -> None:
 
 def restore_params(path: pathlib.Path, model: Transformer) -> None:
     """Loads parameters from ``path`` into ``model``; shapes must match exactly."""
+    import jax
+    import orbax.checkpoint as ocp
+    from flax import nnx
+
     state = nnx.state(model)
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(state))
     with ocp.StandardCheckpointer() as ckptr:
@@ -161,6 +176,8 @@ def save_model(
 
 
 def _save_rlax_model(path: pathlib.Path, bundle: ModelBundle) -> None:
+    from flax import nnx
+
     path.mkdir(parents=True, exist_ok=True)
     save_params(path / "params", nnx.state(bundle.model))
     meta = {

@@ -21,14 +21,15 @@ user-defined token as an added token that is not special.
 from __future__ import annotations
 
 import pathlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rlax.core.models.config import RopeScaling, TransformerConfig
-from rlax.core.models.hf import hf_names, model_from_params, params_from_tensors
 from rlax.core.models.hf_tokenizer import HFTokenizer
-from rlax.core.models.transformer import Transformer
+
+if TYPE_CHECKING:  # a file's metadata (config, tokenizer) is read without JAX
+    from rlax.core.models.transformer import Transformer
 
 __all__ = ["GGUFError", "GGUFFile", "load_gguf_model", "unpermute_qk"]
 
@@ -177,6 +178,8 @@ class GGUFFile:
         return out
 
     def model(self) -> Transformer:
+        from rlax.core.models.hf import hf_names, model_from_params, params_from_tensors
+
         cfg = self.config()
         tensors = self.tensors(cfg)
         missing = [_gguf_name(name) for name, _, _ in hf_names(cfg) if name not in tensors]

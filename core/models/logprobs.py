@@ -27,9 +27,10 @@ V vocabulary; n chunks of c positions).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
+if TYPE_CHECKING:  # the chunk setting's default is read where JAX is not (the supervisor)
+    import jax
 
 # Tokens (rows x positions) per chunk: 1024 x 49152 float32 logits are 0.2 GB.
 DEFAULT_CHUNK_TOKENS = 1024
@@ -53,6 +54,9 @@ def kept_logprobs(
     since sampling still gives it a finite logprob. Differentiable: the set's
     mass depends on ``logp``.
     """
+    import jax
+    import jax.numpy as jnp
+
     picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
     vocab = jnp.arange(logp.shape[-1])
     keep = (logp >= (floor - FLOOR_TOLERANCE)[..., None]) | (vocab == targets[..., None])
@@ -70,6 +74,9 @@ def logprobs_and_entropy(
     With ``floor`` (the sampler's kept sets, :func:`kept_logprobs`) the logprob is
     under the truncated distribution; the entropy is the full distribution's either way.
     """
+    import jax
+    import jax.numpy as jnp
+
     logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
     if floor is None:
         picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
@@ -109,6 +116,9 @@ def chunked_token_logprobs(
       logprobs [B, T-1] and entropies [B, T-1], float32, equal (up to
       rounding) to :func:`logprobs_and_entropy` on the full logits.
     """
+    import jax
+    import jax.numpy as jnp
+
     rows, length = tokens.shape
     if length < 2:
         empty = jnp.zeros((rows, 0), jnp.float32)

@@ -28,13 +28,14 @@ References:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
 
-from rlax.core.models.logprobs import chunked_token_logprobs
-from rlax.core.models.transformer import Transformer, causal_mask, positions_from_mask
+if TYPE_CHECKING:  # the routes' records are numpy (the samplers'); the replay is the trainer's
+    import jax
+
+    from rlax.core.models.transformer import Transformer
 
 __all__ = ["REPLAY_MODES", "ROUTES_DTYPE", "batch_routes", "replayed_logprobs"]
 
@@ -55,6 +56,9 @@ def replayed_logprobs(
     floor: jax.Array | None = None,  # [B, T-1]: the sampler's kept sets
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`rlax.core.models.transformer.sequence_logprobs` with the tokens routed by ``routes``."""
+    from rlax.core.models.logprobs import chunked_token_logprobs
+    from rlax.core.models.transformer import causal_mask, positions_from_mask
+
     hidden, _, _ = model.routed_hidden_states(
         tokens, positions_from_mask(attention_mask), causal_mask(attention_mask), replay=routes
     )

@@ -36,15 +36,16 @@ import dataclasses
 import math
 import re
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from rlax.core.constraints import AtLeast, checked_by
 from rlax.core.errors import BadSetting
 from rlax.core.wire import leaf_name
+
+if TYPE_CHECKING:  # the mesh's settings are read where no device is (the supervisor)
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 AXES = ("data", "fsdp", "context", "tensor", "expert")
 BATCH_AXES = ("data", "fsdp", "expert")
@@ -142,6 +143,9 @@ def make_mesh(config: MeshConfig | None = None, devices: Sequence[Any] | None = 
     Axes are ``Auto``: the step states its in/out shardings and XLA (GSPMD)
     partitions everything between them.
     """
+    import jax
+    from jax.sharding import AxisType
+
     config = config or MeshConfig()
     devices = list(jax.devices() if devices is None else devices)
     shape = config.shape(len(devices))
@@ -150,6 +154,8 @@ def make_mesh(config: MeshConfig | None = None, devices: Sequence[Any] | None = 
 
 def single_device_mesh() -> Mesh:
     """The one-device mesh: the unsharded special case of every rule."""
+    import jax
+
     return make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])
 
 
@@ -174,6 +180,8 @@ def spec_for(
     No match, or a rule of another rank, gives full replication; a dimension
     not divisible by its axes' size is replicated on that dimension.
     """
+    from jax.sharding import PartitionSpec
+
     for pattern, spec in rules:
         if re.search(pattern, name):
             if len(spec) != len(shape):
@@ -186,6 +194,8 @@ def spec_for(
 
 def tree_specs(tree: Any, mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES) -> Any:
     """A tree of PartitionSpecs, one per array leaf of ``tree`` (arrays or shape structs)."""
+    import jax
+
     return jax.tree_util.tree_map_with_path(
         lambda path, x: spec_for(param_name(path), np.shape(x), mesh, rules), tree
     )
@@ -193,6 +203,9 @@ def tree_specs(tree: Any, mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES) -> 
 
 def tree_shardings(tree: Any, mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES) -> Any:
     """A tree of NamedShardings laying ``tree`` out on ``mesh`` by ``rules``."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
     return jax.tree.map(
         lambda spec: NamedSharding(mesh, spec),
         tree_specs(tree, mesh, rules),
@@ -201,16 +214,23 @@ def tree_shardings(tree: Any, mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
+    from jax.sharding import NamedSharding, PartitionSpec
+
     return NamedSharding(mesh, PartitionSpec())
 
 
 def batch_spec(rank: int) -> PartitionSpec:
     """Leading (batch) dimension over (data, fsdp); the rest whole."""
+    from jax.sharding import PartitionSpec
+
     return PartitionSpec(BATCH_AXES, *([None] * (rank - 1)))
 
 
 def batch_shardings(batch: Any, mesh: Mesh) -> Any:
     """NamedShardings splitting every array of ``batch`` over (data, fsdp) by rows."""
+    import jax
+    from jax.sharding import NamedSharding
+
     return jax.tree.map(lambda x: NamedSharding(mesh, batch_spec(np.ndim(x))), batch)
 
 
@@ -226,6 +246,8 @@ def batch_size_multiple(mesh: Mesh) -> int:
 
 def describe(tree: Any, mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES) -> dict[str, str]:
     """name -> ``"shape spec"`` for each leaf: the layout a rule set gives a model, for docs and logs."""
+    import jax
+
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     out = {}
     for path, x in leaves:

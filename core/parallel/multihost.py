@@ -33,14 +33,16 @@ import dataclasses
 import os
 import pickle
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
 
 from rlax.core.constraints import AtLeast
 from rlax.core.parallel.mesh import batch_spec
+
+if TYPE_CHECKING:  # the settings are read where JAX is not started (the supervisor)
+    import jax
+    from jax.sharding import Mesh
 
 ENV = {
     "coordinator": "RLAX_COORDINATOR",
@@ -90,6 +92,8 @@ def initialize(settings: DistributedSettings | None = None) -> bool:
       ValueError: several processes are asked for but the coordinator or this
         process's id is missing or out of range.
     """
+    import jax
+
     s = (settings or DistributedSettings()).resolved()
     if s.num_processes in (None, 1):
         return False
@@ -117,6 +121,8 @@ def initialize(settings: DistributedSettings | None = None) -> bool:
 
 def is_lead() -> bool:
     """True on process 0: the one that talks to the rollout queue, evaluates and writes files."""
+    import jax
+
     return jax.process_index() == 0
 
 
@@ -131,6 +137,8 @@ def broadcast_object(obj: Any) -> Any:
     The others' ``obj`` is ignored. One broadcast of the size, one of the
     pickled bytes (padded to a power of two).
     """
+    import jax
+
     if jax.process_count() == 1:
         return obj
     from jax.experimental import multihost_utils
@@ -145,6 +153,8 @@ def broadcast_object(obj: Any) -> Any:
 
 def allgather_objects(obj: Any) -> list[Any]:
     """Every process's ``obj`` (small, picklable), in process order, on every process."""
+    import jax
+
     if jax.process_count() == 1:
         return [obj]
     from jax.experimental import multihost_utils
@@ -169,6 +179,8 @@ def run_on_lead(fn: Callable[[], Any]) -> Any:
     stops at the same point; any other is raised on process 0 and as
     :class:`LeadFailed` (naming it) on the others.
     """
+    import jax
+
     if jax.process_count() == 1:
         return fn()
     from rlax.core.errors import Preempted
@@ -195,6 +207,8 @@ def gather_tree(tree: Any) -> Any:
 
     With one process every array is whole already: ``tree`` is returned as it is.
     """
+    import jax
+
     if jax.process_count() == 1:
         return tree
     from jax.experimental import multihost_utils
@@ -204,6 +218,8 @@ def gather_tree(tree: Any) -> Any:
 
 def barrier(name: str) -> None:
     """Waits until every process has reached the barrier called ``name``."""
+    import jax
+
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
@@ -215,6 +231,9 @@ def process_rows(mesh: Mesh, global_rows: int, process: int | None = None) -> np
 
     They are the rows the batch sharding puts on that process's devices.
     """
+    import jax
+    from jax.sharding import NamedSharding
+
     process = jax.process_index() if process is None else process
     sharding = NamedSharding(mesh, batch_spec(1))
     rows: set[int] = set()
@@ -232,6 +251,9 @@ def global_batch(mesh: Mesh, local: Mapping[str, np.ndarray]) -> dict[str, jax.A
     indices. Arrays may differ in rows (a packed batch's packed rows and its padded rows):
     each is placed by its own count.
     """
+    import jax
+    from jax.sharding import NamedSharding
+
     out: dict[str, jax.Array] = {}
     for name, x in local.items():
         x = np.asarray(x)

@@ -17,6 +17,9 @@ the probe by nats; a version one update apart by as much as the update moves it 
 nats on the quickstart's first updates, so 1e-2 tells them apart; a run whose updates
 are smaller needs a smaller tolerance to tell neighbouring versions apart).
 
+The probe's values (:class:`Probe`, :func:`compare`) are numpy: the parameter server
+carries them with the weights and never imports JAX; the scoring imports it where it runs.
+
 Shapes: T probe tokens, V vocabulary.
 """
 
@@ -25,14 +28,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from rlax.core.wire import WIRE_DTYPES
+
+if TYPE_CHECKING:
+    import jax
 
 __all__ = [
     "DEFAULT_LENGTH",
@@ -63,8 +66,15 @@ def probe_tokens(vocab_size: int, length: int = DEFAULT_LENGTH) -> np.ndarray:
     return ((np.arange(length, dtype=np.int64) * 7919 + 1) % vocab_size).astype(np.int32)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3, 4))
-def _program(
+@functools.cache
+def _program() -> Callable[..., Any]:
+    """:func:`_score` jitted (its architecture and dtypes static), once per process."""
+    import jax
+
+    return jax.jit(_score, static_argnums=(0, 3, 4))
+
+
+def _score(
     graphdef: Any,
     params: Any,
     tokens: jax.Array,  # [T]
@@ -73,6 +83,10 @@ def _program(
 ) -> jax.Array:  # [T - 1]
     """One program: the weights rounded through ``wire`` and cast to ``dtypes`` (each
     None: as they are), then the forward and each next token's log-softmax."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
     from rlax.core.models.transformer import causal_mask, positions_from_mask
 
     leaves, treedef = jax.tree.flatten(params)
@@ -103,7 +117,7 @@ def probe_logprobs(
     if isinstance(wire, str):
         wire = WIRE_DTYPES[wire]
     wire = None if wire is None else np.dtype(wire)
-    got = _program(graphdef, params, jnp.asarray(tokens, dtype=jnp.int32), wire, dtypes)
+    got = _program()(graphdef, params, np.asarray(tokens, dtype=np.int32), wire, dtypes)
     return np.asarray(got, dtype=np.float32)
 
 
@@ -154,6 +168,8 @@ class ProbeCheck:
     """
 
     def __init__(self, graphdef: Any, dtypes: Any, tolerance: float = DEFAULT_TOLERANCE):
+        import jax
+
         self.graphdef, self.tolerance = graphdef, tolerance
         self.dtypes = tuple(np.dtype(x.dtype) for x in jax.tree.leaves(dtypes))
 
@@ -168,6 +184,7 @@ def trainer_probe(
 ) -> Callable[[Any], Probe | None]:
     """What a trainer's publish calls on each version's params: their probe (None for
     LoRA's adapter versions: the worker merges them into its own base, not checked)."""
+    from flax import nnx
 
     def probe(params: Any) -> Probe | None:
         if not isinstance(params, nnx.State):

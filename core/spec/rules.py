@@ -17,8 +17,7 @@ from rlax.core.configurables import selector_of
 from rlax.core.contracts import ChecksRun
 from rlax.core.errors import BadSetting, ConfigError
 from rlax.core.rollout.groups import check_online_filters
-from rlax.core.trainer.epochs import check_processes
-from rlax.core.trainer.teacher import check_teacher
+from rlax.core.trainer.spec import check_teacher
 from rlax.core.worker.rules import check_reload_in_flight
 
 if TYPE_CHECKING:
@@ -67,6 +66,7 @@ def check_processes_and_weights(spec: RunSpec, role: str) -> None:
     if role not in ("trainer", "inline"):
         return  # the supervisor's trainer is one process
     from rlax.core.parallel.multihost import DistributedSettings
+    from rlax.core.trainer.epochs import check_processes  # a trainer's process imports JAX
 
     distributed = spec.train.distributed or DistributedSettings()
     try:

@@ -45,16 +45,17 @@ import time
 import warnings
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
 from rlax.core.constraints import AtLeast, check_fields
 from rlax.core.errors import NothingToResume
 from rlax.core.parallel import multihost
 from rlax.core.wire import leaf_name
+
+if TYPE_CHECKING:  # the settings are read where JAX is not started (the supervisor)
+    import orbax.checkpoint as ocp
 
 FORMAT = "rlax-train-state/1"
 # A checkpoint is read back for its checksums in groups of leaves of about this many bytes
@@ -94,6 +95,8 @@ class Restored:
 
 
 def _describe(tree: Any) -> tuple[list[tuple[str, Any]], Any]:
+    import jax
+
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
     return [(leaf_name(path), leaf) for path, leaf in leaves], treedef
 
@@ -186,6 +189,8 @@ class Checkpointer:
         self.last_blocking_s = 0.0
 
     def _open(self) -> ocp.CheckpointManager:
+        import orbax.checkpoint as ocp
+
         return ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -210,6 +215,8 @@ class Checkpointer:
         Waits for the previous save first (at most one is in flight). The
         arrays may be donated or changed right after this returns.
         """
+        import orbax.checkpoint as ocp
+
         start = time.perf_counter()
         self.wait()
         named, _ = _describe(state)
@@ -322,6 +329,9 @@ class Checkpointer:
         Yields them by leaf key in groups of about :data:`READ_GROUP_BYTES`
         (``sizes``: each leaf's bytes), so that no more than a group is held.
         """
+        import jax
+        import orbax.checkpoint as ocp
+
         alone = ocp.options.MultiprocessingOptions(
             primary_host=None, active_processes={jax.process_index()}
         )
@@ -338,6 +348,9 @@ class Checkpointer:
 
     def _verify(self, step: int, named: list[tuple[str, Any]]) -> dict[str, Any]:
         """``step``'s metadata, once its format, leaves and CRC32s check out (process 0)."""
+        import jax
+        import orbax.checkpoint as ocp
+
         path = self.directory / str(step)
         alone = ocp.options.MultiprocessingOptions(
             primary_host=None, active_processes={jax.process_index()}
@@ -348,6 +361,9 @@ class Checkpointer:
         return meta
 
     def _restore(self, step: int, template: Any) -> Restored:
+        import jax
+        import orbax.checkpoint as ocp
+
         if jax.process_count() > 1:
             return self._restore_shards(step, template)
         path = self.directory / str(step)
@@ -368,6 +384,9 @@ class Checkpointer:
 
     def _restore_shards(self, step: int, template: Any) -> Restored:
         """Several processes: process 0 checks the checkpoint, then each restores its shards."""
+        import jax
+        import orbax.checkpoint as ocp
+
         named, treedef = _describe(template)
         meta = multihost.run_on_lead(lambda: self._verify(step, named))
         abstract = {

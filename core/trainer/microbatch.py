@@ -32,14 +32,15 @@ from jax.sharding import Mesh, NamedSharding
 from rlax.core.models.layers import split_sequence
 from rlax.core.models.transformer import Transformer
 from rlax.core.parallel import mesh as meshlib
+from rlax.core.trainer.settings import REMAT_POLICIES
 
 ModuleT = TypeVar("ModuleT", bound=nnx.Module)
 
-REMAT_POLICIES = {
-    "none": None,
-    "block": jax.checkpoint_policies.nothing_saveable,
-    "block_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
+
+def remat_policy(name: str) -> Any:
+    """The JAX checkpoint policy of the ``remat`` setting ``name`` (None: save everything)."""
+    policy = REMAT_POLICIES[name]
+    return None if policy is None else getattr(jax.checkpoint_policies, policy)
 
 
 class RematBlock(nnx.Module):
@@ -55,7 +56,7 @@ class RematBlock(nnx.Module):
         def run(state, *args):
             return nnx.merge(graphdef, state)(*args)
 
-        return jax.checkpoint(run, policy=REMAT_POLICIES[self.policy_name])(state, *args)
+        return jax.checkpoint(run, policy=remat_policy(self.policy_name))(state, *args)
 
 
 class BatchShardedBlock(nnx.Module):

@@ -109,8 +109,9 @@ from rlax.core.trainer.in_process import InProcessPlacement, SamplerHost, in_pro
 from rlax.core.trainer.loop import TrainingRun, apply_restored, state_tree
 from rlax.core.trainer.observe import Observer, WatchSettings
 from rlax.core.trainer.sources import InlineRollouts, RemoteRollouts
+from rlax.core.trainer.spec import check_teacher
 from rlax.core.trainer.step import Trainer, TrainerSettings
-from rlax.core.trainer.teacher import Teacher, check_teacher
+from rlax.core.trainer.teacher import Teacher
 from rlax.core.types import ConfigPath
 from rlax.core.wire import WirePlan
 

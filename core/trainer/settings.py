@@ -6,14 +6,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated
 
-import jax.numpy as jnp
-
 from rlax.core.constraints import AtLeast, OneOf
 from rlax.core.models.logprobs import DEFAULT_CHUNK_TOKENS
 from rlax.core.models.routing_replay import REPLAY_MODES
-from rlax.core.trainer.microbatch import REMAT_POLICIES
+from rlax.core.types import FLOAT_DTYPES
 
-COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+COMPUTE_DTYPES = FLOAT_DTYPES
+#: ``remat``'s choices, each the name of its policy in ``jax.checkpoint_policies`` (None:
+#: every activation saved), looked up where the step is built
+#: (:func:`rlax.core.trainer.microbatch.remat_policy`): the settings import no JAX.
+REMAT_POLICIES: dict[str, str | None] = {
+    "none": None,
+    "block": "nothing_saveable",
+    "block_dots": "dots_with_no_batch_dims_saveable",
+}
 PLACEMENTS = ("sharded", "replicated")
 #: How the step lays out the batch's sequences (:mod:`rlax.core.trainer.packing`).
 PACKINGS = ("auto", "packed", "padded", "prefix")

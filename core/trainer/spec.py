@@ -20,16 +20,17 @@ from typing import Annotated, Any
 import optax
 
 from rlax.core.constraints import AtLeast, check_fields
-from rlax.core.contracts import Algorithm
-from rlax.core.models.lora import LoraConfig
+from rlax.core.contracts import Algorithm, Distils
+from rlax.core.errors import ConfigError
+from rlax.core.models.lora_config import LoraConfig
 from rlax.core.parallel.mesh import MeshConfig
 from rlax.core.parallel.multihost import DistributedSettings
 from rlax.core.trainer.checkpoint import CheckpointSettings
 from rlax.core.trainer.observe import WatchSettings
-from rlax.core.trainer.step import TrainerSettings
+from rlax.core.trainer.settings import TrainerSettings
 from rlax.core.types import ConfigPath
 
-__all__ = ["TrainerSpec"]
+__all__ = ["TrainerSpec", "check_teacher", "needs_teacher"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,3 +70,18 @@ class TrainerSpec:
 
     def __post_init__(self) -> None:
         check_fields(self)
+
+
+def needs_teacher(algorithm) -> bool:
+    """Whether the algorithm distils from a teacher (:class:`~rlax.core.contracts.Distils`;
+    an algorithm without the capability does not)."""
+    return isinstance(algorithm, Distils) and algorithm.needs_teacher
+
+
+def check_teacher(algorithm, teacher: object | None, setting: str = "rlax.train.teacher") -> None:
+    """ConfigError if the algorithm distils from a teacher and none is named."""
+    if needs_teacher(algorithm) and teacher is None:
+        raise ConfigError(
+            f"{setting}: the algorithm distils from a teacher; name the teacher's checkpoint "
+            f"(e.g. --gin.{setting}=\"'/path/to/teacher'\")"
+        )

@@ -28,7 +28,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rlax.core.contracts import Distils
 from rlax.core.errors import ConfigError
 from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.parallel import mesh as meshlib
@@ -112,18 +111,3 @@ class Teacher:
     def annotate(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """``arrays`` with the teacher's logprobs as ``teacher_logprobs``."""
         return {**arrays, KEY: self.logprobs(arrays)}
-
-
-def needs_teacher(algorithm) -> bool:
-    """Whether the algorithm distils from a teacher (:class:`~rlax.core.contracts.Distils`;
-    an algorithm without the capability does not)."""
-    return isinstance(algorithm, Distils) and algorithm.needs_teacher
-
-
-def check_teacher(algorithm, teacher: object | None, setting: str = "rlax.train.teacher") -> None:
-    """ConfigError if the algorithm distils from a teacher and none is named."""
-    if needs_teacher(algorithm) and teacher is None:
-        raise ConfigError(
-            f"{setting}: the algorithm distils from a teacher; name the teacher's checkpoint "
-            f"(e.g. --gin.{setting}=\"'/path/to/teacher'\")"
-        )

@@ -47,13 +47,12 @@ from rlax.core.types import ConfigPath, Group, PartialGroup
 from rlax.core.wire import WirePlan
 from rlax.core.worker.background_pool import BackgroundPool
 from rlax.core.worker.rules import check_reload_in_flight
+from rlax.core.worker.spec import WORKER_ID_ENV
 
 if TYPE_CHECKING:  # the spec sits above the roles; a role reads the value it is handed
     from rlax.core.spec import RunSpec
 
 log = logging.getLogger("rlax.worker")
-
-WORKER_ID_ENV = "RLAX_WORKER_ID"
 
 
 class Worker:

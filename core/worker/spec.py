@@ -17,7 +17,11 @@ from typing import Annotated, Any
 
 from rlax.core.constraints import AtLeast, Positive, check_fields
 
-__all__ = ["WorkerSpec"]
+__all__ = ["WORKER_ID_ENV", "WorkerSpec"]
+
+#: The environment variable that names a worker process of a local cluster (``worker-0``);
+#: the supervisor sets it, the worker takes it as its name.
+WORKER_ID_ENV = "RLAX_WORKER_ID"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ import optax
 from flax import nnx
 
 from rlax.core.models.config import TransformerConfig
-from rlax.core.models.lora import LoraConfig
+from rlax.core.models.lora_config import LoraConfig
 from rlax.core.models.transformer import Transformer
 from rlax.core.trainer.batches import make_batch
 from rlax.core.trainer.step import Trainer

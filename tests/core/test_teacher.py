@@ -21,8 +21,9 @@ from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.trainer.batches import make_batch
 from rlax.core.trainer.epochs import update_on_batch
 from rlax.core.trainer.settings import TrainerSettings
+from rlax.core.trainer.spec import check_teacher
 from rlax.core.trainer.step import Trainer, batch_arrays
-from rlax.core.trainer.teacher import Teacher, check_teacher
+from rlax.core.trainer.teacher import Teacher
 from rlax.core.types import Completion, Group, Prompt
 from rlax.plugins.algorithms.distill import distill
 from rlax.plugins.algorithms.grpo import grpo
