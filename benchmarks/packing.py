@@ -293,7 +293,7 @@ def inline_step(model, prompts):
     """A closure running one ``iteration.train_step`` of the inline loop at the shipped defaults."""
     sampler = JaxSampler(max_new_tokens=EQUAL_NEW, temperature=1.0, stop_at_eos=False)
     sampler.setup(model, rollout_engine.NoText())
-    optimizer = clipped_optimizer(inner=optax.adam(optax.linear_schedule(0.0, 2e-4, 20)))
+    optimizer = clipped_optimizer(inner=optax.adam(optax.linear_schedule(0.0, 2e-4, 20))).build()
     trainer = Trainer(
         model, grpo(kl_beta=0.0), optimizer, settings=TrainerSettings(), donate_params=False
     )

@@ -58,6 +58,7 @@ from rlax.core.plugins import (
     installed_entry_points,
 )
 from rlax.core.runtime import compile_cache, recovery, terminal
+from rlax.core.runtime.jax_free import record_jax_free
 from rlax.core.runtime.run_dir import RunDir
 from rlax.core.spec.checks import check_run
 
@@ -345,7 +346,10 @@ def _train(
         child_argv += ["--run-dir", str(run_dir)] + ["--start-over"] * args.start_over
         from rlax.core.launch.local_cluster import local_cluster
 
-        status = _status(local_cluster(spec, argv=child_argv, env=spec_env))
+        try:
+            status = _status(local_cluster(spec, argv=child_argv, env=spec_env))
+        finally:  # checked last, whatever the run did: the supervisor never needs JAX
+            record_jax_free(run_dir, "supervisor")
         if status == EXIT_PREEMPTED:
             _say_how_to_resume(args, args.bindings, run_dir)
         return status

@@ -18,13 +18,21 @@
   folder table names every module of each folder it lists, and no other.
 - No module but ``core/runtime/run_dir.py`` writes the name of a file or folder of a
   run (every name ``RunDir.names()`` lists) as a path: :func:`run_file_literals`.
+- The supervisor of ``rlax run`` and the parameter server never import JAX (nor flax,
+  optax, orbax): a fresh process that loads the built-in plugins, parses packaged
+  configs, builds their specifications and checks them as those two roles do, with
+  their entry modules imported, has none of them in ``sys.modules``
+  (:mod:`rlax.core.runtime.jax_free`; the whole-run record is test_local_cluster's).
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import pathlib
 import re
+import subprocess
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 
@@ -509,3 +517,80 @@ def test_only_the_gin_adapter_reads_gin_private_state():
         for line in gin_private_reads(path.read_text())
     ]
     assert offenders == []
+
+
+# -- the supervisor and the parameter server import no JAX -------------------------------
+
+#: What those two roles must never import (JAX, and what imports it).
+JAX_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax")
+#: Packaged experiments of every kind of sampler, algorithm and model: each is parsed, its
+#: specification built and checked (a ``pypi:`` model's metadata is not fetched here).
+JAX_FREE_CONFIGS = (
+    "quickstart",
+    "ppo",
+    "dapo",
+    "moe_quickstart",
+    "multiturn_quickstart",
+    "agents_quickstart",
+    "smollm2_tools",
+)
+#: Run in a fresh interpreter: the front of ``rlax run`` as the supervisor and the
+#: parameter server go through it, then the JAX packages it imported, as JSON, with the
+#: stack of the first such import (so a failure names the chain to break).
+JAX_FREE_SCRIPT = """
+import importlib.abc, json, sys, traceback
+HEAVY = set(sys.argv[1].split(","))
+first = []
+class Watch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in HEAVY and not first:
+            first.extend(str(f.filename) + ":" + str(f.lineno) for f in traceback.extract_stack()
+                         if "rlax" in f.filename or "/core/" in f.filename or "/plugins/" in f.filename)
+        return None
+sys.meta_path.insert(0, Watch())
+import rlax.core.cli, rlax.core.launch.local_cluster, rlax.core.param_server.role
+from rlax.core import config
+from rlax.core.plugins import build_plugin_manager
+from rlax.core.spec.checks import check_run
+pm = build_plugin_manager()
+config.register_core_configurables()
+for name in sys.argv[2:]:
+    config.parse([name], [], plugins=pm)
+    spec = config.build_spec(pm)
+    if not str(spec.init_checkpoint).startswith("pypi:"):
+        for role in ("all", "param_server"):
+            check_run(spec, role)
+found = sorted({m.split(".")[0] for m in sys.modules} & HEAVY)
+print(json.dumps({"imported": found, "first": first}))
+"""
+
+
+def test_the_supervisor_and_the_parameter_server_import_no_jax():
+    proc = subprocess.run(
+        [sys.executable, "-c", JAX_FREE_SCRIPT, ",".join(JAX_PACKAGES), *JAX_FREE_CONFIGS],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.splitlines()[-1])
+    assert found["imported"] == [], "\n".join(["first imported from:", *found["first"]])
+
+
+def test_the_jax_free_check_sees_an_import_of_jax():
+    """The same script, told to watch a package the front does import (gin), finds it
+    and the stack it came from: the check above can fail."""
+    proc = subprocess.run(
+        [sys.executable, "-c", JAX_FREE_SCRIPT, "gin", "quickstart"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.splitlines()[-1])
+    assert found["imported"] == ["gin"]
+    assert any("core/config" in frame for frame in found["first"])

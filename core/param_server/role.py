@@ -21,6 +21,7 @@ from rlax.core.param_server.server import ParamServer
 from rlax.core.param_server.settings import ADDRESS_ENV, ServerSettings
 from rlax.core.param_server.weights.persist import WeightPersister
 from rlax.core.rollout.groups import task_prompts
+from rlax.core.runtime.jax_free import record_jax_free
 from rlax.core.runtime.preemption import Preemption
 from rlax.core.runtime.run_dir import RunDir
 from rlax.core.types import ConfigPath, Prompt
@@ -71,7 +72,10 @@ def param_server(
     except QueueDBError as err:  # the saved queue does not fit this task (a different seed?)
         stop.close()
         raise ConfigError(f"rlax.param_server.state_dir: {err}") from err
-    _serve(stop, server, state_dir, own.saved_weights)
+    try:
+        _serve(stop, server, state_dir, own.saved_weights)
+    finally:  # checked as it stops, whatever it served: the server never needs JAX
+        record_jax_free(run_dir, "param_server")
     stop.stop_now()
     return 0
 

@@ -108,6 +108,7 @@ from rlax.core.trainer.finish import HeldOut, finish
 from rlax.core.trainer.in_process import InProcessPlacement, SamplerHost, in_process_placement
 from rlax.core.trainer.loop import TrainingRun, apply_restored, state_tree
 from rlax.core.trainer.observe import Observer, WatchSettings
+from rlax.core.trainer.optimizer import build_optimizer
 from rlax.core.trainer.sources import InlineRollouts, RemoteRollouts
 from rlax.core.trainer.spec import check_teacher
 from rlax.core.trainer.step import Trainer, TrainerSettings
@@ -225,7 +226,7 @@ def _make_trainer(
     trainer = Trainer(
         bundle.model,
         t.algorithm,
-        t.optimizer,
+        build_optimizer(t.optimizer),
         temperature=spec.sampler.temperature,
         mesh=make_mesh(t.mesh, where.trainer) if where else make_mesh(t.mesh) if t.mesh else None,
         settings=t.trainer_settings,

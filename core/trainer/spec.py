@@ -17,8 +17,6 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-import optax
-
 from rlax.core.constraints import AtLeast, check_fields
 from rlax.core.contracts import Algorithm, Distils
 from rlax.core.errors import ConfigError
@@ -27,6 +25,7 @@ from rlax.core.parallel.mesh import MeshConfig
 from rlax.core.parallel.multihost import DistributedSettings
 from rlax.core.trainer.checkpoint import CheckpointSettings
 from rlax.core.trainer.observe import WatchSettings
+from rlax.core.trainer.optimizer import OptaxCall
 from rlax.core.trainer.settings import TrainerSettings
 from rlax.core.types import ConfigPath
 
@@ -39,7 +38,9 @@ class TrainerSpec:
 
     Args:
       algorithm: the RL algorithm (``@algorithms.grpo()``).
-      optimizer: the optax optimiser (``@rlax.clipped_optimizer()``).
+      optimizer: the optax optimiser (``@rlax.clipped_optimizer()``): a recipe the trainer
+        builds (:class:`~rlax.core.trainer.optimizer.OptaxCall`), or a built optax
+        ``GradientTransformation``.
       steps: training steps (the run is finished at this step).
       run_root / run_name: a new run directory is ``run_root/run_name-<time>``.
       progress: progress bars and lines on the terminal.
@@ -54,7 +55,7 @@ class TrainerSpec:
     """
 
     algorithm: Algorithm | None = None
-    optimizer: optax.GradientTransformation | None = None
+    optimizer: OptaxCall | Any = None
     steps: Annotated[int, AtLeast(1)] = 100
     run_root: str = "runs"
     run_name: str = "run"

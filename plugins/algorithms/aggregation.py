@@ -18,13 +18,13 @@ References:
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated
-
-import jax
-import jax.numpy as jnp
+from typing import TYPE_CHECKING, Annotated
 
 from rlax.core.constraints import AtLeast, OneOf
 from rlax.core.masked import masked_mean
+
+if TYPE_CHECKING:  # annotations only: the algorithm's settings are read where JAX is not
+    import jax
 
 AGGREGATIONS = (
     "token-mean",
@@ -49,6 +49,8 @@ def completion_width(mask: jax.Array) -> jax.Array:
     starts completions at position 0 it is the mask's width. An all-empty mask
     gives its width (the loss is 0 then anyway).
     """
+    import jax.numpy as jnp
+
     covered = jnp.any(mask > 0, axis=0)  # [L]
     first = jnp.argmax(covered)  # the first True (0 when none)
     return (mask.shape[-1] - first).astype(jnp.float32)
@@ -80,6 +82,8 @@ def aggregate(
 
     Rows without tokens (batch padding) count in no denominator.
     """
+    import jax.numpy as jnp
+
     if mode == "token-mean":
         return masked_mean(per_token, mask)
     seq_tokens = jnp.sum(mask, axis=-1)

@@ -49,13 +49,13 @@ References:
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated
-
-import jax
-import jax.numpy as jnp
+from typing import TYPE_CHECKING, Annotated
 
 from rlax.core.constraints import OneOf, Positive, Range
 from rlax.plugins.algorithms.aggregation import masked_mean
+
+if TYPE_CHECKING:  # annotations only: the algorithm's settings are read where JAX is not
+    import jax
 
 ALIGNMENTS = ("none", "tis", "mask", "icepop", "seq-tis", "seq-mis")
 
@@ -94,6 +94,8 @@ class Alignment:
         self, batch: dict[str, jax.Array]
     ) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array]]:
         """Returns (ratio denominator logprobs, per-token weight, loss mask, metrics)."""
+        import jax.numpy as jnp
+
         mask = batch["loss_mask"]
         if self.mode == "none":
             return batch["old_logprobs"], jnp.ones_like(mask), mask, {}
@@ -119,6 +121,8 @@ class Alignment:
         mask: jax.Array,  # [B, L]
     ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
         """(weight, mask, metrics) of the sequence-level modes: one ratio per row."""
+        import jax.numpy as jnp
+
         seq_log = jnp.sum(log_ratio * mask, axis=-1, keepdims=True)  # [B, 1]: log prod_t rho
         rows = (jnp.sum(mask, axis=-1, keepdims=True) > 0).astype(jnp.float32)
         if self.mode == "seq-tis":

@@ -37,11 +37,12 @@ References:
 from __future__ import annotations
 
 import dataclasses
-
-import jax
-import jax.numpy as jnp
+from typing import TYPE_CHECKING
 
 from rlax.plugins.algorithms.aggregation import masked_mean
+
+if TYPE_CHECKING:  # annotations only: the algorithm's settings are read where JAX is not
+    import jax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,9 @@ class Distillation:
         mask: jax.Array,  # [B, L]
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """(advantages + the teacher's term, metrics: the reverse KL's k1 and k3 estimates)."""
+        import jax
+        import jax.numpy as jnp
+
         gap = jax.lax.stop_gradient(
             batch["teacher_logprobs"] - batch["train_logprobs"]
         )  # log T - log old

@@ -22,12 +22,13 @@ References:
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated
-
-import jax
+from typing import TYPE_CHECKING, Annotated
 
 from rlax.core.constraints import NonNegative
 from rlax.plugins.algorithms.aggregation import Aggregation
+
+if TYPE_CHECKING:  # annotations only: the algorithm's settings are read where JAX is not
+    import jax
 
 #: c_H as an algorithm declares it (rlax.core.constraints); 0: no bonus.
 EntropyCoef = Annotated[float, NonNegative]
@@ -50,5 +51,7 @@ class EntropyBonus:
         loss_mask: jax.Array,  # [B, L]
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Returns (the scalar term to add to the loss, metrics)."""
+        import jax
+
         bonus = self.coef * aggregation(entropy, loss_mask, loss_mask)
         return -bonus, {"entropy_bonus": jax.lax.stop_gradient(bonus)}

@@ -17,14 +17,14 @@ Shapes: the legend of :mod:`rlax.core.types` (B rows, L target positions).
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated
-
-import jax
-import jax.numpy as jnp
+from typing import TYPE_CHECKING, Annotated
 
 from rlax.core.constraints import NonNegative, OneOf, Positive, Range
 from rlax.core.errors import BadSetting
 from rlax.plugins.algorithms.aggregation import masked_mean
+
+if TYPE_CHECKING:  # annotations only: the algorithm's settings are read where JAX is not
+    import jax
 
 
 def clipped_surrogate(
@@ -37,6 +37,8 @@ def clipped_surrogate(
     https://arxiv.org/abs/1707.06347 (eq. 7); Yu et al., 2025, DAPO,
     https://arxiv.org/abs/2503.14476 (the decoupled ε_low, ε_high: "clip-higher").
     """
+    import jax.numpy as jnp
+
     ratio = jnp.exp(logratio)
     unclipped = ratio * advantages
     clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages
@@ -50,6 +52,8 @@ def k3_kl(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
     Reference: Schulman, 2020, "Approximating KL divergence",
     http://joschu.net/blog/kl-approx.html
     """
+    import jax.numpy as jnp
+
     d = ref_logp - logp
     return jnp.exp(d) - d - 1.0
 
@@ -103,6 +107,8 @@ def kl_estimate(
       Schulman, 2020, "Approximating KL divergence", http://joschu.net/blog/kl-approx.html
       DeepSeek-AI, 2025, "DeepSeek-V3.2", https://arxiv.org/abs/2512.02556 (k3-is)
     """
+    import jax.numpy as jnp
+
     if estimator == "k3-is":
         if behaviour_logp is None:
             raise ValueError("the k3-is KL estimator needs the sampler's logprobs")
@@ -166,6 +172,8 @@ class ClippedSurrogate:
             )
 
     def __call__(self, logp, old_logp, advantages, mask):
+        import jax.numpy as jnp
+
         logratio = logp - old_logp
         loss, _ = clipped_surrogate(logratio, advantages, self.eps_low, self.eps_high)
         ratio = jnp.exp(logratio)
@@ -216,6 +224,8 @@ class SequenceClippedSurrogate:
         _check_eps("sequence clipped surrogate", self.eps_low, self.eps_high, low_max=0.999)
 
     def __call__(self, logp, old_logp, advantages, mask):
+        import jax.numpy as jnp
+
         n_tokens = jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
         seq_logratio = jnp.sum((logp - old_logp) * mask, axis=-1) / n_tokens  # [B]
         seq_adv = jnp.sum(advantages * mask, axis=-1) / n_tokens  # [B]
@@ -255,6 +265,9 @@ class ClippedISWeight:
         _check_eps("clipped IS weight", self.eps_low, self.eps_high)
 
     def __call__(self, logp, old_logp, advantages, mask):
+        import jax
+        import jax.numpy as jnp
+
         ratio = jnp.exp(logp - old_logp)
         weight = jax.lax.stop_gradient(jnp.clip(ratio, 1.0 - self.eps_low, 1.0 + self.eps_high))
         clipped = (ratio > 1.0 + self.eps_high) | (ratio < 1.0 - self.eps_low)

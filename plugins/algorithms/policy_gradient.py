@@ -37,9 +37,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
-import jax
 import numpy as np
 
 from rlax.core.contracts import Critic
@@ -52,7 +51,10 @@ from rlax.plugins.algorithms.returns import Returns
 from rlax.plugins.algorithms.sequence_mask import OffPolicySequenceMask
 from rlax.plugins.algorithms.value import ValueLoss
 
-Batch = dict[str, jax.Array]
+if TYPE_CHECKING:  # annotations only: the algorithm's settings are read where JAX is not
+    import jax
+
+Batch: TypeAlias = "dict[str, jax.Array]"
 
 
 class Objective(Protocol):

@@ -17,11 +17,12 @@ environment's transition between two model tokens, never a step with a value of 
 from __future__ import annotations
 
 import dataclasses
-
-import jax
-import jax.numpy as jnp
+from typing import TYPE_CHECKING
 
 from rlax.plugins.algorithms.aggregation import masked_mean
+
+if TYPE_CHECKING:  # annotations only: the algorithm's settings are read where JAX is not
+    import jax
 
 
 def terminal_rewards(seq_reward: jax.Array, mask: jax.Array) -> jax.Array:
@@ -31,6 +32,8 @@ def terminal_rewards(seq_reward: jax.Array, mask: jax.Array) -> jax.Array:
     the mask (a multi-turn episode) only the row's last model token gets it,
     not the last token of each turn.
     """
+    import jax.numpy as jnp
+
     if seq_reward.ndim == 1:
         seq_reward = seq_reward[:, None]
     masked_after = jnp.flip(jnp.cumsum(jnp.flip(mask, -1), axis=-1), -1) - mask  # [B, L]
@@ -61,6 +64,8 @@ def gae(
 
     Reference: Schulman et al., 2015, GAE, https://arxiv.org/abs/1506.02438 (eq. 16).
     """
+    import jax
+    import jax.numpy as jnp
 
     def step(carry, xs):
         adv_next, value_next = carry
@@ -82,6 +87,9 @@ def whiten(x: jax.Array, mask: jax.Array, eps: float = 1e-8) -> jax.Array:
     A constant input becomes all zeros. Reference: Hu, 2025, REINFORCE++,
     https://arxiv.org/abs/2501.03262 (eq. 9).
     """
+    import jax
+    import jax.numpy as jnp
+
     mean = masked_mean(x, mask)
     var = masked_mean(jnp.square(x - mean), mask)
     return (x - mean) * jax.lax.rsqrt(var + eps) * mask
@@ -134,6 +142,8 @@ class Returns:
         self, batch: dict[str, jax.Array], mask: jax.Array, values: jax.Array | None
     ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
         """Returns (advantages, returns, metrics), each array [B, L] and 0 off the mask."""
+        import jax.numpy as jnp
+
         rewards = terminal_rewards(batch["advantages"], mask)
         if self.needs_reference:
             rewards = rewards - self.kl_beta * self._k1(batch, mask)

@@ -28,13 +28,13 @@ References:
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated
-
-import jax
-import jax.numpy as jnp
+from typing import TYPE_CHECKING, Annotated
 
 from rlax.core.constraints import Range
 from rlax.plugins.algorithms.aggregation import masked_mean
+
+if TYPE_CHECKING:  # annotations only: the algorithm's settings are read where JAX is not
+    import jax
 
 #: δ as an algorithm declares it (rlax.core.constraints); None: no masking.
 OffPolicyDelta = Annotated[float, Range(gt=0, means="None: off")] | None
@@ -58,6 +58,9 @@ class OffPolicySequenceMask:
         mask: jax.Array,  # [B, L] the tokens the loss uses so far
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Returns (the thinned mask [B, L], metrics)."""
+        import jax
+        import jax.numpy as jnp
+
         d = behaviour_logp - jax.lax.stop_gradient(new_logp)
         count = jnp.sum(mask, axis=-1, keepdims=True)
         drift = jnp.sum(d * mask, axis=-1, keepdims=True) / jnp.maximum(count, 1.0)  # [B, 1]

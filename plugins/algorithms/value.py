@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-
-import jax
-import jax.numpy as jnp
+from typing import TYPE_CHECKING
 
 from rlax.core.configurables import configurables
 from rlax.core.contracts import Critic
 from rlax.plugins.algorithms.aggregation import masked_mean
 from rlax.plugins.critics import head, separate
+
+if TYPE_CHECKING:  # annotations only: the algorithm's settings are read where JAX is not
+    import jax
 
 HEAD = head.HeadCritic()  # the default critic: a value head on the policy's trunk
 
@@ -73,6 +74,8 @@ class ValueLoss:
         mask: jax.Array,  # [B, L]
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Returns (coef × L_V, metrics)."""
+        import jax.numpy as jnp
+
         clipped = old_values + jnp.clip(values - old_values, -self.clip_eps, self.clip_eps)
         err = jnp.square(values - returns)
         err_clipped = jnp.square(clipped - returns)

@@ -13,13 +13,16 @@ References:
 from __future__ import annotations
 
 import dataclasses
-
-import jax
-from flax import nnx
+from typing import TYPE_CHECKING
 
 from rlax.core import hookimpl
-from rlax.core.models.critic import ValueHead
-from rlax.core.models.transformer import Transformer
+
+if TYPE_CHECKING:  # the critic is built where the trainer runs; its settings are read anywhere
+    import jax
+    from flax import nnx
+
+    from rlax.core.models.critic import ValueHead
+    from rlax.core.models.transformer import Transformer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +30,8 @@ class HeadCritic:
     """A value head on the policy's trunk (module doc)."""
 
     def build(self, policy: Transformer, rngs: nnx.Rngs) -> ValueHead:
+        from rlax.core.models.critic import ValueHead
+
         return ValueHead(policy.cfg.embed_dim, rngs=rngs)
 
     def values(
@@ -38,6 +43,8 @@ class HeadCritic:
         attention_mask: jax.Array,  # [B, T]
     ) -> jax.Array:
         """Values [B, T]: the head on the policy's hidden states."""
+        from rlax.core.models.critic import ValueHead
+
         assert isinstance(module, ValueHead), f"not what build made: {type(module).__name__}"
         return module(hidden)
 

@@ -15,13 +15,16 @@ References:
 from __future__ import annotations
 
 import dataclasses
-
-import jax
-from flax import nnx
+from typing import TYPE_CHECKING
 
 from rlax.core import hookimpl
-from rlax.core.models.critic import ValueModel
-from rlax.core.models.transformer import Transformer
+
+if TYPE_CHECKING:  # the critic is built where the trainer runs; its settings are read anywhere
+    import jax
+    from flax import nnx
+
+    from rlax.core.models.critic import ValueModel
+    from rlax.core.models.transformer import Transformer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +32,10 @@ class SeparateCritic:
     """A value model with a trunk of its own (module doc)."""
 
     def build(self, policy: Transformer, rngs: nnx.Rngs) -> ValueModel:
+        from flax import nnx
+
+        from rlax.core.models.critic import ValueModel
+
         return ValueModel(nnx.clone(policy), rngs=rngs)
 
     def values(
@@ -40,6 +47,8 @@ class SeparateCritic:
         attention_mask: jax.Array,  # [B, T]
     ) -> jax.Array:
         """Values [B, T]: the value model's own pass on the batch's tokens."""
+        from rlax.core.models.critic import ValueModel
+
         assert isinstance(module, ValueModel), f"not what build made: {type(module).__name__}"
         return module(tokens, attention_mask)
 

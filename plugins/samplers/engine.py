@@ -40,24 +40,23 @@ from __future__ import annotations
 import collections
 import functools
 from collections.abc import Callable, Sequence
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from rlax.core import hookimpl
 from rlax.core.constraints import AtLeast, check_arguments, checked_by
 from rlax.core.errors import BadSetting
 from rlax.core.models.routing_replay import ROUTES_DTYPE
 from rlax.core.models.tokenizer import PAD
-from rlax.core.models.transformer import Transformer
 from rlax.core.types import PARTIAL, Completion, PartialGroup, Prompt
-from rlax.plugins.samplers import engine_steps
 from rlax.plugins.samplers.engine_host import Row, Table, make_ring
 from rlax.plugins.samplers.jax_sampler import JaxSampler, _bucket
-from rlax.plugins.samplers.sampler_mesh import SamplerMesh
+
+if TYPE_CHECKING:  # the engine's settings are read where JAX is not; it decodes where JAX is
+    from flax import nnx
+
+    from rlax.core.models.transformer import Transformer
 
 # Rows per place and move call (fixed) and at most per prefill call (a power of two, so
 # one shared prompt costs one row): refills compile nothing new once each prompt bucket
@@ -147,6 +146,12 @@ class SlotEngine(JaxSampler):
         self.decoded_tokens = 0  # tokens drawn by decode steps, over every call
 
     def setup(self, model: Transformer, tokenizer) -> None:
+        import jax
+        from flax import nnx
+
+        from rlax.plugins.samplers import engine_steps
+        from rlax.plugins.samplers.sampler_mesh import SamplerMesh
+
         graphdef, state = nnx.split(model)
         self.tokenizer = tokenizer
         eos = (tokenizer.eos_id,) if self.stop_at_eos else ()
@@ -208,6 +213,8 @@ class SlotEngine(JaxSampler):
     ) -> list[tuple[Completion, ...] | PartialGroup]:
         """See :class:`rlax.core.contracts.Resumable`; ``budgets[i][j]`` caps sample j of
         prompt i at that many tokens (benchmarks force lengths with it)."""
+        import jax
+
         self._check_ready()
         done, pending = self._requests(prompts, n, partials, budgets)
         table = Table(self.ring)
@@ -268,6 +275,8 @@ class SlotEngine(JaxSampler):
 
     def _schedule(self, table: Table, pending, prefixes) -> None:
         """Moves the rows that outgrew their window, then starts pending rows in free slots."""
+        import jax.numpy as jnp
+
         moves = table.plan_moves(
             self._used, self._active, self._windows, self.step, margin=self.chunk
         )
@@ -348,6 +357,8 @@ class SlotEngine(JaxSampler):
         return self._prefill_fn(self._state, tokens, mask, replay)
 
     def _place(self, written, pb: int, group: list[tuple[int, Row, int]]) -> None:
+        import jax.numpy as jnp
+
         w = PLACE_ROWS
         source = np.zeros(w, np.int32)
         target = np.full(w, self.slots, np.int32)  # fillers: out of range, dropped
@@ -376,6 +387,8 @@ class SlotEngine(JaxSampler):
         self._slots = self._kept(self._slots)
 
     def _decode_once(self, table: Table, done, key) -> None:
+        import jax.numpy as jnp
+
         slots, out = self._decode_fn(
             self._state, self._slots, key, jnp.float32(self.temperature), jnp.int32(self.step)
         )
@@ -438,6 +451,8 @@ class SlotEngine(JaxSampler):
 
     def _cut(self, prompts, n, done, table, pending) -> list[tuple[Completion, ...] | PartialGroup]:
         """The result of an interrupted call: finished groups, and partial work for the rest."""
+        import jax.numpy as jnp
+
         for row in [r for _, r in table.running()] + list(pending):
             done[row.request][row.sample] = self._finished(row, PARTIAL)
         self._slots = self._kept(self._slots._replace(active=jnp.zeros((self.slots,), bool)))

@@ -1,7 +1,7 @@
 """The slot engine's host side: the rows, the tiers, and who goes in which slot.
 
 :class:`Table` knows which row is in which slot, which rows are paused, and
-each slot's tier (:class:`~rlax.plugins.samplers.engine_steps.Ring`). The
+each slot's tier (:class:`Ring`). The
 engine (:mod:`.engine`) asks it, between decode calls, where pending rows
 start (a free slot of the smallest tier their prefix fits, or of a larger
 one: an idle slot helps no one) and where the rows that outgrew their window
@@ -15,10 +15,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from rlax.plugins.samplers.engine_steps import Ring
+if TYPE_CHECKING:  # the layout is the host's; its windows go to the decode programs
+    import jax
+
 
 #: The smallest partial window of the default tiers; each next one doubles.
 FIRST_WINDOW = 128
@@ -48,6 +51,18 @@ class Row:
     def share_key(self, share: bool) -> tuple:
         """Rows with the same key use one prefill: the fresh samples of one prompt."""
         return (self.request,) if share and not self.tokens else (self.request, self.sample)
+
+
+class Ring(NamedTuple):
+    """The static layout: each tier's slots and window; the last window is S."""
+
+    tiers: tuple[tuple[int, int, int], ...]  # (first slot, end slot, window)
+
+    def windows(self) -> jax.Array:
+        """Each slot's window, [R] int32."""
+        import jax.numpy as jnp
+
+        return jnp.concatenate([jnp.full((b - a,), w, jnp.int32) for a, b, w in self.tiers])
 
 
 def make_ring(

@@ -46,6 +46,7 @@ from rlax.core.models.transformer import (
     init_cache,
     positions_from_mask,
 )
+from rlax.plugins.samplers.engine_host import Ring
 from rlax.plugins.samplers.sampling import sample_token
 
 
@@ -62,16 +63,6 @@ class Slots(NamedTuple):
     generated: jax.Array  # [R] int32: tokens the row has generated (a resumed row's included)
     limit: jax.Array  # [R] int32: the row stops once generated reaches it
     used: jax.Array  # [R] int32: ring columns the row spans (its prefix bucket + tokens fed)
-
-
-class Ring(NamedTuple):
-    """The static layout: each tier's slots and window; the last window is S."""
-
-    tiers: tuple[tuple[int, int, int], ...]  # (first slot, end slot, window)
-
-    def windows(self) -> jax.Array:
-        """Each slot's window, [R] int32."""
-        return jnp.concatenate([jnp.full((b - a,), w, jnp.int32) for a, b, w in self.tiers])
 
 
 def empty_slots(model: Transformer, ring: Ring, dtype=jnp.float32) -> Slots:

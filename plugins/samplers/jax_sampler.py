@@ -34,23 +34,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from rlax.core import hookimpl
 from rlax.core.constraints import AtLeast, OneOf, Range, check_arguments
-from rlax.core.models.moe import RoutesOut
-from rlax.core.models.routing_replay import ROUTES_DTYPE
 from rlax.core.models.tokenizer import PAD
-from rlax.core.models.transformer import KVCache, Transformer, init_cache, positions_from_mask
 from rlax.core.parallel.mesh import MeshConfig
 from rlax.core.types import Completion, Prompt
-from rlax.plugins.samplers.sampler_mesh import SamplerMesh
-from rlax.plugins.samplers.sampling import METHODS, RECORDED, sample_token
+from rlax.plugins.samplers.sampling import METHODS, RECORDED
+
+if TYPE_CHECKING:  # a sampler's settings are read where JAX is not; it samples where JAX is
+    import jax
+    from flax import nnx
+
+    from rlax.core.models.transformer import KVCache, Transformer
+    from rlax.plugins.samplers.sampler_mesh import SamplerMesh
 
 # Above this vocabulary size the sampler draws by inverse CDF and computes the
 # prefill's logits at the last position only (smaller ones keep their exact
@@ -69,149 +69,6 @@ def _bucket(n: int, multiple: int) -> int:
 def _row_bucket(n: int) -> int:
     """Next power of two >= n (at least 8): few distinct batch shapes."""
     return max(8, 1 << (n - 1).bit_length())
-
-
-def _prefill(
-    model: Transformer,
-    tokens: jax.Array,  # [B, P] left-padded
-    positions: jax.Array,  # [B, P]
-    key_valid: jax.Array,  # [B, S] bool, S = P + max_new_tokens
-    cache: KVCache,  # S slots, contents ignored: cleared here
-    last_logits_only: bool,
-) -> tuple[jax.Array, KVCache, jax.Array]:
-    """The prompt's pass: logits at its last position [B, V], the cache of S slots and the
-    prompt tokens' experts [B, P, R, k] (:func:`_route_ids`).
-
-    ``last_logits_only`` applies the head at the last position alone (a real
-    vocabulary); otherwise at every position, the toy models' path kept
-    exactly as it was.
-    """
-    p, s = tokens.shape[1], key_valid.shape[1]
-    prefill_mask = (jnp.arange(s)[None, :] <= jnp.arange(p)[:, None])[None] & key_valid[:, None, :]
-    cache = jax.tree.map(jnp.zeros_like, cache)  # in place: the buffer is donated
-    hidden, written, routed = model.routed_hidden_states(tokens, positions, prefill_mask, cache, 0)
-    assert written is not None  # a call given a cache returns the written one
-    routes = _route_ids(model, routed, tokens.shape)
-    if last_logits_only:
-        return model.logits(hidden[:, -1]), written, routes
-    return model.logits(hidden)[:, -1], written, routes
-
-
-def _route_ids(model: Transformer, routed: RoutesOut | None, shape: tuple[int, ...]) -> jax.Array:
-    """Each token's experts, int16 [B, T, R, k] (R = 0 for a dense model): what routing
-    replay records (:mod:`rlax.core.models.routing_replay`)."""
-    if routed is None:
-        return jnp.zeros((*shape, 0, 1), ROUTES_DTYPE)
-    return routed.ids.astype(ROUTES_DTYPE)
-
-
-def _prefill_rows(
-    model: Transformer,
-    cache: KVCache,  # [B, ..., S] (donated)
-    tokens: jax.Array,  # [U, P]
-    mask: jax.Array,  # [U, P]
-    rows_of: jax.Array,  # [B]
-    max_new_tokens: int,
-    last_logits_only: bool,
-) -> tuple[jax.Array, KVCache, jax.Array, jax.Array, jax.Array]:
-    """Each row's prompt prefilled: last logits [B, V], the cache, key validity [B, S],
-    positions [B, P] and the prompt's experts [B, P, R, k]. Each distinct prompt is prefilled once; with fewer prompts than rows
-    (U < B) its keys and values are then copied into the rows of its samples, else the
-    rows are prefilled in place (``rows_of`` is then the identity)."""
-    u, p = tokens.shape
-    prompt_valid = jnp.zeros((u, p + max_new_tokens), bool).at[:, :p].set(mask)
-    positions = positions_from_mask(mask)
-    if u == rows_of.shape[0]:
-        logits, cache, routes = _prefill(
-            model, tokens, positions, prompt_valid, cache, last_logits_only
-        )
-        return logits, cache, prompt_valid, positions, routes
-    own = jax.tree.map(lambda c: jnp.zeros((u, *c.shape[1:]), c.dtype), cache)
-    logits, own, routes = _prefill(model, tokens, positions, prompt_valid, own, last_logits_only)
-    cache = jax.tree.map(lambda rows, prompt: rows.at[:].set(prompt[rows_of]), cache, own)
-    return logits[rows_of], cache, prompt_valid[rows_of], positions[rows_of], routes[rows_of]
-
-
-def _generate(
-    graphdef: nnx.GraphDef,
-    state: nnx.State,
-    cache: KVCache,  # [B, ..., S = P + max_new_tokens] (donated)
-    tokens: jax.Array,  # [U, P] the distinct prompts, left-padded
-    mask: jax.Array,  # [U, P] bool
-    rows_of: jax.Array,  # [B] int32: each row's prompt (its index in ``tokens``)
-    key: jax.Array,
-    temperature: jax.Array,  # scalar
-    *,
-    max_new_tokens: int,
-    stop_ids: tuple[int, ...],
-    top_k: int,
-    top_p: float = 1.0,
-    method: str = "gumbel",
-    last_logits_only: bool = False,
-    recorded: str = "full",
-) -> tuple[jax.Array, jax.Array, jax.Array, KVCache, tuple[jax.Array, jax.Array]]:
-    """Generated tokens [B, C] (PAD after the stop token), their logprobs [B, C], the kept
-    sets' floors [B, C] (-inf: nothing cut; :mod:`.sampling`), the cache, and the experts
-    of the prompt's tokens [B, P, R, k] and of the generated ones [B, C, R, k] (-1 after
-    the stop; R = 0 for a dense model)."""
-    model: Transformer = nnx.merge(graphdef, state)
-    p, b = tokens.shape[1], rows_of.shape[0]
-    slots = jnp.arange(p + max_new_tokens)
-    stops = jnp.asarray(stop_ids, jnp.int32)
-    last_logits, cache, key_valid, positions, prompt_routes = _prefill_rows(
-        model, cache, tokens, mask, rows_of, max_new_tokens, last_logits_only
-    )
-
-    def cond(carry):
-        i, done = carry[0], carry[1]
-        return (i < max_new_tokens) & ~jnp.all(done)
-
-    def body(carry):
-        i, done, last_logits, pos, cache, key_valid, out_tok, out_logp, out_floor, routes, key = (
-            carry
-        )
-        key, sub = jax.random.split(key)
-        tok, logp, floor = sample_token(
-            last_logits,
-            sub,
-            temperature,
-            top_k=top_k,
-            top_p=top_p,
-            method=method,
-            recorded=recorded,
-        )
-        tok = jnp.where(done, PAD, tok)
-        out_tok = out_tok.at[:, i].set(tok)
-        out_logp = out_logp.at[:, i].set(jnp.where(done, 0.0, logp))
-        out_floor = out_floor.at[:, i].set(jnp.where(done, -jnp.inf, floor))
-        key_valid = key_valid.at[:, p + i].set(~done)
-        step_mask = ((slots <= p + i)[None, :] & key_valid)[:, None, :]
-        hidden, cache, routed = model.routed_hidden_states(
-            tok[:, None], pos[:, None], step_mask, cache, p + i
-        )
-        logits = model.logits(hidden)
-        step_routes = _route_ids(model, routed, (b, 1))[:, 0]  # the fed token's experts
-        routes = routes.at[:, i].set(jnp.where(done[:, None, None], -1, step_routes))
-        if stop_ids:
-            done = done | jnp.any(tok[:, None] == stops[None, :], axis=-1)
-        out = (out_tok, out_logp, out_floor, routes)
-        return i + 1, done, logits[:, 0], pos + 1, cache, key_valid, *out, key
-
-    carry = (
-        jnp.int32(0),
-        jnp.zeros((b,), bool),
-        last_logits,
-        positions[:, -1] + 1,
-        cache,
-        key_valid,
-        jnp.full((b, max_new_tokens), PAD, jnp.int32),
-        jnp.zeros((b, max_new_tokens), jnp.float32),
-        jnp.full((b, max_new_tokens), -jnp.inf, jnp.float32),
-        jnp.full((b, max_new_tokens, *prompt_routes.shape[2:]), -1, ROUTES_DTYPE),
-        key,
-    )
-    carry = jax.lax.while_loop(cond, body, carry)
-    return carry[6], carry[7], carry[8], carry[4], (prompt_routes, carry[9])
 
 
 class JaxSampler:
@@ -274,7 +131,7 @@ class JaxSampler:
         self.stop_at_eos = stop_at_eos
         self.method = method
         self.recorded_logprobs = recorded_logprobs
-        self._fn: jax.stages.Wrapped | None = None  # jit of _generate, bound by setup
+        self._fn: jax.stages.Wrapped | None = None  # jit of decode.generate, bound by setup
         self._state: nnx.State | None = None
         self._abstract = False  # the state holds shapes only (an abstract model's)
         self.version = -1
@@ -286,13 +143,19 @@ class JaxSampler:
         ``model`` may be abstract (``nnx.eval_shape``, as a worker's is): then
         nothing can be generated until :meth:`load_weights` brings arrays.
         """
+        import jax
+        from flax import nnx
+
+        from rlax.plugins.samplers import decode
+        from rlax.plugins.samplers.sampler_mesh import SamplerMesh
+
         graphdef, state = nnx.split(model)
         self.tokenizer = tokenizer
         eos = (tokenizer.eos_id,) if self.stop_at_eos else ()
         self._stops = tuple(dict.fromkeys(eos + self.stop_tokens))
         self._fn = jax.jit(
             functools.partial(
-                _generate,
+                decode.generate,
                 graphdef,
                 max_new_tokens=self.max_new_tokens,
                 stop_ids=self._stops,
@@ -322,6 +185,8 @@ class JaxSampler:
         return 0 if self._fn is None else self._fn._cache_size()  # type: ignore[attr-defined]
 
     def load_weights(self, state: nnx.State, version: int) -> None:
+        import jax
+
         self.version = version
         self._abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(state))
         if self._on_mesh is not None and not self._abstract:
@@ -379,6 +244,9 @@ class JaxSampler:
         self, prompts: Sequence[Prompt], n: int, *, seed: int
     ) -> list[tuple[Completion, ...]]:
         """Samples ``n`` completions for each prompt; one tuple per prompt."""
+        import jax
+        import jax.numpy as jnp
+
         fn = self._check_ready()
         tokens, mask, rows_of = self.pad_prompts(prompts, n)
         self.prefilled_tokens += tokens.size
@@ -424,6 +292,8 @@ class JaxSampler:
 
     def _cache_for(self, rows: int, prompt_len: int) -> KVCache:
         """The kept cache if it has this shape, else a new one (the old one is let go first)."""
+        from rlax.core.models.transformer import init_cache
+
         slots = prompt_len + self.max_new_tokens
         cache, self._cache = self._cache, None
         if cache is not None and cache[0]["v"].shape[0] == rows and cache[0]["v"].shape[2] == slots:

@@ -45,8 +45,11 @@ References:
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the choices are read where JAX is not (a sampler's settings)
+    import jax
+
 
 # How a token is chosen: the two exact draws, and the most likely token.
 METHODS = ("gumbel", "inverse_cdf", "greedy")
@@ -56,6 +59,9 @@ RECORDED = ("truncated", "full")
 
 def restrict_top_k(scaled: jax.Array, k: int) -> jax.Array:
     """Logits outside the k largest of each row become -inf (ties at the k-th value stay)."""
+    import jax
+    import jax.numpy as jnp
+
     kth = jax.lax.top_k(scaled, k)[0][:, -1:]
     return jnp.where(scaled < kth, -jnp.inf, scaled)
 
@@ -66,6 +72,9 @@ def restrict_top_p(scaled: jax.Array, p: float) -> jax.Array:
     A token is kept when the probability mass of the tokens strictly more
     likely than it is below ``p`` (so the most likely token is always kept).
     """
+    import jax
+    import jax.numpy as jnp
+
     order = jnp.argsort(-scaled, axis=-1)
     sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
     probs = jax.nn.softmax(sorted_logits, axis=-1)
@@ -78,18 +87,25 @@ def restrict_top_p(scaled: jax.Array, p: float) -> jax.Array:
 
 def _last_positive(x: jax.Array) -> jax.Array:
     """Index of the last entry > 0 along the last axis (0 if none), [B]."""
+    import jax.numpy as jnp
+
     idx = jnp.arange(x.shape[-1])
     return jnp.max(jnp.where(x > 0, idx, 0), axis=-1)
 
 
 def _invert(weights: jax.Array, u: jax.Array) -> jax.Array:
     """Index i with cumsum(w)[i-1] <= u * sum(w) < cumsum(w)[i], never a zero-weight entry."""
+    import jax.numpy as jnp
+
     cdf = jnp.cumsum(weights, axis=-1)
     idx = jnp.sum(cdf <= u[:, None] * cdf[:, -1:], axis=-1)
     return jnp.minimum(idx, _last_positive(weights))
 
 
 def _inverse_cdf_from_weights(key: jax.Array, weights: jax.Array, block: int) -> jax.Array:
+    import jax
+    import jax.numpy as jnp
+
     b, v = weights.shape
     blocks = jnp.pad(weights, ((0, 0), (0, -v % block))).reshape(b, -1, block)
     u = jax.random.uniform(key, (2, b))
@@ -100,6 +116,8 @@ def _inverse_cdf_from_weights(key: jax.Array, weights: jax.Array, block: int) ->
 
 def inverse_cdf_sample(key: jax.Array, logits: jax.Array, block: int = 256) -> jax.Array:
     """One exact draw per row from softmax(logits) [B, V] (-inf entries are never drawn)."""
+    import jax.numpy as jnp
+
     weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
     return _inverse_cdf_from_weights(key, weights, block)
 
@@ -109,6 +127,8 @@ def kept_floor(
     logp: jax.Array,  # [B, V] log softmax of the unrestricted scaled logits
 ) -> jax.Array:
     """The full logprob of the least likely kept token of each row, [B] (-inf: none cut)."""
+    import jax.numpy as jnp
+
     cut = jnp.any(allowed == -jnp.inf, axis=-1)
     floor = jnp.min(jnp.where(allowed > -jnp.inf, logp, jnp.inf), axis=-1)
     return jnp.where(cut, floor, -jnp.inf)
@@ -135,6 +155,9 @@ def sample_token(
     the most likely token of each row instead of drawing one (logprob under
     softmax(logits / T), floor -inf).
     """
+    import jax
+    import jax.numpy as jnp
+
     if method not in METHODS:
         raise ValueError(f"sampling method must be one of {', '.join(METHODS)}, got {method!r}")
     if recorded not in RECORDED:

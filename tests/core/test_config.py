@@ -250,7 +250,7 @@ def test_core_configurables_optax_and_rlax():
         ],
     )
 
-    optimizer = config.configured("optax", "adam")()
+    optimizer = config.configured("optax", "adam")().build()  # a setting until the trainer's
     grads = {"w": np.ones(2, np.float32)}
     updates, _ = optimizer.update(grads, optimizer.init(grads))
     np.testing.assert_allclose(updates["w"], [-0.5, -0.5], rtol=1e-5)  # Adam's first step: -lr
@@ -259,7 +259,7 @@ def test_core_configurables_optax_and_rlax():
         config.configured("optax", name)
     schedule = config.configured("optax", "warmup_cosine_decay_schedule")(
         init_value=0.0, peak_value=1.0, warmup_steps=2, decay_steps=4
-    )
+    ).build()
     assert float(schedule(1)) == pytest.approx(0.5)
 
 

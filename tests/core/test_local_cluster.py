@@ -8,6 +8,8 @@ import re
 import pytest
 from cli_runs import CLUSTER_STEPS, quickstart_cluster, rlax_process
 
+from rlax.core.runtime.run_dir import RunDir
+
 pytestmark = pytest.mark.e2e
 
 
@@ -24,6 +26,16 @@ def test_processes_run_through_the_parameter_server(cluster_run_sync):
     # The workers' sampling and scoring seconds reach the trainer's metrics.
     assert sum(r["worker_generate_s"] for r in rows) > 0 < sum(r["worker_score_s"] for r in rows)
     assert json.loads((run_dir / "eval.json").read_text()).keys() == {"before", "after"}
+
+
+def test_the_supervisor_and_the_parameter_server_never_imported_jax(cluster_run_sync):
+    """Each checked for itself as it stopped (rlax.core.runtime.jax_free): one line each
+    (no restarts in this run), and neither had imported JAX."""
+    lines = (cluster_run_sync / RunDir.PROCESSES).read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert sorted(r["role"] for r in rows) == ["param_server", "supervisor"]
+    assert [r["jax_imported"] for r in rows] == [False, False]
+    assert len({r["pid"] for r in rows}) == 2  # two processes, each its own line
 
 
 def test_async_mode_trains_on_groups_at_most_max_staleness_old(tmp_path):

@@ -33,6 +33,7 @@ from rlax.core.models.bundle import load_model
 from rlax.core.param_server.client import ParamServerClient
 from rlax.core.param_server.settings import ServerSettings
 from rlax.core.plugins import build_plugin_manager
+from rlax.core.trainer.optimizer import build_optimizer
 from rlax.core.trainer.phases import WALL_CLOCK
 from rlax.core.trainer.step import Trainer
 from rlax.core.wire import leaf_name
@@ -206,7 +207,7 @@ def replay(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         [GIN], [a.removeprefix("--gin.") for a in ARGS if a.startswith("--gin.")], plugins=pm
     )
     algorithm = copy.deepcopy(gin.query_parameter("rlax.train.algorithm"))
-    optimizer = copy.deepcopy(gin.query_parameter("rlax.train.optimizer"))
+    optimizer = build_optimizer(copy.deepcopy(gin.query_parameter("rlax.train.optimizer")))
     trainer = Trainer(load_model(BASE).model, algorithm, optimizer, temperature=1.0)
     for batch in batches:
         trainer.step(batch)

@@ -37,7 +37,7 @@ def test_defaults_learn_from_step_zero_on_policy_and_keep_one_train_state():
     pm = plugins.build_plugin_manager()
     config.register_core_configurables()
     config.parse([ROOT / "configs/experiments/smollm2_arithmetic.gin"], plugins=pm)
-    optimizer = gin.query_parameter("rlax.train.optimizer").scoped_configurable_fn()
+    optimizer = gin.query_parameter("rlax.train.optimizer").scoped_configurable_fn().build()
     params = {"w": jnp.zeros(2)}
     updates, _ = optimizer.update({"w": jnp.ones(2)}, optimizer.init(params), params)
     # Step 0 already moves the weights by the learning rate (adam's first step is
