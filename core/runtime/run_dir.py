@@ -16,8 +16,8 @@ each role wraps the path in a :class:`RunDir` and asks it where a file goes::
     param_server/                  the parameter server's queue and weights
     compile_cache/                 the programs the roles compiled (JAX's persistent cache)
     recovery.jsonl                 one line per restart: how long each role took to be useful
-    processes.jsonl                one line per supervisor and parameter-server process as it
-                                   stopped: whether it imported JAX (neither should)
+    processes/                     each supervisor and parameter-server process as it stopped:
+                                   whether it imported JAX (neither should)
 
 A directory holding ``operative_config.gin`` (or a ``train_state/``) is a run
 that can be resumed; a run is finished once it has exported its final policy
@@ -75,7 +75,7 @@ class RunDir:
     PARAM_SERVER: ClassVar[str] = "param_server"
     COMPILE_CACHE: ClassVar[str] = "compile_cache"
     RECOVERY: ClassVar[str] = "recovery.jsonl"
-    PROCESSES: ClassVar[str] = "processes.jsonl"
+    PROCESSES: ClassVar[str] = "processes"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", pathlib.Path(self.path))

@@ -29,13 +29,13 @@ def test_processes_run_through_the_parameter_server(cluster_run_sync):
 
 
 def test_the_supervisor_and_the_parameter_server_never_imported_jax(cluster_run_sync):
-    """Each checked for itself as it stopped (rlax.core.runtime.jax_free): one line each
-    (no restarts in this run), and neither had imported JAX."""
-    lines = (cluster_run_sync / RunDir.PROCESSES).read_text().splitlines()
-    rows = [json.loads(line) for line in lines]
+    """Each checked for itself as it stopped (rlax.core.runtime.jax_free): one record each
+    (no restarts in this run), named by its role and pid, and neither had imported JAX."""
+    records = sorted((cluster_run_sync / RunDir.PROCESSES).iterdir())
+    rows = [json.loads(p.read_text()) for p in records]
     assert sorted(r["role"] for r in rows) == ["param_server", "supervisor"]
     assert [r["jax_imported"] for r in rows] == [False, False]
-    assert len({r["pid"] for r in rows}) == 2  # two processes, each its own line
+    assert [p.name for p in records] == [f"{r['role']}-{r['pid']}.json" for r in rows]
 
 
 def test_async_mode_trains_on_groups_at_most_max_staleness_old(tmp_path):

@@ -146,7 +146,7 @@ def test_resume_takes_the_newest_run_of_the_name_or_the_directory_given(tmp_path
 def test_every_file_and_folder_is_named_once_in_names(tmp_path):
     run = RunDir(tmp_path)
     paths = [getattr(run, name) for name, v in vars(RunDir).items() if isinstance(v, property)]
-    assert len(paths) == len(RunDir.names()) == 13  # spec.gin among them
+    assert len(paths) == len(RunDir.names()) == 14  # spec.gin and processes/ among them
     assert {p.name for p in paths} == set(RunDir.names())
     assert all(p.parent == tmp_path for p in paths)
     assert run.staged_final_policy("new").name == "checkpoint.new"
