@@ -16,6 +16,7 @@ import transformers
 from flax import nnx
 
 from rlax.core.models import lora
+from rlax.core.models.lora_config import DEFAULT_TARGETS
 from rlax.core.models.hf import load_hf_model, save_hf_model
 from rlax.core.models.peft_export import save_peft_adapter
 
@@ -35,7 +36,7 @@ def _trained_adapters(params: lora.LoraParams, seed: int) -> lora.LoraParams:
 
 @pytest.mark.parametrize(
     ("family", "targets"),
-    [("llama", lora.DEFAULT_TARGETS), ("qwen2", (r"blocks/1/attn/(q|v)$", r"mlp/up$"))],
+    [("llama", DEFAULT_TARGETS), ("qwen2", (r"blocks/1/attn/(q|v)$", r"mlp/up$"))],
 )
 def test_peft_loads_the_exported_adapters_with_our_merged_logits(tmp_path, family, targets):
     hf = _hf_model(family, seed=7)
