@@ -368,7 +368,7 @@ def _says_finished(run_dir: RunDir, spec: RunSpec, lead: bool) -> bool:
 
 
 def _multihost() -> Any:
-    from rlax.core.parallel import multihost  # imports JAX: only where a trainer runs
+    from rlax.core.parallel import multihost  # its is_lead imports JAX: only a trainer asks
 
     return multihost
 

@@ -16,8 +16,8 @@ import transformers
 from flax import nnx
 
 from rlax.core.models import lora
-from rlax.core.models.lora_config import DEFAULT_TARGETS
 from rlax.core.models.hf import load_hf_model, save_hf_model
+from rlax.core.models.lora_config import DEFAULT_TARGETS
 from rlax.core.models.peft_export import save_peft_adapter
 
 from .test_hf import _batch, _hf_model, _ours, _theirs
