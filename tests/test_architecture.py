@@ -565,9 +565,11 @@ print(json.dumps({"imported": found, "first": first}))
 """
 
 
-def test_the_supervisor_and_the_parameter_server_import_no_jax():
+def _imports_seen(packages: str, *configs: str) -> dict:
+    """JAX_FREE_SCRIPT's verdict in a fresh process: which of ``packages`` were imported
+    reading ``configs``, and the stack the first came from."""
     proc = subprocess.run(
-        [sys.executable, "-c", JAX_FREE_SCRIPT, ",".join(JAX_PACKAGES), *JAX_FREE_CONFIGS],
+        [sys.executable, "-c", JAX_FREE_SCRIPT, packages, *configs],
         capture_output=True,
         text=True,
         check=False,
@@ -575,22 +577,17 @@ def test_the_supervisor_and_the_parameter_server_import_no_jax():
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    found = json.loads(proc.stdout.splitlines()[-1])
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_the_supervisor_and_the_parameter_server_import_no_jax():
+    found = _imports_seen(",".join(JAX_PACKAGES), *JAX_FREE_CONFIGS)
     assert found["imported"] == [], "\n".join(["first imported from:", *found["first"]])
 
 
 def test_the_jax_free_check_sees_an_import_of_jax():
     """The same script, told to watch a package the front does import (gin), finds it
     and the stack it came from: the check above can fail."""
-    proc = subprocess.run(
-        [sys.executable, "-c", JAX_FREE_SCRIPT, "gin", "quickstart"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    found = json.loads(proc.stdout.splitlines()[-1])
+    found = _imports_seen("gin", "quickstart")
     assert found["imported"] == ["gin"]
     assert any("core/config" in frame for frame in found["first"])
