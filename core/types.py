@@ -234,6 +234,10 @@ class TrainBatch:
         distribution each token was drawn from where ``old_logprobs`` are not
         (:attr:`Completion.sampled_logprobs`; elsewhere ``old_logprobs``):
         what the trainer's mismatch metrics compare with.
+      policy_lag: optional int32 [B, L], how many weight versions before the
+        one being trained each target was sampled with (0 off the loss mask;
+        :mod:`rlax.core.trainer.mismatch`). None: every target is the current
+        version's.
     """
 
     tokens: np.ndarray
@@ -246,6 +250,7 @@ class TrainBatch:
     kept_floor: np.ndarray | None = None
     routes: np.ndarray | None = None
     sampled_logprobs: np.ndarray | None = None
+    policy_lag: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,6 +49,7 @@ def make_batch(
     length_bucket: int = 8,
     row_multiple: int = 1,
     completion_len: int | None = None,
+    version: int | None = None,
 ) -> TrainBatch:
     """Packs ``groups`` into a TrainBatch.
 
@@ -64,6 +65,10 @@ def make_batch(
       completion_len: pad completions to exactly this length (the sampler's
         budget) instead of the bucketed longest one, so the shape does not
         depend on the data.
+      version: the weight version the batch trains (the trainer's): each
+        target's ``policy_lag`` is this minus the version that sampled it
+        (:attr:`Completion.versions`, else its ``policy_version``). None: no
+        ``policy_lag``.
     """
     if not groups:
         raise ValueError("make_batch: no groups")
@@ -87,6 +92,7 @@ def make_batch(
     old_logprobs = np.zeros((n, t - 1), np.float32)
     adv = np.zeros((n, t - 1), np.float32)
     group_ids = np.full((n,), -1, np.int32)
+    lag = None if version is None else np.zeros((n, t - 1), np.int32)
     flat_adv = np.asarray(advantages, np.float32).reshape(-1)
     for r, (gi, prompt, comp) in enumerate(completions):
         lp, lc = len(prompt.tokens), len(comp.tokens)
@@ -100,6 +106,9 @@ def make_batch(
         old_logprobs[r, p - 1 : p - 1 + lc] = comp.logprobs * model
         adv[r, p - 1 : p - 1 + lc] = flat_adv[r] * model
         group_ids[r] = gi
+        if lag is not None:
+            sampled_by = comp.policy_version if comp.versions is None else comp.versions
+            lag[r, p - 1 : p - 1 + lc] = (version - np.asarray(sampled_by)) * (model > 0)
     floor, sampled = _sampled_distribution([c for _, _, c in completions], (n, t - 1), p)
     routes = batch_routes([(len(pr.tokens), c.routes) for _, pr, c in completions], (n, t), p)
     return TrainBatch(
@@ -112,4 +121,5 @@ def make_batch(
         kept_floor=floor,
         routes=routes,
         sampled_logprobs=sampled,
+        policy_lag=lag,
     )

@@ -54,6 +54,7 @@ from rlax.core.models.routing_replay import ROUTES_DTYPE
 from rlax.core.models.transformer import causal_mask, positions_from_mask
 from rlax.core.parallel import mesh as meshlib
 from rlax.core.runtime import executables
+from rlax.core.trainer import mismatch
 from rlax.core.trainer.microbatch import cast_floats
 from rlax.core.trainer.settings import TrainerSettings
 from rlax.core.trainer.step import Trainer, batch_arrays
@@ -215,17 +216,27 @@ def update_on_batch(
     """The step's updates on ``batch``; ``rows`` is what this process feeds a single update.
 
     One update (1 x 1) is exactly :meth:`Trainer.step` on ``rows``, as before
-    several were possible. ``batch`` as arrays needs ``group_ids``.
+    several were possible. ``batch`` as arrays needs ``group_ids``. The weights before
+    the updates become the trainer's ``previous_params`` (the mismatch of tokens sampled
+    with them: :mod:`rlax.core.trainer.mismatch`).
     """
+    before = mismatch.remembered(trainer)
     if updates_per_batch(trainer) == 1:
         if trainer.settings.routing_replay == "trainer":  # the update is the first pass
             rows = _without_routes(rows)
-        return trainer.step(rows)
-    check_processes(trainer.settings, jax.process_count())
-    if isinstance(batch, TrainBatch):
-        group_ids = batch.group_ids
-        arrays = batch_arrays(batch)
+        if before is not None:  # one process: its rows are the batch
+            rows = batch_arrays(rows) if isinstance(rows, TrainBatch) else rows
+            rows = mismatch.with_lagged_logprobs(trainer, rows)
+        metrics = trainer.step(rows)
     else:
-        arrays = batch
-    assert group_ids is not None, "update_on_batch: arrays need their group_ids"
-    return mean_metrics(several_updates(trainer, arrays, group_ids, seed=seed, step=step))
+        check_processes(trainer.settings, jax.process_count())
+        if isinstance(batch, TrainBatch):
+            group_ids = batch.group_ids
+            arrays = batch_arrays(batch)
+        else:
+            arrays = batch
+        assert group_ids is not None, "update_on_batch: arrays need their group_ids"
+        arrays = mismatch.with_lagged_logprobs(trainer, arrays)
+        metrics = mean_metrics(several_updates(trainer, arrays, group_ids, seed=seed, step=step))
+    trainer.previous_params = before
+    return metrics

@@ -66,7 +66,11 @@ def take_batch(
     if kept:
         advantages = trainer.algorithm.advantages(np.stack([g.rewards for g in kept]))
         batch = make_batch(
-            kept, advantages, row_multiple=8 * group_size, completion_len=completion_len
+            kept,
+            advantages,
+            row_multiple=8 * group_size,
+            completion_len=completion_len,
+            version=version,
         )
     return metrics, batch, generated_tokens(kept)
 

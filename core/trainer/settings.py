@@ -93,6 +93,14 @@ class TrainerSettings:
         update's tokens (:func:`rlax.core.models.moe.balance_bias`; the bias
         is never a gradient parameter). 0: the bias stays as loaded.
         DeepSeek-V3's gamma is 0.001.
+      lagged_mismatch: measure the train/rollout mismatch of tokens sampled one
+        version back under that version's weights (:mod:`rlax.core.trainer.mismatch`):
+        the trainer keeps the previous version's parameters (one more copy of
+        the policy) and runs one forward pass without gradient over a batch
+        that holds such tokens. False: only tokens sampled by the version being
+        updated are measured (free); with rollouts one version stale that is
+        none, and the metrics are absent. With several trainer processes only
+        those are measured either way.
     """
 
     microbatches: Annotated[int, AtLeast(1)] = 1
@@ -109,6 +117,7 @@ class TrainerSettings:
     row_tokens: Annotated[int, AtLeast(2, means="None: the padded row's width")] | None = None
     routing_replay: Annotated[str, OneOf(*REPLAY_MODES)] = "off"
     balance_bias_rate: Annotated[float, AtLeast(0, means="0: the bias stays")] = 0.001
+    lagged_mismatch: bool = True
 
     def __post_init__(self) -> None:
         positive = ("microbatches", "epochs", "minibatches", "logprob_chunk_tokens")

@@ -19,7 +19,8 @@ on which algorithm it runs, only on the algorithm's declared needs:
   gradient) and ``old_values`` (without).
 
 The train/inference mismatch between the sampler's and the trainer's
-logprobs is always measured (``mismatch_abs_logp``, ``mismatch_kl``).
+logprobs under the same weights is measured every step (``mismatch_abs_logp``,
+``mismatch_kl``; :mod:`rlax.core.trainer.mismatch`).
 
 Layout (:mod:`rlax.core.parallel.mesh`): parameters, critic and optimiser state live on
 a (data, fsdp, tensor) mesh as the sharding rules say, the batch is split over
@@ -56,7 +57,7 @@ from rlax.core.models.transformer import Transformer, sequence_logprobs
 from rlax.core.parallel import mesh as meshlib
 from rlax.core.parallel import multihost
 from rlax.core.runtime import executables
-from rlax.core.trainer import balancing, memory, packing, passes
+from rlax.core.trainer import balancing, memory, mismatch, packing, passes
 from rlax.core.trainer.microbatch import ModuleT, cast_floats, wrap_blocks
 from rlax.core.trainer.settings import COMPUTE_DTYPES, PLACEMENTS, TrainerSettings
 from rlax.core.types import TrainBatch
@@ -86,45 +87,6 @@ class TrainState:
     opt_state: Any
     step: int = 0
     critic: nnx.State | None = None
-
-
-#: The band of π_train / π_sampler a token's ratio is "in" (``ratio_out_of_band``): peers
-#: report half the tokens outside it when the recorded distribution is not the sampled one.
-RATIO_BAND = (0.9, 1.1)
-
-
-def _masked_p99(x: jax.Array, mask: jax.Array) -> jax.Array:
-    """The nearest-rank 99th percentile of ``x`` over ``mask`` (0 on an empty mask)."""
-    flat = jnp.where(mask > 0, x, -jnp.inf).reshape(-1)
-    n = jnp.sum(mask > 0)
-    rank = flat.shape[0] - n + jnp.ceil(0.99 * n).astype(jnp.int32) - 1
-    value = jnp.sort(flat)[jnp.clip(rank, 0, flat.shape[0] - 1)]
-    return jnp.where(n > 0, value, 0.0)
-
-
-def _mismatch_metrics(train_logp: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """How far the sampler's logprobs are from the trainer's, on the sampled tokens.
-
-    π_sampler is the distribution each token was drawn from: the batch's
-    ``sampled_logprobs`` where the recorded ``old_logprobs`` are not its (a
-    sampler that records the full distribution while top-k / top-p cut), so a
-    recorded distribution that is not the sampled one shows here. With
-    d = log π_train − log π_sampler per token: ``mismatch_abs_logp`` the mean
-    of |d|, ``mismatch_abs_logp_p99`` its 99th percentile, ``ratio_out_of_band``
-    the fraction of tokens whose ratio e^d lies outside :data:`RATIO_BAND`, and
-    ``mismatch_kl`` the k3 estimate of KL(π_sampler ‖ π_train),
-    E_sampler[e^d − 1 − d] (Schulman 2020).
-    """
-    mask = batch["loss_mask"]
-    d = train_logp - batch.get("sampled_logprobs", batch["old_logprobs"])
-    low, high = RATIO_BAND
-    outside = (d < jnp.log(low)) | (d > jnp.log(high))
-    return {
-        "mismatch_abs_logp": masked_mean(jnp.abs(d), mask),
-        "mismatch_abs_logp_p99": _masked_p99(jnp.abs(d), mask),
-        "ratio_out_of_band": masked_mean(outside.astype(jnp.float32), mask),
-        "mismatch_kl": masked_mean(jnp.exp(d) - 1.0 - d, mask),
-    }
 
 
 class Trainer:
@@ -212,6 +174,9 @@ class Trainer:
         opt_state = jax.jit(optimizer.init, out_shardings=self.opt_shardings)(trainable)
         self.state = TrainState(params=params, opt_state=opt_state, critic=critic)
         self._compiled: dict[tuple, Any] = {}
+        # The previous version's weights, for the mismatch of rows sampled with them
+        # (rlax.core.trainer.mismatch; kept by update_on_batch). None: not kept.
+        self.previous_params: Any = None
 
     # -- layout ---------------------------------------------------------------
 
@@ -409,7 +374,7 @@ class Trainer:
         mask = batch["loss_mask"]
         metrics = dict(
             metrics,
-            **_mismatch_metrics(logp, batch),
+            **mismatch.mismatch_metrics(logp, batch),
             loss=loss,
             entropy=masked_mean(entropy.astype(jnp.float32), mask),
             grad_norm=optax.tree.norm(grads),
@@ -479,7 +444,9 @@ class Trainer:
             s.params, s.critic, s.opt_state, self.ref_params, arrays
         )
         self.state = TrainState(params, opt_state, s.step + 1, critic)
-        return {k: float(v) for k, v in jax.device_get(metrics).items()}
+        return mismatch.unmeasured_dropped(
+            {k: float(v) for k, v in jax.device_get(metrics).items()}
+        )
 
     def model(self) -> Transformer:
         """A live model view of the current parameters (under LoRA: the merged weights)."""

@@ -10,7 +10,7 @@ import pytest
 
 from rlax.core.evaluation.plot import MISMATCH_TITLE, draw_curves, typical_top
 from rlax.core.evaluation.show import alignment_line, metric_lines
-from rlax.core.trainer.step import _mismatch_metrics
+from rlax.core.trainer.mismatch import mismatch_metrics as _mismatch_metrics
 
 
 def test_mismatch_metrics_by_hand():
