@@ -82,7 +82,7 @@ def metric_lines(rows: Sequence[dict]) -> Iterator[str]:
     last = rows[-1]
     shown = [k for k in MAIN if k in last]
     yield f"last metrics (step {last['step']}): " + "  ".join(f"{k} {last[k]:.4g}" for k in shown)
-    if "mismatch_abs_logp" in last:
+    if "mismatch_abs_logp" in last or "mismatch_coverage" in last:
         yield alignment_line(last)
     phases = [f"{p} {last[f'{p}_s']:.2f}" for p in PHASE_NAMES if last.get(f"{p}_s")]
     if "step_s" in last:
@@ -90,12 +90,17 @@ def metric_lines(rows: Sequence[dict]) -> Iterator[str]:
 
 
 def alignment_line(row: dict) -> str:
-    """The train/rollout mismatch of one step's metrics, as ``rlax show`` prints it."""
+    """The train/rollout mismatch of one step's metrics, as ``rlax show`` prints it (with the
+    measured share of the tokens when not all were: :mod:`rlax.core.trainer.mismatch`)."""
+    if "mismatch_abs_logp" not in row:
+        return "  train/rollout mismatch: not measured (no token of a version the trainer holds)"
     parts = [f"|dlogp| mean {row['mismatch_abs_logp']:.2e}"]
     if "mismatch_abs_logp_p99" in row:
         parts.append(f"p99 {row['mismatch_abs_logp_p99']:.2e}")
     if "ratio_out_of_band" in row:
         parts.append(f"ratio out of band {100 * row['ratio_out_of_band']:.1f}%")
+    if row.get("mismatch_coverage", 1.0) < 1.0:
+        parts.append(f"on {100 * row['mismatch_coverage']:.0f}% of the tokens")
     return "  train/rollout mismatch: " + ", ".join(parts)
 
 

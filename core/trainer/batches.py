@@ -41,6 +41,16 @@ def _sampled_distribution(
     return floor, sampled
 
 
+def _lags(completions: Sequence[Completion], shape: tuple[int, int], p: int, version: int):
+    """int32 [B, L]: how many versions before ``version`` each target was sampled with
+    (per token, :attr:`Completion.versions`; 0 off the model's tokens)."""
+    lag = np.zeros(shape, np.int32)
+    for r, c in enumerate(completions):
+        sampled_by = c.policy_version if c.versions is None else np.asarray(c.versions)
+        lag[r, p - 1 : p - 1 + len(c.tokens)] = (version - sampled_by) * (c.model_mask > 0)
+    return lag
+
+
 def make_batch(
     groups: Sequence[Group],
     advantages: np.ndarray,  # [M, G] sequence-level advantages
@@ -92,7 +102,6 @@ def make_batch(
     old_logprobs = np.zeros((n, t - 1), np.float32)
     adv = np.zeros((n, t - 1), np.float32)
     group_ids = np.full((n,), -1, np.int32)
-    lag = None if version is None else np.zeros((n, t - 1), np.int32)
     flat_adv = np.asarray(advantages, np.float32).reshape(-1)
     for r, (gi, prompt, comp) in enumerate(completions):
         lp, lc = len(prompt.tokens), len(comp.tokens)
@@ -106,10 +115,8 @@ def make_batch(
         old_logprobs[r, p - 1 : p - 1 + lc] = comp.logprobs * model
         adv[r, p - 1 : p - 1 + lc] = flat_adv[r] * model
         group_ids[r] = gi
-        if lag is not None:
-            sampled_by = comp.policy_version if comp.versions is None else comp.versions
-            lag[r, p - 1 : p - 1 + lc] = (version - np.asarray(sampled_by)) * (model > 0)
-    floor, sampled = _sampled_distribution([c for _, _, c in completions], (n, t - 1), p)
+    rows = [c for _, _, c in completions]
+    floor, sampled = _sampled_distribution(rows, (n, t - 1), p)
     routes = batch_routes([(len(pr.tokens), c.routes) for _, pr, c in completions], (n, t), p)
     return TrainBatch(
         tokens,
@@ -121,5 +128,5 @@ def make_batch(
         kept_floor=floor,
         routes=routes,
         sampled_logprobs=sampled,
-        policy_lag=lag,
+        policy_lag=None if version is None else _lags(rows, (n, t - 1), p, version),
     )

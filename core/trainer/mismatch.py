@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlax.core.masked import masked_mean
+from rlax.core.runtime import executables
 
 if TYPE_CHECKING:
     from rlax.core.trainer.step import Trainer
@@ -46,6 +47,8 @@ RATIO_BAND = (0.9, 1.1)
 LAG = "policy_lag"
 #: The batch key of the trainer's logprobs under the previous version's weights, [B, L].
 LAGGED = "lagged_logprobs"
+#: The name of the lagged forward's compiled programs in the store (:mod:`executables`).
+PROGRAM = "lagged_logprobs"
 #: The metrics that say how far apart the two are; absent from a step that measured no token.
 METRICS = ("mismatch_abs_logp", "mismatch_abs_logp_p99", "ratio_out_of_band", "mismatch_kl")
 
@@ -138,6 +141,7 @@ def with_lagged_logprobs(trainer: Trainer, arrays: dict[str, np.ndarray]) -> dic
             return jax.lax.stop_gradient(logp.astype(jnp.float32))
 
         shardings = (trainer.param_shardings, trainer.batch_shardings(placed))
-        trainer._compiled[key] = jax.jit(forward, in_shardings=shardings)
+        jitted = jax.jit(forward, in_shardings=shardings)
+        trainer._compiled[key] = executables.stored(PROGRAM, jitted, trainer.closure())
     logp = trainer._compiled[key](previous, placed)
     return {**arrays, LAGGED: np.asarray(jax.device_get(logp))}

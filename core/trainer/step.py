@@ -255,7 +255,10 @@ class Trainer:
         """Starts reading this trainer's stored compiled programs (every batch variant an
         earlier process met) in the background; how many (0 with the store off)."""
         closure = self.closure()
-        return sum(executables.prefetch(n, closure) for n in ("train_step", "fixed_anchors"))
+        return sum(
+            executables.prefetch(n, closure)
+            for n in ("train_step", "fixed_anchors", mismatch.PROGRAM)
+        )
 
     # -- the computation --------------------------------------------------------
 

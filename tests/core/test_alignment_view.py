@@ -70,3 +70,9 @@ def test_rlax_show_prints_the_mismatch():
         == "  train/rollout mismatch: |dlogp| mean 1.00e-03, p99 5.00e-03, ratio out of band 2.0%"
     )
     assert line in list(metric_lines(rows(kl=False)))
+    partly = dict(rows(kl=False)[-1], mismatch_coverage=0.25)
+    assert alignment_line(partly) == line + ", on 25% of the tokens"
+    unmeasured = {k: v for k, v in partly.items() if not k.startswith(("mismatch_abs", "ratio_"))}
+    unmeasured["mismatch_coverage"] = 0.0
+    assert "not measured" in alignment_line(unmeasured)
+    assert alignment_line(unmeasured) in list(metric_lines([*rows(kl=False)[:-1], unmeasured]))
