@@ -11,13 +11,14 @@ Per run it reads ``metrics.jsonl`` (the mean over steps of
 outside [0.9, 1.1], π_sampled the distribution each token was drawn from) and
 ``eval.json`` (held-out pass@8 before and after, gain in points).
 
-The runs are on-policy (``MAX_STALENESS = 0``; the quickstart's own is 1): the trainer's
-logprob of a token is taken with the weights it holds when it trains on it, so with a
-group one version old the ratio also carries the policy's own change over one update --
-which the importance ratio is there to correct, and no mismatch between the sampler and
-the trainer. Measured so at 609de3a (3 seeds each, under load): out of band 18.7 %
-truncated vs 25.8 % full, |dlogp| 0.064 in both -- the update, not the sampler. On-policy
-the figure is the samplers' alone. ``--gin.MAX_STALENESS=1`` measures it the other way.
+The runs are on-policy (``MAX_STALENESS = 0``; the quickstart's own is 1), as the issue's
+figures were taken. Until the mismatch metrics compared each token with the weights of
+the version that sampled it (:mod:`rlax.core.trainer.mismatch`), a group one version old
+was compared with the trainer's newer weights, so the figure carried the policy's own
+change over one update: at 609de3a (3 seeds each, under load) out of band 18.7 %
+truncated vs 25.8 % full, |dlogp| 0.064 in both -- the update, not the sampler. Now
+``--gin.MAX_STALENESS=1`` measures the samplers' error too (the previous version's
+weights kept for it; ``mismatch_coverage`` says what share of the tokens was measured).
 
     python benchmarks/sampling_truth.py [--seeds N] [--gin.NAME=VALUE ...]
 
