@@ -50,16 +50,18 @@ def pytest_on_devices(
     folder when it imports a module beside it): its outcomes by test function, and the tail
     of what it printed."""
     report = report_dir / "report.xml"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(checks)]
+    # A case still running after most of the time dumps every thread's stack (pytest's
+    # faulthandler), so a hang reports where it hangs instead of only that it timed out.
+    dump = f"faulthandler_timeout={max(1, int(timeout * 0.8))}"
+    proc = _run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", dump, str(checks)]
         + [f"--junitxml={report}"],
-        env=_environment(devices),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        cwd=cwd,
+        devices,
+        timeout,
+        cwd,
     )
+    if isinstance(proc, str):  # timed out: no outcomes, the output says where it stood
+        return {}, proc
     outcomes: Outcomes = {}
     if report.exists():
         for case in ET.parse(report).getroot().iter("testcase"):
@@ -81,15 +83,31 @@ def assert_passed(outcomes: tuple[Outcomes, str], name: str, devices: int = 8) -
     assert not bad, "\n\n".join(f"{c}: {o}\n{d}" for c, o, d in bad)
 
 
+def _run(
+    command: list[str], devices: int, timeout: float, cwd: pathlib.Path | None = None
+) -> subprocess.CompletedProcess | str:
+    """``command`` on ``devices`` fake devices; on a timeout, what it printed (its tail)."""
+    try:
+        return subprocess.run(
+            command,
+            env=_environment(devices),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            cwd=cwd,
+        )
+    except subprocess.TimeoutExpired as e:
+        out, err = (
+            (x or b"").decode(errors="replace") if isinstance(x, bytes) else (x or "")
+            for x in (e.stdout, e.stderr)
+        )
+        return f"timed out after {timeout:.0f} s; its output's tail:\n{out[-4000:]}{err[-8000:]}"
+
+
 def script_on_devices(script: pathlib.Path, *, devices: int = 8, timeout: float = 600) -> Any:
     """Runs ``script`` on ``devices`` fake devices and returns the JSON of its last line."""
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        env=_environment(devices),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    proc = _run([sys.executable, str(script)], devices, timeout)
+    assert not isinstance(proc, str), proc
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
