@@ -224,7 +224,7 @@ def update_on_batch(
     if updates_per_batch(trainer) == 1:
         if trainer.settings.routing_replay == "trainer":  # the update is the first pass
             rows = _without_routes(rows)
-        if before is not None:  # one process: its rows are the batch
+        if before is not None:  # kept: one process, so its rows are the batch
             rows = batch_arrays(rows) if isinstance(rows, TrainBatch) else rows
             rows = mismatch.with_lagged_logprobs(trainer, rows)
         metrics = trainer.step(rows)
@@ -236,7 +236,8 @@ def update_on_batch(
         else:
             arrays = batch
         assert group_ids is not None, "update_on_batch: arrays need their group_ids"
-        arrays = mismatch.with_lagged_logprobs(trainer, arrays)
+        if before is not None:
+            arrays = mismatch.with_lagged_logprobs(trainer, arrays)
         metrics = mean_metrics(several_updates(trainer, arrays, group_ids, seed=seed, step=step))
     trainer.previous_params = before
     return metrics
