@@ -300,9 +300,14 @@ def inline_step(model, prompts):
     rng = np.random.default_rng(0)
     reward = types.SimpleNamespace(score=lambda prompt, text: float(rng.random()))
     source = InlineRollouts(
-        iter(prompts), sampler, reward, [ZeroVarianceFilter()],
-        group_size=G, prompts_per_step=8, seed=0,
-    )  # fmt: skip
+        iter(prompts),
+        sampler,
+        reward,
+        [ZeroVarianceFilter()],
+        group_size=G,
+        prompts_per_step=8,
+        seed=0,
+    )
     steps = iter(range(10**6))
 
     def run() -> dict[str, float]:
@@ -339,10 +344,16 @@ def hf_torch_step(model):
         start = time.perf_counter()
         with torch.no_grad():
             out = hf.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=EQUAL_NEW,
-                min_new_tokens=EQUAL_NEW, pad_token_id=0,
-            )  # fmt: skip
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=EQUAL_NEW,
+                min_new_tokens=EQUAL_NEW,
+                pad_token_id=0,
+            )
         assert out.shape[1] - ids.shape[1] == EQUAL_NEW
         generated = time.perf_counter()
         step()

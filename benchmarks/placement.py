@@ -195,8 +195,10 @@ def main(argv: list[str] | None = None) -> None:
 
             fcntl.flock(lock, fcntl.LOCK_EX)  # one SmolLM2 job at a time on this machine
             out.update(handoff_part(a))
-        print(f"{'path':<10} {'seconds':>9}   ({out['params']:,} params, {out['wire']} wire, "
-              f"{out['trainer_devices']} -> {out['sampler_devices']} {out['platform']} devices)")  # fmt: skip
+        print(
+            f"{'path':<10} {'seconds':>9}   ({out['params']:,} params, {out['wire']} wire, "
+            f"{out['trainer_devices']} -> {out['sampler_devices']} {out['platform']} devices)"
+        )
         print(f"{'handoff':<10} {out['handoff_s']:>9.4f}")
         print(f"{'ps':<10} {out['ps_s']:>9.4f}   push + pull + place")
         print(f"{'ratio':<10} {out['handoff_vs_ps']:>9.4f}")

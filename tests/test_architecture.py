@@ -23,6 +23,9 @@
   configs, builds their specifications and checks them as those two roles do, with
   their entry modules imported, has none of them in ``sys.modules``
   (:mod:`rlax.core.runtime.jax_free`; the whole-run record is test_local_cluster's).
+- No Python file of the project (package, tests, benchmarks, examples) turns the
+  formatter off (``fmt: skip`` / ``fmt: off``, black's and ruff's pragmas): a layout
+  the formatter would change is one the next reader has to keep by hand.
 """
 
 from __future__ import annotations
@@ -591,3 +594,34 @@ def test_the_jax_free_check_sees_an_import_of_jax():
     found = _imports_seen("gin", "quickstart")
     assert found["imported"] == ["gin"]
     assert any("core/config" in frame for frame in found["first"])
+
+
+FORMATTER_OFF = re.compile(r"#\s*fmt:\s*(skip|off)\b")
+PROJECT_PYTHON = ("core", "plugins", "tests", "benchmarks", "examples")
+
+
+def formatter_pragmas(text: str) -> list[int]:
+    """Line numbers of ``text`` whose comment turns the formatter off."""
+    return [i for i, line in enumerate(text.splitlines(), 1) if FORMATTER_OFF.search(line)]
+
+
+def test_the_formatter_pragma_finder_finds_each_form_and_only_those():
+    text = """x = [1,  2]  # FMT: skip
+# FMT: off
+y = 1  #FMT:skip
+z = 2  # FMT: on
+w = 'FMT: skip'
+v = 3  # format: skip
+""".replace("FMT", "fmt")  # spelled so that this file holds no pragma itself
+    assert formatter_pragmas(text) == [1, 2, 3]  # not: on, a string, another word
+
+
+def test_no_project_file_turns_the_formatter_off():
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for folder in PROJECT_PYTHON
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if "__pycache__" not in path.parts and path.name not in GENERATED
+        for line in formatter_pragmas(path.read_text())
+    ]
+    assert found == []

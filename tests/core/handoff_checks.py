@@ -69,9 +69,17 @@ def case(model, settings, wire: str, sampler_devices: list) -> dict:
     sampler.setup(model, TOK)
     handoff = DeviceHandoff(sampler_placement(None, sampler_devices), wire)
     w = Worker(
-        client, sampler, None, [], group_size=2, prompts_per_lease=1, reload_staleness=0,
-        worker_id="w", seed=0, handoff=handoff,
-    )  # fmt: skip
+        client,
+        sampler,
+        None,
+        [],
+        group_size=2,
+        prompts_per_lease=1,
+        reload_staleness=0,
+        worker_id="w",
+        seed=0,
+        handoff=handoff,
+    )
     out: dict = {}
     params = trainer_params(model, devices[:4], 1.0)
     client.push(plan, params, 0)

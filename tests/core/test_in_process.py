@@ -41,8 +41,10 @@ def placed(placement, env=CPU, inline=False):
 def test_one_process_on_a_cpu_host_splits_its_host_devices_by_the_rule():
     # ceil(8 / 2) = 4 to the trainer, the rest to the sampler (placement's rule).
     assert placed(Placement(mode="one_process")) == (
-        "one_process", tuple(DEVICES[:4]), tuple(DEVICES[4:])
-    )  # fmt: skip
+        "one_process",
+        tuple(DEVICES[:4]),
+        tuple(DEVICES[4:]),
+    )
 
 
 def test_colocated_gives_both_roles_every_device():
@@ -177,9 +179,17 @@ def test_a_handing_worker_reloads_by_the_same_rule_and_pulls_nothing(
     pull = client.pull
     client.pull = lambda *a, **k: pulls.append(a) or pull(*a, **k)
     worker = Worker(
-        client, sampler, None, [], group_size=4, prompts_per_lease=3,
-        reload_staleness=reload_staleness, worker_id="w0", seed=0, handoff=handoff,
-    )  # fmt: skip
+        client,
+        sampler,
+        None,
+        [],
+        group_size=4,
+        prompts_per_lease=3,
+        reload_staleness=reload_staleness,
+        worker_id="w0",
+        seed=0,
+        handoff=handoff,
+    )
     seen = []
     for version in range(4):
         handoff.offer(state, version)

@@ -220,7 +220,10 @@ def test_a_role_process_exits_with_main_s_status():
     # exit_promptly: a usage error still exits 2 with its one-line message.
     done = subprocess.run(
         [sys.executable, "-m", "rlax.core.cli", "run", "--gin", "no_such_config"],
-        check=False, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert "no_such_config: no such gin file" in done.stderr

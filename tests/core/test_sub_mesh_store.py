@@ -24,8 +24,12 @@ def test_a_sub_mesh_program_is_stored_then_read_back_and_run_on_its_devices(tmp_
     for _ in range(2):
         proc = subprocess.run(
             [sys.executable, CHECKS, str(tmp_path)],
-            env=env, capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     first, second = runs
