@@ -76,6 +76,7 @@ class DeviceHandoff:
     def __init__(self, place: Callable[[Any], Any], wire_dtype: str = "float32"):
         self._place = place
         self._wire = WIRE_DTYPES[wire_dtype]
+        self._round: Callable[[Any], Any] | None = None  # compiled at the first offer
         self._lock = threading.Condition()
         self._offered: tuple[int, Any] | None = None
         self._probe: tuple[int, Any] | None = None  # the offered version's probe
@@ -96,9 +97,10 @@ class DeviceHandoff:
         version's probe (:mod:`rlax.core.rollout.probe`), checked by the taker as a pulled
         version's is."""
         start = time.perf_counter()
-        tree = merged_state(params)
-        placed = self._place(self._to_wire(tree))
-        placed = jax.tree.map(lambda x, like: x.astype(like.dtype), placed, tree)
+        placed = self._place(merged_state(params))
+        if self._round is None:
+            self._round = self._rounding(jax.tree.map(lambda x: x.sharding, placed))
+        placed = self._round(placed)
         with self._lock:
             self._offered = (version, placed)
             self._probe = (version, probe)
@@ -126,13 +128,27 @@ class DeviceHandoff:
         with self._lock:
             return self._probe[1] if self._probe and self._probe[0] == version else None
 
-    def _to_wire(self, tree: Any) -> Any:
+    def _rounding(self, shardings: Any) -> Callable[[Any], Any]:
+        """One compiled program on the sampler's devices rounding each parameter through
+        the wire dtype and back to its own, in place (it donates the copy
+        :meth:`offer` just placed, never the trainer's arrays), its results on exactly
+        ``shardings`` (the sampler's layout, so the sampler takes them as they are).
+
+        Rounding after the copy, not before, keeps the handoff one copy at memory speed:
+        the reshard of the full-width weights is the copy, and the in-place rounding adds
+        little to it; rounding first, then copying the narrow weights and widening them
+        again, is three passes (``benchmarks/placement.py`` measures the handoff).
+        """
         wire = self._wire
 
-        def cast(x: Any) -> Any:
-            return x if np.dtype(x.dtype) == wire else x.astype(wire)
+        def through_wire(x: Any) -> Any:
+            return x if np.dtype(x.dtype) == wire else x.astype(wire).astype(x.dtype)
 
-        return jax.tree.map(cast, tree)
+        return jax.jit(
+            lambda tree: jax.tree.map(through_wire, tree),
+            donate_argnums=0,
+            out_shardings=shardings,
+        )
 
 
 class OfferingSource:
