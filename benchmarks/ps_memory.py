@@ -128,6 +128,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+STARTED: list[subprocess.Popen] = []  # every server process, killed if a run fails
+
+
 class Server:
     """The server process and its milestone report."""
 
@@ -162,6 +165,7 @@ class Server:
                 run_dir,
             ]
         self.proc = subprocess.Popen(argv, env=env)
+        STARTED.append(self.proc)
 
     def serving(self) -> list[dict]:
         """The server's milestones once it serves (only "serving" for the command line's)."""
@@ -280,6 +284,10 @@ def run(args, cli: str | None, spool: bool) -> dict:
         for m in server.serving():
             record(f"restart: {m['phase']}", tuple(m["status"]))
         pusher, puller = clients()
+        # The role serves while it restores (the saved file's checksum is read first):
+        # wait until it serves the saved version, as a worker would.
+        restored = puller.wait_for_version(version - 1, timeout_s=120.0)
+        assert restored == version, f"the restarted server serves v{restored}, not v{version}"
         got = puller.pull(-1)
         assert got is not None and got[0] == version, "the restarted server lost its weights"
         record(f"restart: pull v{version} (restored)")
@@ -344,9 +352,15 @@ def main() -> None:
         help="skip the baseline (the role's parts without the spool)",
     )
     args = parser.parse_args()
-    runs = {"the role" if args.cli else "the role's parts": run(args, args.cli, True)}
-    if not args.no_baseline:
-        runs["baseline: the role's parts, no spool"] = run(args, None, False)
+    try:
+        runs = {"the role" if args.cli else "the role's parts": run(args, args.cli, True)}
+        if not args.no_baseline:
+            runs["baseline: the role's parts, no spool"] = run(args, None, False)
+    finally:  # a failed run leaves no server behind (it would hold its port and memory)
+        for proc in STARTED:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
     for name, result in runs.items():
         weights = result["weights_gb"]
         print(f"\n{name} -- weights held: {result['weights_bytes']:,} bytes ({weights:.3f} GB)")
