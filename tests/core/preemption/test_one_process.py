@@ -55,6 +55,22 @@ def in_process_leases(db) -> list[tuple[str, str]]:
         return [(w, pb.PromptMsg.FromString(p).id) for w, p in rows]
 
 
+def frozen_with_leases(pid: int, db, proc, timeout: float = 120.0) -> list[tuple[str, str]]:
+    """Stop ``pid`` (SIGSTOP) at a moment its in-process worker holds leases and return
+    them: read while it is frozen, so no lease is submitted between the read and the
+    signal that follows. Until then it is let run again and tried anew."""
+    deadline = time.monotonic() + timeout
+    while True:
+        wait_until(lambda: in_process_leases(db), what="in-process leases", proc=proc)
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.5)  # the stop has taken effect; a write in progress has landed
+        held = in_process_leases(db)
+        if held:
+            return held
+        os.kill(pid, signal.SIGCONT)
+        assert time.monotonic() < deadline, "the in-process worker never held a lease"
+
+
 @pytest.fixture(scope="module", params=["SIGKILL", "SIGTERM"])
 def stopped_and_resumed(request, tmp_path_factory):
     """The run, its trainer process stopped by the signal mid-run and restarted."""
@@ -63,13 +79,11 @@ def stopped_and_resumed(request, tmp_path_factory):
     db = run_dir / "param_server" / "queue.sqlite"
     proc = started(run_dir, N, "one_process", 8)
     wait_until(lambda: len(metrics(run_dir)) >= 3, what="step 3", proc=proc, timeout=400)
-    wait_until(lambda: in_process_leases(db), what="in-process leases", proc=proc)
     pid = children(proc.pid)["trainer"]
-    if sig == signal.SIGKILL:
-        os.kill(pid, signal.SIGSTOP)  # what it holds cannot change before the kill
-        time.sleep(0.5)
-    held = in_process_leases(db)
-    os.kill(pid, sig)
+    held = frozen_with_leases(pid, db, proc)
+    os.kill(pid, sig)  # while frozen: what it holds cannot change before the signal
+    if sig != signal.SIGKILL:
+        os.kill(pid, signal.SIGCONT)  # the notice is handled once it runs again
     code, out, err = finish(proc, timeout=900)
     return (
         run_dir,
