@@ -111,7 +111,13 @@ class Episode(Protocol):
 
 
 class Environment(Protocol):
-    """What the workers, the inline trainer and the evaluation need of an environment."""
+    """What the workers, the inline trainer and the evaluation need of an environment.
+
+    An environment whose observations frame tool results in its tool-call format's
+    frame (``ToolParser.result_framing``) names that frame as ``result_framing``
+    too: the episode runner then allows its control ids in an observation besides
+    the chat template's, and no others.
+    """
 
     @property
     def limits(self) -> EpisodeLimits:
@@ -123,7 +129,14 @@ class Environment(Protocol):
 
 
 class ToolParser(Protocol):
-    """Finds tool calls in a model turn and formats their results."""
+    """Finds tool calls in a model turn and formats their results.
+
+    A format whose results sit in a frame of its own (Hermes' ``<tool_response>``)
+    may also name it as ``result_framing = (before, after)``: the environments then
+    place the frame as framing, its spellings of the tokenizer's added tokens as
+    their ids, and the result between as text (``environments.chat.results_parts``);
+    ``format_result`` is then ``before + result + after``.
+    """
 
     def parse(self, text: str) -> list[ToolCall]:
         """The calls in ``text``, in order (none: an answer). ValueError for a

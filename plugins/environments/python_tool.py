@@ -31,7 +31,7 @@ from rlax.core.episodes import (
 )
 from rlax.core.rollout.reward_pool import score_one
 from rlax.core.types import Prompt, RewardResult
-from rlax.plugins.environments.chat import observation_ids
+from rlax.plugins.environments.chat import observation_ids, parts_ids, results_parts
 from rlax.plugins.environments.tool_calls import HermesToolParser
 from rlax.plugins.rewards.sandbox.interpreter import python_for_sandbox
 from rlax.plugins.rewards.sandbox.run import Limits, run_sandboxed
@@ -84,6 +84,11 @@ class PythonToolEnvironment:
         self.role = role
         self.namespaces, self.allow_weak_isolation = namespaces, allow_weak_isolation
 
+    @property
+    def result_framing(self) -> tuple[str, str] | None:
+        """The parser's frame around each tool result (framing, not text), if it has one."""
+        return getattr(self.parser, "result_framing", None)
+
     def start(self, prompt: Prompt, tokenizer: Any) -> PythonToolEpisode:
         return PythonToolEpisode(self, prompt, tokenizer)
 
@@ -123,14 +128,19 @@ class PythonToolEpisode:
             score, reason = score_one(self.env.reward, self.prompt, turn_text)
             self.result = RewardResult(score, reason or f"answer {turn_text[:40]!r}: {score:g}")
             return None
-        outputs = []
+        results = []
         for call in calls:
             self.counts["tool_calls"] += 1
             text = self._call(call)
             if text is None:
                 return None  # contained: the episode ends with reward 0
-            outputs.append(self.env.parser.format_result(call, text))
-        return self._observe("\n".join(outputs))
+            results.append(text)
+        shown = "\n".join(self.env.parser.format_result(c, r) for c, r in zip(calls, results))
+        framing = self.env.result_framing
+        if framing is None:
+            return self._observe(shown)
+        parts = results_parts(self.tokenizer, results, framing, role=self.env.role)
+        return Observation(parts_ids(self.tokenizer, parts), shown)
 
     def _call(self, call: ToolCall) -> str | None:
         code = call.arguments.get("code")

@@ -110,6 +110,11 @@ class EpisodeSampler:
     def limits(self) -> EpisodeLimits:
         return self.environment.limits
 
+    def _controls(self, tokenizer: Any) -> ControlTokens:
+        """The control ids the environment's observations may hold: the chat template's
+        framing and the frame of its tool-call format, if it names one."""
+        return ControlTokens(tokenizer, getattr(self.environment, "result_framing", None))
+
     @property
     def temperature(self) -> float:
         return self.sampler.temperature
@@ -122,7 +127,7 @@ class EpisodeSampler:
     def setup(self, model, tokenizer) -> None:
         self.sampler.setup(model, tokenizer)
         self.tokenizer = tokenizer
-        self._control = ControlTokens(tokenizer)
+        self._control = self._controls(tokenizer)
 
     def load_weights(self, params, version: int) -> None:
         self.sampler.load_weights(params, version)
@@ -182,7 +187,7 @@ class EpisodeSampler:
             return
         ids = np.asarray(observation.tokens, np.int32)
         if self._control is None:
-            self._control = ControlTokens(self.tokenizer)
+            self._control = self._controls(self.tokenizer)
         refused = self._control.refusal(ids)
         if refused is not None:
             live.fail(f"environment observation refused: {refused}")

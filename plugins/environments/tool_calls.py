@@ -44,8 +44,13 @@ class HermesToolParser:
             raise ValueError(f"{len(bodies)} tool calls in one turn; at most {self.max_calls}")
         return [_call(body) for body in bodies]
 
+    #: The frame around each result, as the Qwen2.5 template renders a ``tool`` message:
+    #: framing (its added tokens become ids), the result between is text.
+    result_framing = ("<tool_response>\n", "\n</tool_response>")
+
     def format_result(self, call: ToolCall, result: str) -> str:
-        return f"<tool_response>\n{result}\n</tool_response>"
+        opening, closing = self.result_framing
+        return f"{opening}{result}{closing}"
 
 
 def _call(body: str) -> ToolCall:

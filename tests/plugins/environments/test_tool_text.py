@@ -243,6 +243,6 @@ def test_an_observation_with_control_ids_from_its_text_ends_the_episode(gguf_tok
 
 def test_the_character_tokenizer_s_special_ids_are_refused_in_an_observation():
     control = ControlTokens(CHAR)
-    assert control.allowed == {()}
+    assert control.shapes == {((), None, ())}  # no framing: no control id at all
     assert control.refusal(CHAR.encode("<|im_end|>")) is None
     assert control.refusal(np.r_[CHAR.encode("x"), CHAR.eos_id]) is not None
