@@ -15,7 +15,13 @@ activation memory estimate, in one run on 8 fake CPU devices.
   (``prefix_vs_packed_cpu``), which a busy machine's other work moves less.
 - **estimate** (``memory_estimate_error``): the largest relative error of the trainer's
   estimate (:func:`rlax.core.trainer.memory.activation_bytes`) against the measured
-  peak per device of *memory*, over the three degrees.
+  peak per device of *memory*, over the three degrees and degree 1 with attention in
+  blocks (``peak_mb_c1_blocks``; ``blocks_memory_ratio`` is its peak over dense's).
+- **attention in blocks** (``attention_block`` = ``--block``, 128): the *prefix*
+  workload's two layouts again with training attention computing only the blocks its
+  mask reaches (:mod:`rlax.core.models.block_attention`): ``prefix_vs_packed_blocks``
+  (both in blocks) and ``prefix_blocks_vs_packed`` (prefix in blocks against flat packed
+  with dense attention, the default).
 
 The JSON last line holds these keys. Timings from a shared machine are noise-prone:
 quote them with the load they ran under.
@@ -73,14 +79,15 @@ STEP_CFG = TransformerConfig(
 )
 
 
-def peak_per_device(context: int, length: int) -> int:
-    """XLA's temporary bytes per device of one row's forward and backward pass."""
+def peak_per_device(context: int, length: int, block: int = 0) -> int:
+    """XLA's temporary bytes per device of one row's forward and backward pass (attention in
+    ``block`` x ``block`` blocks, or dense)."""
     mesh = make_mesh(MeshConfig(1, 1, 1, context=context), jax.devices()[:context])
     graphdef, params = nnx.split(Transformer(MEMORY_CFG, rngs=nnx.Rngs(0)))
     params = jax.device_put(params, tree_shardings(params, mesh))
 
     def loss(p, tokens, segments):
-        model = wrap_blocks(nnx.merge(graphdef, p), "none", mesh)
+        model = wrap_blocks(nnx.merge(graphdef, p), "none", mesh, block)
         return sequence_logprobs(model, tokens, segments)[0].sum()
 
     spec = P(None, "context") if context > 1 else P()
@@ -111,17 +118,23 @@ def prompt_heavy(groups: int, seed: int = 0) -> dict[str, np.ndarray]:
     return batch_arrays(make_batch(out, advantages, completion_len=256))
 
 
-def step_times(arrays: dict[str, np.ndarray], steps: int) -> dict[str, tuple[float, float]]:
-    """Median (wall, CPU) seconds of a step per layout, the layouts alternated."""
+def step_times(
+    arrays: dict[str, np.ndarray], steps: int, block: int
+) -> dict[str, tuple[float, float]]:
+    """Median (wall, CPU) seconds of a step per layout and attention (dense; in ``block``
+    blocks), all four alternated."""
     budget = len(arrays["tokens"]) * arrays["tokens"].shape[1]  # one microbatch either way
     trainers = {}
-    for mode in ("packed", "prefix"):
-        settings = TrainerSettings(packing=mode, microbatch_tokens=budget)
+    for mode, attention in (("packed", 0), ("prefix", 0), ("packed", block), ("prefix", block)):
+        settings = TrainerSettings(
+            packing=mode, microbatch_tokens=budget, attention_block=attention
+        )
         model = Transformer(STEP_CFG, rngs=nnx.Rngs(0))
-        trainers[mode] = Trainer(
+        name = mode + ("_blocks" if attention else "")
+        trainers[name] = Trainer(
             model, grpo(), optax.sgd(1e-3), mesh=single_device_mesh(), settings=settings
         )
-        trainers[mode].step(arrays)  # warm-up: compile
+        trainers[name].step(arrays)  # warm-up: compile
     wall: dict[str, list[float]] = {m: [] for m in trainers}
     cpu: dict[str, list[float]] = {m: [] for m in trainers}
     for _ in range(steps):
@@ -138,6 +151,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--block", type=int, default=128, help="attention_block of the arms")
     args = parser.parse_args()
     result: dict[str, float] = {}
     peaks = {c: peak_per_device(c, args.length) for c in (1, 2, 4)}
@@ -147,14 +161,27 @@ def main() -> None:
         result[f"peak_mb_c{c}"] = round(peak / 1e6, 1)
         result[f"estimate_mb_c{c}"] = round(estimate / 1e6, 1)
         errors.append(abs(estimate / peak - 1))
+    blocks_peak = peak_per_device(1, args.length, args.block)
+    blocks_estimate = activation_bytes(MEMORY_CFG, 1, args.length, 1, "none", "float32", args.block)
+    result["peak_mb_c1_blocks"] = round(blocks_peak / 1e6, 1)
+    result["estimate_mb_c1_blocks"] = round(blocks_estimate.total / 1e6, 1)
+    errors.append(abs(blocks_estimate.total / blocks_peak - 1))
     result["cp_memory_ratio_4"] = round(peaks[4] / peaks[1], 3)
+    result["blocks_memory_ratio"] = round(blocks_peak / peaks[1], 3)
     result["memory_estimate_error"] = round(max(errors), 3)
     arrays = prompt_heavy(args.groups)
-    times = step_times(arrays, args.steps)
-    result["packed_step_s"] = round(times["packed"][0], 3)
-    result["prefix_step_s"] = round(times["prefix"][0], 3)
-    result["prefix_vs_packed"] = round(times["packed"][0] / times["prefix"][0], 2)
-    result["prefix_vs_packed_cpu"] = round(times["packed"][1] / times["prefix"][1], 2)
+    times = step_times(arrays, args.steps, args.block)
+    for name, (wall, _cpu) in times.items():
+        result[f"{name}_step_s"] = round(wall, 3)
+
+    def ratio(a: str, b: str, k: int = 0) -> float:
+        return round(times[a][k] / times[b][k], 2)
+
+    result["prefix_vs_packed"] = ratio("packed", "prefix")  # dense attention, both
+    result["prefix_vs_packed_cpu"] = ratio("packed", "prefix", 1)
+    result["prefix_vs_packed_blocks"] = ratio("packed_blocks", "prefix_blocks")  # blocks, both
+    result["prefix_vs_packed_blocks_cpu"] = ratio("packed_blocks", "prefix_blocks", 1)
+    result["prefix_blocks_vs_packed"] = ratio("packed", "prefix_blocks")  # today's default
     result["load_1min"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result))
 

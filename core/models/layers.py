@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from rlax.core.models.block_attention import block_attention
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.rope import rotate
 
@@ -50,6 +51,7 @@ class Attention(nnx.Module):
             self.k_norm = nnx.RMSNorm(h, epsilon=cfg.norm_eps, rngs=rngs)
         self.sequence_mesh: Mesh | None = None  # set by split_sequence
         self.sequence_rows: tuple[str, ...] = ()  # the mesh axes that split rows
+        self.block = 0  # set by attend_in_blocks: training attention in blocks of this size
 
     def project(
         self,
@@ -90,6 +92,9 @@ class Attention(nnx.Module):
         groups_t = groups * t
         if cache is None and self.sequence_mesh is not None:
             return self.o(self._split_attention(q, k, v, attn_mask).reshape(b, t, -1)), None
+        if cache is None and self.block:
+            out = block_attention(q, k, v, attn_mask, self.block)
+            return self.o(out.reshape(b * t, -1)).reshape(b, t, d), None
         if cache is None:
             # The G query heads that share a KV head stacked as rows: one plain
             # [G*T, H] x [H, S] product per (sequence, KV head). XLA:CPU runs it
@@ -155,6 +160,16 @@ def split_sequence(module: nnx.Module, mesh: Mesh, rows: tuple[str, ...]) -> Non
             m.sequence_mesh, m.sequence_rows = mesh, rows
         elif isinstance(m, MLP):
             m.flatten = False
+
+
+def attend_in_blocks(module: nnx.Module, block: int) -> None:
+    """Every attention layer of ``module`` computes training attention (no cache) in
+    ``block`` x ``block`` blocks, only those its mask reaches
+    (:mod:`rlax.core.models.block_attention`); 0: dense. A split sequence
+    (:func:`split_sequence`) keeps its own path."""
+    for _, m in nnx.iter_modules(module):
+        if isinstance(m, Attention):
+            m.block = block
 
 
 def decode_attention(

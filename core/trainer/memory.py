@@ -11,6 +11,11 @@ scores against all W keys), a layer saves, in the compute dtype (b bytes):
   scores and the softmax's output, b each, and its float32 exponentials) plus
   the mask's broadcast (1 byte); with the sequence split (c > 1) the product
   runs unflattened and one b-byte copy less stays;
+- in blocks (``attention_block`` > 0, :mod:`rlax.core.models.block_attention`), no
+  scores: the float32 queries, keys, values and output the loops read and write,
+  about 3 N H + 4 K H + 2 N float32 a token (fitted as below, 512-2,048 tokens), and
+  the row's [W, W] boolean mask (1 byte an element) per layer; one block's scores at
+  a time are a temporary of the loop;
 - per token: the residual stream and attention's output, about 1.25 (D + N H)
   elements (the RMSNorms' inputs and outputs, queries, less what XLA fuses
   away), and the MLP's gate, up, SiLU and product, about 5.5 F; keys and values
@@ -68,15 +73,19 @@ def activation_bytes(
     context: int = 1,
     remat: str = "none",
     dtype: str = "float32",
+    attention_block: int = 0,
 ) -> ActivationEstimate:
     """The estimate of the module docstring for ``rows`` rows of ``width`` tokens per device
-    and microbatch, split over ``context`` devices along the sequence."""
+    and microbatch, split over ``context`` devices along the sequence, attention dense
+    or in blocks (``attention_block`` > 0)."""
     b = BYTES[dtype]
     d, f, heads, kv, h = cfg.embed_dim, cfg.mlp_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     local = -(-width // context)  # this device's share of each row
     tokens = rows * local
     copies = 2 * b + 4 + 1 if context == 1 else b + 4 + 1
     scores = rows * heads * local * width * copies
+    if attention_block and context == 1:
+        scores = tokens * (3 * heads * h + 4 * kv * h + 2 * heads) * 4 + rows * width * width
     keys = rows * width * 2 * kv * h * b if context > 1 else 0
     linear = tokens * (1.25 * (d + heads * h) + 5.5 * f) * b
     full = float(scores + keys + linear)

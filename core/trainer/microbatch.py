@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from rlax.core.models.layers import split_sequence
+from rlax.core.models.layers import attend_in_blocks, split_sequence
 from rlax.core.models.transformer import Transformer
 from rlax.core.parallel import mesh as meshlib
 from rlax.core.trainer.settings import REMAT_POLICIES
@@ -91,16 +91,19 @@ def join_rows(x: jax.Array) -> jax.Array:
     return jnp.swapaxes(x, 0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
-def wrap_blocks(module: ModuleT, remat: str, mesh: Mesh) -> ModuleT:
+def wrap_blocks(module: ModuleT, remat: str, mesh: Mesh, attention_block: int = 0) -> ModuleT:
     """Remat and activation layout around each decoder block of ``module`` (a live copy).
 
     ``module`` is a Transformer or anything holding some (a critic with a trunk
     of its own): the blocks of every Transformer in it are wrapped; a module
-    without one (a value head) is returned as it is.
+    without one (a value head) is returned as it is. ``attention_block`` > 0: their
+    training attention computes only the blocks the mask reaches
+    (:func:`~rlax.core.models.layers.attend_in_blocks`).
     """
     decoders = [m for _, m in nnx.iter_modules(module) if isinstance(m, Transformer)]
     for model in decoders:
         split_sequence(model, mesh, meshlib.BATCH_AXES)  # context > 1: gather K/V
+        attend_in_blocks(model, attention_block)
         blocks: list[nnx.Module] = list(model.blocks)
         if remat != "none":
             blocks = [RematBlock(b, remat) for b in blocks]

@@ -101,6 +101,13 @@ class TrainerSettings:
         updated are measured (free); with rollouts one version stale that is
         none, and the metrics are absent. With several trainer processes only
         those are measured either way.
+      attention_block: 0 (default): training attention is dense, every query of a row
+        scored against every key and masked after. N > 0: rows are cut into N x N
+        blocks and only the blocks the mask reaches are computed
+        (:mod:`rlax.core.models.block_attention`): a causal row skips half its
+        scores, a packed row those across its sequences, a prefix-shared row those
+        between branches; no [T, T] score matrix is kept for the backward pass.
+        Not with a ``context`` mesh axis (its attention gathers keys and values).
     """
 
     microbatches: Annotated[int, AtLeast(1)] = 1
@@ -118,6 +125,7 @@ class TrainerSettings:
     routing_replay: Annotated[str, OneOf(*REPLAY_MODES)] = "off"
     balance_bias_rate: Annotated[float, AtLeast(0, means="0: the bias stays")] = 0.001
     lagged_mismatch: bool = True
+    attention_block: Annotated[int, AtLeast(0, means="0: dense attention")] = 0
 
     def __post_init__(self) -> None:
         positive = ("microbatches", "epochs", "minibatches", "logprob_chunk_tokens")
@@ -137,6 +145,10 @@ class TrainerSettings:
                 raise ValueError(
                     f"TrainerSettings.{field}={getattr(self, field)!r}; valid: {', '.join(valid)}"
                 )
+        if self.attention_block < 0:
+            raise ValueError(
+                f"TrainerSettings.attention_block must be >= 0, got {self.attention_block}"
+            )
         if self.balance_bias_rate < 0:
             raise ValueError(
                 f"TrainerSettings.balance_bias_rate must be >= 0, got {self.balance_bias_rate}"

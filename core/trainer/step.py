@@ -127,6 +127,12 @@ class Trainer:
     ):
         self.mesh = mesh or meshlib.single_device_mesh()
         self.settings = settings or TrainerSettings()
+        if self.settings.attention_block and meshlib.context_size(self.mesh) > 1:
+            raise ValueError(
+                "rlax.trainer_settings.attention_block > 0 with a context mesh axis of "
+                f"{meshlib.context_size(self.mesh)}: the split sequence's attention gathers keys "
+                "and values whole; set attention_block = 0 or the context axis to 1"
+            )
         moe = model.cfg.moe
         self._balances_bias = bool(moe and moe.router_bias and self.settings.balance_bias_rate)
         if self._balances_bias and lora is not None:
@@ -231,6 +237,7 @@ class Trainer:
             meshlib.context_size(self.mesh),
             self.settings.remat,
             self.settings.compute_dtype,
+            self.settings.attention_block,
         )
 
     def closure(self) -> str:
@@ -305,7 +312,7 @@ class Trainer:
         )
 
     def _wrap_blocks(self, module: ModuleT) -> ModuleT:
-        return wrap_blocks(module, self.settings.remat, self.mesh)
+        return wrap_blocks(module, self.settings.remat, self.mesh, self.settings.attention_block)
 
     def _scan_forward(self, params, critic, batch):
         """``_forward`` over microbatches (no gradient): the whole batch's outputs, [B, L]

@@ -9,6 +9,8 @@ For context degree 2 and 4, alone and with fsdp 2 (and degree 2 with tensor 2): 
 ragged batch whose packed rows have segment boundaries on and across the split points
 gives the one-device packed step's loss, gradient (the parameters' change) and updated
 parameters (fp32, 1e-5); a second ragged batch of the same layout compiles nothing.
+Training attention in blocks (``attention_block``) with rows over data/fsdp (and heads
+over tensor) gives the one-device dense step, and is refused beside a context axis.
 The trainer's activation memory estimate is within 15% of each device's compiled peak
 at degree 1, 2 and 4, and degree 4 holds at most 0.35 of degree 1's.
 """
@@ -72,16 +74,19 @@ def batch(seed: int) -> dict[str, np.ndarray]:
     return arrays_of(algorithm(), ragged_groups(seed, PROMPTS, LENGTHS), seed=seed + 1)
 
 
-def trainer(mesh, microbatch_tokens: int) -> Trainer:
+def trainer(mesh, microbatch_tokens: int, attention_block: int = 0) -> Trainer:
     settings = TrainerSettings(
-        packing="packed", row_tokens=WIDTH, microbatch_tokens=microbatch_tokens
+        packing="packed",
+        row_tokens=WIDTH,
+        microbatch_tokens=microbatch_tokens,
+        attention_block=attention_block,
     )
     model = Transformer(CFG, rngs=nnx.Rngs(0))
     return Trainer(model, algorithm(), optax.sgd(1.0), mesh=mesh, settings=settings)
 
 
-def one_step(mesh, arrays, microbatch_tokens: int):
-    t = trainer(mesh, microbatch_tokens)
+def one_step(mesh, arrays, microbatch_tokens: int, attention_block: int = 0):
+    t = trainer(mesh, microbatch_tokens, attention_block)
     before = jax.tree.map(np.asarray, t.state.params)
     metrics = t.step(arrays)
     after = jax.tree.map(np.asarray, t.state.params)
@@ -150,6 +155,31 @@ def test_a_context_split_step_is_the_one_device_packed_step(name, microbatch_tok
     t.step(batch(1))
     t.step(batch(2))
     assert COMPILES[0] == start
+
+
+@pytest.mark.parametrize("config", [MeshConfig(1, 2, 1), MeshConfig(2, 2, 2)])
+def test_attention_in_blocks_on_sharded_rows_is_the_one_device_dense_step(config):
+    """``attention_block`` with rows over data/fsdp (and heads over tensor): the one-device
+    dense step's loss and parameters; a new batch of the layout compiles nothing."""
+    size = config.data * config.fsdp * config.tensor
+    mesh = make_mesh(config, jax.devices()[:size])
+    single = make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])
+    arrays = batch(0)
+    t, metrics, _, after = one_step(mesh, arrays, 64 * WIDTH, attention_block=4)
+    _, want, _, want_after = one_step(single, arrays, 64 * WIDTH)
+    assert metrics["loss"] == pytest.approx(want["loss"], abs=1e-5)
+    for got, want_p in zip(jax.tree.leaves(after), jax.tree.leaves(want_after), strict=True):
+        np.testing.assert_allclose(got, want_p, atol=1e-5)
+    t.step(arrays)
+    start = COMPILES[0]
+    t.step(batch(1))
+    assert COMPILES[0] == start
+
+
+def test_attention_in_blocks_is_refused_with_a_context_axis():
+    mesh = make_mesh(MESHES["context2"], jax.devices()[:2])
+    with pytest.raises(ValueError, match=r"attention_block > 0 with a context mesh axis of 2"):
+        trainer(mesh, 64 * WIDTH, attention_block=4)
 
 
 MEMORY_CFG = TransformerConfig(
