@@ -14,8 +14,9 @@ scores against all W keys), a layer saves, in the compute dtype (b bytes):
 - in blocks (``attention_block`` > 0, :mod:`rlax.core.models.block_attention`), no
   scores: the float32 queries, keys, values and output the loops read and write,
   about 3 N H + 4 K H + 2 N float32 a token (fitted as below, 512-2,048 tokens), and
-  the row's [W, W] boolean mask (1 byte an element) per layer; one block's scores at
-  a time are a temporary of the loop;
+  the row's [W, W] boolean mask (1 byte an element) per layer, and the loops'
+  temporaries, about eight float32 [N, block, block] arrays a layer (one block's scores,
+  probabilities and their gradients at a time);
 - per token: the residual stream and attention's output, about 1.25 (D + N H)
   elements (the RMSNorms' inputs and outputs, queries, less what XLA fuses
   away), and the MLP's gate, up, SiLU and product, about 5.5 F; keys and values
@@ -86,6 +87,7 @@ def activation_bytes(
     scores = rows * heads * local * width * copies
     if attention_block and context == 1:
         scores = tokens * (3 * heads * h + 4 * kv * h + 2 * heads) * 4 + rows * width * width
+        scores += 8 * heads * attention_block**2 * 4  # the loop's block-sized temporaries
     keys = rows * width * 2 * kv * h * b if context > 1 else 0
     linear = tokens * (1.25 * (d + heads * h) + 5.5 * f) * b
     full = float(scores + keys + linear)

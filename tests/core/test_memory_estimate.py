@@ -38,13 +38,15 @@ def config(layers: int, dim: int, mlp: int, heads: int = 4, kv: int = 2) -> Tran
     )
 
 
-def measured(cfg: TransformerConfig, rows: int, width: int, remat: str = "none") -> int:
+def measured(
+    cfg: TransformerConfig, rows: int, width: int, remat: str = "none", block: int = 0
+) -> int:
     """XLA's temporary bytes of one microbatch's forward and backward pass."""
     graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
     mesh = single_device_mesh()
 
     def loss(p, tokens, segments):
-        model = wrap_blocks(nnx.merge(graphdef, p), remat, mesh)
+        model = wrap_blocks(nnx.merge(graphdef, p), remat, mesh, block)
         return sequence_logprobs(model, tokens, segments)[0].sum()
 
     tokens = jnp.ones((rows, width), jnp.int32)
@@ -60,6 +62,19 @@ def test_the_estimate_is_within_15_percent_of_the_compiled_peak(layers, dim, mlp
     cfg = config(layers, dim, mlp)
     estimate = activation_bytes(cfg, rows, width).total
     assert abs(estimate / measured(cfg, rows, width) - 1) <= 0.15
+
+
+@pytest.mark.parametrize(
+    ("layers", "dim", "mlp", "rows", "width"),
+    [(1, 64, 128, 1, 1024), (4, 64, 128, 2, 512), (2, 128, 512, 1, 2048)],
+)
+def test_with_attention_in_blocks_too(layers, dim, mlp, rows, width):
+    """``attention_block``: no score matrix is kept, and the estimate follows."""
+    cfg = config(layers, dim, mlp)
+    estimate = activation_bytes(cfg, rows, width, 1, "none", "float32", 128).total
+    peak = measured(cfg, rows, width, block=128)
+    assert abs(estimate / peak - 1) <= 0.15
+    assert peak < measured(cfg, rows, width) / 2  # the scores were most of it
 
 
 def test_the_estimate_laws():
