@@ -4,11 +4,13 @@ Every request field of chat completions and completions is honoured (a test
 of its effect) or refused with a 400 naming it; a seeded fuzz of field
 values gets no 5xx and the server keeps serving; starting the endpoint
 leaves the host's logging as it was; a reply its client never got is not
-recorded, and the client's retry continues from what it did get.
+recorded, and the client's retry continues from what it did get (over the socket
+and in-process, sync and async).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
@@ -21,6 +23,7 @@ from agent_endpoint_case import MODEL, TOK, ScriptSampler, junk
 
 from rlax.core.rollout.agents.endpoint import AgentEndpoint
 from rlax.core.rollout.agents.fields import CHAT, TEXT
+from rlax.core.rollout.agents.in_process import http_package
 from rlax.plugins.environments.tool_calls import HermesToolParser
 
 USER = [{"role": "user", "content": "hi"}]
@@ -322,15 +325,41 @@ def test_no_value_a_client_sends_gets_a_5xx_and_the_server_keeps_serving(endpoin
 # -- item 2: only what the agent saw is trained --------------------------------------------
 
 
-def test_a_reply_the_client_timed_out_on_is_not_recorded_and_its_retry_continues(endpoint):
+def in_process(ep, key, use_async: bool = False, **kw):
+    """A client whose requests call the endpoint in-process (no socket), as
+    ``samplers.agents`` gives an agent in the worker's process."""
+    kind = openai.DefaultAsyncHttpxClient if use_async else openai.DefaultHttpxClient
+    transport = ep.transports(http_package(kind))[1 if use_async else 0]
+    client = openai.AsyncOpenAI if use_async else openai.OpenAI
+    http = kind(transport=transport)
+    return client(base_url=ep.url, api_key=key, max_retries=0, http_client=http, **kw)
+
+
+def chat_sync(client):
+    return client.chat.completions.create(model=MODEL, messages=USER)
+
+
+def chat_async(client):
+    return asyncio.run(client.chat.completions.create(model=MODEL, messages=USER))
+
+
+@pytest.mark.parametrize("transport", ["socket", "in_process", "in_process_async"])
+def test_a_reply_the_client_timed_out_on_is_not_recorded_and_its_retry_continues(
+    endpoint, transport
+):
     sampler = endpoint.backend.sampler
     sampler.script[:] = ["never seen", "seen"]
     sampler.delays[:] = [1.5]  # the first reply comes after the client gave up
-    key = endpoint.open_episode("timeout")
+    key = endpoint.open_episode(f"timeout-{transport}")
     gone = endpoint.gone
-    impatient = api(endpoint, key, timeout=0.4)
+    if transport == "socket":
+        impatient, chat = api(endpoint, key, timeout=0.4), chat_sync
+    else:
+        use_async = transport.endswith("async")
+        impatient = in_process(endpoint, key, use_async, timeout=0.4)
+        chat = chat_async if use_async else chat_sync
     with pytest.raises(openai.APITimeoutError):
-        impatient.chat.completions.create(model=MODEL, messages=USER)
+        chat(impatient)
     r = api(endpoint, key, timeout=30).chat.completions.create(model=MODEL, messages=USER)
     assert r.choices[0].message.content == "seen"
     transcript = endpoint.close_episode(key)

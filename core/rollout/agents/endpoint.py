@@ -77,7 +77,13 @@ from rlax.core.rollout.agents.format_replies import (
     response_events,
 )
 from rlax.core.rollout.agents.formats import messages_request, responses_request
-from rlax.core.rollout.agents.in_process import INLINE, transports
+from rlax.core.rollout.agents.in_process import (
+    CLIENT_GONE,
+    DEADLINE,
+    INLINE,
+    past_deadline,
+    transports,
+)
 from rlax.core.rollout.agents.requests import (
     ApiError,
     EndpointLimits,
@@ -282,12 +288,14 @@ async def _turn(endpoint: AgentEndpoint, session: AgentSession, run, request, ht
         seed = zlib.crc32(f"{session.name}/{session.transcript.requests}".encode())
     seed %= 2**32  # the API's seeds are 64-bit; a sampler's PRNG takes 32
 
+    deadline = DEADLINE.get()  # an in-process client's read timeout (in_process.py)
+
     def gone() -> bool:
-        return bool(anyio.from_thread.run(http.is_disconnected))
+        return past_deadline(deadline) or bool(anyio.from_thread.run(http.is_disconnected))
 
     try:
         if INLINE.get():  # in-process, on the agent's own thread: no hop, no socket to lose
-            return run(endpoint.backend, session, request, seed)
+            return run(endpoint.backend, session, request, seed, lambda: past_deadline(deadline))
         # A turn waits in the batcher for the others: every open episode gets a thread
         # (anyio's default 40 would cap a batch at 40 requests).
         limiter = endpoint.limiter()
@@ -321,7 +329,7 @@ def _build_app(endpoint: AgentEndpoint) -> FastAPI:
     @app.exception_handler(ClientGone)
     async def gone(request: Request, err: ClientGone) -> Response:
         endpoint.gone += 1
-        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+        return Response(status_code=CLIENT_GONE)  # nginx's "client closed request": nobody reads it
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException) -> JSONResponse:

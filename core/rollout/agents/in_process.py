@@ -15,8 +15,12 @@ code path (the same app, checks, turns, recording) as one over the socket.
   app on the agents' own event loop; turns go to worker threads as over the
   socket (the loop serves every episode).
 
-Client timeouts are the socket's: in-process there is no connection to give
-up on, so a request always gets its reply (and it is recorded).
+Client timeouts hold as over the socket: a request carries its client's read
+timeout as a deadline (:data:`DEADLINE`); a reply sampled after it is not
+recorded (the turn's ``gone``, as for a client that disconnected) and the
+client gets its HTTP package's ``ReadTimeout``, so its retry continues from
+what it did receive. The difference: a turn being sampled is not interrupted,
+so the client learns of its timeout when the turn is done, not at the deadline.
 """
 
 from __future__ import annotations
@@ -25,12 +29,36 @@ import asyncio
 import contextvars
 import functools
 import importlib
+import time
 from typing import Any
 
-__all__ = ["INLINE", "call_app", "http_package", "transports"]
+__all__ = ["DEADLINE", "INLINE", "call_app", "http_package", "past_deadline", "transports"]
 
 # True while a request runs on its caller's own thread: the turn is sampled inline.
 INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("rlax_agents_inline", default=False)
+# The monotonic time after which an in-process request's client has given up (None: never).
+DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "rlax_agents_deadline", default=None
+)
+CLIENT_GONE = 499  # the endpoint's status for a reply nobody got
+
+
+def past_deadline(deadline: float | None) -> bool:
+    """Whether an in-process request's client gave up by now."""
+    return deadline is not None and time.monotonic() > deadline
+
+
+def _deadline(request: Any) -> float | None:
+    """The client's read timeout of ``request`` as a monotonic deadline."""
+    read = (request.extensions.get("timeout") or {}).get("read")
+    return None if read is None else time.monotonic() + float(read)
+
+
+def _timed_out(http: Any, request: Any, status: int, deadline: float | None) -> None:
+    if status == CLIENT_GONE and past_deadline(deadline):
+        raise http.ReadTimeout(
+            "the in-process endpoint replied after the read timeout", request=request
+        )
 
 
 async def call_app(app: Any, request: Any, body: bytes) -> tuple[int, list, bytes]:
@@ -97,7 +125,8 @@ def _inline_class(http: Any) -> type:
 
         def handle_request(self, request: Any) -> Any:
             body = request.read()
-            token = INLINE.set(True)
+            deadline = _deadline(request)
+            token, until = INLINE.set(True), DEADLINE.set(deadline)
             loop = asyncio.new_event_loop()
             try:
                 status, headers, content = loop.run_until_complete(
@@ -106,12 +135,32 @@ def _inline_class(http: Any) -> type:
             finally:
                 loop.close()
                 INLINE.reset(token)
+                DEADLINE.reset(until)
+            _timed_out(http, request, status, deadline)
             return http.Response(status, headers=headers, content=content, request=request)
 
     return InlineTransport
 
 
+@functools.cache
+def _async_class(http: Any) -> type:
+    class InProcessTransport(http.ASGITransport):
+        """``ASGITransport`` that gives the app its client's read timeout as a deadline."""
+
+        async def handle_async_request(self, request: Any) -> Any:
+            deadline = _deadline(request)
+            until = DEADLINE.set(deadline)
+            try:
+                response = await super().handle_async_request(request)
+            finally:
+                DEADLINE.reset(until)
+            _timed_out(http, request, response.status_code, deadline)
+            return response
+
+    return InProcessTransport
+
+
 def transports(app: Any, http: Any) -> tuple[Any, Any]:
     """(sync, async) transports of the ``httpx``-like package ``http`` that call the ASGI
     ``app`` in-process (see the module docstring)."""
-    return _inline_class(http)(app), http.ASGITransport(app=app, client=("127.0.0.1", 0))
+    return _inline_class(http)(app), _async_class(http)(app=app, client=("127.0.0.1", 0))
