@@ -12,7 +12,10 @@ problems with the same sampler settings. Wall time covers everything after
 installation: interpreter start, JAX compilation, both evaluations, RL. It
 is only meaningful on an otherwise idle machine.
 
-    python benchmarks/quickstart.py [--runs N] [--gin.NAME=VALUE ...]
+    python benchmarks/quickstart.py [--runs N] [--config NAME] [--gin.NAME=VALUE ...]
+
+``--config`` runs another packaged experiment the same way (``moe_quickstart``: the
+figure of ``benchmarks/moe.py``'s ``pass8_gain_min_on``).
 
 Prints a table of every run and the minimum gain, then one JSON line::
 
@@ -47,15 +50,16 @@ def _rlax_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "rlax.core.cli"]
 
 
-def run_once(seed: int, extra: list[str]) -> dict:
-    """One quickstart run with ``SEED = seed``; returns its figures (raises on failure)."""
+def run_once(seed: int, extra: list[str], config: str = "quickstart") -> dict:
+    """One run of the packaged ``config`` with ``SEED = seed``; returns its figures (raises on
+    failure)."""
     with tempfile.TemporaryDirectory(prefix="rlax-quickstart-") as tmp:
         run_dir = pathlib.Path(tmp) / "run"
         cmd = [
             *_rlax_command(),
             "run",
             "--gin",
-            "quickstart",
+            config,
             "--run-dir",
             str(run_dir),
             f"--gin.SEED={seed}",
@@ -108,6 +112,9 @@ def format_table(runs: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1, help="how many seeds (0, 1, ...)")
+    parser.add_argument(
+        "--config", default="quickstart", help="a packaged experiment (e.g. moe_quickstart)"
+    )
     args, extra = parser.parse_known_args()
     if args.runs < 1:
         parser.error("--runs must be >= 1")
@@ -117,11 +124,11 @@ def main() -> int:
     runs = []
     for seed in range(args.runs):
         try:
-            runs.append(run_once(seed, extra))
+            runs.append(run_once(seed, extra, args.config))
         except RuntimeError as err:
             print(err, file=sys.stderr)
             return 1
-    print("\nquickstart benchmark: held-out problems, unbiased pass@k, gains in points")
+    print(f"\n{args.config} benchmark: held-out problems, unbiased pass@k, gains in points")
     print(format_table(runs))
     print(
         json.dumps(

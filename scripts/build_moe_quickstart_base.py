@@ -35,11 +35,20 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--experts", type=int, default=MOE.num_experts)
+    parser.add_argument("--experts-per-token", type=int, default=MOE.experts_per_token)
+    parser.add_argument("--expert-mlp-dim", type=int, default=MOE.expert_mlp_dim)
     args = parser.parse_args()
 
     task = ArithmeticTask(digits=args.digits)
     tokenizer = CharTokenizer(task.alphabet)
-    cfg = dataclasses.replace(TransformerConfig.tiny(tokenizer.vocab_size), moe=MOE)
+    moe = dataclasses.replace(
+        MOE,
+        num_experts=args.experts,
+        experts_per_token=args.experts_per_token,
+        expert_mlp_dim=args.expert_mlp_dim,
+    )
+    cfg = dataclasses.replace(TransformerConfig.tiny(tokenizer.vocab_size), moe=moe)
     model = new_model(cfg, args.seed)
 
     def examples():
