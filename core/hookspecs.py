@@ -206,7 +206,9 @@ def rlax_register_tool_parsers() -> dict[str, Callable[..., object]]:
 
     Each factory builds a ``rlax.core.contracts.ToolParser``: ``parse(text) ->
     list[ToolCall]`` (the calls in a model turn; ValueError for a malformed
-    one) and ``format_result(call, result) -> str`` (the observation's text).
+    one) and ``format_result(call, result) -> str`` (the observation's text);
+    optionally ``result_framing = (before, after)``, the format's own frame
+    around each result, placed as framing (its added tokens as ids).
 
     Called once per plugin when the plugin manager loads; not firstresult, not
     historic.
