@@ -15,10 +15,13 @@ Then the same game through the other two APIs harnesses speak, for each of
 ``agents.guess_messages`` (the Messages API, an ``anthropic`` client).
 
 Then the model-sized workload (``--model-steps``, 0: skipped): SmolLM2 as the
-policy, the environment twin ``smollm2_tools`` (tool calls, turns of tens of
-tokens) and the agent ``agents_calculator`` (the calculator agent, plain
-``openai`` code with a tool), same steps: ``endpoint_vs_env_model`` is the
-agent's wall over the environment's.
+policy, the agent ``agents_calculator`` (the calculator agent, plain ``openai``
+code with a tool; turns of tens of tokens) and its environment twin
+``environments_calculator`` (``environments.calculator``: the same conversation,
+token for token, played in process; the same model, task, group, limits and
+seed), same steps: ``endpoint_vs_env_model`` is the agent's wall over the
+environment's, so what the endpoint, the HTTP client and the recording cost on
+turns of a real model's size.
 
 ``server_cpu_ms_per_request``: the endpoint's own CPU per request, measured
 in this process before the runs: guess conversations of 5 turns on the
@@ -52,7 +55,7 @@ import multiturn  # sibling script
 GAIN_POINTS, WALL_LIMIT_S, RATIO_LIMIT, MODEL_RATIO_LIMIT, CPU_LIMIT_MS = 20, 600, 1.25, 1.15, 0.5
 ENV, AGENT = "multiturn_quickstart", "agents_quickstart"
 HARNESSES = {"responses": "@agents.guess_responses", "messages": "@agents.guess_messages"}
-MODEL_ENV, MODEL_AGENT = "smollm2_tools", "agents_calculator"
+MODEL_ENV, MODEL_AGENT = "environments_calculator", "agents_calculator"
 
 
 def one(gin: str, seed: int, steps: int | None, extra: list[str]) -> dict:
@@ -140,11 +143,22 @@ def model_runs(steps: int, extra: list[str]) -> dict:
     _, env_rows, env_wall = multiturn.run_quickstart(MODEL_ENV, settings)
     _, agent_rows, agent_wall = multiturn.run_quickstart(MODEL_AGENT, settings)
     print(f"model-sized: env {env_wall:.1f} s, agent {agent_wall:.1f} s", flush=True)
+
+    def total(rows: list[dict], key: str) -> float:
+        return float(sum(r.get(key, 0.0) for r in rows))
+
+    env_steps_s, agent_steps_s = total(env_rows, "step_s"), total(agent_rows, "step_s")
     return {
         "steps": steps,
         "env_wall_s": round(env_wall, 1),
         "agent_wall_s": round(agent_wall, 1),
         "endpoint_vs_env_model": round(agent_wall / env_wall, 3),
+        # The RL steps alone (the trainer's step_s), without loading and evaluation.
+        "env_steps_s": round(env_steps_s, 1),
+        "agent_steps_s": round(agent_steps_s, 1),
+        "endpoint_vs_env_model_steps": round(agent_steps_s / max(env_steps_s, 1e-9), 3),
+        "env_turns_mean": round(total(env_rows, "turns_mean") / max(len(env_rows), 1), 3),
+        "agent_turns_mean": round(total(agent_rows, "turns_mean") / max(len(agent_rows), 1), 3),
         "env_steps": len(env_rows),
         "agent_steps": len(agent_rows),
     }
@@ -190,7 +204,9 @@ def table(r: dict) -> None:
         m = r["model"]
         print(
             f"model-sized ({MODEL_AGENT} vs {MODEL_ENV}, {m['steps']} steps): "
-            f"endpoint_vs_env_model {m['endpoint_vs_env_model']} (limit {MODEL_RATIO_LIMIT})"
+            f"endpoint_vs_env_model {m['endpoint_vs_env_model']} (limit {MODEL_RATIO_LIMIT}); "
+            f"RL steps alone {m['endpoint_vs_env_model_steps']}; turns per episode "
+            f"{m['agent_turns_mean']} (agent) / {m['env_turns_mean']} (environment)"
         )
     print(
         f"server CPU per request {r['server_cpu_ms_per_request']} ms (limit {CPU_LIMIT_MS}; "

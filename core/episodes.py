@@ -95,7 +95,13 @@ class EpisodeLimits:
 
 
 class Episode(Protocol):
-    """One run of an environment from one prompt (what ``Environment.start`` returns)."""
+    """One run of an environment from one prompt (what ``Environment.start`` returns).
+
+    An episode may also have ``prompt_tokens``: the ids it opens with in place of the
+    prompt's (a system message and the tools offered, rendered by the model's chat
+    template), the same for every episode of one prompt; the trainer takes them as the
+    group's prompt. Absent or None: the prompt's own ``tokens``.
+    """
 
     def step(self, turn_text: str) -> Observation | None:
         """The answer to the model's turn (its text, stop token excluded), or None:

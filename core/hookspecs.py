@@ -165,7 +165,9 @@ def rlax_register_environments() -> dict[str, Callable[..., object]]:
     episode, seconds per tool call) and ``start(prompt, tokenizer) ->
     Episode``, where an ``rlax.core.contracts.Episode`` answers each model turn
     with ``step(turn_text) -> Observation | None`` (token ids to append and
-    their text; None ends the episode), then gives ``reward()`` and ``info``.
+    their text; None ends the episode), then gives ``reward()`` and ``info``;
+    an episode may open with ids of its own (``prompt_tokens``, the same for every
+    episode of a prompt: its group's prompt for the trainer).
     ``@samplers.episodes(sampler=..., environment=...)`` plays them.
 
     Called once per plugin when the plugin manager loads; not firstresult, not

@@ -19,8 +19,9 @@ from typing import Annotated, Any
 from rlax.core import hookimpl
 from rlax.core.constraints import AtLeast
 
-__all__ = ["calculate", "calculator"]
+__all__ = ["SYSTEM", "TOOL", "calculate", "calculator", "call_result", "opening"]
 
+SYSTEM = "Answer with an integer. You may use the calculator."
 TOOL = {
     "type": "function",
     "function": {
@@ -64,12 +65,23 @@ def calculate(expression: str) -> int:
         raise ValueError(str(err)) from None
 
 
+def opening(question: str) -> list[dict[str, Any]]:
+    """The conversation's first messages: the system's instruction and the question."""
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+
+
+def call_result(arguments: Any) -> str:
+    """What a ``calculate`` call with these (parsed) arguments gets back: the
+    expression's value, or its error as text."""
+    try:
+        return str(calculate(str(arguments["expression"])))
+    except (ValueError, KeyError, TypeError) as err:
+        return f"error: {err}"
+
+
 def calculator(client: Any, prompt: Any, *, max_calls: Annotated[int, AtLeast(0)] = 3) -> str:
     """Asks the question with the calculator tool; the answer is the first reply without a call."""
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "Answer with an integer. You may use the calculator."},
-        {"role": "user", "content": prompt.text},
-    ]
+    messages = opening(prompt.text)
     for _ in range(max_calls + 1):
         # The same tools every turn: each request extends the last one's ids.
         reply = client.chat.completions.create(model="rlax-policy", messages=messages, tools=[TOOL])
@@ -79,9 +91,8 @@ def calculator(client: Any, prompt: Any, *, max_calls: Annotated[int, AtLeast(0)
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls:
             try:
-                expression = json.loads(call.function.arguments)["expression"]
-                result = str(calculate(str(expression)))
-            except (ValueError, KeyError, TypeError) as err:
+                result = call_result(json.loads(call.function.arguments))
+            except ValueError as err:  # arguments that are not JSON
                 result = f"error: {err}"
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     return ""  # still calling after max_calls: no answer

@@ -138,6 +138,20 @@ def observation_ids(tokenizer: Any, text: str, *, role: str = "user") -> np.ndar
     return parts_ids(tokenizer, observation_parts(tokenizer, text, role=role))
 
 
+def messages_ids(tokenizer: Any, texts: Sequence[str], *, role: str = "tool") -> np.ndarray:
+    """int32 [O]: one ``role`` message per text after a model turn (tool results sent as
+    an agent's client sends them: a ``tool`` message each), as the chat template renders a
+    conversation that goes on with them: its framing's control ids, each text as plain
+    text. A tokenizer without a template gets the texts joined by newlines.
+
+    Raises:
+      ValueError: as :func:`observation_parts` (a template whose framing depends on the text).
+    """
+    if not _has_template(tokenizer):
+        return text_ids(tokenizer, "\n".join(texts))
+    return parts_ids(tokenizer, _after_turn(tokenizer, list(texts), role))
+
+
 def _frames_itself(tokenizer: Any, framing: tuple[str, str], role: str) -> bool:
     """Whether the template already puts ``framing`` around a ``role`` message (Qwen2.5's
     template frames a ``tool`` message in ``<tool_response>``)."""

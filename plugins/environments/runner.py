@@ -11,6 +11,13 @@ worker, the inline trainer and ``rlax eval`` run episodes unchanged, one
 lease holds whole episodes, and the trainer pads to ``max_new_tokens`` =
 the episode's token limit.
 
+An episode may open with ids of its own (``Episode.prompt_tokens``: a system
+message and tools rendered by the chat template, as an agent's first request
+is): they are the group's prompt (``episode["prompt_tokens"]``, which
+:func:`~rlax.core.rollout.groups.episode_prompt` reads), so they must be a
+function of the prompt; an episode whose opening differs from its group's ends
+before its first turn with reward 0.
+
 Each turn the inner sampler continues the episode's ids as they stand
 (``Prompt.tokens`` = prompt + everything so far): the ids are appended, never
 decoded and encoded again, so what the trainer scores is exactly what the
@@ -66,6 +73,7 @@ class _Live:
     parts: list[str] = dataclasses.field(default_factory=list)
     turns: int = 0
     observation_tokens: int = 0
+    opened: bool = False  # the episode opened with its own ids (``Episode.prompt_tokens``)
     finish: str = ""
     failure: str = ""
 
@@ -137,6 +145,8 @@ class EpisodeSampler:
     ) -> list[tuple[Completion, ...]]:
         """``n`` episodes of each prompt, each one Completion (see the module docstring)."""
         lives = [self._start(p) for p in prompts for _ in range(n)]
+        for i in range(len(prompts)):
+            _one_opening(lives[i * n : (i + 1) * n], self.tokenizer)
         for turn in range(self.limits.max_turns):
             active = [e for e in lives if not e.finish]
             if not active:
@@ -151,13 +161,21 @@ class EpisodeSampler:
 
     def _start(self, prompt: Prompt) -> _Live:
         try:
-            return _Live(prompt, self.environment.start(prompt, self.tokenizer))
+            episode = self.environment.start(prompt, self.tokenizer)
+            opening = getattr(episode, "prompt_tokens", None)
+            if opening is None:
+                return _Live(prompt, episode)
+            ids = np.asarray(opening)
+            if ids.ndim != 1 or not len(ids) or ids.dtype.kind not in "iu":
+                raise ValueError(
+                    f"prompt_tokens must be a non-empty list of token ids, got {opening!r:.60}"
+                )
+            return _Live(
+                dataclasses.replace(prompt, tokens=ids.astype(np.int32)), episode, opened=True
+            )
         except Exception as err:  # noqa: BLE001 -- a broken environment costs its episode
             live = _Live(prompt, None)
-            live.fail(f"environment start raised {type(err).__name__}: {err}")
-            # A completion holds at least one id: the stop id, off the loss mask.
-            eos = np.asarray([self.tokenizer.eos_id])
-            live.append(eos, np.zeros(1), False, np.zeros(1))
+            _lost(live, f"environment start raised {type(err).__name__}: {err}", self.tokenizer)
             return live
 
     def _model_turn(self, live: _Live, c: Completion, last: bool) -> None:
@@ -242,6 +260,8 @@ class EpisodeSampler:
                 "observation_tokens": live.observation_tokens,
                 "failed": failed,
                 **info,
+                # The group's prompt (rollout.groups.episode_prompt): the ids it opened with.
+                **({"prompt_tokens": live.prompt.tokens.tolist()} if live.opened else {}),
             },
             kept_floor=floors if np.isfinite(floors).any() else None,
             routes=routes,
@@ -260,6 +280,25 @@ class EpisodeSampler:
         if not math.isfinite(float(score)):
             return 0.0, f"environment reward not finite: {score}"
         return float(score), reason
+
+
+def _lost(live: _Live, reason: str, tokenizer: Any) -> None:
+    """``live`` ends before its first turn with reward 0 and ``reason``."""
+    live.fail(reason)
+    # A completion holds at least one id: the stop id, off the loss mask.
+    live.append(np.asarray([tokenizer.eos_id]), np.zeros(1), False, np.zeros(1))
+
+
+def _one_opening(group: Sequence[_Live], tokenizer: Any) -> None:
+    """A group has one prompt: an episode that opened with ids other than its group's
+    first opening's (``Episode.prompt_tokens`` that is not a function of the prompt) ends
+    before its first turn with reward 0."""
+    opened = [live for live in group if live.opened]
+    for live in opened[1:]:
+        if not np.array_equal(live.prompt.tokens, opened[0].prompt.tokens):
+            live.opened = False
+            live.prompt = opened[0].prompt
+            _lost(live, "its prompt_tokens differ from its group's first episode's", tokenizer)
 
 
 @hookimpl

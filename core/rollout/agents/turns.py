@@ -33,7 +33,15 @@ from rlax.core.rollout.agents.requests import ApiError, ChatRequest, TextRequest
 from rlax.core.rollout.agents.transcript import Transcript
 from rlax.core.types import Completion, Prompt
 
-__all__ = ["AgentSession", "ClientGone", "Turn", "chat_turn", "text_turn", "tools_text"]
+__all__ = [
+    "AgentSession",
+    "ClientGone",
+    "Turn",
+    "chat_turn",
+    "text_turn",
+    "tools_text",
+    "with_tools",
+]
 
 
 @dataclasses.dataclass
@@ -109,14 +117,24 @@ def tools_text(tools: list[dict[str, Any]]) -> str:
     )
 
 
-def _with_tools(request: ChatRequest) -> list[dict[str, Any]]:
-    if not request.tools or request.tool_choice == "none":
-        return request.messages
-    text = tools_text(request.tools)
-    first = request.messages[0]
+def with_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` as the model sees them with ``tools`` offered: :func:`tools_text` after
+    the first system (or developer) message's content, or as a system message before all.
+    An environment that plays an agent's game in process opens its episodes the same way
+    (``environments.calculator``)."""
+    if not tools:
+        return messages
+    text = tools_text(tools)
+    first = messages[0]
     if first["role"] in ("system", "developer"):
-        return [{**first, "content": f"{first['content']}\n\n{text}"}, *request.messages[1:]]
-    return [{"role": "system", "content": text}, *request.messages]
+        return [{**first, "content": f"{first['content']}\n\n{text}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def _with_tools(request: ChatRequest) -> list[dict[str, Any]]:
+    if request.tool_choice == "none":
+        return request.messages
+    return with_tools(request.messages, request.tools or [])
 
 
 def _fits(backend: Backend, ids: np.ndarray, param: str) -> np.ndarray:

@@ -75,3 +75,92 @@ def test_one_inline_step_runs_agent_episodes(chat_model, tmp_path):
     # none failed, and the trainer trained on their sampled ids.
     assert row["step"] == 1 and row["groups_kept"] == 2
     assert (row["turns_mean"], row["failed_mean"]) == (1.0, 0.0) and row["trained_tokens"] > 0
+
+
+TWIN = ROOT / "configs" / "experiments" / "environments_calculator.gin"
+
+
+def _bindings(path: pathlib.Path, names: list[str], pm) -> dict:
+    config.parse([path], [], plugins=pm)
+    try:
+        return {name: gin.query_parameter(name) for name in names}
+    finally:
+        gin.clear_config()
+        config.register_core_configurables()
+
+
+def test_the_environment_twin_has_the_agent_s_model_task_group_and_limits(pm):
+    """environments_calculator.gin is agents_calculator.gin with the endpoint taken out:
+    every setting that shapes what is sampled is the same."""
+    shared = [
+        "%INIT_CHECKPOINT",
+        "%LEARNING_RATE",
+        "%PROMPTS_PER_STEP",
+        "%GROUP_SIZE",
+        "%MAX_STALENESS",
+        "%RELOAD_STALENESS",
+        "%SEED",
+        "%REWARD",
+        "tasks.arithmetic.digits",
+        "tasks.arithmetic.operations",
+        "tasks.arithmetic.template",
+        "tasks.arithmetic.num_eval",
+        "samplers.jax.max_new_tokens",
+        "rlax.worker.prompts_per_lease",
+        "rlax.local_cluster.num_workers",
+        "rlax.train.steps",
+    ]
+    agent = _bindings(
+        CONFIG,
+        [
+            *shared,
+            "agents.calculator.max_calls",
+            "samplers.agents.max_turns",
+            "samplers.agents.max_episode_tokens",
+        ],
+        pm,
+    )
+    twin = _bindings(
+        TWIN,
+        [
+            *shared,
+            "environments.calculator.max_calls",
+            "environments.calculator.max_episode_tokens",
+        ],
+        pm,
+    )
+    assert {k: twin[k] for k in shared} == {k: agent[k] for k in shared}
+    assert twin["environments.calculator.max_calls"] == agent["agents.calculator.max_calls"]
+    assert twin["environments.calculator.max_calls"] + 1 == agent["samplers.agents.max_turns"]
+    limit = "environments.calculator.max_episode_tokens"
+    assert twin[limit] == agent["samplers.agents.max_episode_tokens"]
+
+
+def test_one_inline_step_of_the_twin_trains_on_episodes_that_open_with_the_tools(
+    chat_model, tmp_path
+):
+    run_dir = tmp_path / "run"
+    settings = [
+        f"--gin.INIT_CHECKPOINT='{chat_model}'",
+        "--gin.rlax.train.steps=1",
+        "--gin.PROMPTS_PER_STEP=2",
+        "--gin.GROUP_SIZE=2",
+        "--gin.tasks.arithmetic.num_eval=2",
+        "--gin.EVAL_SAMPLES=1",
+        "--gin.EVAL_KS=(1,)",
+        "--gin.samplers.jax.max_new_tokens=8",
+        "--gin.samplers.jax.prompt_bucket=512",
+        "--gin.rlax.train.progress=False",
+        "--gin.rlax.evaluate.progress=False",
+        "--gin.rlax.watch.curves=False",
+    ]
+    status = cli.main(
+        ["run", "--role", "inline", "--gin", str(TWIN), *settings, "--run-dir", str(run_dir)]
+    )
+    assert status == cli.EXIT_OK
+    (row,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert row["step"] == 1 and row["groups_kept"] == 2
+    assert (row["turns_mean"], row["failed_mean"]) == (1.0, 0.0) and row["trained_tokens"] > 0
+    # The trainer scored the sampled ids in the context they were sampled in, the opening
+    # (system, tools, question), not the task's prompt: its logprobs are the sampler's.
+    assert row["mismatch_coverage"] == 1.0 and row["mismatch_abs_logp_p99"] <= 1e-4

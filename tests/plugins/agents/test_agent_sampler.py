@@ -4,6 +4,7 @@ one Completion with exactly the sampler's ids, and a broken agent costs only its
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import threading
@@ -266,3 +267,78 @@ def test_the_endpoint_serves_the_model_name_the_agent_s_code_asks_for():
     finally:
         s.close()
     assert group[0].episode["reward"] == 1.0
+
+
+class Scripted(Rules):
+    """Plays a script chosen by the question: what the twin test covers."""
+
+    max_new_tokens = 512  # two calls in one turn fit (a character a token)
+
+    def reply(self, text: str) -> str:
+        (question,) = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", text)[-1:]
+        results = re.findall(r"<\|im_start\|>tool\n(.*?)<\|im_end\|>", text)
+
+        def call(expression: str) -> str:
+            body = json.dumps({"name": "calculate", "arguments": {"expression": expression}})
+            return f"<tool_call>\n{body}\n</tool_call>"
+
+        if question == "two calls":  # two calls in one turn, then their sum
+            return "\n".join([call("6*7"), call("1+x")]) if not results else results[0]
+        if question == "never answers":
+            return call(f"{len(results)}+1")
+        if question == "malformed":
+            return "<tool_call>\n{not json\n</tool_call>"
+        return call(question) if not results else results[-1]
+
+
+def test_the_calculator_environment_plays_the_calculator_agent_s_episodes_id_for_id():
+    """``environments.calculator`` is the agent's twin: the same policy gives the same
+    group prompt, ids, loss mask, logprobs, reward and counts through either."""
+    from rlax.plugins.environments.calculator import CalculatorEnvironment
+    from rlax.plugins.environments.runner import EpisodeSampler
+
+    prompts = [
+        Prompt("a", "2+3", TOK.encode("2+3"), "5"),
+        Prompt("b", "x", TOK.encode("x"), "0"),  # the tool's error, then an answer
+        Prompt("c", "two calls", TOK.encode("two calls"), "42"),
+        Prompt("d", "never answers", TOK.encode("never answers"), "1"),
+        Prompt("e", "malformed", TOK.encode("malformed"), "1"),
+    ]
+    agent = AgentSampler(
+        sampler=Scripted(),
+        agent=functools.partial(calculator, max_calls=2),
+        reward=ArithmeticReward(),
+        tool_parser=HermesToolParser(),
+        max_turns=3,
+        max_episode_tokens=4096,
+    )
+    agent.setup(None, TOK)
+    env = EpisodeSampler(
+        sampler=Scripted(),
+        environment=CalculatorEnvironment(
+            reward=ArithmeticReward(), max_calls=2, max_episode_tokens=4096
+        ),
+    )
+    env.setup(None, TOK)
+    try:
+        by_agent = agent.generate(prompts, 2, seed=0)
+    finally:
+        agent.close()
+    by_env = env.generate(prompts, 2, seed=0)
+    rewards, turns = [], []
+    for p, mine, twin in zip(prompts, by_agent, by_env):
+        start = episode_prompt(p, mine).tokens
+        assert start.tolist() == episode_prompt(p, twin).tokens.tolist()
+        assert TOK.decode(start).startswith("system\nAnswer with an integer")
+        for a, e in zip(mine, twin):
+            assert a.tokens.tolist() == e.tokens.tolist(), p.text
+            assert a.loss_mask.tolist() == e.loss_mask.tolist()
+            assert a.logprobs.tolist() == e.logprobs.tolist()
+            for key in ("reward", "turns", "failed"):
+                assert float(a.episode[key]) == float(e.episode[key]), (p.text, key)
+        rewards.append(twin[0].episode["reward"])
+        turns.append(twin[0].episode["turns"])
+    # By hand: 2+3 -> 5 (right); x -> an error, answered as text (0); two calls -> 42 and an
+    # error, answers 42 (right); never answers -> 3 turns, no answer (0); malformed -> text (0).
+    assert rewards == [1.0, 0.0, 1.0, 0.0, 0.0] and turns == [2, 2, 2, 3, 1]
+    assert by_env[2][0].episode["tool_calls"] == 2 and by_env[2][0].episode["tool_errors"] == 1

@@ -105,6 +105,62 @@ def test_an_environment_that_raises_costs_its_episode_not_the_worker(caplog):
     assert "ZeroDivisionError" in c.episode["reason"] and "ZeroDivisionError" in caplog.text
 
 
+class Opening(GuessEnvironment):
+    """An environment whose episodes open with ids of their own: ``openings`` in turn."""
+
+    def __init__(self, openings, **kw):
+        super().__init__(**kw)
+        self.openings = list(openings)
+
+    def start(self, prompt, tokenizer):
+        episode = super().start(prompt, tokenizer)
+        episode.prompt_tokens = self.openings.pop(0)
+        return episode
+
+
+def test_an_episode_that_opens_with_its_own_ids_makes_them_its_group_s_prompt():
+    opening = TOK.encode("??").tolist()
+    sampler = EpisodeSampler(sampler=ScriptedSampler(["5"]), environment=Opening([opening] * 2))
+    sampler.setup(None, TOK)
+    prompt = secret_prompt(5)
+    (group,) = sampler.generate([prompt], 2, seed=0)
+    # The first turn continued the opening, not the task's prompt; the trainer gets it back.
+    assert sampler.sampler.calls[0][0].tolist() == opening
+    assert [c.episode["prompt_tokens"] for c in group] == [opening, opening]
+    assert [c.episode["reward"] for c in group] == [1.0, 1.0]
+    (scored,) = score_groups([prompt], [group], None, 2)
+    assert scored.prompt.tokens.tolist() == opening and prompt.tokens.tolist() != opening
+    # Without an opening nothing is added: the prompt stays the task's.
+    c, _ = play(["5"])
+    assert "prompt_tokens" not in c.episode
+
+
+@pytest.mark.parametrize(
+    "second, why",
+    [
+        ("differs", "prompt_tokens differ from its group's"),
+        ([], "prompt_tokens must be a non-empty list of token ids"),
+        ([[1, 2]], "prompt_tokens must be a non-empty list of token ids"),
+        (["a"], "prompt_tokens must be a non-empty list of token ids"),
+        ([1.5], "prompt_tokens must be a non-empty list of token ids"),
+    ],
+)
+def test_an_opening_that_is_not_its_group_s_or_not_ids_costs_its_episode(second, why):
+    first = TOK.encode("??").tolist()
+    second = TOK.encode("?").tolist() if second == "differs" else second
+    script = ["5"]
+    sampler = EpisodeSampler(sampler=ScriptedSampler(script), environment=Opening([first, second]))
+    sampler.setup(None, TOK)
+    (group,) = sampler.generate([secret_prompt(5)], 2, seed=0)
+    ok, lost = group
+    assert ok.episode["reward"] == 1.0 and ok.episode["prompt_tokens"] == first
+    assert lost.episode["reward"] == 0.0 and lost.episode["failed"] == 1.0
+    assert why in lost.episode["reason"]
+    assert lost.tokens.tolist() == [TOK.eos_id] and lost.loss_mask.tolist() == [0]
+    (scored,) = score_groups([secret_prompt(5)], [group], None, 2)
+    assert scored.prompt.tokens.tolist() == first  # the group keeps one prompt
+
+
 def test_the_episode_reward_replaces_the_reward_plugin_and_metrics_count_episodes():
     won, _ = play(["3", "7", "5"])
     lost, _ = play(["3", "7"], max_turns=2)
