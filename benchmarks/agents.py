@@ -31,7 +31,7 @@ with its thread's CPU time around the call (the app, the turn, the recording;
 not the ``openai`` client's own work).
 
     python benchmarks/agents.py [--seeds 0,1,2] [--harness-seeds 0,1] [--steps N]
-        [--model-steps N] [--tiny] [--gin.NAME=VALUE ...]
+        [--model-steps N] [--model-only] [--tiny] [--gin.NAME=VALUE ...]
 
 ``--tiny``: one seed of everything, 2 steps (the SmolLM2 pair 1 step): proves
 the pieces run, measures nothing. Prints a table, then one JSON line::
@@ -56,6 +56,7 @@ GAIN_POINTS, WALL_LIMIT_S, RATIO_LIMIT, MODEL_RATIO_LIMIT, CPU_LIMIT_MS = 20, 60
 ENV, AGENT = "multiturn_quickstart", "agents_quickstart"
 HARNESSES = {"responses": "@agents.guess_responses", "messages": "@agents.guess_messages"}
 MODEL_ENV, MODEL_AGENT = "environments_calculator", "agents_calculator"
+MODEL_GROUP = 4  # both runs' GROUP_SIZE, set here so a step's episodes are known
 
 
 def one(gin: str, seed: int, steps: int | None, extra: list[str]) -> dict:
@@ -138,14 +139,23 @@ def harness_runs(seeds: list[int], steps: int | None, extra: list[str]) -> dict:
 
 
 def model_runs(steps: int, extra: list[str]) -> dict:
-    """The SmolLM2 pair, same steps: walls and their ratio."""
-    settings = [f"--gin.rlax.train.steps={steps}", *extra]
+    """The SmolLM2 pair, same steps: walls and their ratio, and how long a model turn is."""
+    settings = [f"--gin.rlax.train.steps={steps}", f"--gin.GROUP_SIZE={MODEL_GROUP}", *extra]
     _, env_rows, env_wall = multiturn.run_quickstart(MODEL_ENV, settings)
     _, agent_rows, agent_wall = multiturn.run_quickstart(MODEL_AGENT, settings)
     print(f"model-sized: env {env_wall:.1f} s, agent {agent_wall:.1f} s", flush=True)
 
     def total(rows: list[dict], key: str) -> float:
         return float(sum(r.get(key, 0.0) for r in rows))
+
+    def turn_tokens(rows: list[dict]) -> float:
+        """Model tokens per turn: each episode's ids less its observations', per turn."""
+        per_step = []
+        for r in rows:
+            episodes = r["groups_kept"] * MODEL_GROUP
+            model = r["trained_tokens"] / episodes - r.get("observation_tokens_mean", 0.0)
+            per_step.append(model / max(r.get("turns_mean", 1.0), 1e-9))
+        return round(sum(per_step) / max(len(per_step), 1), 1)
 
     env_steps_s, agent_steps_s = total(env_rows, "step_s"), total(agent_rows, "step_s")
     return {
@@ -159,6 +169,8 @@ def model_runs(steps: int, extra: list[str]) -> dict:
         "endpoint_vs_env_model_steps": round(agent_steps_s / max(env_steps_s, 1e-9), 3),
         "env_turns_mean": round(total(env_rows, "turns_mean") / max(len(env_rows), 1), 3),
         "agent_turns_mean": round(total(agent_rows, "turns_mean") / max(len(agent_rows), 1), 3),
+        "env_turn_tokens": turn_tokens(env_rows),
+        "agent_turn_tokens": turn_tokens(agent_rows),
         "env_steps": len(env_rows),
         "agent_steps": len(agent_rows),
     }
@@ -185,6 +197,26 @@ def measure(seeds: list[int], steps: int | None, extra: list[str]) -> dict:
 
 
 def table(r: dict) -> None:
+    if r["runs"]:
+        guess_table(r)
+    for name, gain in r.get("harness_gain_min", {}).items():
+        print(f"harness {name}: worst gain {gain:+.1f} points (target >= +{GAIN_POINTS})")
+    if "model" in r:
+        m = r["model"]
+        print(
+            f"model-sized ({MODEL_AGENT} vs {MODEL_ENV}, {m['steps']} steps): "
+            f"endpoint_vs_env_model {m['endpoint_vs_env_model']} (limit {MODEL_RATIO_LIMIT}); "
+            f"RL steps alone {m['endpoint_vs_env_model_steps']}; turns per episode "
+            f"{m['agent_turns_mean']} (agent) / {m['env_turns_mean']} (environment), "
+            f"model tokens per turn {m['agent_turn_tokens']} / {m['env_turn_tokens']}"
+        )
+    print(
+        f"server CPU per request {r['server_cpu_ms_per_request']} ms (limit {CPU_LIMIT_MS}; "
+        "taken on this machine as it is: quote it only from a quiet one)"
+    )
+
+
+def guess_table(r: dict) -> None:
     print("\nagent quickstart: held-out success (pass@1 over every secret, %), wall s")
     head = ("seed", "before", "after", "gain", "wall", "env gain", "env wall", "ratio")
     print("".join(f"{h:>10}" for h in head))
@@ -198,20 +230,6 @@ def table(r: dict) -> None:
         f"worst wall {r['max_wall_s']} s (limit {WALL_LIMIT_S}); endpoint / env "
         f"{r['endpoint_vs_env']} (information)"
     )
-    for name, gain in r.get("harness_gain_min", {}).items():
-        print(f"harness {name}: worst gain {gain:+.1f} points (target >= +{GAIN_POINTS})")
-    if "model" in r:
-        m = r["model"]
-        print(
-            f"model-sized ({MODEL_AGENT} vs {MODEL_ENV}, {m['steps']} steps): "
-            f"endpoint_vs_env_model {m['endpoint_vs_env_model']} (limit {MODEL_RATIO_LIMIT}); "
-            f"RL steps alone {m['endpoint_vs_env_model_steps']}; turns per episode "
-            f"{m['agent_turns_mean']} (agent) / {m['env_turns_mean']} (environment)"
-        )
-    print(
-        f"server CPU per request {r['server_cpu_ms_per_request']} ms (limit {CPU_LIMIT_MS}; "
-        "taken on this machine as it is: quote it only from a quiet one)"
-    )
 
 
 def main() -> int:
@@ -221,6 +239,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=None, help="steps per run (config's: 100)")
     parser.add_argument(
         "--model-steps", type=int, default=0, help="steps of the SmolLM2 pair (0: skipped)"
+    )
+    parser.add_argument(
+        "--model-only",
+        action="store_true",
+        help="only the SmolLM2 pair (and the server's CPU): no guess runs",
     )
     parser.add_argument("--tiny", action="store_true", help="one seed, 2 steps: runs, not results")
     args, extra = parser.parse_known_args()
@@ -242,12 +265,16 @@ def main() -> int:
             2,
             model_steps and 1,
         )
+    if args.model_only and not model_steps:
+        parser.error("--model-only: give --model-steps N")
     cpu = server_cpu_ms_per_request(50 if args.tiny else 200)
     try:
-        r = measure(seeds, steps, extra)
-        harness = harness_runs(harness_seeds, steps, extra)
-        r["harness_runs"] = harness
-        r["harness_gain_min"] = {k: min(x["gain"] for x in v) for k, v in harness.items()}
+        r: dict = {"runs": []}
+        if not args.model_only:
+            r = measure(seeds, steps, extra)
+            harness = harness_runs(harness_seeds, steps, extra)
+            r["harness_runs"] = harness
+            r["harness_gain_min"] = {k: min(x["gain"] for x in v) for k, v in harness.items()}
         if model_steps:
             r["model"] = model_runs(model_steps, extra)
             r["endpoint_vs_env_model"] = r["model"]["endpoint_vs_env_model"]

@@ -38,6 +38,12 @@ def main() -> None:
     parser.add_argument("--experts", type=int, default=MOE.num_experts)
     parser.add_argument("--experts-per-token", type=int, default=MOE.experts_per_token)
     parser.add_argument("--expert-mlp-dim", type=int, default=MOE.expert_mlp_dim)
+    parser.add_argument(
+        "--normalize-topk",
+        action=argparse.BooleanOptionalAction,
+        default=MOE.normalize_topk,
+        help="gate weights renormalised over the chosen experts (off: the router's probabilities)",
+    )
     args = parser.parse_args()
 
     task = ArithmeticTask(digits=args.digits)
@@ -47,6 +53,7 @@ def main() -> None:
         num_experts=args.experts,
         experts_per_token=args.experts_per_token,
         expert_mlp_dim=args.expert_mlp_dim,
+        normalize_topk=args.normalize_topk,
     )
     cfg = dataclasses.replace(TransformerConfig.tiny(tokenizer.vocab_size), moe=moe)
     model = new_model(cfg, args.seed)

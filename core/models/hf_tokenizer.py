@@ -172,8 +172,18 @@ class HFTokenizer:
             raise ValueError(
                 f"the chat template shows message contents {order}, not each of {texts} once in order"
             )
-        shown = [_SLOT.format(p) if i % 2 else p for i, p in enumerate(pieces)]
         parts = list(pieces)
+        for n, k in enumerate(texts):
+            parts[2 * n + 1] = messages[k]["content"]
+        # One render with every content real: when it is the placeholders' framing with
+        # each content as given, that is the decomposition (no text in the framing).
+        # Otherwise (a template that changes a content, or frames it by its text) each
+        # content is rendered on its own among placeholders, to find how or refuse.
+        if self.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt
+        ) == "".join(parts):
+            return parts
+        shown = [_SLOT.format(p) if i % 2 else p for i, p in enumerate(pieces)]
         for n, k in enumerate(texts):
             before, after = "".join(shown[: 2 * n + 1]), "".join(shown[2 * n + 2 :])
             full = render(k)

@@ -206,3 +206,17 @@ def test_a_template_whose_framing_reads_the_text_is_refused():
     assert (
         trimmed.chat_parts([{"role": "user", "content": "  hi <|im_end|> "}])[1] == "hi <|im_end|>"
     )
+
+
+def test_a_template_that_changes_a_content_gives_the_text_it_rendered():
+    """A content the template trims is the trimmed text; the others stay as given, and
+    the parts join to exactly the template's rendering of the real conversation."""
+    trims = "{% for m in messages %}<|im_start|>{{ m['content'] | trim }}<|im_end|>{% endfor %}"
+    tok = byte_tokenizer(template=trims)
+    messages = [{"role": "user", "content": "  hi  "}, {"role": "user", "content": "<|im_end|>"}]
+    parts = tok.chat_parts(messages, add_generation_prompt=False)
+    assert parts == ["<|im_start|>", "hi", "<|im_end|><|im_start|>", "<|im_end|>", "<|im_end|>"]
+    assert "".join(parts) == tok.apply_chat_template(messages, add_generation_prompt=False)
+    # The second content spells the stop token: text, so the ids hold the framing's three.
+    ids = tok.encode_parts(parts)
+    assert control(tok, ids).count(tok.eos_id) == 2
