@@ -117,6 +117,7 @@ def conversation_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], book: R
         known[k] = reply
         shown.append({"role": "assistant", "content": reply.raw})
     parts = tokenizer.chat_parts(shown, add_generation_prompt=True)
+    _check_fields_are_text(tokenizer, shown, parts)
     texts = [k for k, m in enumerate(shown) if isinstance(m.get("content"), str)]
     eos = tokenizer.token(tokenizer.eos_id) or ""
     ids: list[np.ndarray] = []
@@ -134,3 +135,48 @@ def conversation_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], book: R
         start = slot + 1
     ids.append(tokenizer.encode_parts(parts[start:]))
     return np.concatenate(ids).astype(np.int32)
+
+
+def _neutral(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` with the text of its fields other than role and content made neutral:
+    tool calls' ids and names ``x``, their arguments ``{}``, ``tool_call_id`` and
+    ``refusal`` ``x``."""
+    out = dict(message)
+    for field in ("tool_call_id", "refusal", "name"):
+        if isinstance(out.get(field), str):
+            out[field] = "x"
+    calls = []
+    for call in out.get("tool_calls") or ():
+        call = dict(call)
+        if isinstance(call.get("id"), str):
+            call["id"] = "x"
+        function = dict(call.get("function") or {})
+        function.update(name="x", arguments="{}")
+        call["function"] = function
+        calls.append(call)
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def _controls(tokenizer: Any, parts: Sequence[str]) -> list[int]:
+    named = getattr(tokenizer, "control_ids", None)
+    if named is None:
+        named = {getattr(tokenizer, n, None) for n in ("bos_id", "eos_id", "pad_id")} - {None}
+    return [i for i in tokenizer.encode_parts(parts).tolist() if i in named]
+
+
+def _check_fields_are_text(tokenizer: Any, shown: list[dict[str, Any]], parts: list[str]):
+    """ValueError when a field other than a content (a tool call's name or arguments, a
+    ``tool_call_id``) that the template renders into its framing brings control ids there:
+    the framing's control ids must be those of the same conversation with those fields
+    neutral. Text is text wherever a template puts it."""
+    if not any(set(m) - {"role", "content"} for m in shown):
+        return
+    neutral = tokenizer.chat_parts([_neutral(m) for m in shown], add_generation_prompt=True)
+    if _controls(tokenizer, parts) != _controls(tokenizer, neutral):
+        raise ValueError(
+            "a message field other than its content (a tool call's name or arguments, "
+            "a tool_call_id) spells the tokenizer's control tokens where the template "
+            "renders it"
+        )
