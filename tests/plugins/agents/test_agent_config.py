@@ -50,7 +50,8 @@ def chat_model(tmp_path_factory) -> pathlib.Path:
     return path
 
 
-def test_one_inline_step_runs_agent_episodes(chat_model, tmp_path):
+def one_inline_step(config: pathlib.Path, chat_model: pathlib.Path, tmp_path) -> dict:
+    """The metrics row of one inline step of ``config`` on the tiny chat model: 2 prompts x 2."""
     run_dir = tmp_path / "run"
     settings = [
         f"--gin.INIT_CHECKPOINT='{chat_model}'",
@@ -67,10 +68,15 @@ def test_one_inline_step_runs_agent_episodes(chat_model, tmp_path):
         "--gin.rlax.watch.curves=False",
     ]
     status = cli.main(
-        ["run", "--role", "inline", "--gin", str(CONFIG), *settings, "--run-dir", str(run_dir)]
+        ["run", "--role", "inline", "--gin", str(config), *settings, "--run-dir", str(run_dir)]
     )
     assert status == cli.EXIT_OK
     (row,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return row
+
+
+def test_one_inline_step_runs_agent_episodes(chat_model, tmp_path):
+    row = one_inline_step(CONFIG, chat_model, tmp_path)
     # Four episodes ran (2 prompts x 2), each one turn of the untrained model's text,
     # none failed, and the trainer trained on their sampled ids.
     assert row["step"] == 1 and row["groups_kept"] == 2
@@ -139,26 +145,7 @@ def test_the_environment_twin_has_the_agent_s_model_task_group_and_limits(pm):
 def test_one_inline_step_of_the_twin_trains_on_episodes_that_open_with_the_tools(
     chat_model, tmp_path
 ):
-    run_dir = tmp_path / "run"
-    settings = [
-        f"--gin.INIT_CHECKPOINT='{chat_model}'",
-        "--gin.rlax.train.steps=1",
-        "--gin.PROMPTS_PER_STEP=2",
-        "--gin.GROUP_SIZE=2",
-        "--gin.tasks.arithmetic.num_eval=2",
-        "--gin.EVAL_SAMPLES=1",
-        "--gin.EVAL_KS=(1,)",
-        "--gin.samplers.jax.max_new_tokens=8",
-        "--gin.samplers.jax.prompt_bucket=512",
-        "--gin.rlax.train.progress=False",
-        "--gin.rlax.evaluate.progress=False",
-        "--gin.rlax.watch.curves=False",
-    ]
-    status = cli.main(
-        ["run", "--role", "inline", "--gin", str(TWIN), *settings, "--run-dir", str(run_dir)]
-    )
-    assert status == cli.EXIT_OK
-    (row,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    row = one_inline_step(TWIN, chat_model, tmp_path)
     assert row["step"] == 1 and row["groups_kept"] == 2
     assert (row["turns_mean"], row["failed_mean"]) == (1.0, 0.0) and row["trained_tokens"] > 0
     # The trainer scored the sampled ids in the context they were sampled in, the opening
