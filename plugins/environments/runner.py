@@ -166,10 +166,13 @@ class EpisodeSampler:
             if opening is None:
                 return _Live(prompt, episode)
             ids = np.asarray(opening)
+            vocab = getattr(self.tokenizer, "vocab_size", None)
             if ids.ndim != 1 or not len(ids) or ids.dtype.kind not in "iu":
                 raise ValueError(
                     f"prompt_tokens must be a non-empty list of token ids, got {opening!r:.60}"
                 )
+            if ids.min() < 0 or (vocab is not None and ids.max() >= vocab):
+                raise ValueError(f"prompt_tokens holds ids outside the vocabulary [0, {vocab})")
             return _Live(
                 dataclasses.replace(prompt, tokens=ids.astype(np.int32)), episode, opened=True
             )

@@ -143,6 +143,8 @@ def test_an_episode_that_opens_with_its_own_ids_makes_them_its_group_s_prompt():
         ([[1, 2]], "prompt_tokens must be a non-empty list of token ids"),
         (["a"], "prompt_tokens must be a non-empty list of token ids"),
         ([1.5], "prompt_tokens must be a non-empty list of token ids"),
+        ([-1], "outside the vocabulary"),
+        ([TOK.vocab_size], "outside the vocabulary"),
     ],
 )
 def test_an_opening_that_is_not_its_group_s_or_not_ids_costs_its_episode(second, why):
