@@ -166,13 +166,13 @@ class EpisodeSampler:
             if opening is None:
                 return _Live(prompt, episode)
             ids = np.asarray(opening)
-            vocab = getattr(self.tokenizer, "vocab_size", None)
             if ids.ndim != 1 or not len(ids) or ids.dtype.kind not in "iu":
                 raise ValueError(
                     f"prompt_tokens must be a non-empty list of token ids, got {opening!r:.60}"
                 )
-            if ids.min() < 0 or (vocab is not None and ids.max() >= vocab):
-                raise ValueError(f"prompt_tokens holds ids outside the vocabulary [0, {vocab})")
+            outside = _outside_vocabulary(ids, self.tokenizer)
+            if outside is not None:
+                raise ValueError(f"prompt_tokens {outside}")
             return _Live(
                 dataclasses.replace(prompt, tokens=ids.astype(np.int32)), episode, opened=True
             )
@@ -209,7 +209,7 @@ class EpisodeSampler:
         ids = np.asarray(observation.tokens, np.int32)
         if self._control is None:
             self._control = self._controls(self.tokenizer)
-        refused = self._control.refusal(ids)
+        refused = self._control.refusal(ids) or _outside_vocabulary(ids, self.tokenizer)
         if refused is not None:
             live.fail(f"environment observation refused: {refused}")
             return
@@ -283,6 +283,15 @@ class EpisodeSampler:
         if not math.isfinite(float(score)):
             return 0.0, f"environment reward not finite: {score}"
         return float(score), reason
+
+
+def _outside_vocabulary(ids: np.ndarray, tokenizer: Any) -> str | None:
+    """Why ``ids`` cannot be sampled from (some are outside the vocabulary), or None; an
+    environment's ids that are not the model's would fail every episode sampled with them."""
+    vocab = getattr(tokenizer, "vocab_size", None)
+    if len(ids) and (ids.min() < 0 or (vocab is not None and ids.max() >= vocab)):
+        return f"holds ids outside the vocabulary [0, {vocab}): {ids.min()}..{ids.max()}"
+    return None
 
 
 def _lost(live: _Live, reason: str, tokenizer: Any) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rlax.core.episodes import Observation
 from rlax.core.evaluation import traces
 from rlax.core.models.config import TransformerConfig
 from rlax.core.models.tokenizer import CharTokenizer
@@ -161,6 +162,31 @@ def test_an_opening_that_is_not_its_group_s_or_not_ids_costs_its_episode(second,
     assert lost.tokens.tolist() == [TOK.eos_id] and lost.loss_mask.tolist() == [0]
     (scored,) = score_groups([secret_prompt(5)], [group], None, 2)
     assert scored.prompt.tokens.tolist() == first  # the group keeps one prompt
+
+
+class OffVocabulary(GuessEnvironment):
+    """Answers a wrong guess with an id the model does not have."""
+
+    def start(self, prompt, tokenizer):
+        episode = super().start(prompt, tokenizer)
+        step = episode.step
+
+        def off(text):
+            seen = step(text)
+            return None if seen is None else Observation(np.array([TOK.vocab_size]), "?")
+
+        episode.step = off
+        return episode
+
+
+def test_an_observation_outside_the_vocabulary_costs_its_episode_not_the_batch():
+    sampler = EpisodeSampler(sampler=ScriptedSampler(["3", "5"]), environment=OffVocabulary())
+    sampler.setup(None, TOK)
+    (won,), (lost,) = sampler.generate([secret_prompt(3), secret_prompt(5)], 1, seed=0)
+    assert won.episode["reward"] == 1.0 and won.episode["failed"] == 0.0
+    assert lost.episode["reward"] == 0.0 and lost.episode["failed"] == 1.0
+    assert "outside the vocabulary" in lost.episode["reason"]
+    assert lost.tokens.tolist() == segments(["3"])  # nothing of the observation appended
 
 
 def test_the_episode_reward_replaces_the_reward_plugin_and_metrics_count_episodes():
