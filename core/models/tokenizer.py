@@ -116,3 +116,17 @@ def load_tokenizer(model_dir) -> Any:
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: corrupt model metadata: {err}") from None
     return model_part(meta, "tokenizer", path, CharTokenizer.from_dict)
+
+
+def control_ids(tokenizer: Any) -> frozenset[int]:
+    """The control ids of ``tokenizer``: ids that text must never produce.
+
+    A tokenizer that names them (``control_ids``: an
+    :class:`~rlax.core.models.hf_tokenizer.HFTokenizer`'s special tokens, bos, eos and
+    pad) gives its own; any other kind (the character tokenizer) its pad, bos and eos ids.
+    """
+    named = getattr(tokenizer, "control_ids", None)
+    if named is not None:
+        return frozenset(int(i) for i in named)
+    ids = {getattr(tokenizer, name, None) for name in ("pad_id", "bos_id", "eos_id")}
+    return frozenset(int(i) for i in ids if i is not None)

@@ -38,22 +38,16 @@ from typing import Any
 
 import numpy as np
 
+from rlax.core.models.tokenizer import control_ids
+
 # Roles an environment may send an observation as (those a template refuses are skipped).
 _ROLES = ("user", "tool", "system", "ipython", "environment")
 
 
 def special_ids(tokenizer: Any) -> frozenset[int]:
-    """The control ids of ``tokenizer``: ids that text must never produce.
-
-    A tokenizer that names them (``control_ids``: an :class:`HFTokenizer`'s
-    special tokens, bos, eos and pad) gives its own; any other kind (the
-    character tokenizer) its pad, bos and eos ids.
-    """
-    named = getattr(tokenizer, "control_ids", None)
-    if named is not None:
-        return frozenset(int(i) for i in named)
-    ids = {getattr(tokenizer, name, None) for name in ("pad_id", "bos_id", "eos_id")}
-    return frozenset(int(i) for i in ids if i is not None)
+    """The control ids of ``tokenizer``: ids that text must never produce
+    (:func:`rlax.core.models.tokenizer.control_ids`)."""
+    return control_ids(tokenizer)
 
 
 def text_ids(tokenizer: Any, text: str) -> np.ndarray:

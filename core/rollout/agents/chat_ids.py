@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from rlax.core.models.tokenizer import control_ids
+
 __all__ = ["Reply", "ReplyBook", "conversation_ids", "reply_key"]
 
 
@@ -160,9 +162,7 @@ def _neutral(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _controls(tokenizer: Any, parts: Sequence[str]) -> list[int]:
-    named = getattr(tokenizer, "control_ids", None)
-    if named is None:
-        named = {getattr(tokenizer, n, None) for n in ("bos_id", "eos_id", "pad_id")} - {None}
+    named = control_ids(tokenizer)
     return [i for i in tokenizer.encode_parts(parts).tolist() if i in named]
 
 
