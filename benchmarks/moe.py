@@ -10,17 +10,24 @@ forward runs them in float32. On the same sampled rows it measures, per completi
 by the sampler's recorded experts (on), and the fraction of tokens the trainer would route
 to another expert set in some layer.
 
-    python benchmarks/moe.py [--prompts 64] [--samples 8] [--seeds 0 1 2]
+Then the learning figure, in the same run: for each seed, the MoE quickstart
+(``rlax run --gin moe_quickstart``: parameter server, trainer, two workers) with R3 off
+and with R3 on, the same injection in the whole system (``rlax.ps_settings.wire_dtype =
+'bfloat16'``: the workers sample with the published weights rounded to bfloat16, the
+trainer trains in float32), held-out pass@1 / pass@8 before and after, and the trainer's
+own per-step mismatch (``mismatch_abs_logp_p99``, its median over the steps).
+``--no-learn`` skips it (null figures); ``--steps`` shortens the runs.
 
-The learning figure (GRPO with R3 on, pass@8 gain over seeds) is a whole quickstart run a
-seed: ``python benchmarks/quickstart.py --config moe_quickstart --runs 3`` (its
-``min_pass8_gain``); it is not run here and is reported as null.
+    python benchmarks/moe.py [--base PATH] [--prompts 64] [--samples 8] [--seeds 0 1 2]
+                             [--no-learn] [--steps N]
 
-Prints one JSON line: ``{"seeds", "mismatch_p99_off", "mismatch_p99_on",
+Prints a table, then one JSON line: ``{"seeds", "mismatch_p99_off", "mismatch_p99_on",
 "mismatch_mean_off", "mismatch_mean_on", "routing_differs_off", "mismatch_p99_ratio",
-"mismatch_p99_ratio_worst", "tokens", "injected", "pass8_gain_min_on"}`` (p99s and
-fractions are the worst over the seeds; the ratio is per seed, p99 on over p99 off, and
-its worst the largest).
+"mismatch_p99_ratio_worst", "tokens", "injected", "learning": [{"seed", "replay",
+"pass1_before", "pass1_after", "pass8_before", "pass8_after", "pass8_gain",
+"train_mismatch_p99", "wall_s", "steps"}, ...], "pass8_gain_min_on", "pass8_gain_min_off",
+"train_mismatch_p99_ratio_worst"}`` (p99s and fractions are the worst over the seeds; the
+ratios are per seed, on over off, and their worst the largest).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +49,9 @@ from rlax.core.trainer.batches import make_batch
 from rlax.core.types import Group
 from rlax.plugins.samplers.jax_sampler import JaxSampler
 from rlax.plugins.tasks.arithmetic import ArithmeticTask
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import multiturn  # sibling script: runs a packaged experiment in a fresh directory
 
 BASE = pathlib.Path(__file__).resolve().parents[1] / "assets" / "moe-quickstart-base"
 
@@ -86,16 +97,105 @@ def measure(seed: int, prompts: int, samples: int, base: pathlib.Path = BASE) ->
     }
 
 
+INJECTED = (
+    "sampler weights in bfloat16, trainer forward in float32 "
+    "(GRPO runs: rlax.ps_settings.wire_dtype = 'bfloat16', the workers' weights rounded)"
+)
+WIRE_BF16 = "--gin.rlax.ps_settings.wire_dtype='bfloat16'"  # the same injection, whole system
+
+
+def learn(seed: int, replay: str, base: pathlib.Path, steps: int | None) -> dict:
+    """One MoE quickstart run with routing replay ``replay`` ('off' or 'rollout')."""
+    settings = [
+        f"--gin.SEED={seed}",
+        f"--gin.INIT_CHECKPOINT='{base.resolve()}'",
+        f"--gin.rlax.trainer_settings.routing_replay='{replay}'",
+        WIRE_BF16,
+    ]
+    if steps is not None:
+        settings.append(f"--gin.rlax.train.steps={steps}")
+    results, rows, wall = multiturn.run_quickstart("moe_quickstart", settings)
+    before, after = results["before"], results["after"]
+    p99s = [r["mismatch_abs_logp_p99"] for r in rows if "mismatch_abs_logp_p99" in r]
+    return {
+        "seed": seed,
+        "replay": replay,
+        "pass1_before": round(before["pass@1"], 4),
+        "pass1_after": round(after["pass@1"], 4),
+        "pass8_before": round(before["pass@8"], 4),
+        "pass8_after": round(after["pass@8"], 4),
+        "pass8_gain": round(100 * (after["pass@8"] - before["pass@8"]), 1),
+        "train_mismatch_p99": float(np.median(p99s)) if p99s else None,
+        "wall_s": round(wall, 1),
+        "steps": len(rows),
+    }
+
+
+def table(runs: list[dict], learning: list[dict], seeds: list[int]) -> str:
+    rows = [
+        "mismatch on the same rows, sampler in bf16, trainer in fp32 (|dlogp| per token)",
+        f"{'seed':>4} {'p99 off':>9} {'p99 on':>9} {'on/off':>7} {'routed apart':>13} {'tokens':>7}",
+    ]
+    for s, r in zip(seeds, runs):
+        rows.append(
+            f"{s:>4} {r['p99_off']:>9.4f} {r['p99_on']:>9.4f} {r['p99_on'] / r['p99_off']:>7.3f}"
+            f" {100 * r['differs']:>12.2f}% {r['tokens']:>7}"
+        )
+    if learning:
+        rows += [
+            "",
+            "GRPO on the MoE quickstart, workers on bf16 weights (wire), held-out pass@k",
+            (
+                f"{'seed':>4} {'replay':>8} {'pass@1':>15} {'pass@8':>15} {'gain@8':>7}"
+                f" {'train p99':>10} {'wall s':>7}"
+            ),
+        ]
+        for r in learning:
+            rows.append(
+                f"{r['seed']:>4} {r['replay']:>8} "
+                f"{100 * r['pass1_before']:>6.1f}->{100 * r['pass1_after']:>5.1f}% "
+                f"{100 * r['pass8_before']:>6.1f}->{100 * r['pass8_after']:>5.1f}% "
+                f"{r['pass8_gain']:>+7.1f} {r['train_mismatch_p99'] or float('nan'):>10.4f}"
+                f" {r['wall_s']:>7.1f}"
+            )
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--base", type=pathlib.Path, default=BASE, help="the MoE base policy")
+    parser.add_argument(
+        "--learn",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the GRPO runs, R3 off and on, a pair per seed (minutes each)",
+    )
+    parser.add_argument("--steps", type=int, default=None, help="GRPO steps (the config's)")
     args = parser.parse_args()
+    if not (args.base / "model.json").is_file():
+        parser.error(f"--base {args.base}: no model.json there (a model directory rlax wrote)")
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
     runs = [measure(s, args.prompts, args.samples, args.base) for s in args.seeds]
-    for s, r in zip(args.seeds, runs):
-        print(f"seed {s}: {r}")
+    learning = []
+    if args.learn:
+        for s in args.seeds:
+            for replay in ("off", "rollout"):
+                learning.append(learn(s, replay, args.base, args.steps))
+    print(table(runs, learning, args.seeds))
+
+    def worst_gain(replay: str) -> float | None:
+        gains = [r["pass8_gain"] for r in learning if r["replay"] == replay]
+        return min(gains) if gains else None
+
+    train_ratios = [
+        on["train_mismatch_p99"] / off["train_mismatch_p99"]
+        for off, on in zip(learning[::2], learning[1::2])
+        if off["train_mismatch_p99"] and on["train_mismatch_p99"] is not None
+    ]
     print(
         json.dumps(
             {
@@ -109,8 +209,12 @@ def main() -> None:
                 "mismatch_p99_ratio": [round(r["p99_on"] / r["p99_off"], 4) for r in runs],
                 "mismatch_p99_ratio_worst": max(r["p99_on"] / r["p99_off"] for r in runs),
                 "tokens": sum(r["tokens"] for r in runs),
-                "injected": "sampler weights in bfloat16, trainer forward in float32",
-                "pass8_gain_min_on": None,
+                "injected": INJECTED,
+                "base": str(args.base),
+                "learning": learning,
+                "pass8_gain_min_on": worst_gain("rollout"),
+                "pass8_gain_min_off": worst_gain("off"),
+                "train_mismatch_p99_ratio_worst": max(train_ratios) if train_ratios else None,
             }
         )
     )

@@ -28,3 +28,23 @@ def test_pass_at_8_with_fewer_than_8_samples_is_refused_before_any_run(script, a
     assert out.stderr.splitlines()[-1].endswith(
         "error: --eval-samples: pass@8 needs at least 8 samples, got 4"
     )
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--base", "no-such-model"], "--base no-such-model: no model.json there"),
+        (["--steps", "0"], "--steps must be >= 1, got 0"),
+    ],
+)
+def test_moe_benchmark_refuses_a_missing_base_or_no_steps_before_any_run(args, message):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "moe.py"), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert out.returncode == 2
+    assert message in out.stderr.splitlines()[-1]
