@@ -18,7 +18,7 @@ trainer trains in float32), held-out pass@1 / pass@8 before and after, and the t
 own per-step mismatch (``mismatch_abs_logp_p99``, its median over the steps).
 ``--no-learn`` skips it (null figures); ``--steps`` shortens the runs.
 
-    python benchmarks/moe.py [--base PATH] [--prompts 64] [--samples 8] [--seeds 0 1 2]
+    python benchmarks/moe.py [--base PATH] [--prompts 256] [--samples 8] [--seeds 0 1 2]
                              [--no-learn] [--steps N]
 
 Prints a table, then one JSON line: ``{"seeds", "mismatch_p99_off", "mismatch_p99_on",
@@ -163,7 +163,7 @@ def table(runs: list[dict], learning: list[dict], seeds: list[int]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=256)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--base", type=pathlib.Path, default=BASE, help="the MoE base policy")
