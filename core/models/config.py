@@ -124,6 +124,7 @@ _LATER_FIELDS = {
     "qkv_bias": False,
     "o_bias": False,
     "qk_norm": False,
+    "qk_norm_scope": "head",
     "rope_scaling": None,
     "moe": None,
 }
@@ -137,8 +138,10 @@ class TransformerConfig:
       qkv_bias: biases on the q, k and v projections (Qwen2; Llama's
         ``attention_bias`` sets this and ``o_bias``).
       o_bias: a bias on the attention output projection.
-      qk_norm: RMSNorm (over the head dim, weights shared across heads) on
-        queries and keys before RoPE (Qwen3).
+      qk_norm: RMSNorm on queries and keys before RoPE.
+      qk_norm_scope: what that RMSNorm spans: ``"head"`` each head's dims, weights
+        shared across heads (Qwen3), or ``"projection"`` the whole q (and the whole
+        k) projection, one weight per dim (OLMoE).
       rope_scaling: optional RoPE frequency scaling.
       moe: the mixture-of-experts MLP of every layer not in its
         ``dense_layers`` (None: a dense model).
@@ -157,6 +160,7 @@ class TransformerConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
+    qk_norm_scope: str = "head"
     rope_scaling: RopeScaling | None = None
     moe: MoeConfig | None = None
 
@@ -172,6 +176,11 @@ class TransformerConfig:
         if self.head_dim % 2:
             raise ValueError(
                 f"TransformerConfig.head_dim must be even for RoPE, got {self.head_dim}"
+            )
+        if self.qk_norm_scope not in ("head", "projection"):
+            raise ValueError(
+                "TransformerConfig.qk_norm_scope must be 'head' or 'projection', "
+                f"got {self.qk_norm_scope!r}"
             )
         if isinstance(self.rope_scaling, dict):  # from_dict / hand-written values
             object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
@@ -315,7 +324,8 @@ class TransformerConfig:
             self.mlp_dim,
         )
         attn = d * (n + 2 * k) * h + n * h * d
-        attn += (n + 2 * k) * h * self.qkv_bias + d * self.o_bias + 2 * h * self.qk_norm
+        norms = (n + k) * h if self.qk_norm_scope == "projection" else 2 * h
+        attn += (n + 2 * k) * h * self.qkv_bias + d * self.o_bias + norms * self.qk_norm
         layer = attn + 3 * d * f + 2 * d
         head = 0 if self.tie_embeddings else d * self.vocab_size
         total = self.vocab_size * d + self.num_layers * layer + d + head

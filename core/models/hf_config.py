@@ -144,7 +144,8 @@ def config_from_hf(config: str | pathlib.Path | dict[str, Any]) -> TransformerCo
             tie_embeddings=bool(values.get("tie_word_embeddings", False)),
             qkv_bias=family == "qwen2" or attention_bias,
             o_bias=family != "qwen2" and attention_bias,
-            qk_norm=family == "qwen3",
+            qk_norm=family == "qwen3" or moe_family == "olmoe",
+            qk_norm_scope="projection" if moe_family == "olmoe" else "head",
             rope_scaling=scaling,
             moe=moe,
         )
@@ -161,6 +162,8 @@ def config_to_hf(cfg: TransformerConfig, **extra: Any) -> dict[str, Any]:
     Raises:
       ValueError: no HF family has this combination of biases.
     """
+    if cfg.qk_norm and cfg.qk_norm_scope == "projection" and cfg.moe is None:
+        raise ValueError("no dense HF family here has a q/k norm over the whole projection")
     if cfg.qk_norm:
         family = "qwen3"
     elif cfg.qkv_bias and not cfg.o_bias:
@@ -214,5 +217,7 @@ def config_to_hf(cfg: TransformerConfig, **extra: Any) -> dict[str, Any]:
         values.update(moe_to_hf(cfg))
         if values["model_type"] == "mixtral":
             del values["mlp_bias"], values["attention_bias"]
+        if values["model_type"] == "olmoe":  # Llama's keys, not Qwen3's
+            del values["use_sliding_window"], values["head_dim"]
     values.update(extra)
     return values

@@ -2,18 +2,22 @@
 
 Families: ``mixtral`` (Mistral attention, softmax top-k renormalised),
 ``qwen2_moe`` (Qwen2 attention, a sigmoid-gated shared expert, top-k
-renormalised or not) and ``qwen3_moe`` (Qwen3 attention, no shared expert).
+renormalised or not), ``qwen3_moe`` (Qwen3 attention, no shared expert) and
+``olmoe`` (Llama attention whose q/k RMSNorm spans the whole projection,
+``qk_norm_scope = "projection"``; top-k renormalised or not, one
+``intermediate_size``, the experts').
 A sparse layer's tensors (``L`` a layer, ``j`` an expert), HF -> rlax path::
 
     mixtral:   model.layers.L.block_sparse_moe.gate.weight        blocks/L/mlp/router/kernel
                model.layers.L.block_sparse_moe.experts.j.w1/w3/w2 blocks/L/mlp/experts/gate|up|down[j]
-    qwen*_moe: model.layers.L.mlp.gate.weight                     blocks/L/mlp/router/kernel
+    qwen*_moe, olmoe:
+               model.layers.L.mlp.gate.weight                     blocks/L/mlp/router/kernel
                model.layers.L.mlp.experts.j.{gate,up,down}_proj   blocks/L/mlp/experts/...[j]
     qwen2_moe: model.layers.L.mlp.shared_expert.{gate,up,down}_proj  blocks/L/mlp/shared/.../kernel
                model.layers.L.mlp.shared_expert_gate.weight       blocks/L/mlp/shared/out_gate/kernel
 
-OLMoE is refused: its q/k RMSNorm spans the whole projection, not each head
-(Qwen3's), which the attention here does not have.
+DeepSeek-V3 is refused: its multi-head latent attention is not built here.
+OLMoE's ``clip_qkv`` (null in the released models) is refused when set.
 """
 
 from __future__ import annotations
@@ -23,15 +27,17 @@ from typing import Any
 
 from rlax.core.models.config import MoeConfig, TransformerConfig
 
-MOE_FAMILIES = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}
+# A MoE family -> the dense family whose attention it has (olmoe: Llama's with
+# the whole-projection q/k norm, set by config_from_hf).
+MOE_FAMILIES = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3", "olmoe": "llama"}
 ARCHITECTURES = {
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
 }
 
 UNSUPPORTED = {
-    "olmoe": "its q/k RMSNorm spans the whole projection, not each head (not built here)",
     "deepseek_v3": "its multi-head latent attention is not built here",
 }
 
@@ -58,6 +64,16 @@ def moe_from_hf(values: dict[str, Any], family: str, layers: int) -> MoeConfig:
             normalize_topk=True,
             aux_loss_coef=aux,
         )
+    if family == "olmoe":
+        if values.get("clip_qkv") is not None:
+            raise ValueError(f"clip_qkv = {values['clip_qkv']} is not supported (only null)")
+        return MoeConfig(
+            num_experts=int(values["num_experts"]),
+            experts_per_token=int(values["num_experts_per_tok"]),
+            expert_mlp_dim=int(values["intermediate_size"]),
+            normalize_topk=bool(values.get("norm_topk_prob", False)),
+            aux_loss_coef=aux,
+        )
     step = int(values.get("decoder_sparse_step", 1) or 1)
     only = {int(i) for i in values.get("mlp_only_layers") or ()}
     dense = tuple(i for i in range(layers) if i in only or (i + 1) % step)
@@ -78,7 +94,9 @@ def moe_from_hf(values: dict[str, Any], family: str, layers: int) -> MoeConfig:
 
 def moe_name_family(cfg: TransformerConfig) -> str:
     """The family whose tensor names a MoE config's weights take (its attention decides)."""
-    return "qwen3_moe" if cfg.qk_norm else "qwen2_moe" if cfg.qkv_bias else "mixtral"
+    if cfg.qk_norm:
+        return "olmoe" if cfg.qk_norm_scope == "projection" else "qwen3_moe"
+    return "qwen2_moe" if cfg.qkv_bias else "mixtral"
 
 
 def moe_family(cfg: TransformerConfig) -> str:
@@ -96,8 +114,14 @@ def moe_family(cfg: TransformerConfig) -> str:
         problems.append("sigmoid scoring, a router bias or a routed scale (DeepSeek-V3's)")
     if family == "mixtral" and (not m.normalize_topk or m.shared_mlp_dim or m.dense_layers):
         problems.append("mixtral renormalises top-k and has no shared expert or dense layer")
-    if family == "mixtral" and cfg.mlp_dim != m.expert_mlp_dim:
-        problems.append("mixtral's one intermediate_size is the experts' (mlp_dim must equal it)")
+    if family in ("mixtral", "olmoe") and cfg.mlp_dim != m.expert_mlp_dim:
+        problems.append(f"{family}'s one intermediate_size is the experts' (mlp_dim must equal it)")
+    if family == "olmoe" and (m.shared_mlp_dim or m.dense_layers):
+        problems.append("olmoe has no shared expert or dense layer")
+    if family == "olmoe" and cfg.head_dim * cfg.num_heads != cfg.embed_dim:
+        problems.append("olmoe's head_dim is hidden_size / num_attention_heads")
+    if family == "olmoe" and cfg.qkv_bias != cfg.o_bias:
+        problems.append("olmoe's attention_bias is on q, k, v and o alike")
     if family == "qwen3_moe" and m.shared_mlp_dim:
         problems.append("qwen3_moe has no shared expert")
     if family == "qwen2_moe" and bool(m.shared_mlp_dim) != m.shared_gate:
@@ -122,6 +146,14 @@ def moe_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
     if family == "mixtral":
         values.update(num_local_experts=m.num_experts, intermediate_size=m.expert_mlp_dim)
         values["sliding_window"] = None
+        return values
+    if family == "olmoe":
+        values.update(
+            num_experts=m.num_experts,
+            intermediate_size=m.expert_mlp_dim,
+            norm_topk_prob=m.normalize_topk,
+            clip_qkv=None,
+        )
         return values
     values.update(
         num_experts=m.num_experts,

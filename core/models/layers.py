@@ -46,9 +46,10 @@ class Attention(nnx.Module):
         self.k = nnx.Linear(d, k * h, use_bias=cfg.qkv_bias, rngs=rngs)
         self.v = nnx.Linear(d, k * h, use_bias=cfg.qkv_bias, rngs=rngs)
         self.o = nnx.Linear(n * h, d, use_bias=cfg.o_bias, rngs=rngs)
-        if cfg.qk_norm:
-            self.q_norm = nnx.RMSNorm(h, epsilon=cfg.norm_eps, rngs=rngs)
-            self.k_norm = nnx.RMSNorm(h, epsilon=cfg.norm_eps, rngs=rngs)
+        if cfg.qk_norm:  # over each head (Qwen3) or the whole projection (OLMoE)
+            whole = cfg.qk_norm_scope == "projection"
+            self.q_norm = nnx.RMSNorm(n * h if whole else h, epsilon=cfg.norm_eps, rngs=rngs)
+            self.k_norm = nnx.RMSNorm(k * h if whole else h, epsilon=cfg.norm_eps, rngs=rngs)
         self.sequence_mesh: Mesh | None = None  # set by split_sequence
         self.sequence_rows: tuple[str, ...] = ()  # the mesh axes that split rows
         self.block = 0  # set by attend_in_blocks: training attention in blocks of this size
@@ -67,10 +68,13 @@ class Attention(nnx.Module):
         # the sequence is split: rows x a split sequence do not flatten without a gather.
         if self.sequence_mesh is None:
             x = x.reshape(b * t, d)
-        q = self.q(x).reshape(b, t, cfg.num_heads, cfg.head_dim)
-        k = self.k(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        q, k = self.q(x), self.k(x)
+        if cfg.qk_norm and cfg.qk_norm_scope == "projection":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.reshape(b, t, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
         v = self.v(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
+        if cfg.qk_norm and cfg.qk_norm_scope == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, rope), rotate(k, rope)
         groups = cfg.num_heads // cfg.num_kv_heads

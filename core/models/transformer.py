@@ -3,7 +3,8 @@
 The layer stack is the Llama recipe: pre-RMSNorm, rotary position embeddings,
 grouped-query attention, SwiGLU MLP, tied or untied output head. Two switches
 cover the Qwen families: ``qkv_bias`` (Qwen2: biases on the q/k/v projections)
-and ``qk_norm`` (Qwen3: an RMSNorm over each head's query and key before RoPE).
+and ``qk_norm`` (Qwen3: an RMSNorm over each head's query and key before RoPE;
+OLMoE's spans the whole projection, ``qk_norm_scope``).
 RoPE takes the config's theta and optional scaling (``linear`` or ``llama3``). The same
 forward pass serves training (no cache), prefill (fills the cache) and decode
 (one token at a time against the cache); callers pass positions and a key

@@ -67,7 +67,7 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     (r"(^|/)head/kernel$", ("fsdp", "tensor")),  # [D, V]
     (r"(^|/)proj/kernel$", ("fsdp", None)),  # value head [D, 1]
     (r"(^|/)proj/bias$", (None,)),  # [1]
-    (r"norm[^/]*/scale$", (None,)),  # RMSNorm scales [D] / q-k norm [H]
+    (r"norm[^/]*/scale$", (None,)),  # RMSNorm scales [D] / q-k norm [H] or [N*H] (OLMoE)
     # Mixture-of-experts layers (rlax.core.models.moe): whole experts per device.
     (r"(^|/)mlp/router/kernel$", ("fsdp", None)),  # [D, E]
     (r"(^|/)mlp/router_bias$", (None,)),  # [E]

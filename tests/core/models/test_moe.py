@@ -180,8 +180,15 @@ def test_config_refuses_bad_values():
 
 
 def test_parameter_count_matches_the_model():
-    for option in OPTIONS.values():
-        cfg = tiny(option)
+    configs = [tiny(option) for option in OPTIONS.values()]
+    for scope in ("head", "projection"):  # Qwen3's q/k norm and OLMoE's
+        configs.append(dataclasses.replace(configs[0], qk_norm=True, qk_norm_scope=scope))
+    for cfg in configs:
         model = Transformer(cfg, rngs=nnx.Rngs(0))
         count = sum(x.size for x in jax.tree.leaves(nnx.state(model)))
         assert cfg.num_params() == count
+
+
+def test_qk_norm_scope_is_head_or_projection():
+    with pytest.raises(ValueError, match="qk_norm_scope must be 'head' or 'projection', got 'x'"):
+        dataclasses.replace(tiny(BASE), qk_norm_scope="x")

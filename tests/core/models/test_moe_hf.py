@@ -33,6 +33,12 @@ FAMILIES = {
     "mixtral": dataclasses.replace(
         CONFIG, qk_norm=False, mlp_dim=16, moe=dataclasses.replace(CONFIG.moe, dense_layers=())
     ),
+    "olmoe": dataclasses.replace(  # q/k norm over the whole projection, top-k not renormalised
+        CONFIG,
+        qk_norm_scope="projection",
+        mlp_dim=16,
+        moe=dataclasses.replace(CONFIG.moe, dense_layers=(), normalize_topk=False),
+    ),
 }
 TOKENS = np.random.default_rng(0).integers(0, CONFIG.vocab_size, (2, 11))
 
@@ -83,9 +89,28 @@ def test_families_no_hf_model_has_are_refused():
     sigmoid = dataclasses.replace(CONFIG, moe=dataclasses.replace(CONFIG.moe, scoring="sigmoid"))
     with pytest.raises(ValueError, match="no HF MoE family has this model: sigmoid scoring"):
         config_to_hf(sigmoid)
-    olmoe = {**config_to_hf(CONFIG), "model_type": "olmoe", "_source": "x/config.json"}
-    with pytest.raises(HFConfigError, match="x/config.json: model_type 'olmoe' is not supported"):
-        config_from_hf(olmoe)
+    deepseek = {**config_to_hf(CONFIG), "model_type": "deepseek_v3", "_source": "x/config.json"}
+    with pytest.raises(
+        HFConfigError, match="x/config.json: model_type 'deepseek_v3' is not supported: its multi"
+    ):
+        config_from_hf(deepseek)
+    clipped = {**config_to_hf(FAMILIES["olmoe"]), "clip_qkv": 8.0, "_source": "z/config.json"}
+    with pytest.raises(HFConfigError, match="z/config.json: clip_qkv = 8.0 is not supported"):
+        config_from_hf(clipped)
+    olmoe = FAMILIES["olmoe"]
+    for bad, what in (
+        (dataclasses.replace(olmoe, mlp_dim=48), "olmoe's one intermediate_size"),
+        (dataclasses.replace(olmoe, head_dim=16), "olmoe's head_dim is hidden_size"),
+        (
+            dataclasses.replace(olmoe, moe=dataclasses.replace(olmoe.moe, dense_layers=(0,))),
+            "olmoe has no shared expert or dense layer",
+        ),
+    ):
+        with pytest.raises(ValueError, match=what):
+            config_to_hf(bad)
+    dense = dataclasses.replace(olmoe, moe=None)
+    with pytest.raises(ValueError, match="no dense HF family here has a q/k norm over the whole"):
+        config_to_hf(dense)
     broken = {**config_to_hf(CONFIG), "_source": "y/config.json"}
     del broken["moe_intermediate_size"]
     with pytest.raises(HFConfigError, match="y/config.json: missing required key"):
