@@ -24,7 +24,7 @@ own per-step mismatch (``mismatch_abs_logp_p99``, its median over the steps).
 Prints a table, then one JSON line: ``{"seeds", "mismatch_p99_off", "mismatch_p99_on",
 "mismatch_mean_off", "mismatch_mean_on", "routing_differs_off", "mismatch_p99_ratio",
 "mismatch_p99_ratio_worst", "tokens", "injected", "learning": [{"seed", "replay",
-"pass1_before", "pass1_after", "pass8_before", "pass8_after", "pass8_gain",
+"pass1_before", "pass1_after", "pass8_before", "pass8_after", "pass1_gain", "pass8_gain",
 "train_mismatch_p99", "wall_s", "steps"}, ...], "pass8_gain_min_on", "pass8_gain_min_off",
 "train_mismatch_p99_ratio_worst"}`` (p99s and fractions are the worst over the seeds; the
 ratios are per seed, on over off, and their worst the largest).
@@ -52,6 +52,7 @@ from rlax.plugins.tasks.arithmetic import ArithmeticTask
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import multiturn  # sibling script: runs a packaged experiment in a fresh directory
+import quickstart  # sibling script: a run's pass@k figures
 
 BASE = pathlib.Path(__file__).resolve().parents[1] / "assets" / "moe-quickstart-base"
 
@@ -115,16 +116,11 @@ def learn(seed: int, replay: str, base: pathlib.Path, steps: int | None) -> dict
     if steps is not None:
         settings.append(f"--gin.rlax.train.steps={steps}")
     results, rows, wall = multiturn.run_quickstart("moe_quickstart", settings)
-    before, after = results["before"], results["after"]
     p99s = [r["mismatch_abs_logp_p99"] for r in rows if "mismatch_abs_logp_p99" in r]
     return {
         "seed": seed,
         "replay": replay,
-        "pass1_before": round(before["pass@1"], 4),
-        "pass1_after": round(after["pass@1"], 4),
-        "pass8_before": round(before["pass@8"], 4),
-        "pass8_after": round(after["pass@8"], 4),
-        "pass8_gain": round(100 * (after["pass@8"] - before["pass@8"]), 1),
+        **quickstart.pass_figures(results),
         "train_mismatch_p99": float(np.median(p99s)) if p99s else None,
         "wall_s": round(wall, 1),
         "steps": len(rows),

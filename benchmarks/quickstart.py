@@ -74,17 +74,20 @@ def run_once(seed: int, extra: list[str], config: str = "quickstart") -> dict:
         results = json.loads((run_dir / "eval.json").read_text())
         with (run_dir / "metrics.jsonl").open() as lines:
             steps = sum(1 for _ in lines)
+    return {"seed": seed, **pass_figures(results), "wall_s": round(wall, 1), "steps": steps}
+
+
+def pass_figures(results: dict) -> dict:
+    """pass@1 / pass@8 before and after (fractions) and their gains (points) of a run's
+    ``eval.json``."""
     before, after = results["before"], results["after"]
     return {
-        "seed": seed,
         "pass1_before": round(before["pass@1"], 4),
         "pass1_after": round(after["pass@1"], 4),
         "pass8_before": round(before["pass@8"], 4),
         "pass8_after": round(after["pass@8"], 4),
         "pass1_gain": round(100 * (after["pass@1"] - before["pass@1"]), 1),
         "pass8_gain": round(100 * (after["pass@8"] - before["pass@8"]), 1),
-        "wall_s": round(wall, 1),
-        "steps": steps,
     }
 
 
